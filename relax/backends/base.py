@@ -1,0 +1,55 @@
+"""The small interfaces the components program against; each backend implements them.
+
+Training backends are Ray actor classes constructed as `cls(rank, world_size, master_addr,
+master_port, spec: TrainerSpec)`; inference backends are launch functions returning an
+`EngineHandle` that serves SGLang's HTTP protocol.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from relax.algorithms.policy_loss import PolicyLossConfig
+from relax.config.schema import BatchConfig, OptimizerConfig
+
+
+@dataclass
+class TrainerSpec:
+    """What one rank needs: its own config, not the whole run's."""
+
+    model_path: str
+    role: str = "actor"  # "actor" trains; "reference" only computes log-probs
+    optim: OptimizerConfig = field(default_factory=OptimizerConfig)
+    batch: BatchConfig = field(default_factory=BatchConfig)
+    loss: PolicyLossConfig | None = None
+    temperature: float = 1.0
+    total_steps: int = 1
+    threads: int = 0
+    timeout_minutes: int = 10
+    bucket_bytes: int = 512 << 20
+    sync_timeout_s: float = 120.0
+
+
+
+class TrainWorker(Protocol):
+    """One data-parallel rank. Batches are dicts of per-sample, response-aligned lists."""
+
+    def compute_log_probs(self, batch: dict[str, Any]) -> list[list[float]]: ...
+    def train(self, batch: dict[str, Any], num_steps: int, global_tokens_per_step: list[int]) -> dict[str, float]: ...
+    def connect_engines(self, engine_urls: list[str], api_key: str | None) -> None: ...
+    def push_weights(self, version: int) -> dict[str, float]: ...
+    def save(self, ckpt_dir: str, rollout_id: int, save_optim: bool = True) -> None: ...
+    def load(self, ckpt_dir: str) -> dict[str, Any]: ...
+    def export_hf(self, out_dir: str, tokenizer_path: str) -> None: ...
+    def shutdown(self) -> None: ...
+
+
+class EngineHandle(Protocol):
+    """A running inference engine process speaking SGLang's native HTTP API at `url`."""
+
+    url: str
+
+    def wait_ready(self, timeout: float) -> None: ...
+    def alive(self) -> bool: ...
+    def terminate(self, timeout: float = 10.0) -> None: ...

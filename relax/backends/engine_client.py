@@ -1,0 +1,155 @@
+"""Async client for SGLang's native HTTP API, used by rollout and weight sync.
+
+Works unchanged against the `hf` engine and a real SGLang server: the paths, payload fields
+and reply shapes are SGLang's (`/generate`, `/pause_generation`, `/init_weights_update_group`,
+...). Every call has a timeout. A non-2xx reply, or a JSON reply with `"success": false`,
+raises `EngineError` carrying the engine's message, the URL and the HTTP status, so callers
+never mistake a rejected weight update for a successful one.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import httpx
+
+
+class EngineError(RuntimeError):
+    """An engine call failed: `url`, `status` (None when no reply came) and the engine's message."""
+
+    def __init__(self, url: str, message: str, status: int | None = None):
+        self.url, self.status, self.message = url, status, message
+        where = f"HTTP {status}" if status is not None else "no reply"
+        super().__init__(f"{url}: {where}: {message}")
+
+
+def error_message(body: Any) -> str:
+    """The human part of an error body: SGLang's {"error": {"message"}}, {"message"} or FastAPI's {"detail"}."""
+    if isinstance(body, dict):
+        error = body.get("error")
+        if isinstance(error, dict) and "message" in error:
+            return str(error["message"])
+        for key in ("message", "detail", "error"):
+            if key in body:
+                return str(body[key])
+    return str(body)
+
+
+class EngineClient:
+    """One engine's HTTP API. Use as `async with EngineClient(url) as c:` or call `close()`."""
+
+    def __init__(self, url: str, api_key: str | None = None, *, timeout: float = 60.0,
+                 generate_timeout: float = 3600.0, transport: httpx.AsyncBaseTransport | None = None):
+        self.url = url.rstrip("/")
+        self.timeout, self.generate_timeout = timeout, generate_timeout
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._client = httpx.AsyncClient(base_url=self.url, headers=headers, transport=transport,
+                                         limits=httpx.Limits(max_connections=1024, max_keepalive_connections=256))
+
+    async def __aenter__(self) -> "EngineClient":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self._client.aclose()
+
+    async def _call(self, method: str, path: str, payload: dict | None = None, timeout: float | None = None) -> Any:
+        url = self.url + path
+        try:
+            response = await self._client.request(method, path, json=payload, timeout=timeout or self.timeout)
+        except httpx.TimeoutException as exc:
+            raise EngineError(url, f"timed out after {timeout or self.timeout:.0f}s ({type(exc).__name__})") from exc
+        except httpx.HTTPError as exc:
+            raise EngineError(url, f"{type(exc).__name__}: {exc}") from exc
+        body: Any = None
+        if response.content:
+            try:
+                body = response.json()
+            except ValueError:
+                body = response.text
+        if response.status_code >= 400:
+            raise EngineError(url, error_message(body), response.status_code)
+        if isinstance(body, dict) and body.get("success") is False:
+            raise EngineError(url, error_message(body), response.status_code)
+        return body
+
+    # ---- generation and health -------------------------------------------------------
+    async def generate(self, payload: dict, *, timeout: float | None = None) -> Any:
+        """POST /generate; returns the reply (a dict, or a list for a batched request)."""
+        return await self._call("POST", "/generate", payload, timeout or self.generate_timeout)
+
+    async def health(self, *, timeout: float = 5.0) -> bool:
+        """GET /health; False instead of raising when the engine is down."""
+        try:
+            await self._call("GET", "/health", timeout=timeout)
+        except EngineError:
+            return False
+        return True
+
+    async def health_generate(self, *, timeout: float = 30.0) -> bool:
+        try:
+            await self._call("GET", "/health_generate", timeout=timeout)
+        except EngineError:
+            return False
+        return True
+
+    async def get_model_info(self) -> dict:
+        return await self._call("GET", "/get_model_info")
+
+    async def get_weight_version(self) -> str | None:
+        return (await self._call("GET", "/get_weight_version"))["weight_version"]
+
+    # ---- control ---------------------------------------------------------------------
+    async def pause_generation(self, mode: str = "abort") -> Any:
+        return await self._call("POST", "/pause_generation", {"mode": mode})
+
+    async def continue_generation(self) -> Any:
+        return await self._call("POST", "/continue_generation", {})
+
+    async def flush_cache(self) -> Any:
+        return await self._call("POST", "/flush_cache")
+
+    async def abort_request(self, rid: str | None = None, abort_all: bool = False) -> Any:
+        if rid is None and not abort_all:
+            raise ValueError("abort_request needs rid=... or abort_all=True")
+        payload: dict[str, Any] = {"abort_all": abort_all}
+        if rid is not None:
+            payload["rid"] = rid
+        return await self._call("POST", "/abort_request", payload)
+
+    async def release_memory_occupation(self, tags: Sequence[str] | None = None) -> Any:
+        return await self._call("POST", "/release_memory_occupation", {"tags": list(tags) if tags else None})
+
+    async def resume_memory_occupation(self, tags: Sequence[str] | None = None) -> Any:
+        return await self._call("POST", "/resume_memory_occupation", {"tags": list(tags) if tags else None})
+
+    # ---- weight sync -----------------------------------------------------------------
+    async def init_weights_update_group(self, *, master_address: str, master_port: int, rank_offset: int,
+                                        world_size: int, group_name: str = "weight_update_group",
+                                        backend: str = "nccl", timeout: float | None = None) -> Any:
+        return await self._call("POST", "/init_weights_update_group", {
+            "master_address": master_address, "master_port": master_port, "rank_offset": rank_offset,
+            "world_size": world_size, "group_name": group_name, "backend": backend,
+        }, timeout)
+
+    async def update_weights_from_distributed(self, *, names: Sequence[str], dtypes: Sequence[Any],
+                                              shapes: Sequence[Sequence[int]], group_name: str = "weight_update_group",
+                                              flush_cache: bool = False, weight_version: str | None = None,
+                                              timeout: float | None = None) -> Any:
+        """dtypes may be torch dtypes or SGLang names ('bfloat16'); shapes any int sequences."""
+        payload: dict[str, Any] = {
+            "names": list(names), "dtypes": [str(d).replace("torch.", "") for d in dtypes],
+            "shapes": [[int(x) for x in s] for s in shapes], "group_name": group_name, "flush_cache": flush_cache,
+        }
+        if weight_version is not None:
+            payload["weight_version"] = str(weight_version)
+        return await self._call("POST", "/update_weights_from_distributed", payload, timeout)
+
+    async def destroy_weights_update_group(self, group_name: str = "weight_update_group") -> Any:
+        return await self._call("POST", "/destroy_weights_update_group", {"group_name": group_name})
+
+    async def update_weight_version(self, new_version: str, *, abort_all_requests: bool = False) -> Any:
+        return await self._call("POST", "/update_weight_version",
+                                {"new_version": str(new_version), "abort_all_requests": abort_all_requests})

@@ -1,0 +1,314 @@
+"""One data-parallel rank of the `fsdp` training backend (a Ray actor process).
+
+HF `AutoModelForCausalLM` sharded with FSDP2 `fully_shard` per decoder layer, AdamW, grad
+clipping, micro-batches (fixed or token-budgeted), log-prob passes for the old policy and
+the reference, DCP checkpoints, HF export, and the weight push to inference engines. gloo on
+CPU, NCCL on GPU. The loss itself is `relax.algorithms.policy_loss` — never re-implemented here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import os
+import random
+import threading
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from relax.algorithms.losses import entropy_from_logits
+from relax.algorithms.policy_loss import PolicyLossConfig, PolicyLossInputs, compute_policy_loss
+from relax.backends.base import TrainerSpec
+from relax.backends.fsdp.batching import pad_inputs, pad_response, response_positions, split_micro_batches
+from relax.config.schema import BatchConfig, OptimizerConfig
+
+logger = logging.getLogger(__name__)
+
+
+def lr_lambda(optim: OptimizerConfig, total_steps: int):
+    """Warm-up then constant / linear / cosine decay to min_lr, as a LambdaLR factor."""
+    decay_steps = max(1, (optim.lr_decay_iters or total_steps) - optim.lr_warmup_iters)
+    floor = optim.min_lr / optim.lr if optim.lr else 0.0
+
+    def factor(step: int) -> float:
+        if step < optim.lr_warmup_iters:
+            return (step + 1) / optim.lr_warmup_iters
+        progress = min(1.0, (step - optim.lr_warmup_iters) / decay_steps)
+        if optim.lr_decay_style == "linear":
+            return floor + (1 - floor) * (1 - progress)
+        if optim.lr_decay_style == "cosine":
+            return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+        return 1.0
+
+    return factor
+
+
+def reduce_metric(op: str, current: float | None, value: float) -> float:
+    """Combine one metric across micro-batches/steps: sum (pre-normalised means), max or min."""
+    if current is None:
+        return value
+    return {"max": max, "min": min}.get(op, lambda a, b: a + b)(current, value)
+
+
+class FSDPTrainWorker:
+    def __init__(self, rank: int, world_size: int, master_addr: str, master_port: int, spec: TrainerSpec) -> None:
+        self.rank, self.world_size, self.spec = rank, world_size, spec
+        self.device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+        if self.device.type == "cpu":
+            torch.set_num_threads(spec.threads or max(1, (os.cpu_count() or 1) // world_size))
+        dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo",
+                                init_method=f"tcp://{master_addr}:{master_port}", rank=rank,
+                                world_size=world_size, timeout=timedelta(minutes=spec.timeout_minutes))
+        self._seed(spec.optim.seed + rank)
+        self.model = self._build_model(spec.model_path)
+        self.optimizer = self.scheduler = None
+        if spec.role == "actor":
+            self._build_optimizer()
+        self._sender = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.step = 0
+
+    # ---- setup -------------------------------------------------------------------------
+    def _seed(self, seed: int) -> None:
+        random.seed(seed)
+        torch.manual_seed(seed)
+
+    def _build_model(self, path: str) -> torch.nn.Module:
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        from transformers import AutoModelForCausalLM
+
+        dtype = torch.float32
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(self.device)
+        self.hf_config = model.config
+        self.pad_id = model.config.pad_token_id or 0
+        if self.spec.role != "actor":
+            model.requires_grad_(False)
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if self.spec.optim.bf16 else None)
+        for layer in model.model.layers:
+            fully_shard(layer, mp_policy=mp)
+        fully_shard(model, mp_policy=mp)
+        self._apply_freezing(model)
+        return model
+
+    def _apply_freezing(self, model: torch.nn.Module) -> None:
+        import re
+
+        only, frozen = self.spec.optim.only_train_params_name_list, self.spec.optim.freeze_params_name_list
+        if self.spec.role != "actor" or not (only or frozen):
+            return
+        for name, p in model.named_parameters():
+            if only:
+                p.requires_grad_(any(re.search(pat, name) for pat in only))
+            elif frozen and any(re.search(pat, name) for pat in frozen):
+                p.requires_grad_(False)
+
+    def _build_optimizer(self) -> None:
+        o = self.spec.optim
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(params, lr=o.lr, betas=(o.adam_beta1, o.adam_beta2), eps=o.adam_eps,
+                                           weight_decay=o.weight_decay)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(o, self.spec.total_steps))
+
+    # ---- forward passes ----------------------------------------------------------------
+    def _forward(self, tokens: list[list[int]], response_lengths: list[int], *, entropy: bool = False):
+        """Response-aligned `logp_BT`, `mask_BT` (and `entropy_BT`) at the rollout temperature."""
+        ids_BL, attn_BL = pad_inputs(tokens, self.pad_id)
+        ids_BL, attn_BL = ids_BL.to(self.device), attn_BL.to(self.device)
+        logits_BLV = self.model(input_ids=ids_BL, attention_mask=attn_BL, use_cache=False).logits.float()
+        logits_BLV = logits_BLV[:, :-1] / self.spec.temperature
+        index_BT, mask_BT = response_positions([len(t) for t in tokens], response_lengths)
+        index_BT, mask_BT = index_BT.to(self.device), mask_BT.to(self.device)
+        logits_BTV = logits_BLV.gather(1, index_BT[:, :, None].expand(-1, -1, logits_BLV.shape[-1]))
+        targets_BT = ids_BL[:, 1:].gather(1, index_BT)
+        logp_BT = torch.log_softmax(logits_BTV, dim=-1).gather(-1, targets_BT[:, :, None]).squeeze(-1)
+        ent_BT = entropy_from_logits(logits_BTV) if entropy else None
+        return logp_BT * mask_BT, mask_BT, ent_BT
+
+    def _micro_batches(self, tokens: list[list[int]], max_tokens: int | None) -> list[list[int]]:
+        b = self.spec.batch
+        return split_micro_batches([len(t) for t in tokens], micro_batch_size=b.micro_batch_size,
+                                   max_tokens=max_tokens if b.use_dynamic_batch_size else None)
+
+    @torch.no_grad()
+    def compute_log_probs(self, batch: dict[str, Any]) -> list[list[float]]:
+        """Per-sample response log-probs under the current weights (old policy or reference)."""
+        self.model.eval()
+        tokens, lengths = batch["tokens"], batch["response_lengths"]
+        budget = self.spec.batch.log_probs_max_tokens_per_gpu or self.spec.batch.max_tokens_per_gpu
+        out: list[list[float]] = [[] for _ in tokens]
+        for idx in self._micro_batches(tokens, budget):
+            logp_BT, _, _ = self._forward([tokens[i] for i in idx], [lengths[i] for i in idx])
+            for row, i in enumerate(idx):
+                out[i] = logp_BT[row, : lengths[i]].cpu().tolist()
+        return out
+
+    # ---- training ----------------------------------------------------------------------
+    def train(self, batch: dict[str, Any], num_steps: int, global_tokens_per_step: list[int]) -> dict[str, float]:
+        """`num_steps` optimizer steps over this rank's shard (split evenly, in order).
+
+        batch: tokens, response_lengths, loss_masks, advantages, old_log_probs, and optionally
+        ref_log_probs / rollout_log_probs — all per sample, response-aligned.
+        """
+        self.model.train()
+        n = len(batch["tokens"])
+        per_step = n // num_steps
+        totals: dict[str, float] = {}
+        for s in range(num_steps):
+            rows = list(range(s * per_step, (s + 1) * per_step))
+            metrics = self._optimizer_step(batch, rows, global_tokens_per_step[s])
+            for k, v in metrics.items():
+                op = "max" if k.endswith("_max") else "min" if k.endswith("_min") else "sum"
+                totals[k] = reduce_metric(op, totals.get(k), v if op != "sum" else v / num_steps)
+        return totals
+
+    def _optimizer_step(self, batch: dict[str, Any], rows: list[int], global_tokens: int) -> dict[str, float]:
+        assert self.optimizer is not None, "reference workers do not train"
+        self.optimizer.zero_grad(set_to_none=True)
+        tokens = [batch["tokens"][i] for i in rows]
+        micro = self._micro_batches(tokens, self.spec.batch.max_tokens_per_gpu)
+        sums: dict[str, float] = {}
+        for m, idx in enumerate(micro):
+            rows_m = [rows[i] for i in idx]
+            self.model.set_requires_gradient_sync(m == len(micro) - 1)
+            out = self._micro_loss(batch, rows_m, num_samples=len(rows), num_tokens=global_tokens / self.world_size)
+            out.loss.backward()
+            for k, v in out.metrics.items():
+                sums[k] = reduce_metric(out.reduce_ops.get(k, "sum"), sums.get(k), float(v))
+        clip = self.spec.optim.clip_grad
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, clip if clip > 0 else float("inf"))
+        grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
+        if math.isfinite(grad_norm):
+            self.optimizer.step()
+        else:
+            logger.warning("step %d: non-finite grad norm %s; optimizer step skipped", self.step, grad_norm)
+        self.scheduler.step()
+        self.step += 1
+        sums.update(grad_norm=grad_norm, lr=self.scheduler.get_last_lr()[0])
+        return sums
+
+    def _micro_loss(self, batch: dict[str, Any], rows: list[int], *, num_samples: int, num_tokens: float):
+        cfg = self.spec.loss
+        lengths = [batch["response_lengths"][i] for i in rows]
+        logp_BT, mask_BT, ent_BT = self._forward([batch["tokens"][i] for i in rows], lengths,
+                                                 entropy=True)
+        width = logp_BT.shape[1]
+
+        def col(name: str) -> torch.Tensor | None:
+            if batch.get(name) is None:
+                return None
+            return pad_response([batch[name][i] for i in rows], width).to(self.device)
+
+        loss_mask_BT = col("loss_masks") * mask_BT
+        inputs = PolicyLossInputs(
+            logp=logp_BT, old_logp=col("old_log_probs"), advantages=col("advantages"), mask_BT=loss_mask_BT,
+            ref_logp=col("ref_log_probs"), rollout_logp=col("rollout_log_probs"), entropy=ent_BT,
+            num_global_samples=num_samples, num_global_tokens=num_tokens,
+        )
+        return compute_policy_loss(inputs, cfg)
+
+    # ---- weights out -------------------------------------------------------------------
+    def _full_state(self):
+        """(name, full tensor) for every parameter; a collective, so every rank iterates."""
+        for name, p in self.model.named_parameters():
+            full = p.full_tensor() if hasattr(p, "full_tensor") else p
+            yield name, full.detach()
+
+    def _run_async(self, coro):
+        if self._loop is None:
+            self._loop = asyncio.new_event_loop()
+            threading.Thread(target=self._loop.run_forever, daemon=True, name="weight-sync").start()
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def connect_engines(self, engine_urls: list[str], api_key: str | None) -> None:
+        if self.rank != 0:
+            return
+        from relax.distributed.weight_sync import WeightSender
+
+        backend = "nccl" if self.device.type == "cuda" else "gloo"
+        if self._sender is not None:
+            self._run_async(self._sender.close())
+        self._sender = WeightSender(engine_urls, api_key=api_key, backend=backend,
+                                    bucket_bytes=self.spec.bucket_bytes, timeout_s=self.spec.sync_timeout_s)
+        self._run_async(self._sender.connect())
+
+    def push_weights(self, version: int) -> dict[str, float]:
+        """Gather full weights (all ranks) and broadcast them to the engines (rank 0)."""
+        state = list(self._full_state())
+        if self.rank != 0:
+            return {}
+        stats = self._run_async(self._sender.push(state, version=version))
+        return {"weight_sync/bytes": float(stats.bytes), "weight_sync/seconds": float(stats.seconds),
+                "weight_sync/gbps": float(stats.gbps), "weight_sync/buckets": float(stats.num_buckets)}
+
+    # ---- checkpoints -------------------------------------------------------------------
+    def save(self, ckpt_dir: str, rollout_id: int, save_optim: bool = True) -> None:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        path = Path(ckpt_dir)
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer or [])
+        state = {"model": model_sd}
+        if save_optim and self.optimizer is not None:
+            state["optim"] = optim_sd
+        dcp.save(state, checkpoint_id=str(path / "model"))
+        torch.save({"torch": torch.get_rng_state(), "python": random.getstate(),
+                    "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None},
+                   path / f"rng_rank{self.rank}.pt")
+        if self.rank == 0:
+            meta = {"rollout_id": rollout_id, "train_step": self.step, "has_optim": "optim" in state,
+                    "scheduler": self.scheduler.state_dict() if self.scheduler else None, "time": time.time()}
+            (path / "meta.json").write_text(json.dumps(meta))
+        dist.barrier()
+
+    def load(self, ckpt_dir: str) -> dict[str, Any]:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+        path = Path(ckpt_dir)
+        meta = json.loads((path / "meta.json").read_text())
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer or [])
+        state = {"model": model_sd}
+        if meta["has_optim"] and self.optimizer is not None:
+            state["optim"] = optim_sd
+        dcp.load(state, checkpoint_id=str(path / "model"))
+        set_state_dict(self.model, self.optimizer or [], model_state_dict=state["model"],
+                       optim_state_dict=state.get("optim", {}))
+        if self.scheduler is not None and meta.get("scheduler"):
+            self.scheduler.load_state_dict(meta["scheduler"])
+        rng_file = path / f"rng_rank{self.rank}.pt"
+        if rng_file.exists():
+            rng = torch.load(rng_file, weights_only=False)
+            torch.set_rng_state(rng["torch"])
+            random.setstate(rng["python"])
+            if rng.get("cuda") and torch.cuda.is_available():
+                torch.cuda.set_rng_state_all(rng["cuda"])
+        self.step = meta["train_step"]
+        return meta
+
+    def export_hf(self, out_dir: str, tokenizer_path: str) -> None:
+        """Write an HF checkpoint loadable by `AutoModelForCausalLM.from_pretrained`."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        full = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if self.rank == 0:
+            model = AutoModelForCausalLM.from_config(self.hf_config)
+            model.load_state_dict(full, strict=False)
+            model.tie_weights()
+            model.save_pretrained(out_dir, safe_serialization=True)
+            AutoTokenizer.from_pretrained(tokenizer_path).save_pretrained(out_dir)
+        dist.barrier()
+
+    def shutdown(self) -> None:
+        if self._sender is not None:
+            self._run_async(self._sender.close())
+        if dist.is_initialized():
+            dist.destroy_process_group()

@@ -1,0 +1,141 @@
+"""`HFEngine`: a transformers model + tokenizer behind the scheduler, weight receiver and memory state.
+
+This is the `hf` engine without HTTP (server.py puts SGLang's endpoints on top of it), so it can
+also be driven in-process. It owns one model on one device; the model's forwards run in the
+scheduler's decode thread and weight loads take the same step lock.
+
+Memory release (`/release_memory_occupation`, SGLang's colocate offload): on CUDA the weights
+move to CPU and the CUDA cache is emptied; on CPU nothing moves (this engine keeps no KV cache
+between batches). While any tag is released, generation is refused (HTTP 503) until resume.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from typing import Any
+
+import torch
+
+from relax.backends.hf.decoder import BatchDecoder, DecodeRow, RowResult
+from relax.backends.hf.protocol import GenerateItem
+from relax.backends.hf.scheduler import Scheduler
+from relax.backends.hf.weights import WeightReceiver
+
+logger = logging.getLogger(__name__)
+
+DTYPE_CHOICES = {"auto": "auto", "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+MEMORY_TAGS = ("weights", "kv_cache")
+
+
+class EngineUnavailable(RuntimeError):
+    """Generation refused right now (memory released); maps to HTTP 503."""
+
+
+def eos_token_ids(model: torch.nn.Module, tokenizer: Any) -> list[int]:
+    """EOS ids from the generation config, the model config and the tokenizer (Qwen3 has two)."""
+    found: set[int] = set()
+    for source in (getattr(model, "generation_config", None), model.config, tokenizer):
+        value = getattr(source, "eos_token_id", None) if source is not None else None
+        if isinstance(value, int):
+            found.add(value)
+        elif isinstance(value, (list, tuple)):
+            found.update(int(v) for v in value)
+    return sorted(found)
+
+
+class HFEngine:
+    """One model on one device, serving batched generation and SGLang's control operations."""
+
+    def __init__(self, model_path: str, *, device: str = "cpu", dtype: str = "auto",
+                 max_running_requests: int = 256, max_context_len: int | None = None,
+                 served_model_name: str | None = None, tokenizer_path: str | None = None,
+                 seed: int | None = None, weight_sync_timeout_s: float = 600.0):
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        if dtype not in DTYPE_CHOICES:
+            raise ValueError(f"--dtype must be one of {sorted(DTYPE_CHOICES)}, got {dtype!r}")
+        self.model_path, self.tokenizer_path = model_path, tokenizer_path or model_path
+        self.served_model_name = served_model_name or model_path
+        self.device = torch.device(device)
+        self.tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_path)
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=DTYPE_CHOICES[dtype])
+        self.model.to(self.device).eval()
+        self.vocab_size = int(self.model.config.vocab_size)
+        self.max_context_len = max_context_len or int(getattr(self.model.config, "max_position_embeddings", 4096))
+        self.step_lock = threading.Lock()
+        pad = self.tokenizer.pad_token_id
+        self.decoder = BatchDecoder(self.model, self.tokenizer, device=self.device,
+                                    eos_token_ids=eos_token_ids(self.model, self.tokenizer),
+                                    max_context_len=self.max_context_len, pad_token_id=pad if pad is not None else 0,
+                                    step_lock=self.step_lock, seed=seed)
+        self.scheduler = Scheduler(self.decoder, max_running_requests=max_running_requests)
+        self.receiver = WeightReceiver(self.model, step_lock=self.step_lock, timeout_s=weight_sync_timeout_s,
+                                       device=self.device)
+        self.weight_version = "default"
+        self.released_tags: set[str] = set()
+        self.weight_update_lock = asyncio.Lock()
+
+    async def start(self) -> None:
+        self.scheduler.start()
+
+    async def stop(self) -> None:
+        await self.scheduler.stop()
+
+    # ---- generation ------------------------------------------------------------------
+    async def generate(self, items: list[GenerateItem]) -> list[RowResult]:
+        """Run every item through the scheduler (they batch with whatever else is queued)."""
+        if self.released_tags:
+            raise EngineUnavailable(f"engine memory is released (tags {sorted(self.released_tags)}); "
+                                    "call /resume_memory_occupation before generating")
+        return list(await asyncio.gather(*(
+            self.scheduler.generate(item.rid, DecodeRow(item.input_ids, item.params)) for item in items)))
+
+    async def health_generate(self, timeout_s: float = 20.0) -> bool:
+        """A 1-token greedy generation; True when the model answers in time (or is deliberately paused)."""
+        if self.released_tags:
+            return False
+        if self.scheduler.paused_mode is not None:
+            return True
+        from relax.backends.hf.sampling import parse_sampling_params
+
+        item = GenerateItem(f"health-{time.monotonic_ns()}", [0],
+                            parse_sampling_params({"temperature": 0, "max_new_tokens": 1}), False)
+        try:
+            await asyncio.wait_for(self.generate([item]), timeout_s)
+        except (asyncio.TimeoutError, RuntimeError) as exc:
+            logger.warning("health_generate failed: %s", exc)
+            self.scheduler.abort(item.rid)
+            return False
+        return True
+
+    # ---- memory ----------------------------------------------------------------------
+    async def release_memory(self, tags: list[str] | None) -> str:
+        tags = list(tags or MEMORY_TAGS)
+        self.scheduler.abort(abort_all=True, message="aborted by release_memory_occupation")
+        await self.scheduler.wait_idle()
+        if "weights" in tags and self.device.type == "cuda" and "weights" not in self.released_tags:
+            with self.step_lock:
+                self.model.to("cpu")
+            torch.cuda.empty_cache()
+        self.released_tags.update(tags)
+        return f"released {sorted(tags)}"
+
+    async def resume_memory(self, tags: list[str] | None) -> str:
+        tags = list(tags or MEMORY_TAGS)
+        if "weights" in tags and self.device.type == "cuda" and "weights" in self.released_tags:
+            with self.step_lock:
+                self.model.to(self.device)
+        self.released_tags.difference_update(tags)
+        return f"resumed {sorted(tags)}"
+
+    def info(self) -> dict[str, Any]:
+        return {
+            "model_path": self.model_path, "tokenizer_path": self.tokenizer_path, "is_generation": True,
+            "preferred_sampling_params": None, "weight_version": self.weight_version,
+            "served_model_name": self.served_model_name, "max_context_len": self.max_context_len,
+            "device": str(self.device), "dtype": str(self.model.dtype).replace("torch.", ""),
+            "backend": "hf",
+        }

@@ -1,0 +1,124 @@
+"""Start an `hf` engine server as a child process that dies with its parent.
+
+`launch_hf_engine(model_path, ...)` runs `python -m relax.backends.hf.server` with the output
+going to a log file, sets `PR_SET_PDEATHSIG=SIGKILL` in the child (Linux) so a crashed trainer
+never leaves an orphaned engine, and limits CPU threads (default 1 on CPU: these engines share
+small machines with trainers). Note the death signal fires when the *thread* that started the
+child exits, so launch from a long-lived thread (the main thread or the event loop's).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import socket
+
+import httpx
+
+PR_SET_PDEATHSIG = 1
+API_KEY_ENV = "RELAX_HF_API_KEY"  # the key travels by environment, not argv (argv is world-readable)
+_REPO_ROOT = str(Path(__file__).resolve().parents[3])
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() == 1:  # the parent already died before prctl took effect
+        os._exit(1)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def _log_tail(path: str, chars: int = 4000) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - chars))
+            return f.read().decode(errors="replace")
+    except OSError as exc:
+        return f"<cannot read {path}: {exc}>"
+
+
+class EngineProcess:
+    """A running engine server: `url`, `wait_ready()`, `alive()`, `terminate()`."""
+
+    def __init__(self, process: subprocess.Popen, url: str, log_path: str, api_key: str | None):
+        self.process, self.url, self.log_path, self.api_key = process, url, log_path, api_key
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def wait_ready(self, timeout: float = 120.0) -> "EngineProcess":
+        """Poll GET /health until 200; raise RuntimeError with the log tail if it dies or times out."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self.alive():
+                raise RuntimeError(f"hf engine at {self.url} exited with code {self.process.returncode} "
+                                   f"before becoming ready; log {self.log_path}:\n{_log_tail(self.log_path)}")
+            try:
+                if httpx.get(self.url + "/health", timeout=2.0).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError(f"hf engine at {self.url} not ready after {timeout:.0f}s; "
+                           f"log {self.log_path}:\n{_log_tail(self.log_path)}")
+
+    def terminate(self, timeout: float = 10.0) -> int | None:
+        """SIGTERM, then SIGKILL after `timeout` seconds; returns the exit code."""
+        if self.alive():
+            self.process.terminate()
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout)
+        return self.process.returncode
+
+    def __enter__(self) -> "EngineProcess":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.terminate()
+
+
+def launch_hf_engine(model_path: str, *, host: str = "127.0.0.1", port: int | None = None,
+                     api_key: str | None = None, device: str = "cpu", extra_args: Sequence[str] = (),
+                     env: Mapping[str, str] | None = None, log_path: str | None = None,
+                     num_threads: int | None = None) -> EngineProcess:
+    """Start the server (not yet ready: call `.wait_ready()`)."""
+    port = port or free_port(host)
+    if num_threads is None and device == "cpu":
+        num_threads = 1
+    if log_path is None:
+        fd, log_path = tempfile.mkstemp(prefix=f"hf-engine-{port}-", suffix=".log")
+        os.close(fd)
+    child_env = dict(os.environ if env is None else env)
+    child_env["PYTHONPATH"] = os.pathsep.join(p for p in (_REPO_ROOT, child_env.get("PYTHONPATH")) if p)
+    cmd = [sys.executable, "-m", "relax.backends.hf.server", "--model-path", str(model_path),
+           "--host", host, "--port", str(port), "--device", device]
+    if num_threads:
+        child_env["OMP_NUM_THREADS"] = str(num_threads)
+        cmd += ["--num-threads", str(num_threads)]
+    child_env.pop(API_KEY_ENV, None)
+    if api_key:
+        child_env[API_KEY_ENV] = api_key
+    cmd += list(extra_args)
+    with open(log_path, "ab") as log:
+        process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                   env=child_env, preexec_fn=_die_with_parent)
+    url_host = f"[{host}]" if ":" in host else host
+    return EngineProcess(process, f"http://{url_host}:{port}", log_path, api_key)

@@ -1,0 +1,169 @@
+"""Request models and reply builders for the `hf` engine's SGLang-native HTTP API.
+
+Field names and defaults follow SGLang's `io_struct.py` (GenerateReqInput,
+InitWeightsUpdateGroupReqInput, UpdateWeightsFromDistributedReqInput, PauseGenerationReqInput,
+AbortReq, Release/ResumeMemoryOccupationReqInput). Unknown top-level fields are ignored as
+SGLang's many optional fields would be; unknown *sampling* keys are rejected (see sampling.py).
+Reply shapes: `{"text", "output_ids", "meta_info": {"id", "finish_reason", "prompt_tokens",
+"completion_tokens", "cached_tokens", "weight_version", "e2e_latency",
+"output_token_logprobs": [[logprob, token_id, text_or_None], ...]}}`.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+
+from relax.backends.hf.decoder import RowResult
+from relax.backends.hf.sampling import SamplingParams, parse_sampling_params
+
+MAX_BATCH_ITEMS = 4096
+
+
+class GenerateRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    text: StrictStr | list[StrictStr] | None = None
+    input_ids: list[StrictInt] | list[list[StrictInt]] | None = None
+    sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None
+    return_logprob: StrictBool | list[StrictBool] | None = None
+    logprob_start_len: StrictInt | list[StrictInt] | None = None
+    top_logprobs_num: StrictInt | list[StrictInt] | None = None
+    return_text_in_logprobs: StrictBool = False
+    rid: StrictStr | list[StrictStr] | None = None
+    stream: StrictBool = False
+
+
+class InitWeightsUpdateGroupRequest(BaseModel):
+    master_address: StrictStr = Field(min_length=1)
+    master_port: StrictInt = Field(ge=1, le=65535)
+    rank_offset: StrictInt = Field(ge=1)
+    world_size: StrictInt = Field(ge=2)
+    group_name: StrictStr = "weight_update_group"
+    backend: Literal["nccl", "gloo"] = "nccl"
+
+
+class UpdateWeightsFromDistributedRequest(BaseModel):
+    names: list[StrictStr]
+    dtypes: list[StrictStr]
+    shapes: list[list[StrictInt]]
+    group_name: StrictStr = "weight_update_group"
+    flush_cache: StrictBool = True
+    abort_all_requests: StrictBool = False
+    weight_version: StrictStr | None = None
+    load_format: StrictStr | None = None
+
+
+class GroupNameRequest(BaseModel):
+    group_name: StrictStr = "weight_update_group"
+
+
+class PauseGenerationRequest(BaseModel):
+    mode: Literal["abort", "retract", "in_place"] = "abort"
+
+
+class AbortRequest(BaseModel):
+    rid: StrictStr | None = None
+    abort_all: StrictBool = False
+
+
+class MemoryRequest(BaseModel):
+    tags: list[Literal["weights", "kv_cache"]] | None = None
+
+
+class UpdateWeightVersionRequest(BaseModel):
+    new_version: StrictStr
+    abort_all_requests: StrictBool = True
+
+
+@dataclass
+class GenerateItem:
+    """One sequence of a (possibly batched) /generate request."""
+
+    rid: str
+    input_ids: list[int]
+    params: SamplingParams
+    return_logprob: bool
+
+
+def _per_item(value: Any, n: int, field: str, default: Any) -> list[Any]:
+    if value is None:
+        return [default] * n
+    if isinstance(value, list):
+        if len(value) != n:
+            raise ValueError(f"{field} has {len(value)} entries but the batch has {n} prompts")
+        return value
+    return [value] * n
+
+
+def _prompts(req: GenerateRequest, tokenizer: Any) -> tuple[list[list[int]], bool]:
+    if (req.text is None) == (req.input_ids is None):
+        raise ValueError("give exactly one of 'text' or 'input_ids'")
+    if req.input_ids is not None:
+        batched = bool(req.input_ids) and isinstance(req.input_ids[0], list)
+        prompts = req.input_ids if batched else [req.input_ids]
+    else:
+        batched = isinstance(req.text, list)
+        prompts = [tokenizer.encode(t) for t in (req.text if batched else [req.text])]
+    return [list(p) for p in prompts], batched
+
+
+def _check_prompt(i: int, ids: list[int], params: SamplingParams, vocab_size: int, max_context_len: int) -> None:
+    where = f"prompt {i}"
+    if not ids:
+        raise ValueError(f"{where} is empty")
+    bad = [t for t in ids if not 0 <= t < vocab_size]
+    if bad:
+        raise ValueError(f"{where} has token ids outside [0, {vocab_size}): {bad[:5]}")
+    if len(ids) >= max_context_len:
+        raise ValueError(f"{where}: the input ({len(ids)} tokens) is longer than the model's context length "
+                         f"({max_context_len} tokens)")
+    if params.max_new_tokens is not None and len(ids) + params.max_new_tokens > max_context_len:
+        raise ValueError(f"{where}: input ({len(ids)}) + max_new_tokens ({params.max_new_tokens}) exceeds the "
+                         f"context length ({max_context_len}); lower max_new_tokens")
+
+
+def normalize_generate(req: GenerateRequest, tokenizer: Any, *, vocab_size: int, max_context_len: int
+                       ) -> tuple[list[GenerateItem], bool]:
+    """Expand a /generate request into items; raises ValueError with a message for a 400."""
+    if req.stream:
+        raise ValueError("stream=true is not supported by the hf engine; send stream=false")
+    for field in ("top_logprobs_num", "logprob_start_len"):
+        values = getattr(req, field)
+        values = values if isinstance(values, list) else [values]
+        if any(v not in (None, 0, -1) for v in values):
+            raise ValueError(f"{field} is not supported by the hf engine (only output-token logprobs are returned)")
+    prompts, batched = _prompts(req, tokenizer)
+    n = len(prompts)
+    if not 1 <= n <= MAX_BATCH_ITEMS:
+        raise ValueError(f"a batch must have 1 to {MAX_BATCH_ITEMS} prompts, got {n}")
+    params = [parse_sampling_params(p) for p in _per_item(req.sampling_params, n, "sampling_params", None)]
+    logprob = [bool(v) for v in _per_item(req.return_logprob, n, "return_logprob", False)]
+    if isinstance(req.rid, str):
+        rids = [req.rid] if not batched else [f"{req.rid}_{i}" for i in range(n)]
+    else:
+        rids = _per_item(req.rid, n, "rid", None)
+        rids = [r if r is not None else uuid.uuid4().hex for r in rids]
+    for i, (ids, p) in enumerate(zip(prompts, params)):
+        _check_prompt(i, ids, p, vocab_size, max_context_len)
+    items = [GenerateItem(r, ids, p, lp) for r, ids, p, lp in zip(rids, prompts, params, logprob)]
+    return items, batched
+
+
+def build_output(item: GenerateItem, result: RowResult, *, weight_version: str, e2e_latency: float,
+                 tokenizer: Any = None) -> dict[str, Any]:
+    """SGLang's /generate reply for one item (`tokenizer` given: logprob triples carry token text)."""
+    meta: dict[str, Any] = {
+        "id": item.rid, "finish_reason": result.finish_reason, "prompt_tokens": len(item.input_ids),
+        "completion_tokens": len(result.output_ids), "cached_tokens": 0, "weight_version": weight_version,
+        "e2e_latency": e2e_latency,
+    }
+    if item.return_logprob:
+        meta["output_token_logprobs"] = [
+            [lp, tok, tokenizer.decode([tok]) if tokenizer is not None else None]
+            for lp, tok in zip(result.output_logprobs, result.output_ids)
+        ]
+    return {"text": result.text, "output_ids": list(result.output_ids), "meta_info": meta}

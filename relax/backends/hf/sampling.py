@@ -1,0 +1,248 @@
+"""Sampling parameters and the per-step token sampler of the `hf` engine.
+
+`parse_sampling_params` turns SGLang's `sampling_params` dict into a validated
+`SamplingParams` (same key names and defaults as SGLang's `SamplingParams`), rejecting
+unknown keys and features this engine does not implement with a message that names them.
+
+`sample_next_tokens` draws one token per row of a batch:
+
+- temperature == 0 is greedy (argmax of the raw logits), as SGLang does;
+- otherwise probabilities are softmax(logits / temperature), filtered by top-k, top-p and
+  min-p, and a token is drawn with the exponential race `argmax(p / E)`, E ~ Exp(1). Each row
+  draws its noise from its own `torch.Generator` when the request has a `sampling_seed`, so
+  a seeded request's tokens depend only on (seed, prompt, weights), never on its batch mates.
+
+Log-prob convention (shared with the trainer): the returned log-prob of a sampled token is
+`log_softmax(logits / temperature)[token]` for temperature > 0 and `log_softmax(logits)[token]`
+for greedy; top-k/top-p/min-p filtering does not change it. This is what SGLang returns by
+default (its sampler scales logits by temperature before computing log-probs).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import torch
+
+GREEDY_EPS = 1e-6  # SGLang's _SAMPLING_EPS: temperatures below this mean greedy
+
+# Keys SGLang accepts that this engine implements.
+_SUPPORTED_DEFAULTS: dict[str, Any] = {
+    "temperature": 1.0,
+    "top_p": 1.0,
+    "top_k": -1,
+    "min_p": 0.0,
+    "max_new_tokens": 128,
+    "min_new_tokens": 0,
+    "stop": None,
+    "stop_token_ids": None,
+    "ignore_eos": False,
+    "skip_special_tokens": True,
+    "spaces_between_special_tokens": True,
+    "no_stop_trim": False,
+    "sampling_seed": None,
+}
+# Keys SGLang accepts that this engine only accepts at their neutral value.
+_NEUTRAL_ONLY: dict[str, Any] = {
+    "n": 1,
+    "frequency_penalty": 0.0,
+    "presence_penalty": 0.0,
+    "repetition_penalty": 1.0,
+    "regex": None,
+    "json_schema": None,
+    "ebnf": None,
+    "structural_tag": None,
+    "logit_bias": None,
+    "custom_params": None,
+    "stream_interval": None,
+}
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """One request's sampling parameters (SGLang names; `top_k=-1` means off)."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+    max_new_tokens: int | None = 128
+    min_new_tokens: int = 0
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    no_stop_trim: bool = False
+    sampling_seed: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature < GREEDY_EPS
+
+
+def _number(params: dict[str, Any], key: str, kind: type) -> Any:
+    value = params.get(key, _SUPPORTED_DEFAULTS[key])
+    if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"sampling_params.{key} must be a number, got {value!r}")
+    if kind is int:
+        if isinstance(value, float) and not value.is_integer():
+            raise ValueError(f"sampling_params.{key} must be an integer, got {value!r}")
+        return int(value)
+    if not math.isfinite(float(value)):
+        raise ValueError(f"sampling_params.{key} must be finite, got {value!r}")
+    return float(value)
+
+
+def _flag(params: dict[str, Any], key: str) -> bool:
+    value = params.get(key, _SUPPORTED_DEFAULTS[key])
+    if not isinstance(value, bool):
+        raise ValueError(f"sampling_params.{key} must be true or false, got {value!r}")
+    return value
+
+
+def _stop_strings(value: Any) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(s, str) and s for s in value):
+        raise ValueError(f"sampling_params.stop must be a non-empty string or a list of them, got {value!r}")
+    return tuple(value)
+
+
+def _stop_ids(value: Any) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0
+                                              for t in value):
+        raise ValueError(f"sampling_params.stop_token_ids must be a list of token ids, got {value!r}")
+    return tuple(value)
+
+
+def _check_keys(params: dict[str, Any]) -> None:
+    unknown = sorted(set(params) - set(_SUPPORTED_DEFAULTS) - set(_NEUTRAL_ONLY))
+    if unknown:
+        raise ValueError(f"unknown sampling_params keys {unknown}; supported: {sorted(_SUPPORTED_DEFAULTS)}")
+    for key, neutral in _NEUTRAL_ONLY.items():
+        if key in params and params[key] is not None and params[key] != neutral:
+            raise ValueError(f"sampling_params.{key}={params[key]!r} is not supported by the hf engine "
+                             f"(only {neutral!r}); use the sglang backend for it")
+
+
+def parse_sampling_params(params: dict[str, Any] | None) -> SamplingParams:
+    """Validate an SGLang `sampling_params` dict; raises ValueError naming the bad key."""
+    if params is not None and not isinstance(params, dict):
+        raise ValueError(f"sampling_params must be an object, got {type(params).__name__}")
+    params = dict(params or {})
+    _check_keys(params)
+    temperature = _number(params, "temperature", float)
+    top_p = _number(params, "top_p", float)
+    top_k = _number(params, "top_k", int)
+    min_p = _number(params, "min_p", float)
+    max_new = params.get("max_new_tokens", 128)
+    max_new_tokens = None if max_new is None else _number(params, "max_new_tokens", int)
+    min_new_tokens = _number(params, "min_new_tokens", int)
+    seed = params.get("sampling_seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise ValueError(f"sampling_params.sampling_seed must be an integer, got {seed!r}")
+    if temperature < 0:
+        raise ValueError(f"sampling_params.temperature must be >= 0, got {temperature}")
+    if not 0 < top_p <= 1:
+        raise ValueError(f"sampling_params.top_p must be in (0, 1], got {top_p}")
+    if top_k == 0 or top_k < -1:
+        raise ValueError(f"sampling_params.top_k must be -1 (off) or >= 1, got {top_k}")
+    if not 0 <= min_p <= 1:
+        raise ValueError(f"sampling_params.min_p must be in [0, 1], got {min_p}")
+    if max_new_tokens is not None and max_new_tokens < 0:
+        raise ValueError(f"sampling_params.max_new_tokens must be >= 0, got {max_new_tokens}")
+    if min_new_tokens < 0 or (max_new_tokens is not None and min_new_tokens > max_new_tokens):
+        raise ValueError(f"sampling_params.min_new_tokens must be in [0, max_new_tokens], got {min_new_tokens}")
+    return SamplingParams(
+        temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
+        max_new_tokens=max_new_tokens, min_new_tokens=min_new_tokens,
+        stop=_stop_strings(params.get("stop")), stop_token_ids=_stop_ids(params.get("stop_token_ids")),
+        ignore_eos=_flag(params, "ignore_eos"), skip_special_tokens=_flag(params, "skip_special_tokens"),
+        no_stop_trim=_flag(params, "no_stop_trim"), sampling_seed=seed,
+    )
+
+
+@dataclass
+class SamplingBatch:
+    """Per-row sampling parameters of a decode batch as tensors (B = rows still decoding)."""
+
+    temperature_B: torch.Tensor
+    top_p_B: torch.Tensor
+    top_k_B: torch.Tensor
+    min_p_B: torch.Tensor
+    greedy_B: torch.Tensor
+    generators: list[torch.Generator | None]
+
+    @classmethod
+    def build(cls, params: Sequence[SamplingParams], generators: Sequence[torch.Generator | None],
+              device: torch.device) -> "SamplingBatch":
+        greedy = [p.is_greedy for p in params]
+        return cls(
+            temperature_B=torch.tensor([1.0 if g else p.temperature for p, g in zip(params, greedy)],
+                                       dtype=torch.float32, device=device),
+            top_p_B=torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device),
+            top_k_B=torch.tensor([p.top_k for p in params], dtype=torch.long, device=device),
+            min_p_B=torch.tensor([p.min_p for p in params], dtype=torch.float32, device=device),
+            greedy_B=torch.tensor(greedy, dtype=torch.bool, device=device),
+            generators=list(generators),
+        )
+
+    def select(self, keep: list[int]) -> "SamplingBatch":
+        index = torch.tensor(keep, dtype=torch.long, device=self.greedy_B.device)
+        return SamplingBatch(self.temperature_B[index], self.top_p_B[index], self.top_k_B[index],
+                             self.min_p_B[index], self.greedy_B[index], [self.generators[i] for i in keep])
+
+    @property
+    def needs_filter(self) -> bool:
+        return bool(((self.top_k_B > 0) | (self.top_p_B < 1) | (self.min_p_B > 0)).any())
+
+
+def filter_probs(probs_BV: torch.Tensor, top_k_B: torch.Tensor, top_p_B: torch.Tensor,
+                 min_p_B: torch.Tensor) -> torch.Tensor:
+    """Zero the probabilities outside top-k / the top-p nucleus / below min_p * max (not renormalised)."""
+    sorted_BV, index_BV = probs_BV.sort(dim=-1, descending=True)
+    rank_V = torch.arange(probs_BV.shape[-1], device=probs_BV.device)
+    drop_BV = (top_k_B[:, None] > 0) & (rank_V[None, :] >= top_k_B[:, None])
+    mass_before_BV = sorted_BV.cumsum(dim=-1) - sorted_BV
+    drop_BV |= mass_before_BV > top_p_B[:, None]
+    drop_BV |= sorted_BV < (min_p_B[:, None] * sorted_BV[:, :1])
+    drop_BV[:, 0] = False  # the most likely token always survives
+    sorted_BV = sorted_BV.masked_fill(drop_BV, 0.0)
+    return torch.zeros_like(probs_BV).scatter_(-1, index_BV, sorted_BV)
+
+
+def _exponential_noise(shape: tuple[int, int], generators: list[torch.Generator | None],
+                       shared: torch.Generator | None, device: torch.device) -> torch.Tensor:
+    """Exp(1) noise; seeded rows draw from their own generator, the rest from `shared` in one call."""
+    noise_BV = torch.empty(shape, dtype=torch.float32, device=device)
+    unseeded = [i for i, g in enumerate(generators) if g is None]
+    if unseeded:
+        draw = torch.empty((len(unseeded), shape[1]), dtype=torch.float32, device=device)
+        noise_BV[unseeded] = draw.exponential_(generator=shared)
+    for i, generator in enumerate(generators):
+        if generator is not None:
+            noise_BV[i].exponential_(generator=generator)
+    return noise_BV
+
+
+def sample_next_tokens(logits_BV: torch.Tensor, batch: SamplingBatch,
+                       shared_generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Draw one token per row. Returns (tokens_B, logprobs_B) under the convention in the module doc."""
+    logits_BV = logits_BV.float()
+    logprobs_BV = torch.log_softmax(logits_BV / batch.temperature_B[:, None], dim=-1)
+    tokens_B = logits_BV.argmax(dim=-1)
+    if not bool(batch.greedy_B.all()):
+        probs_BV = logprobs_BV.exp()
+        if batch.needs_filter:
+            probs_BV = filter_probs(probs_BV, batch.top_k_B, batch.top_p_B, batch.min_p_B)
+        noise_BV = _exponential_noise(tuple(probs_BV.shape), batch.generators, shared_generator, probs_BV.device)
+        sampled_B = (probs_BV / noise_BV).argmax(dim=-1)
+        tokens_B = torch.where(batch.greedy_B, tokens_B, sampled_B)
+    return tokens_B, logprobs_BV.gather(-1, tokens_B[:, None]).squeeze(-1)

@@ -1,0 +1,171 @@
+"""The `hf` engine's request scheduler: queue -> batches -> one decode thread.
+
+Requests are queued on the event loop; one scheduler task takes everything queued (up to
+`max_running_requests`) as a batch and runs `BatchDecoder.run` in a single worker thread, so
+the event loop stays free for health checks, aborts and weight updates while the model runs.
+Requests that arrive while a batch is decoding wait for the next batch. Each request's future
+is resolved the moment its row finishes, not when the whole batch does.
+
+Pause follows SGLang's `/pause_generation` modes: `abort` (default) aborts queued and running
+requests (finish_reason `abort`) and waits for the decode thread to go idle; `in_place` and
+`retract` stop decoding at the next step boundary and keep the requests (this engine does not
+free their KV cache, so both behave like `in_place`). While paused, new requests queue and
+start after `/continue_generation`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from relax.backends.hf.decoder import BatchDecoder, DecodeRow, RowResult
+
+logger = logging.getLogger(__name__)
+
+PAUSE_MODES = ("abort", "retract", "in_place")
+
+
+@dataclass
+class _Pending:
+    rid: str
+    row: DecodeRow
+    future: asyncio.Future
+
+
+def _aborted_result(message: str) -> RowResult:
+    return RowResult(output_ids=[], output_logprobs=[], finish_reason={"type": "abort", "message": message}, text="")
+
+
+class Scheduler:
+    """Batches concurrent requests onto a `BatchDecoder` running in one worker thread."""
+
+    def __init__(self, decoder: BatchDecoder, *, max_running_requests: int = 256):
+        if max_running_requests < 1:
+            raise ValueError(f"max_running_requests must be >= 1, got {max_running_requests}")
+        self.decoder = decoder
+        self.max_running_requests = max_running_requests
+        self.paused_mode: str | None = None
+        self._queue: collections.deque[_Pending] = collections.deque()
+        self._running: list[_Pending] = []
+        self._wakeup = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._unpaused = threading.Event()  # read by the decode thread
+        self._unpaused.set()
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hf-decode")
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._task: asyncio.Task | None = None
+
+    # ---- lifecycle -------------------------------------------------------------------
+    def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._task = self._loop.create_task(self._run(), name="hf-scheduler")
+
+    async def stop(self) -> None:
+        self.abort(abort_all=True, message="engine shutting down")
+        self._unpaused.set()
+        if self._task is not None:
+            self._task.cancel()
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    # ---- requests --------------------------------------------------------------------
+    async def generate(self, rid: str, row: DecodeRow) -> RowResult:
+        """Queue one row and wait for its result (an abort resolves it with finish_reason abort)."""
+        future = asyncio.get_running_loop().create_future()
+        pending = _Pending(rid, row, future)
+        self._queue.append(pending)
+        self._wakeup.set()
+        try:
+            return await future
+        except asyncio.CancelledError:  # the HTTP client went away: stop decoding for it
+            row.abort_event.set()
+            if pending in self._queue:
+                self._queue.remove(pending)
+            raise
+
+    def abort(self, rid: str | None = None, *, abort_all: bool = False, message: str = "request aborted") -> int:
+        """Abort queued and running requests by rid (or all). Returns how many were found."""
+        found = 0
+        for pending in list(self._queue):
+            if abort_all or pending.rid == rid:
+                self._queue.remove(pending)
+                if not pending.future.done():
+                    pending.future.set_result(_aborted_result(message))
+                found += 1
+        for pending in self._running:
+            if (abort_all or pending.rid == rid) and not pending.future.done():
+                pending.row.abort_message = message
+                pending.row.abort_event.set()
+                found += 1
+        return found
+
+    async def pause(self, mode: str = "abort") -> None:
+        if mode not in PAUSE_MODES:
+            raise ValueError(f"pause mode must be one of {PAUSE_MODES}, got {mode!r}")
+        self.paused_mode = mode
+        self._unpaused.clear()
+        if mode == "abort":
+            self.abort(abort_all=True, message="aborted by pause_generation")
+            await self._idle.wait()
+
+    def resume(self) -> None:
+        self.paused_mode = None
+        self._unpaused.set()
+        self._wakeup.set()
+
+    async def wait_idle(self) -> None:
+        await self._idle.wait()
+
+    def info(self) -> dict:
+        stats = self.decoder.stats
+        return {
+            "queued_requests": len(self._queue), "running_requests": len(self._running),
+            "paused": self.paused_mode is not None, "pause_mode": self.paused_mode,
+            "max_running_requests": self.max_running_requests, "num_batches": stats.batches,
+            "num_forward_calls": stats.forward_calls, "generated_tokens": stats.generated_tokens,
+            "recent_batch_sizes": list(stats.recent_batch_sizes),
+        }
+
+    # ---- the loop --------------------------------------------------------------------
+    async def _run(self) -> None:
+        while True:
+            await self._wakeup.wait()
+            if not self._queue or self.paused_mode is not None:
+                self._wakeup.clear()
+                continue
+            await asyncio.sleep(0)  # let requests posted in the same tick join this batch
+            batch = [self._queue.popleft() for _ in range(min(len(self._queue), self.max_running_requests))]
+            self._running = batch
+            self._idle.clear()
+            try:
+                await self._loop.run_in_executor(self._executor, self._decode_batch, batch)
+            except Exception as exc:  # a failed batch fails its requests; the engine keeps serving
+                logger.exception("decode batch of %d failed", len(batch))
+                for pending in batch:
+                    if not pending.future.done():
+                        pending.future.set_exception(RuntimeError(f"decode failed: {exc}"))
+            finally:
+                self._running = []
+                self._idle.set()
+
+    def _decode_batch(self, batch: list[_Pending]) -> None:
+        """Runs in the decode thread."""
+        def on_finish(i: int, result: RowResult) -> None:
+            self._loop.call_soon_threadsafe(_resolve, batch[i].future, result)
+
+        def before_step() -> None:  # in-place pause: hold here until continue or abort
+            while not self._unpaused.is_set():
+                if all(p.row.abort_event.is_set() for p in batch):
+                    return
+                self._unpaused.wait(0.05)
+
+        self.decoder.run([p.row for p in batch], on_finish=on_finish, before_step=before_step)
+
+
+def _resolve(future: asyncio.Future, result: RowResult) -> None:
+    if not future.done():
+        future.set_result(result)

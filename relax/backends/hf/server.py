@@ -1,0 +1,273 @@
+"""The `hf` inference engine: SGLang's native HTTP API served from a transformers model.
+
+Run: `python -m relax.backends.hf.server --model-path DIR [--host 127.0.0.1] [--port 30000]
+[--api-key KEY] [--device cpu|cuda[:i]] [--dtype auto|float32|bfloat16] [--max-running-requests 256]
+[--max-context-len L] [--served-model-name NAME] [--num-threads N] [--log-level info]`.
+
+Endpoints (field names as SGLang's): POST /generate; GET /health, /health_generate,
+/get_model_info, /get_weight_version, /get_server_info; /flush_cache; POST /pause_generation,
+/continue_generation, /abort_request, /init_weights_update_group,
+/update_weights_from_distributed, /destroy_weights_update_group, /update_weight_version;
+/release_memory_occupation, /resume_memory_occupation. See docs/backends/hf.md.
+
+Security (ARCHITECTURE.md §9): binds to --host (loopback by default); with --api-key every
+endpoint except GET /health* and GET /get_* needs `Authorization: Bearer <key>` (constant-time
+compare, 401 otherwise). Payloads are validated and rejected with 400 {"error": {"message"}};
+a bad request never takes the engine down.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import hmac
+import logging
+import os
+import time
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+
+from relax.backends.hf.engine import DTYPE_CHOICES, EngineUnavailable, HFEngine
+from relax.backends.hf.protocol import (
+    AbortRequest, GenerateRequest, GroupNameRequest, InitWeightsUpdateGroupRequest, MemoryRequest,
+    PauseGenerationRequest, UpdateWeightsFromDistributedRequest, UpdateWeightVersionRequest, build_output,
+    normalize_generate,
+)
+from relax.backends.hf.weights import parse_specs
+
+logger = logging.getLogger(__name__)
+
+API_KEY_ENV = "RELAX_HF_API_KEY"
+
+
+def error_response(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "code": status}}, status_code=status)
+
+
+def is_public(method: str, path: str) -> bool:
+    """Read-only probes that need no API key: GET /health* and GET /get_*."""
+    return method in ("GET", "HEAD") and (path.startswith("/health") or path.startswith("/get_"))
+
+
+def _validation_message(exc: RequestValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err.get("loc", ()) if p != "body") or "body"
+        parts.append(f"{where}: {err.get('msg')}")
+    return "invalid request: " + "; ".join(parts[:10])
+
+
+def _result(success: bool, message: str) -> JSONResponse:
+    """SGLang's weight-endpoint reply: 200 on success, 400 with success=false otherwise."""
+    return JSONResponse({"success": success, "message": message}, status_code=200 if success else 400)
+
+
+def add_security(app: FastAPI, api_key: str | None) -> None:
+    expected = f"Bearer {api_key}".encode() if api_key else None
+
+    @app.middleware("http")
+    async def check_api_key(request: Request, call_next):
+        if expected is not None and not is_public(request.method, request.url.path):
+            given = request.headers.get("authorization", "").encode()
+            if not hmac.compare_digest(given, expected):
+                return error_response(401, "missing or wrong API key: send 'Authorization: Bearer <api key>'")
+        return await call_next(request)
+
+    @app.exception_handler(RequestValidationError)
+    async def on_invalid(_request: Request, exc: RequestValidationError):
+        return error_response(400, _validation_message(exc))
+
+
+def add_generate_routes(app: FastAPI, engine: HFEngine) -> None:
+    @app.api_route("/generate", methods=["POST", "PUT"])
+    async def generate(req: GenerateRequest):
+        start = time.perf_counter()
+        try:
+            items, batched = normalize_generate(req, engine.tokenizer, vocab_size=engine.vocab_size,
+                                                max_context_len=engine.max_context_len)
+            results = await engine.generate(items)
+        except ValueError as exc:
+            return error_response(400, str(exc))
+        except EngineUnavailable as exc:
+            return error_response(503, str(exc))
+        except RuntimeError as exc:
+            return error_response(500, str(exc))
+        latency = time.perf_counter() - start
+        tokenizer = engine.tokenizer if req.return_text_in_logprobs else None
+        outputs = [build_output(item, result, weight_version=engine.weight_version, e2e_latency=latency,
+                                tokenizer=tokenizer) for item, result in zip(items, results)]
+        return outputs if batched else outputs[0]
+
+    @app.get("/health")
+    async def health():
+        return Response(status_code=200)
+
+    @app.get("/health_generate")
+    async def health_generate():
+        return Response(status_code=200 if await engine.health_generate() else 503)
+
+    @app.get("/get_model_info")
+    async def get_model_info():
+        return engine.info()
+
+    @app.get("/get_weight_version")
+    async def get_weight_version():
+        return {"weight_version": engine.weight_version}
+
+    @app.get("/get_server_info")
+    async def get_server_info():
+        return {**engine.info(), **engine.scheduler.info(), "released_tags": sorted(engine.released_tags),
+                "weight_update_groups": sorted(engine.receiver.groups)}
+
+
+def add_control_routes(app: FastAPI, engine: HFEngine) -> None:
+    @app.api_route("/flush_cache", methods=["GET", "POST"])
+    async def flush_cache():
+        return Response(content="Cache flushed.\n", status_code=200)  # no prefix cache to flush
+
+    @app.post("/pause_generation")
+    async def pause_generation(req: PauseGenerationRequest | None = None):
+        await engine.scheduler.pause((req or PauseGenerationRequest()).mode)
+        return {"message": "Generation paused successfully.", "status": "ok"}
+
+    @app.post("/continue_generation")
+    async def continue_generation():
+        engine.scheduler.resume()
+        return {"message": "Generation continued successfully.", "status": "ok"}
+
+    @app.post("/abort_request")
+    async def abort_request(req: AbortRequest):
+        if not req.abort_all and not req.rid:
+            return error_response(400, "give 'rid' or 'abort_all': true")
+        engine.scheduler.abort(req.rid, abort_all=req.abort_all)
+        return Response(status_code=200)
+
+    @app.api_route("/release_memory_occupation", methods=["GET", "POST"])
+    async def release_memory_occupation(req: MemoryRequest | None = None):
+        return {"success": True, "message": await engine.release_memory((req or MemoryRequest()).tags)}
+
+    @app.api_route("/resume_memory_occupation", methods=["GET", "POST"])
+    async def resume_memory_occupation(req: MemoryRequest | None = None):
+        return {"success": True, "message": await engine.resume_memory((req or MemoryRequest()).tags)}
+
+
+def add_weight_routes(app: FastAPI, engine: HFEngine) -> None:
+    receiver = engine.receiver
+
+    @app.post("/init_weights_update_group")
+    async def init_weights_update_group(req: InitWeightsUpdateGroupRequest):
+        try:
+            message = await asyncio.to_thread(receiver.init_group, **req.model_dump())
+        except (ValueError, RuntimeError) as exc:  # RuntimeError: the rendezvous failed or timed out
+            return _result(False, f"init_weights_update_group failed: {exc}")
+        return _result(True, message)
+
+    @app.post("/destroy_weights_update_group")
+    async def destroy_weights_update_group(req: GroupNameRequest | None = None):
+        try:
+            return _result(True, receiver.destroy_group((req or GroupNameRequest()).group_name))
+        except ValueError as exc:
+            return _result(False, str(exc))
+
+    @app.post("/update_weights_from_distributed")
+    async def update_weights_from_distributed(req: UpdateWeightsFromDistributedRequest):
+        try:
+            specs = parse_specs(req.names, req.dtypes, req.shapes)
+            receiver.group(req.group_name)
+        except ValueError as exc:
+            return error_response(400, str(exc))
+        if req.load_format is not None:
+            return error_response(400, f"load_format={req.load_format!r} is not supported by the hf engine")
+        async with engine.weight_update_lock:
+            if req.abort_all_requests:
+                engine.scheduler.abort(abort_all=True, message="aborted by a weight update")
+            try:
+                success, message = await asyncio.to_thread(receiver.receive_and_load, specs, req.group_name)
+            except RuntimeError as exc:  # the broadcast failed (peer gone, timeout)
+                success, message = False, f"receiving the broadcast failed: {exc}"
+        if success and req.weight_version is not None:
+            engine.weight_version = req.weight_version
+            message += f" Weight version updated to {req.weight_version}."
+        return _result(success, message)
+
+    @app.post("/update_weight_version")
+    async def update_weight_version(req: UpdateWeightVersionRequest):
+        if req.abort_all_requests:
+            engine.scheduler.abort(abort_all=True, message="aborted by update_weight_version")
+        engine.weight_version = req.new_version
+        return {"success": True, "message": f"Weight version updated to {req.new_version}",
+                "new_version": req.new_version}
+
+
+def create_app(engine: HFEngine, *, api_key: str | None = None, on_started: Any = None) -> FastAPI:
+    """The FastAPI app around `engine`; `on_started` is awaited once the scheduler runs."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: FastAPI):
+        await engine.start()
+        if on_started is not None:
+            asyncio.get_running_loop().create_task(on_started())
+        yield
+        await engine.stop()
+
+    app = FastAPI(title="relax hf engine", lifespan=lifespan)
+    add_security(app, api_key)
+    add_generate_routes(app, engine)
+    add_control_routes(app, engine)
+    add_weight_routes(app, engine)
+    return app
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description="Relax hf engine: SGLang's HTTP API on a transformers model")
+    parser.add_argument("--model-path", required=True, help="HF checkpoint directory")
+    parser.add_argument("--tokenizer-path", default=None, help="defaults to --model-path")
+    parser.add_argument("--host", default="127.0.0.1", help="bind address (loopback unless the run spans nodes)")
+    parser.add_argument("--port", type=int, default=30000)
+    parser.add_argument("--api-key", default=os.environ.get(API_KEY_ENV),
+                        help=f"require 'Authorization: Bearer KEY' on state changes (default: ${API_KEY_ENV})")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:i")
+    parser.add_argument("--dtype", default="auto", choices=sorted(DTYPE_CHOICES))
+    parser.add_argument("--max-running-requests", type=int, default=256, help="largest decode batch")
+    parser.add_argument("--max-context-len", type=int, default=None, help="defaults to max_position_embeddings")
+    parser.add_argument("--served-model-name", default=None)
+    parser.add_argument("--random-seed", type=int, default=None, help="seed of unseeded sampling")
+    parser.add_argument("--num-threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--weight-sync-timeout", type=float, default=600.0, help="seconds for group ops")
+    parser.add_argument("--log-level", default="info")
+    return parser.parse_args(argv)
+
+
+async def _announce_when_bound(server: Any, host: str, port: int) -> None:
+    while not server.started:
+        await asyncio.sleep(0.02)
+    print(f"hf engine ready on http://{host}:{port}", flush=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    import torch
+    import uvicorn
+
+    args = parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.num_threads:
+        torch.set_num_threads(args.num_threads)
+    engine = HFEngine(args.model_path, device=args.device, dtype=args.dtype,
+                      max_running_requests=args.max_running_requests, max_context_len=args.max_context_len,
+                      served_model_name=args.served_model_name, tokenizer_path=args.tokenizer_path,
+                      seed=args.random_seed, weight_sync_timeout_s=args.weight_sync_timeout)
+    holder: dict[str, Any] = {}
+    app = create_app(engine, api_key=args.api_key,
+                     on_started=lambda: _announce_when_bound(holder["server"], args.host, args.port))
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level.lower(),
+                            timeout_keep_alive=30)
+    holder["server"] = uvicorn.Server(config)
+    holder["server"].run()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,219 @@
+"""Actor role: trains the policy on each step's TransferQueue partition and pushes weights.
+
+Per step: read the partition (in sample order, so groups are contiguous), reject rows whose
+weight version lags more than `--max-staleness`, compute advantages (pure functions from
+`relax.algorithms`), recompute old log-probs on the current weights, run
+`rollout_batch / global_batch` optimizer steps over the data-parallel workers, clear the
+partition. The training backend is a Ray actor group resolved through the backend registry.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from relax.algorithms.advantages import AdvantageInputs, compute_advantages
+from relax.algorithms.policy_loss import PolicyLossConfig
+from relax.backends.base import TrainerSpec
+from relax.backends.registry import TRAIN_BACKENDS
+from relax.config.schema import RelaxConfig
+from relax.distributed import transfer_queue as tq
+from relax.distributed.ray.actor_group import RayActorGroup
+from relax.utils.logging import run_token, setup_logging
+from relax.utils.plugins import import_object
+
+logger = logging.getLogger(__name__)
+
+# --advantage-estimator -> the policy loss it trains with.
+ESTIMATOR_LOSS = {"gspo": "gspo", "sapo": "sapo"}
+
+
+def policy_loss_config(cfg: RelaxConfig) -> PolicyLossConfig:
+    a = cfg.algo
+    return PolicyLossConfig(
+        loss=ESTIMATOR_LOSS.get(a.advantage_estimator, "ppo"), eps_clip=a.eps_clip, eps_clip_high=a.eps_clip_high,
+        eps_clip_c=a.eps_clip_c, sapo_tau_pos=a.sapo_tau_pos, sapo_tau_neg=a.sapo_tau_neg,
+        use_kl_loss=a.use_kl_loss, kl_loss_coef=a.kl_loss_coef, kl_loss_type=a.kl_loss_type,
+        use_unbiased_kl=a.use_unbiased_kl, entropy_coef=a.entropy_coef,
+        per_token_loss=cfg.optim.calculate_per_token_loss, use_tis=a.use_tis, tis_clip=a.tis_clip,
+        tis_clip_low=a.tis_clip_low, use_opsm=a.use_opsm, opsm_delta=a.opsm_delta,
+        use_rollout_logprobs=a.use_rollout_logprobs,
+    )
+
+
+def make_worker_group(cfg: RelaxConfig, role: str, model_path: str, n_workers: int, *, total_steps: int = 1) -> RayActorGroup:
+    """The training-backend worker group for `role` ("actor" trains, "reference" only scores)."""
+    worker_cls = import_object(TRAIN_BACKENDS[cfg.cluster.train_backend], flag="--train-backend")
+    spec = TrainerSpec(
+        model_path=model_path, role=role, optim=cfg.optim, batch=cfg.batch,
+        loss=policy_loss_config(cfg) if role == "actor" else None, temperature=cfg.rollout.rollout_temperature,
+        total_steps=total_steps, threads=cfg.cluster.engine_threads,
+        timeout_minutes=cfg.cluster.distributed_timeout_minutes, bucket_bytes=cfg.rollout.update_weight_buffer_size,
+        sync_timeout_s=cfg.rollout.weight_sync_timeout,
+    )
+    gpus = 1.0 if torch.cuda.is_available() else 0.0
+    return RayActorGroup(worker_cls, n_workers, spec, num_cpus=1, num_gpus=gpus, name=role,
+                         env_vars={k: str(v) for k, v in cfg.misc.train_env_vars.items()})
+
+
+def shard_rows(num_rows: int, num_steps: int, world_size: int) -> list[list[int]]:
+    """Row indices per rank: each optimizer step's rows split evenly, step order kept."""
+    per_step = num_rows // num_steps
+    per_rank = per_step // world_size
+    return [[s * per_step + r * per_rank + i for s in range(num_steps) for i in range(per_rank)]
+            for r in range(world_size)]
+
+
+class Actor:
+    def __init__(self, cfg: RelaxConfig) -> None:
+        setup_logging()
+        self.cfg = cfg
+        self.token = run_token()
+        self.version = 0  # weight version the engines hold (= optimizer updates applied)
+        self.group: RayActorGroup | None = None
+
+    async def setup(self) -> dict[str, Any]:
+        """Start the workers; resume from `--load` when it holds a checkpoint. Returns the
+        first rollout id to run."""
+        tq.attach()
+        cfg = self.cfg
+        steps_per_rollout = cfg.rollout.rollout_batch_size * cfg.rollout.n_samples_per_prompt // cfg.batch.global_batch_size
+        total = steps_per_rollout * (cfg.rollout.num_rollout or 1)
+        model_path = cfg.ckpt.ref_load or cfg.ckpt.hf_checkpoint
+        self.group = make_worker_group(cfg, "actor", model_path, cfg.cluster.resource["actor"][1], total_steps=total)
+        start = 0
+        ckpt = latest_checkpoint(cfg.ckpt.load) if cfg.ckpt.load else None
+        if ckpt is not None:
+            meta = (await self.group.call("load", str(ckpt)))[0]
+            start = meta["rollout_id"] + 1
+            logger.info("resumed from %s: next rollout %d", ckpt, start)
+        if cfg.data.start_rollout_id is not None:
+            start = cfg.data.start_rollout_id
+        self.version = start
+        return {"start_rollout_id": start}
+
+    async def connect_engines(self, engine_urls: list[str]) -> None:
+        await self.group.call("connect_engines", engine_urls, self.token)
+
+    async def update_weights(self, version: int) -> dict[str, float]:
+        stats = (await self.group.call("push_weights", version))[0]
+        self.version = version
+        return stats
+
+    async def train(self, rollout_id: int) -> dict[str, float]:
+        start = time.perf_counter()
+        batch, metrics = await self._read_batch(rollout_id)
+        n_rows = len(batch["tokens"])
+        num_steps = max(1, n_rows // self.cfg.batch.global_batch_size)
+        shards_idx = shard_rows(n_rows, num_steps, self.group.world_size)
+        shards = [{k: [v[i] for i in idx] if isinstance(v, list) else v for k, v in batch.items()} for idx in shards_idx]
+        if self.cfg.algo.use_rollout_logprobs:
+            for shard in shards:
+                shard["old_log_probs"] = shard["rollout_log_probs"]
+        else:
+            t0 = time.perf_counter()
+            old = await self.group.call_sharded("compute_log_probs", shards)
+            for shard, logps in zip(shards, old):
+                shard["old_log_probs"] = logps
+            metrics["time/old_log_probs"] = time.perf_counter() - t0
+        per_step = n_rows // num_steps
+        tokens_per_step = [int(sum(sum(batch["loss_masks"][i]) for i in range(s * per_step, (s + 1) * per_step)))
+                           for s in range(num_steps)]
+        t0 = time.perf_counter()
+        results = await self.group.call_sharded("train", shards, num_steps, tokens_per_step)
+        metrics["time/train_step"] = time.perf_counter() - t0
+        metrics.update(mean_over_ranks(results, prefix="train"))
+        await tq.clear(rollout_id)
+        metrics["time/train"] = time.perf_counter() - start
+        return metrics
+
+    async def _read_batch(self, rollout_id: int) -> tuple[dict[str, Any], dict[str, float]]:
+        keys = await tq.list_keys(rollout_id)
+        fields = list(tq.ROLLOUT_COLUMNS) + (["ref_log_probs"] if self.cfg.algo.use_kl_loss else [])
+        cols = await tq.get_columns(rollout_id, keys, fields)
+        versions = cols["weight_versions"].tolist()
+        lags = [self.version - v for v in versions]
+        keep = [i for i, lag in enumerate(lags) if lag <= self.cfg.cluster.max_staleness]
+        metrics = {"train/max_version_lag": float(max(lags)), "train/rejected_stale_rows": float(len(keys) - len(keep))}
+        if len(keep) != len(keys):
+            raise RuntimeError(f"rollout {rollout_id}: {len(keys) - len(keep)} rows are older than --max-staleness "
+                               f"{self.cfg.cluster.max_staleness} (max lag {max(lags)}); colocate mode never produces "
+                               "stale rows, so the engines missed a weight update")
+        batch: dict[str, Any] = {
+            "tokens": [t.tolist() for t in cols["tokens"]],
+            "response_lengths": cols["response_lengths"].tolist(),
+            "loss_masks": [m.tolist() for m in cols["loss_masks"]],
+            "rollout_log_probs": [lp.tolist() for lp in cols["rollout_log_probs"]],
+        }
+        if "ref_log_probs" in cols:
+            batch["ref_log_probs"] = [lp.tolist() for lp in cols["ref_log_probs"]]
+        batch["advantages"] = self._advantages(cols["rewards"], batch["loss_masks"])
+        return batch, metrics
+
+    def _advantages(self, rewards_B: torch.Tensor, loss_masks: list[list[int]]) -> list[list[float]]:
+        a = self.cfg.algo
+        mask_BT = torch.nn.utils.rnn.pad_sequence([torch.tensor(m, dtype=torch.float32) for m in loss_masks],
+                                                  batch_first=True)
+        inputs = AdvantageInputs(
+            rewards_B=rewards_B.float(), n_samples_per_prompt=self.cfg.rollout.n_samples_per_prompt, mask_BT=mask_BT,
+            gamma=a.gamma, lambd=a.lambd, std_normalization=not a.disable_grpo_std_normalization,
+            normalize_rewards=not a.disable_rewards_normalization,
+        )
+        adv_BT, _ = compute_advantages(a.advantage_estimator, inputs, normalize=a.normalize_advantages)
+        return [adv_BT[i, : len(m)].tolist() for i, m in enumerate(loss_masks)]
+
+    async def save(self, rollout_id: int) -> str:
+        cfg = self.cfg.ckpt
+        path = Path(cfg.save) / f"iter_{rollout_id:07d}"
+        path.mkdir(parents=True, exist_ok=True)
+        await self.group.call("save", str(path), rollout_id, not cfg.no_save_optim)
+        (Path(cfg.save) / "latest_checkpointed_iteration.txt").write_text(str(rollout_id))
+        prune_checkpoints(Path(cfg.save), cfg.max_actor_ckpt_to_keep)
+        return str(path)
+
+    async def export_hf(self, rollout_id: int) -> str:
+        out = self.cfg.ckpt.save_hf.format(rollout_id=rollout_id)
+        os.makedirs(out, exist_ok=True)
+        await self.group.call("export_hf", out, self.cfg.ckpt.hf_checkpoint)
+        return out
+
+    async def shutdown(self) -> None:
+        if self.group is not None:
+            await self.group.call("shutdown")
+            self.group.kill()
+            self.group = None
+
+
+def mean_over_ranks(results: list[dict[str, float]], *, prefix: str) -> dict[str, float]:
+    """Per-rank metrics -> one value each: max/min keys by max/min, the rest by mean."""
+    out: dict[str, float] = {}
+    for key in results[0]:
+        values = [r[key] for r in results]
+        if key.endswith("_max"):
+            out[f"{prefix}/{key}"] = max(values)
+        elif key.endswith("_min"):
+            out[f"{prefix}/{key}"] = min(values)
+        else:
+            out[f"{prefix}/{key}"] = sum(values) / len(values)
+    return out
+
+
+def latest_checkpoint(load_dir: str) -> Path | None:
+    marker = Path(load_dir) / "latest_checkpointed_iteration.txt"
+    if not marker.is_file():
+        logger.info("--load %s holds no checkpoint yet; starting from the initial weights", load_dir)
+        return None
+    return Path(load_dir) / f"iter_{int(marker.read_text().strip()):07d}"
+
+
+def prune_checkpoints(save_dir: Path, keep: int | None) -> None:
+    if not keep:
+        return
+    for old in sorted(save_dir.glob("iter_*"))[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)

@@ -1,0 +1,395 @@
+"""Typed config groups. Every field is a flat CLI flag named as in the seed configuration
+reference (`docs/configuration.md`), with the seed's default.
+
+Internal code takes the group it needs (`cfg.rollout`, `cfg.optim`); the flat `args`
+namespace (`RelaxConfig.args`) exists only for plugins written against Relax/slime.
+Fields marked `supported=False` are accepted for script compatibility; setting them to a
+non-default value fails validation with a message, so nothing is silently ignored.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from argparse import Namespace
+from dataclasses import dataclass, field
+from typing import Any
+
+from relax.config.fields import opt, parse_bool, parse_bytes, parse_json
+
+TRAIN_BACKENDS = ("megatron", "fsdp", "auto")
+ROLLOUT_BACKENDS = ("sglang", "hf", "auto")
+ADVANTAGE_ESTIMATORS = ("grpo", "gspo", "sapo", "ppo", "reinforce_plus_plus", "reinforce_plus_plus_baseline",
+                        "on_policy_distillation")
+KL_TYPES = ("k1", "k2", "k3", "low_var_kl")
+
+
+@dataclass
+class ClusterConfig:
+    resource: dict | None = opt(None, "Roles to deploy as JSON {role: [replicas, gpus]}; on CPU the second number "
+                                "is the number of worker processes (actor) or engines (rollout).", type=parse_json)
+    colocate: bool = opt(False, "Colocate (sync) mode: rollout and training take turns on the same devices.")
+    fully_async: bool = opt(False, "Fully asynchronous pipeline (roles run concurrently).", supported=False)
+    offload: bool = opt(False, "Same as --offload-train --offload-rollout.")
+    offload_train: bool | None = opt(None, "Offload the training actor during rollout (always on with --colocate).")
+    offload_rollout: bool | None = opt(None, "Release engine memory during training (always on with --colocate).")
+    rollout_num_gpus_per_engine: int = opt(1, "GPUs per inference engine (SGLang tp_size).")
+    num_gpus_per_node: int = opt(8, "GPUs per node.")
+    distributed_backend: str = opt("nccl", "torch.distributed backend for training (gloo is used on CPU).")
+    distributed_timeout_minutes: int = opt(10, "Timeout of training collectives, minutes.")
+    num_data_storage_units: int = opt(1, "TransferQueue SimpleStorage units.")
+    max_staleness: int = opt(0, "Max rollout steps ahead of training (0 = on-policy).")
+    polling_mode: bool = opt(True, "Poll TransferQueue metadata instead of blocking.", type=parse_bool)
+    num_iters_per_train_update: int = opt(1, "Training iterations per global batch (fully async).")
+    ref_actor_config: dict | None = opt(None, "JSON overrides for Reference/ActorFwd services.", type=parse_json)
+    train_backend: str = opt("auto", "Training backend; auto = megatron when importable with a GPU, else fsdp.",
+                             choices=TRAIN_BACKENDS)
+    rollout_backend: str = opt("auto", "Inference backend; auto = sglang when importable with a GPU, else hf.",
+                               choices=ROLLOUT_BACKENDS)
+    qkv_format: str = opt("thd", "QKV layout for Megatron.", choices=("thd", "bshd"))
+    megatron_to_hf_mode: str = opt("raw", "Megatron<->HF weight conversion.", choices=("raw", "bridge"))
+    true_on_policy_mode: bool = opt(False, "Bitwise-identical rollout/training numerics.", supported=False)
+    ray_address: str | None = opt(None, "Ray cluster to join (default: $RAY_ADDRESS, else start a local one).")
+    ray_num_cpus: int | None = opt(None, "Logical CPUs for a locally started Ray (default: max(8, cores)).")
+    engine_threads: int = opt(1, "Torch threads per CPU engine/train worker process (CPU runs only).")
+
+
+@dataclass
+class CheckpointConfig:
+    hf_checkpoint: str | None = opt(None, "HF checkpoint: tokenizer, architecture and initial weights.")
+    ref_load: str | None = opt(None, "Reference model checkpoint (initial actor weights when --load is unset).")
+    ref_ckpt_step: int | None = opt(None, "Reference checkpoint step.", supported=False)
+    load: str | None = opt(None, "Actor checkpoint directory to resume from.")
+    save: str | None = opt(None, "Directory to save checkpoints to.")
+    save_interval: int | None = opt(None, "Save every N rollout steps.")
+    save_hf: str | None = opt(None, "Also export an HF model here (may contain {rollout_id}).")
+    async_save: bool = opt(False, "Asynchronous checkpoint saving.", supported=False)
+    no_save_optim: bool = opt(False, "Do not save optimizer state.")
+    rotate_ckpt: bool = opt(False, "Rotate checkpoints.", supported=False)
+    max_actor_ckpt_to_keep: int | None = opt(None, "Keep at most N actor checkpoints (oldest deleted).")
+    checkpoint_engine_backend: str = opt("nccl", "Weight-sync transport backend (gloo is used on CPU).")
+    critic_load: str | None = opt(None, "Critic checkpoint.", supported=False)
+    critic_save: str | None = opt(None, "Critic save path.", supported=False)
+
+
+@dataclass
+class DataConfig:
+    prompt_data: Any = opt(None, "Training prompts (.jsonl/.parquet, or a JSON list of paths).")
+    input_key: str = opt("input", "Row key of the prompt.")
+    label_key: str | None = opt(None, "Row key of the label.")
+    metadata_key: str = opt("metadata", "Row key of the metadata dict.")
+    tool_key: str = opt("tools", "Row key of the tools passed to the chat template.")
+    apply_chat_template: bool = opt(False, "Format message-list prompts with the tokenizer's chat template.")
+    apply_chat_template_kwargs: dict = opt(None, "Extra chat-template kwargs (JSON).", type=parse_json,
+                                           default_factory=dict)
+    system_prompt: str | None = opt(None, "System message inserted before the prompt.")
+    rollout_shuffle: bool = opt(False, "Shuffle prompts every epoch.")
+    rollout_seed: int = opt(42, "Seed for prompt shuffling and sampling.")
+    use_streaming_dataset: bool = opt(False, "Stream the dataset instead of loading it into memory.")
+    streaming_buffer_size: int = opt(10000, "Shuffle buffer of the streaming dataset.")
+    prefetch_chunk_size: int = opt(32, "Multimodal prefetch chunk.", supported=False)
+    prefetch_max_cached: int = opt(256, "Multimodal prefetch cache.", supported=False)
+    prefetch_num_workers: int = opt(1, "Multimodal prefetch workers.", supported=False)
+    custom_prompt_path: str | None = opt(None, "Dotted path fn(prompt, data) -> prompt.")
+    data_source_path: str = opt("relax.engine.rollout.data_source.RolloutDataSourceWithBuffer",
+                                "Rollout data source class.")
+    start_rollout_id: int | None = opt(None, "First rollout step (default: from --load).")
+    multimodal_keys: dict | None = opt(None, "Multimodal column mapping (JSON).", type=parse_json)
+    skip_malformed_rows: bool = opt(False, "Skip (and count) malformed data rows instead of failing.")
+
+
+@dataclass
+class RolloutConfig:
+    num_rollout: int | None = opt(None, "Number of rollout steps.")
+    num_epoch: int | None = opt(None, "Epochs over the prompt data (sets --num-rollout when it is unset).")
+    rollout_batch_size: int | None = opt(None, "Prompts per rollout step (required).")
+    n_samples_per_prompt: int = opt(1, "Responses per prompt (group size).")
+    rollout_temperature: float = opt(1.0, "Sampling temperature.")
+    rollout_top_p: float = opt(1.0, "Top-p.")
+    rollout_top_k: int = opt(-1, "Top-k (-1 = off).")
+    rollout_max_response_len: int | None = opt(None, "Max new tokens per response.")
+    rollout_max_prompt_len: int | None = opt(None, "Drop prompts longer than this (tokens).")
+    rollout_max_context_len: int | None = opt(None, "Max prompt+response tokens for the engine.")
+    rollout_stop: list | None = opt(None, "Stop strings.", nargs="+")
+    rollout_stop_token_ids: list | None = opt(None, "Stop token ids.", nargs="+", type=int)
+    rollout_skip_special_tokens: bool = opt(False, "Skip special tokens when decoding responses.")
+    over_sampling_batch_size: int | None = opt(None, "Sampling granularity (>= rollout batch).", supported=False)
+    dynamic_sampling_filter_path: str | None = opt(None, "Dynamic sampling filter.", supported=False)
+    buffer_filter_path: str | None = opt(None, "Buffer filter fn(args, rollout_id, buffer, num_samples).")
+    partial_rollout: bool = opt(False, "Recycle unfinished samples.", supported=False)
+    partial_rollout_max_aborted_count: int | None = opt(None, "Max aborts per sample.", supported=False)
+    mask_offpolicy_in_partial_rollout: bool = opt(False, "Mask earlier-policy tokens.", supported=False)
+    update_weight_buffer_size: int = opt(512 << 20, "Weight-sync bucket size in bytes (e.g. 512MB).",
+                                         type=parse_bytes)
+    update_weights_interval: int = opt(1, "Push weights to engines every N steps.")
+    weight_sync_timeout: float = opt(120.0, "Deadline of one weight sync, seconds.")
+    keep_old_actor: bool = opt(False, "Keep the rollout model during training.", supported=False)
+    rollout_external: bool = opt(False, "Use external engines.")
+    rollout_external_engine_addrs: list | None = opt(None, "External engine host:port list.", nargs="+")
+    rollout_function_path: str = opt("relax.engine.rollout.sglang_rollout.generate_rollout",
+                                     "Rollout function fn(args, rollout_id, data_source, evaluation=False).")
+    custom_generate_function_path: str | None = opt(None, "Generate fn(args, sample, sampling_params[, evaluation]).")
+    rollout_data_postprocess_path: str | None = opt(None, "Rollout postprocess.", supported=False)
+    custom_rollout_log_function_path: str | None = opt(None, "Rollout logging hook.", supported=False)
+    custom_eval_rollout_log_function_path: str | None = opt(None, "Eval logging hook.", supported=False)
+    engine_startup_timeout: float = opt(300.0, "Seconds to wait for an engine to become healthy.")
+    http_timeout: float = opt(600.0, "Timeout of one generate request, seconds.")
+
+
+@dataclass
+class BatchConfig:
+    global_batch_size: int | None = opt(None, "Samples per optimizer step.")
+    micro_batch_size: int = opt(1, "Samples per micro-batch (ignored with --use-dynamic-batch-size).")
+    num_steps_per_rollout: int | None = opt(None, "Optimizer steps per rollout (sets --global-batch-size).")
+    use_dynamic_batch_size: bool = opt(False, "Pack micro-batches up to --max-tokens-per-gpu tokens.")
+    max_tokens_per_gpu: int | None = opt(None, "Token budget of a dynamic micro-batch.")
+    log_probs_max_tokens_per_gpu: int | None = opt(None, "Token budget for log-prob passes.")
+    balance_data: bool = opt(False, "Balance tokens across DP ranks.", supported=False)
+
+
+@dataclass
+class ParallelConfig:
+    tensor_model_parallel_size: int = opt(1, "Tensor parallel size (megatron).")
+    pipeline_model_parallel_size: int = opt(1, "Pipeline parallel size (megatron).")
+    sequence_parallel: bool = opt(False, "Sequence parallel (megatron).")
+    context_parallel_size: int = opt(1, "Context parallel size (megatron).")
+    expert_model_parallel_size: int = opt(1, "Expert parallel size (megatron).")
+    expert_tensor_parallel_size: int = opt(1, "Expert tensor parallel size (megatron).")
+    recompute_granularity: str | None = opt(None, "Recompute granularity (megatron).", choices=("full", "selective"))
+    recompute_method: str | None = opt(None, "Recompute method (megatron).", choices=("uniform", "block"))
+    recompute_num_layers: int | None = opt(None, "Layers to recompute (megatron).")
+
+
+@dataclass
+class OptimizerConfig:
+    lr: float = opt(1e-6, "Learning rate.")
+    min_lr: float = opt(0.0, "Minimum learning rate of the decay schedule.")
+    lr_warmup_iters: int = opt(0, "Linear warm-up steps.")
+    lr_decay_style: str = opt("constant", "LR schedule.", choices=("constant", "linear", "cosine"))
+    lr_decay_iters: int | None = opt(None, "Steps of the decay (default: all steps).")
+    optimizer: str = opt("adam", "Optimizer (AdamW semantics).", choices=("adam", "adamw"))
+    weight_decay: float = opt(0.0, "Weight decay.")
+    adam_beta1: float = opt(0.9, "Adam beta1.")
+    adam_beta2: float = opt(0.999, "Adam beta2.")
+    adam_eps: float = opt(1e-8, "Adam epsilon.")
+    clip_grad: float = opt(1.0, "Gradient clipping by global norm (0 = off).")
+    seed: int = opt(1234, "Random seed.")
+    optimizer_cpu_offload: bool = opt(False, "Optimizer state on CPU (megatron).")
+    overlap_cpu_optimizer_d2h_h2d: bool = opt(False, "Overlap optimizer D2H/H2D (megatron).")
+    use_precision_aware_optimizer: bool = opt(False, "Precision-aware optimizer (megatron).")
+    use_distributed_optimizer: bool = opt(False, "ZeRO-1 optimizer (megatron).")
+    overlap_grad_reduce: bool = opt(False, "Overlap grad reduce (megatron).")
+    overlap_param_gather: bool = opt(False, "Overlap param gather (megatron).")
+    calculate_per_token_loss: bool = opt(False, "Token-sum loss over the global batch's token count.")
+    bf16: bool = opt(False, "bf16 training (GPU).")
+    reset_optimizer_states: bool = opt(False, "Reset optimizer state after each rollout.", supported=False)
+    only_train_params_name_list: list | None = opt(None, "Regexes of parameters to train.", nargs="+")
+    freeze_params_name_list: list | None = opt(None, "Regexes of parameters to freeze.", nargs="+")
+
+
+@dataclass
+class AlgorithmConfig:
+    advantage_estimator: str = opt("grpo", "Advantage estimator.", choices=ADVANTAGE_ESTIMATORS)
+    normalize_advantages: bool = opt(False, "Whiten advantages over the batch.")
+    disable_grpo_std_normalization: bool = opt(False, "GRPO without dividing by the group std (Dr.GRPO).")
+    disable_rewards_normalization: bool = opt(False, "Use raw rewards as advantages (no group baseline).")
+    disable_compute_advantages_and_returns: bool = opt(False, "Skip advantages (SFT / custom loss).",
+                                                       supported=False)
+    loss_type: str = opt("policy_loss", "Loss.", choices=("policy_loss", "custom_loss"))
+    custom_loss_function_path: str | None = opt(None, "Custom loss function.", supported=False)
+    eps_clip: float = opt(0.2, "PPO clip (lower).")
+    eps_clip_high: float | None = opt(None, "PPO clip (upper); default --eps-clip.")
+    eps_clip_c: float | None = opt(None, "Dual-clip constant (> 1).")
+    value_clip: float = opt(0.2, "Value clip.")
+    entropy_coef: float = opt(0.0, "Entropy bonus coefficient.")
+    kl_coef: float = opt(0.0, "KL reward-shaping coefficient.", supported=False)
+    use_kl_loss: bool = opt(False, "Add a KL(actor || reference) loss.")
+    kl_loss_coef: float = opt(0.0, "KL loss coefficient.")
+    kl_loss_type: str = opt("k1", "KL estimator.", choices=KL_TYPES)
+    use_unbiased_kl: bool = opt(False, "Importance-weighted KL estimate.")
+    ref_update_interval: int | None = opt(None, "Refresh the reference every N steps.", supported=False)
+    sapo_tau_pos: float = opt(1.0, "SAPO temperature for A > 0.")
+    sapo_tau_neg: float = opt(1.05, "SAPO temperature for A < 0.")
+    gamma: float = opt(1.0, "Discount (PPO/REINFORCE++).")
+    lambd: float = opt(1.0, "GAE lambda.")
+    use_rollout_logprobs: bool = opt(False, "Use rollout log-probs as the old policy.")
+    use_tis: bool = opt(False, "Truncated importance sampling.")
+    tis_clip: float = opt(2.0, "TIS upper clip.")
+    tis_clip_low: float = opt(0.0, "TIS lower clip.")
+    custom_tis_function_path: str | None = opt(None, "Custom TIS function.", supported=False)
+    custom_pg_loss_reducer_function_path: str | None = opt(None, "Custom pg-loss reducer.", supported=False)
+    use_opsm: bool = opt(False, "Off-policy sequence masking.")
+    opsm_delta: float = opt(1e-4, "OPSM threshold.")
+    use_routing_replay: bool = opt(False, "Routing replay (MoE).", supported=False)
+    use_rollout_routing_replay: bool = opt(False, "Rollout routing replay (MoE).", supported=False)
+    use_rollout_entropy: bool = opt(False, "Entropy during log-prob passes.", supported=False)
+    get_mismatch_metrics: bool = opt(False, "Mismatch metrics (always on in this build).")
+    use_opd: bool = opt(False, "On-policy distillation.", supported=False)
+    opd_type: str | None = opt(None, "OPD teacher type.", choices=("sglang", "megatron"), supported=False)
+    opd_kl_coef: float = opt(1.0, "OPD KL coefficient.")
+    opd_teacher_load: str | None = opt(None, "OPD teacher checkpoint.", supported=False)
+    opd_teacher_ckpt_step: int | None = opt(None, "OPD teacher step.", supported=False)
+    num_critic_only_steps: int = opt(0, "Critic-only steps.", supported=False)
+    critic_train_only: bool = opt(False, "Train only the critic.", supported=False)
+    critic_lr: float | None = opt(None, "Critic learning rate.", supported=False)
+    critic_lr_warmup_iters: int = opt(0, "Critic warm-up.", supported=False)
+
+
+@dataclass
+class EvalConfig:
+    eval_interval: int | None = opt(None, "Evaluate every N rollout steps.")
+    eval_prompt_data: list | None = opt(None, "Eval sets: name path [name path ...].", nargs="+")
+    eval_config: str | None = opt(None, "Eval config YAML.", supported=False)
+    eval_function_path: str | None = opt(None, "Eval rollout function (default --rollout-function-path).")
+    skip_eval_before_train: bool = opt(False, "Skip the evaluation before step 0.")
+    eval_input_key: str | None = opt(None, "Eval input key (default --input-key).")
+    eval_label_key: str | None = opt(None, "Eval label key (default --label-key).")
+    eval_tool_key: str | None = opt(None, "Eval tool key (default --tool-key).")
+    n_samples_per_eval_prompt: int = opt(1, "Samples per eval prompt.")
+    eval_temperature: float | None = opt(None, "Eval temperature (default rollout's).")
+    eval_top_p: float | None = opt(None, "Eval top-p.")
+    eval_top_k: int | None = opt(None, "Eval top-k.")
+    eval_max_response_len: int | None = opt(None, "Eval max new tokens.")
+    eval_max_prompt_len: int | None = opt(None, "Eval max prompt length.")
+    eval_min_new_tokens: int | None = opt(None, "Eval min new tokens.")
+    eval_max_context_len: int | None = opt(None, "Eval max context length.")
+
+
+@dataclass
+class RewardConfig:
+    rm_type: str | None = opt(None, "Built-in reward type (math, deepscaler, dapo, f1, ...).")
+    custom_rm_path: str | None = opt(None, "Custom reward fn(args, sample, **kw) (or samples with --group-rm).")
+    reward_key: str | None = opt(None, "Key of the score when the reward is a dict.")
+    eval_reward_key: str | None = opt(None, "Reward key for evaluation (default --reward-key).")
+    group_rm: bool = opt(False, "The reward function scores a whole group.")
+    rm_url: str | None = opt(None, "Remote reward service URL (--rm-type remote_rm).")
+    custom_reward_post_process_path: str | None = opt(None, "Reward post-process.", supported=False)
+    custom_convert_samples_to_train_data_path: str | None = opt(None, "Samples -> train data.", supported=False)
+    reward_timeout: float = opt(60.0, "Per-call reward timeout, seconds (a timeout scores --reward-failure-value).")
+    reward_num_workers: int = opt(2, "Worker processes for synchronous rewards.")
+    reward_max_concurrency: int = opt(64, "Concurrent reward calls.")
+    reward_failure_value: float = opt(0.0, "Reward given when the reward function fails or times out.")
+    genrm_model_path: str | None = opt(None, "GenRM model.", supported=False)
+    genrm_num_gpus: int = opt(1, "GenRM GPUs.")
+    genrm_num_gpus_per_engine: int = opt(1, "GenRM GPUs per engine.")
+    genrm_engine_config: dict | None = opt(None, "GenRM engine config.", type=parse_json)
+    genrm_sampling_config: dict | None = opt(None, "GenRM sampling config.", type=parse_json)
+
+
+@dataclass
+class LoggingConfig:
+    use_tensorboard: bool = opt(False, "Write TensorBoard scalars.")
+    tb_project_name: str | None = opt(None, "TensorBoard directory (default $TENSORBOARD_DIR or ./outputs/tb).")
+    tb_experiment_name: str | None = opt(None, "TensorBoard run name.")
+    use_clearml: bool = opt(False, "ClearML logging.", supported=False)
+    use_wandb: bool = opt(False, "W&B logging.", supported=False)
+    use_metrics_service: bool = opt(False, "Central metrics service.", supported=False)
+    timeline_dump_dir: str | None = opt(None, "Chrome-trace timeline directory.", supported=False)
+    log_passrate: bool = opt(False, "Log pass@k.", supported=False)
+    log_multi_turn: bool = opt(False, "Multi-turn logging.", supported=False)
+    log_correct_samples: bool = opt(False, "Log correct samples.", supported=False)
+    log_reward_category: str | None = opt(None, "Reward category key.", supported=False)
+    notify_urls: str | None = opt(None, "Apprise URLs (comma-separated).", supported=False)
+    progress_bar: bool = opt(True, "Show a progress bar per rollout.", type=parse_bool)
+
+
+@dataclass
+class DebugConfig:
+    debug_rollout_only: bool = opt(False, "Rollout only, no training.", supported=False)
+    debug_train_only: bool = opt(False, "Training only, no rollout.", supported=False)
+    load_debug_rollout_data: str | None = opt(None, "Replay saved rollouts.", supported=False)
+    load_debug_rollout_data_subsample: float | None = opt(None, "Subsample replayed data.", supported=False)
+    save_debug_rollout_data: str | None = opt(None, "Save rollouts ({rollout_id}).", supported=False)
+    save_debug_train_data: str | None = opt(None, "Save train data ({rollout_id}).", supported=False)
+    dump_details: str | None = opt(None, "Dump details.", supported=False)
+    check_weight_update_equal: bool = opt(False, "Verify engine weights after sync.", supported=False)
+    use_pytorch_profiler: bool = opt(False, "Torch profiler.", supported=False)
+
+
+@dataclass
+class FaultConfig:
+    use_fault_tolerance: bool = opt(False, "Rollout fault tolerance.", supported=False)
+    use_health_check: bool = opt(False, "Global health checks.", supported=False)
+    max_global_restart: int = opt(3, "Max global restarts.")
+    rollout_health_check_interval: float = opt(30.0, "Engine health-check interval, s.")
+    rollout_health_check_timeout: float = opt(30.0, "Engine health-check timeout, s.")
+    rollout_health_check_first_wait: float = opt(0.0, "Wait before the first health check, s.")
+
+
+@dataclass
+class MiscConfig:
+    custom_config_path: str | None = opt(None, "YAML of extra key: value pairs set on args (for plugins).")
+    train_env_vars: dict = opt(None, "Extra env vars for training processes (JSON).", type=parse_json,
+                               default_factory=dict)
+    model_name: str | None = opt(None, "Model name for weight conversion.")
+    http_proxy: str | None = opt(None, "HTTP proxy.", supported=False)
+    exp_dir: str | None = opt(None, "Run output directory (default ./outputs/<timestamp>).")
+
+
+@dataclass
+class MegatronArchConfig:
+    """Megatron architecture flags from `scripts/models/*.sh`. With the fsdp backend the HF
+    config is the source of truth; a value that contradicts it is an error."""
+
+    num_layers: int | None = opt(None, "Transformer layers (megatron).")
+    hidden_size: int | None = opt(None, "Hidden size (megatron).")
+    ffn_hidden_size: int | None = opt(None, "FFN hidden size (megatron).")
+    num_attention_heads: int | None = opt(None, "Attention heads (megatron).")
+    group_query_attention: bool = opt(False, "GQA (megatron).")
+    num_query_groups: int | None = opt(None, "KV heads (megatron).")
+    kv_channels: int | None = opt(None, "Head dim (megatron).")
+    vocab_size: int | None = opt(None, "Vocab size (megatron).")
+    swiglu: bool = opt(False, "SwiGLU (megatron).")
+    use_rotary_position_embeddings: bool = opt(False, "RoPE (megatron).")
+    disable_bias_linear: bool = opt(False, "No linear bias (megatron).")
+    normalization: str | None = opt(None, "Norm type (megatron).")
+    norm_epsilon: float | None = opt(None, "Norm epsilon (megatron).")
+    rotary_base: float | None = opt(None, "RoPE base (megatron).")
+    qk_layernorm: bool = opt(False, "QK norm (megatron).")
+    untie_embeddings_and_output_weights: bool = opt(False, "Untied embeddings (megatron).")
+    attention_dropout: float | None = opt(None, "Attention dropout (megatron).")
+    hidden_dropout: float | None = opt(None, "Hidden dropout (megatron).")
+    accumulate_allreduce_grads_in_fp32: bool = opt(False, "fp32 grad reduce (megatron).")
+    attention_softmax_in_fp32: bool = opt(False, "fp32 softmax (megatron).")
+    attention_backend: str | None = opt(None, "Attention backend (megatron).")
+
+
+GROUPS: dict[str, type] = {
+    "cluster": ClusterConfig, "ckpt": CheckpointConfig, "data": DataConfig, "rollout": RolloutConfig,
+    "batch": BatchConfig, "parallel": ParallelConfig, "optim": OptimizerConfig, "algo": AlgorithmConfig,
+    "eval": EvalConfig, "reward": RewardConfig, "logging": LoggingConfig, "debug": DebugConfig,
+    "fault": FaultConfig, "misc": MiscConfig, "megatron": MegatronArchConfig,
+}
+
+
+@dataclass
+class RelaxConfig:
+    """All groups, plus `--sglang-*` passthrough options and unrecognised Megatron flags."""
+
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    ckpt: CheckpointConfig = field(default_factory=CheckpointConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    batch: BatchConfig = field(default_factory=BatchConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    optim: OptimizerConfig = field(default_factory=OptimizerConfig)
+    algo: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    debug: DebugConfig = field(default_factory=DebugConfig)
+    fault: FaultConfig = field(default_factory=FaultConfig)
+    misc: MiscConfig = field(default_factory=MiscConfig)
+    megatron: MegatronArchConfig = field(default_factory=MegatronArchConfig)
+    sglang: dict[str, Any] = field(default_factory=dict)
+    megatron_extra: list[str] = field(default_factory=list)
+    custom: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def args(self) -> Namespace:
+        """The flat namespace handed to plugins (Relax/slime compatible attribute names)."""
+        flat: dict[str, Any] = {}
+        for name in GROUPS:
+            flat.update(dataclasses.asdict(getattr(self, name)))
+        flat.update({f"sglang_{k}": v for k, v in self.sglang.items()})
+        flat.update(self.custom)
+        return Namespace(**flat)

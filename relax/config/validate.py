@@ -1,0 +1,216 @@
+"""Cross-flag validation and derived defaults, run before Ray starts.
+
+Each check raises `ConfigError` naming the flags involved and the fix. Derived values
+(mode, global batch size) are filled in here once, so no other module re-derives them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+
+from relax.config.parser import ConfigError
+from relax.config.schema import GROUPS, RelaxConfig
+
+KNOWN_ROLES = ("actor", "rollout", "reference", "actor_fwd", "advantages", "critic", "genrm")
+
+# Megatron flag -> HF config.json key, for the fsdp contradiction check.
+ARCH_TO_HF = {
+    "num_layers": "num_hidden_layers", "hidden_size": "hidden_size", "ffn_hidden_size": "intermediate_size",
+    "num_attention_heads": "num_attention_heads", "num_query_groups": "num_key_value_heads",
+    "kv_channels": "head_dim", "norm_epsilon": "rms_norm_eps", "rotary_base": "rope_theta",
+}
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def check_unsupported(cfg: RelaxConfig) -> None:
+    for group_name, cls in GROUPS.items():
+        group = getattr(cfg, group_name)
+        for f in dataclasses.fields(cls):
+            if f.metadata.get("supported", True):
+                continue
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+            if getattr(group, f.name) != default:
+                raise ConfigError(
+                    f"{_flag(f.name)} is accepted for compatibility with Relax/slime scripts but is not implemented "
+                    f"in this build yet; remove it (see docs/configuration.md for what each flag does here)"
+                )
+
+
+def check_mode(cfg: RelaxConfig) -> None:
+    c = cfg.cluster
+    if c.colocate and c.fully_async:
+        raise ConfigError("--colocate and --fully-async are mutually exclusive; pick one (default: --colocate)")
+    if not c.fully_async:
+        c.colocate = True
+    if c.colocate:
+        c.offload_train = c.offload_rollout = True
+    elif c.offload:
+        c.offload_train = c.offload_train if c.offload_train is not None else True
+        c.offload_rollout = c.offload_rollout if c.offload_rollout is not None else True
+
+
+def check_resource(cfg: RelaxConfig) -> None:
+    res = cfg.cluster.resource
+    if res is None:
+        cfg.cluster.resource = res = {"actor": [1, 1], "rollout": [1, 1]}
+    if not isinstance(res, dict):
+        raise ConfigError(f"--resource must be a JSON object like '{{\"actor\": [1, 2], \"rollout\": [1, 2]}}', got {res!r}")
+    for role, spec in res.items():
+        if role not in KNOWN_ROLES:
+            raise ConfigError(f"--resource: unknown role {role!r}; known roles: {', '.join(KNOWN_ROLES)}")
+        if not (isinstance(spec, list) and len(spec) == 2 and all(isinstance(x, int) and x >= 0 for x in spec)):
+            raise ConfigError(f"--resource {role}: expected [replicas, gpus] as two non-negative integers, got {spec!r}")
+    for role in ("actor", "rollout"):
+        if role not in res or res[role][1] < 1:
+            raise ConfigError(f"--resource needs \"{role}\": [1, N] with N >= 1 (workers/engines on CPU, GPUs on GPU)")
+
+
+def check_batches(cfg: RelaxConfig) -> None:
+    r, b = cfg.rollout, cfg.batch
+    if not r.rollout_batch_size or r.rollout_batch_size < 1:
+        raise ConfigError("--rollout-batch-size is required (prompts per rollout step), e.g. --rollout-batch-size 32")
+    if r.n_samples_per_prompt < 1:
+        raise ConfigError(f"--n-samples-per-prompt must be >= 1, got {r.n_samples_per_prompt}")
+    total = r.rollout_batch_size * r.n_samples_per_prompt
+    if b.num_steps_per_rollout is not None:
+        if b.num_steps_per_rollout < 1 or total % b.num_steps_per_rollout:
+            raise ConfigError(f"--num-steps-per-rollout {b.num_steps_per_rollout} must divide rollout_batch_size * "
+                              f"n_samples_per_prompt = {total}")
+        b.global_batch_size = total // b.num_steps_per_rollout
+    if b.global_batch_size is None:
+        b.global_batch_size = total
+    if b.global_batch_size < 1 or total % b.global_batch_size:
+        raise ConfigError(f"--global-batch-size {b.global_batch_size} must divide rollout_batch_size * "
+                          f"n_samples_per_prompt = {r.rollout_batch_size} * {r.n_samples_per_prompt} = {total}")
+    n_workers = cfg.cluster.resource["actor"][1]
+    if b.global_batch_size % n_workers:
+        raise ConfigError(f"--global-batch-size {b.global_batch_size} must be divisible by the actor's "
+                          f"{n_workers} data-parallel workers (--resource actor)")
+    if b.use_dynamic_batch_size and not b.max_tokens_per_gpu:
+        raise ConfigError("--use-dynamic-batch-size needs --max-tokens-per-gpu (token budget per micro-batch)")
+    if b.micro_batch_size < 1:
+        raise ConfigError(f"--micro-batch-size must be >= 1, got {b.micro_batch_size}")
+    if r.num_rollout is None and r.num_epoch is None:
+        raise ConfigError("set --num-rollout (rollout steps) or --num-epoch (passes over --prompt-data)")
+    if not r.rollout_max_response_len or r.rollout_max_response_len < 1:
+        raise ConfigError("--rollout-max-response-len is required (max new tokens per response)")
+
+
+def check_algorithm(cfg: RelaxConfig) -> None:
+    a = cfg.algo
+    if a.kl_coef != 0 and a.kl_loss_coef != 0:
+        raise ConfigError("--kl-coef (reward shaping) and --kl-loss-coef (loss) cannot both be non-zero; pick one")
+    if a.kl_loss_coef != 0 and not a.use_kl_loss:
+        raise ConfigError("--kl-loss-coef is set but --use-kl-loss is not; add --use-kl-loss or drop the coefficient")
+    if a.eps_clip_c is not None and a.eps_clip_c <= 1.0:
+        raise ConfigError(f"--eps-clip-c must be > 1 (dual-clip lower bound), got {a.eps_clip_c}")
+    if a.advantage_estimator in ("ppo", "on_policy_distillation"):
+        raise ConfigError(f"--advantage-estimator {a.advantage_estimator} is not available in this build yet; "
+                          "use grpo, gspo, sapo, reinforce_plus_plus or reinforce_plus_plus_baseline")
+    if a.use_kl_loss and not (cfg.ckpt.ref_load or cfg.ckpt.hf_checkpoint):
+        raise ConfigError("--use-kl-loss needs a reference model: set --ref-load (or --hf-checkpoint)")
+
+
+def _hf_config(path: str) -> dict:
+    cfg_file = Path(path) / "config.json"
+    if not cfg_file.is_file():
+        raise ConfigError(f"--hf-checkpoint {path}: no config.json there; point it at an HF model directory")
+    return json.loads(cfg_file.read_text())
+
+
+def check_paths(cfg: RelaxConfig) -> None:
+    if not cfg.ckpt.hf_checkpoint:
+        raise ConfigError("--hf-checkpoint is required (HF model directory: tokenizer, architecture, weights)")
+    _hf_config(cfg.ckpt.hf_checkpoint)
+    if cfg.ckpt.save_interval is not None and not cfg.ckpt.save:
+        raise ConfigError("--save-interval needs --save (where to write checkpoints)")
+    if cfg.data.prompt_data is None:
+        raise ConfigError("--prompt-data is required (a .jsonl or .parquet file of prompts)")
+    for path in _prompt_paths(cfg.data.prompt_data):
+        if not os.path.exists(path):
+            raise ConfigError(f"--prompt-data: file not found: {path}")
+    ev = cfg.eval.eval_prompt_data
+    if ev:
+        if len(ev) % 2:
+            raise ConfigError(f"--eval-prompt-data takes pairs 'name path [name path ...]', got {ev}")
+        for name, path in zip(ev[::2], ev[1::2]):
+            if not os.path.exists(path):
+                raise ConfigError(f"--eval-prompt-data {name}: file not found: {path}")
+
+
+def _prompt_paths(value: object) -> list[str]:
+    if isinstance(value, list):
+        return [str(v) for v in value]
+    text = str(value).strip()
+    if text.startswith("["):
+        try:
+            return [str(v) for v in json.loads(text.replace("'", '"'))]
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"--prompt-data {text!r}: not a valid list of paths ({exc.msg})") from exc
+    return [text]
+
+
+# Backends this build implements; `auto` picks the first available in order.
+IMPLEMENTED_TRAIN_BACKENDS = ("fsdp",)
+IMPLEMENTED_ROLLOUT_BACKENDS = ("hf",)
+
+
+def resolve_backend(requested: str, preference: tuple[str, ...], implemented: tuple[str, ...], flag: str) -> str:
+    """`auto` -> the first implemented backend in `preference` order; an unimplemented explicit choice fails."""
+    if requested == "auto":
+        return next(b for b in preference if b in implemented)
+    if requested not in implemented:
+        raise ConfigError(f"{flag} {requested}: this build implements {', '.join(implemented)}; "
+                          f"use {flag} auto or {implemented[0]}")
+    return requested
+
+
+def check_backends(cfg: RelaxConfig) -> None:
+    c = cfg.cluster
+    c.train_backend = resolve_backend(c.train_backend, ("megatron", "fsdp"), IMPLEMENTED_TRAIN_BACKENDS,
+                                      "--train-backend")
+    c.rollout_backend = resolve_backend(c.rollout_backend, ("sglang", "hf"), IMPLEMENTED_ROLLOUT_BACKENDS,
+                                        "--rollout-backend")
+    if cfg.cluster.train_backend == "fsdp":
+        if cfg.megatron_extra:
+            raise ConfigError(f"unknown flag(s) {' '.join(cfg.megatron_extra)}; if these are Megatron flags they only "
+                              "apply with --train-backend megatron (the fsdp backend reads the HF config)")
+        hf = _hf_config(cfg.ckpt.hf_checkpoint)
+        for arch, hf_key in ARCH_TO_HF.items():
+            value = getattr(cfg.megatron, arch)
+            if value is not None and hf_key in hf and float(hf[hf_key]) != float(value):
+                raise ConfigError(f"{_flag(arch)} {value} contradicts {cfg.ckpt.hf_checkpoint}/config.json "
+                                  f"{hf_key}={hf[hf_key]}; with --train-backend fsdp the HF config is the source of "
+                                  "truth: remove the flag or fix the model script")
+
+
+def check_plugins(cfg: RelaxConfig) -> None:
+    from relax.utils.plugins import PluginError, load_plugin
+
+    specs = [
+        (cfg.reward.custom_rm_path, "--custom-rm-path", 2, "reward_func(args, sample, **kwargs)"),
+        (cfg.rollout.custom_generate_function_path, "--custom-generate-function-path", 3,
+         "generate(args, sample, sampling_params[, evaluation])"),
+        (cfg.rollout.rollout_function_path, "--rollout-function-path", 3,
+         "generate_rollout(args, rollout_id, data_source, evaluation=False)"),
+        (cfg.data.custom_prompt_path, "--custom-prompt-path", 2, "fn(prompt, data)"),
+    ]
+    for path, flag, positional, expected in specs:
+        if path:
+            try:
+                load_plugin(path, flag=flag, positional=positional, expected=expected)
+            except PluginError as exc:
+                raise ConfigError(str(exc)) from exc
+
+
+def validate_config(cfg: RelaxConfig) -> RelaxConfig:
+    for check in (check_unsupported, check_mode, check_resource, check_batches, check_algorithm, check_paths,
+                  check_backends, check_plugins):
+        check(cfg)
+    return cfg

@@ -1,0 +1,164 @@
+"""The Controller: deploy the roles, then run the training loop.
+
+Colocate loop, one rollout step per iteration:
+    rollout.generate(k)  -> samples in TransferQueue partition train_{k}, weight version k
+    reference.forward(k) -> ref_log_probs on the same rows (only with --use-kl-loss)
+    actor.train(k)       -> advantages, old log-probs, optimizer steps, partition cleared
+    actor.update_weights(k+1) -> engines hold version k+1
+    eval / checkpoint at their intervals
+Everything else (engines, routing, rewards, data position, DP fan-out) lives in the roles.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import os
+import signal
+import sys
+import time
+from typing import Any
+
+from relax.config.schema import RelaxConfig
+from relax.core.service import Runtime
+from relax.utils.metrics import MetricsTracker, format_step_summary
+
+logger = logging.getLogger(__name__)
+
+
+class RoleHandle:
+    """`await role.method(*args)` on a Serve deployment handle."""
+
+    def __init__(self, handle: Any) -> None:
+        self._handle = handle
+
+    def __getattr__(self, name: str) -> Any:
+        # options(method_name=...) rather than getattr: the handle has methods of its own (shutdown).
+        method = self._handle.options(method_name=name)
+        return lambda *args, **kwargs: method.remote(*args, **kwargs)
+
+
+def due(step: int, interval: int | None) -> bool:
+    return bool(interval) and step % interval == 0
+
+
+class Controller:
+    def __init__(self, cfg: RelaxConfig, runtime: Runtime) -> None:
+        self.cfg = cfg
+        self.runtime = runtime
+        self.exp_dir = cfg.misc.exp_dir
+        self.tracker = MetricsTracker(self.exp_dir, use_tensorboard=cfg.logging.use_tensorboard,
+                                      tb_dir=cfg.logging.tb_project_name, tb_name=cfg.logging.tb_experiment_name)
+        self.reference: RoleHandle | None = None
+        self.eval_history: dict[str, list[tuple[int, float]]] = {}
+
+    async def deploy(self) -> None:
+        rt, cfg = self.runtime, self.cfg
+        self.actor = RoleHandle(rt.deploy_role("actor", cfg))
+        self.rollout = RoleHandle(rt.deploy_role("rollout", cfg))
+        if cfg.algo.use_kl_loss:
+            self.reference = RoleHandle(rt.deploy_role("reference", cfg))
+        self.start = (await self.actor.setup())["start_rollout_id"]
+        info = await self.rollout.setup(self.start)
+        if self.reference is not None:
+            await self.reference.setup()
+        self.num_rollout = cfg.rollout.num_rollout or math.ceil(
+            info["num_prompts"] * cfg.rollout.num_epoch / cfg.rollout.rollout_batch_size)
+        await self.actor.connect_engines(info["engine_urls"])
+        await self.actor.update_weights(self.start)  # engines serve the actor's weights from step 0
+
+    async def train(self) -> None:
+        cfg = self.cfg
+        if cfg.eval.eval_interval and not cfg.eval.skip_eval_before_train:
+            self.record_eval(self.start, await self.rollout.evaluate(self.start))
+        for step in range(self.start, self.num_rollout):
+            t0 = time.perf_counter()
+            metrics = await self.with_progress(self.rollout.generate(step), step)
+            await self.rollout.release_memory()
+            if self.reference is not None:
+                metrics |= await self.reference.forward(step)
+            metrics |= await self.actor.train(step)
+            await self.rollout.resume_memory()
+            metrics |= await self.actor.update_weights(step + 1)
+            last = step + 1 == self.num_rollout
+            if cfg.eval.eval_interval and (due(step + 1, cfg.eval.eval_interval) or last):
+                metrics |= self.record_eval(step + 1, await self.rollout.evaluate(step + 1))
+            if cfg.ckpt.save and (due(step + 1, cfg.ckpt.save_interval) or last):
+                await self.actor.save(step)
+                await self.rollout.save(step)
+            if cfg.ckpt.save_hf and last:
+                metrics["export/hf_path"] = await self.actor.export_hf(step)
+            metrics["time/step"] = time.perf_counter() - t0
+            self.tracker.log(step, metrics)
+            print(format_step_summary(step, self.num_rollout, metrics), flush=True)
+
+    async def with_progress(self, call: Any, step: int) -> dict[str, float]:
+        """Await the rollout while drawing a progress bar from its counters."""
+        task = asyncio.ensure_future(call)
+        bar = None
+        if self.cfg.logging.progress_bar:
+            from tqdm import tqdm
+
+            bar = tqdm(desc=f"rollout {step + 1}/{self.num_rollout}", unit="sample", leave=False, file=sys.stderr)
+        while not task.done():
+            await asyncio.wait([task], timeout=0.5)
+            if bar is not None and not task.done():
+                done, total = await self.rollout.progress()
+                bar.total = total
+                bar.n = done
+                bar.refresh()
+        if bar is not None:
+            bar.close()
+        return task.result()
+
+    def record_eval(self, step: int, metrics: dict[str, float]) -> dict[str, float]:
+        for key, value in metrics.items():
+            if key.endswith("/reward_mean"):
+                self.eval_history.setdefault(key[len("eval/"):-len("/reward_mean")], []).append((step, value))
+        self.tracker.log(step, metrics)
+        logger.info("eval at step %d: %s", step, {k: round(v, 4) for k, v in metrics.items() if "reward" in k})
+        return metrics
+
+    def summary(self) -> dict[str, Any]:
+        return {name: {"before": hist[0][1], "after": hist[-1][1], "history": hist}
+                for name, hist in self.eval_history.items()}
+
+    async def shutdown(self) -> None:
+        for role in (self.reference, getattr(self, "rollout", None), getattr(self, "actor", None)):
+            if role is not None:
+                try:
+                    await asyncio.wait_for(asyncio.ensure_future(role.shutdown()), timeout=60)
+                except Exception as err:  # noqa: BLE001 - shut down the other roles regardless
+                    logger.warning("role shutdown failed: %s", err)
+        self.tracker.close()
+
+
+async def _run(cfg: RelaxConfig, runtime: Runtime) -> dict[str, Any]:
+    controller = Controller(cfg, runtime)
+    try:
+        await controller.deploy()
+        await controller.train()
+        return controller.summary()
+    finally:
+        await controller.shutdown()
+
+
+def _raise_keyboard_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def run(cfg: RelaxConfig) -> int:
+    """Run a whole training job; every process it started is gone when this returns."""
+    cfg.misc.exp_dir = cfg.misc.exp_dir or os.path.join("outputs", time.strftime("%Y%m%d-%H%M%S"))
+    os.makedirs(cfg.misc.exp_dir, exist_ok=True)
+    signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+    with Runtime(cfg) as runtime:
+        summary = asyncio.run(_run(cfg, runtime))
+    with open(os.path.join(cfg.misc.exp_dir, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=2)
+    for name, s in summary.items():
+        print(f"eval {name}: before={s['before']:.3f} after={s['after']:.3f}", flush=True)
+    logger.info("run finished; outputs in %s", cfg.misc.exp_dir)
+    return 0

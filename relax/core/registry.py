@@ -1,0 +1,8 @@
+"""Roles -> component classes, resolved once by dotted path (imported lazily in the process
+that hosts them). Adding a role is one line here plus its component file."""
+
+ROLES: dict[str, str] = {
+    "actor": "relax.components.actor.Actor",
+    "rollout": "relax.components.rollout.Rollout",
+    "reference": "relax.components.actor_fwd.ActorFwd",
+}

@@ -1,0 +1,100 @@
+"""The run's runtime (Ray, Serve, TransferQueue) and one Serve deployment per role.
+
+`Runtime` joins an existing Ray cluster (`--ray-address`, `$RAY_ADDRESS`, i.e. under
+`ray job submit`) or starts a private local one, starts Serve with no HTTP proxy (roles are
+reached through handles, nothing listens on a public port) and TransferQueue. Leaving it
+tears down exactly what it started: Serve apps of this run always, Ray only when it started
+Ray. `deploy_role` turns a component class into a one-replica Serve deployment.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import uuid
+from typing import Any
+
+from relax.config.schema import RelaxConfig
+from relax.core.registry import ROLES
+from relax.utils.logging import TOKEN_ENV, new_run_token
+from relax.utils.plugins import import_object
+
+logger = logging.getLogger(__name__)
+
+
+def runtime_env_vars(token: str) -> dict[str, str]:
+    """Env for every role process: the run token, and the launch directory on PYTHONPATH so
+    plugins given as dotted paths (`examples.x.reward.fn`) import in remote processes too."""
+    path = os.pathsep.join(p for p in [os.getcwd(), os.environ.get("PYTHONPATH", "")] if p)
+    env = {TOKEN_ENV: token, "PYTHONPATH": path, "RAY_USAGE_STATS_ENABLED": "0", "TOKENIZERS_PARALLELISM": "false"}
+    for key in ("RELAX_LOG_LEVEL", "NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS"):
+        if key in os.environ:
+            env[key] = os.environ[key]
+    return env
+
+
+class Runtime:
+    def __init__(self, cfg: RelaxConfig) -> None:
+        self.cfg = cfg
+        self.token = new_run_token()
+        self.run_id = uuid.uuid4().hex[:8]
+        self.env = runtime_env_vars(self.token)
+        self.started_ray = False
+        self.apps: list[str] = []
+
+    def __enter__(self) -> Runtime:
+        import ray
+        from ray import serve
+
+        from relax.distributed import transfer_queue as tq
+
+        os.environ.update(self.env)  # the driver is a role process too (token for direct calls)
+        address = self.cfg.cluster.ray_address or os.environ.get("RAY_ADDRESS")
+        runtime_env = {"env_vars": self.env}
+        if address:
+            ray.init(address=address, runtime_env=runtime_env, log_to_driver=True)
+            logger.info("joined Ray cluster at %s", address)
+        else:
+            num_cpus = self.cfg.cluster.ray_num_cpus or max(8, os.cpu_count() or 1)
+            ray.init(num_cpus=num_cpus, include_dashboard=False, runtime_env=runtime_env, log_to_driver=True)
+            self.started_ray = True
+            logger.info("started a local Ray instance with %d logical CPUs", num_cpus)
+        serve.start(proxy_location="Disabled")
+        tq.init_data_system(self.cfg.cluster.num_data_storage_units)
+        return self
+
+    def deploy_role(self, role: str, *init_args: Any, num_cpus: float = 0.1, num_gpus: float = 0.0) -> Any:
+        from ray import serve
+
+        cls = import_object(ROLES[role], flag=f"role {role}")
+        app_name = f"relax-{self.run_id}-{role}"
+        deployment = serve.deployment(
+            cls, name=role, num_replicas=1, max_ongoing_requests=1024, graceful_shutdown_timeout_s=30,
+            health_check_timeout_s=600, logging_config={"enable_access_log": False}, ray_actor_options={"num_cpus": num_cpus, "num_gpus": num_gpus,
+                                                           "runtime_env": {"env_vars": self.env}},
+        )
+        handle = serve.run(deployment.bind(*init_args), name=app_name, route_prefix=None)
+        self.apps.append(app_name)
+        logger.info("deployed %s as Serve app %s", role, app_name)
+        return handle
+
+    def __exit__(self, *exc: Any) -> None:
+        import ray
+        from ray import serve
+
+        from relax.distributed import transfer_queue as tq
+
+        for app in reversed(self.apps):
+            try:
+                serve.delete(app)
+            except Exception as err:  # noqa: BLE001 - teardown continues whatever one app does
+                logger.warning("deleting Serve app %s failed: %s", app, err)
+        try:
+            tq.close_data_system()
+        except Exception as err:  # noqa: BLE001 - teardown continues
+            logger.warning("closing TransferQueue failed: %s", err)
+        if self.started_ray:
+            serve.shutdown()
+            ray.shutdown()
+        sys.stdout.flush()

@@ -1,0 +1,343 @@
+"""Trainer -> inference-engine weight push over a torch.distributed broadcast group (SGLang protocol).
+
+Protocol (the one SGLang serves and slime drives):
+1. `connect()`: the trainer picks a free port and POSTs `/init_weights_update_group`
+   {master_address, master_port, rank_offset=1+i, world_size=1+n, group_name, backend} to every
+   engine while joining the same group as rank 0 itself.
+2. `push(named_tensors, version=v)`: `/pause_generation` and `/flush_cache` on every engine,
+   then per bucket of at most `bucket_bytes` a POST `/update_weights_from_distributed`
+   {names, dtypes, shapes, group_name, flush_cache, weight_version} to every engine while rank 0
+   broadcasts each tensor of the bucket, in order; then `/continue_generation`.
+   `weight_version` rides on the last bucket only, so an engine reports the new version only
+   once it holds all of it.
+3. `close()`: `/destroy_weights_update_group` and the local group is dropped.
+
+Failure handling: a broadcast has no timeout of its own on NCCL, so it runs in a worker thread
+and the HTTP replies are the waiters (as TRL does): an engine that rejects a bucket raises
+`WeightSyncError` with the engine's message at once; everything has the deadline `timeout_s`.
+If a broadcast was left unfinished the group is marked broken and the next push asks for a
+reconnect. After a failed push the engines are resumed (they keep serving the weights they
+have, which may be partly new); the caller decides whether to retry.
+
+`create_weight_group` builds a process group directly from a `TCPStore` + `PrefixStore`,
+never touching torch.distributed's default group (the trainer already has one for FSDP;
+the engine has none). The engine side of the protocol uses the same function.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import ipaddress
+import logging
+import socket
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, Iterable, Iterator, Sequence
+
+import torch
+import torch.distributed as dist
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_BUCKET_BYTES = 512 * 1024 * 1024  # --update-weight-buffer-size default
+
+
+class WeightSyncError(RuntimeError):
+    """A weight push failed; the message names the engine and what it said."""
+
+
+@dataclass(frozen=True)
+class SyncStats:
+    """One push: bytes sent, wall seconds, gbps = gigabytes (1e9 B) per second, buckets, version."""
+
+    bytes: int
+    seconds: float
+    gbps: float
+    num_buckets: int
+    version: int
+
+
+class WeightGroup:
+    """A broadcast-only process group outside torch.distributed's default group."""
+
+    def __init__(self, pg: Any, store: Any, *, rank: int, world_size: int, backend: str, group_name: str):
+        self._pg, self._store = pg, store
+        self.rank, self.world_size, self.backend, self.group_name = rank, world_size, backend, group_name
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl" else torch.device("cpu")
+
+    def broadcast(self, tensor: torch.Tensor, src: int = 0) -> None:
+        """Blocking broadcast of `tensor` (in place on receivers) from rank `src`."""
+        opts = dist.BroadcastOptions()
+        opts.rootRank = src
+        self._pg.broadcast([tensor], opts).wait()
+
+    def synchronize(self) -> None:
+        if self.backend == "nccl":
+            torch.cuda.current_stream().synchronize()
+
+    def destroy(self) -> None:
+        pg, self._pg, self._store = self._pg, None, None
+        if pg is not None and hasattr(pg, "shutdown"):
+            pg.shutdown()
+
+
+def _is_loopback(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(socket.gethostbyname(address)).is_loopback
+    except (OSError, ValueError):
+        return False
+
+
+def create_weight_group(*, master_address: str, master_port: int, rank: int, world_size: int,
+                        group_name: str, backend: str = "gloo", timeout_s: float = 300.0) -> WeightGroup:
+    """Join (rank > 0) or host (rank 0) a new broadcast group; blocks until every rank has joined."""
+    if backend not in ("gloo", "nccl"):
+        raise ValueError(f"backend must be 'gloo' (CPU) or 'nccl' (GPU), got {backend!r}")
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} is outside world_size {world_size}")
+    timeout = datetime.timedelta(seconds=timeout_s)
+    store = dist.TCPStore(master_address, master_port, world_size, rank == 0, timeout=timeout,
+                          wait_for_workers=False)
+    prefixed = dist.PrefixStore(group_name, store)
+    if backend == "gloo":
+        options = dist.ProcessGroupGloo._Options()
+        options._timeout = timeout
+        hostname = "127.0.0.1" if _is_loopback(master_address) else socket.gethostname()
+        options._devices = [dist.ProcessGroupGloo.create_device(hostname=hostname)]
+        pg = dist.ProcessGroupGloo(prefixed, rank, world_size, options)
+    else:
+        options = dist.ProcessGroupNCCL.Options()
+        options._timeout = timeout
+        pg = dist.ProcessGroupNCCL(prefixed, rank, world_size, options)
+    return WeightGroup(pg, store, rank=rank, world_size=world_size, backend=backend, group_name=group_name)
+
+
+def tensor_bytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
+
+
+def iter_buckets(named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int
+                 ) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """Group tensors in order into buckets of at most `bucket_bytes` (a larger tensor goes alone)."""
+    if bucket_bytes <= 0:
+        raise ValueError(f"bucket_bytes must be > 0, got {bucket_bytes}")
+    bucket: list[tuple[str, torch.Tensor]] = []
+    size = 0
+    for name, tensor in named_tensors:
+        nbytes = tensor_bytes(tensor)
+        if bucket and size + nbytes > bucket_bytes:
+            yield bucket
+            bucket, size = [], 0
+        bucket.append((name, tensor))
+        size += nbytes
+    if bucket:
+        yield bucket
+
+
+def _with_last(items: Iterator[Any]) -> Iterator[tuple[Any, bool]]:
+    """Yield (item, is_last) with one item of lookahead."""
+    previous = next(items, None)
+    while previous is not None:
+        current = next(items, None)
+        yield previous, current is None
+        previous = current
+
+
+def free_port(address: str = "127.0.0.1") -> int:
+    with socket.socket() as sock:
+        sock.bind((address, 0))
+        return sock.getsockname()[1]
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """SGLang's wire name for a dtype: 'bfloat16', 'float32', ..."""
+    return str(dtype).replace("torch.", "")
+
+
+class _EngineHTTP:
+    """The few SGLang control calls the sender needs (distributed may not import backends)."""
+
+    def __init__(self, api_key: str | None, transport: Any = None):
+        import httpx
+
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._client = httpx.AsyncClient(headers=headers, transport=transport)
+
+    async def post(self, url: str, path: str, payload: dict, timeout_s: float) -> Any:
+        import httpx
+
+        try:
+            response = await self._client.post(url.rstrip("/") + path, json=payload, timeout=max(timeout_s, 0.001))
+        except httpx.HTTPError as exc:
+            raise WeightSyncError(f"{url}{path}: {type(exc).__name__}: {exc}") from exc
+        body: Any = None
+        if response.content:
+            try:
+                body = response.json()
+            except ValueError:
+                body = response.text
+        if response.status_code >= 400 or (isinstance(body, dict) and body.get("success") is False):
+            raise WeightSyncError(f"{url}{path}: HTTP {response.status_code}: {_message(body)}")
+        return body
+
+    async def close(self) -> None:
+        await self._client.aclose()
+
+
+def _message(body: Any) -> str:
+    if isinstance(body, dict):
+        error = body.get("error")
+        if isinstance(error, dict) and "message" in error:
+            return str(error["message"])
+        for key in ("message", "detail", "error"):
+            if key in body:
+                return str(body[key])
+    return str(body)
+
+
+class WeightSender:
+    """Rank 0 of the weight group: pushes HF-named tensors to every engine (see module doc)."""
+
+    def __init__(self, engine_urls: Sequence[str], *, api_key: str | None = None, backend: str = "gloo",
+                 bucket_bytes: int = DEFAULT_BUCKET_BYTES, timeout_s: float = 300.0,
+                 master_address: str = "127.0.0.1", group_name: str | None = None, transport: Any = None):
+        if not engine_urls:
+            raise ValueError("WeightSender needs at least one engine URL")
+        self.engine_urls = [u.rstrip("/") for u in engine_urls]
+        self.backend, self.bucket_bytes, self.timeout_s = backend, bucket_bytes, timeout_s
+        self.master_address = master_address
+        self.group_name = group_name or f"relax-weights-{uuid.uuid4().hex[:8]}"
+        self._api_key, self._transport = api_key, transport
+        self._http: _EngineHTTP | None = None
+        self._group: WeightGroup | None = None
+        self._broken = False
+        self._lock = asyncio.Lock()
+
+    # ---- helpers ---------------------------------------------------------------------
+    def _remaining(self, deadline: float) -> float:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise WeightSyncError(f"weight sync exceeded its deadline of {self.timeout_s:.0f}s")
+        return remaining
+
+    async def _post_all(self, path: str, payload: dict, deadline: float) -> list[Any]:
+        remaining = self._remaining(deadline)
+        return await asyncio.gather(*(self._http.post(u, path, payload, remaining) for u in self.engine_urls))
+
+    async def _wait_all(self, tasks: list[asyncio.Future], deadline: float, what: str) -> None:
+        """Wait for every task; the first failure or the deadline raises WeightSyncError."""
+        done, pending = await asyncio.wait(tasks, timeout=max(deadline - time.monotonic(), 0),
+                                           return_when=asyncio.FIRST_EXCEPTION)
+        failed = [t for t in done if t.exception() is not None]
+        for task in pending:
+            task.cancel()
+        if failed:
+            exc = failed[0].exception()
+            if isinstance(exc, WeightSyncError):
+                raise exc
+            raise WeightSyncError(f"{what} failed: {type(exc).__name__}: {exc}") from exc
+        if pending:
+            raise WeightSyncError(f"{what} did not finish within the {self.timeout_s:.0f}s deadline")
+
+    # ---- protocol --------------------------------------------------------------------
+    async def connect(self) -> None:
+        """Create the group: every engine joins as rank 1 + i while this process joins as rank 0."""
+        if self._group is not None:
+            raise WeightSyncError("connect() called twice; call close() first")
+        self._http = self._http or _EngineHTTP(self._api_key, self._transport)
+        deadline = time.monotonic() + self.timeout_s
+        port = free_port(self.master_address)
+        world_size = 1 + len(self.engine_urls)
+        http = [asyncio.ensure_future(self._http.post(url, "/init_weights_update_group", {
+            "master_address": self.master_address, "master_port": port, "rank_offset": 1 + i,
+            "world_size": world_size, "group_name": self.group_name, "backend": self.backend,
+        }, self.timeout_s)) for i, url in enumerate(self.engine_urls)]
+        join = asyncio.ensure_future(asyncio.to_thread(
+            create_weight_group, master_address=self.master_address, master_port=port, rank=0,
+            world_size=world_size, group_name=self.group_name, backend=self.backend, timeout_s=self.timeout_s))
+        await self._wait_all([*http, join], deadline, "init_weights_update_group")
+        self._group, self._broken = join.result(), False
+        logger.info("weight group %s up: %d engine(s), backend %s, port %d",
+                    self.group_name, len(self.engine_urls), self.backend, port)
+
+    async def push(self, named_tensors: Iterable[tuple[str, torch.Tensor]], *, version: int) -> SyncStats:
+        """Pause, send every bucket, resume. Raises WeightSyncError naming the engine on failure."""
+        if self._group is None:
+            raise WeightSyncError("push() before connect(): call `await sender.connect()` first")
+        if self._broken:
+            raise WeightSyncError("the weight group is broken by an earlier failed sync; "
+                                  "call close() and connect() again")
+        async with self._lock:
+            start = time.monotonic()
+            deadline = start + self.timeout_s
+            await self._post_all("/pause_generation", {}, deadline)
+            total_bytes = num_buckets = 0
+            try:
+                await self._post_all("/flush_cache", {}, deadline)
+                for bucket, is_last in _with_last(iter_buckets(named_tensors, self.bucket_bytes)):
+                    total_bytes += await self._push_bucket(bucket, str(version) if is_last else None, deadline)
+                    num_buckets += 1
+            finally:
+                await self._resume_engines()
+            if num_buckets == 0:
+                raise WeightSyncError("push() got no tensors")
+        seconds = time.monotonic() - start
+        stats = SyncStats(bytes=total_bytes, seconds=seconds, gbps=total_bytes / max(seconds, 1e-9) / 1e9,
+                          num_buckets=num_buckets, version=version)
+        logger.info("weight sync v%d: %d bytes in %.3fs (%.3f GB/s, %d buckets) to %d engine(s)",
+                    version, stats.bytes, stats.seconds, stats.gbps, num_buckets, len(self.engine_urls))
+        return stats
+
+    async def _push_bucket(self, bucket: list[tuple[str, torch.Tensor]], weight_version: str | None,
+                           deadline: float) -> int:
+        device = self._group.device
+        tensors = [t.detach().to(device).contiguous() for _, t in bucket]
+        payload = {"names": [n for n, _ in bucket], "dtypes": [dtype_name(t.dtype) for t in tensors],
+                   "shapes": [list(t.shape) for t in tensors], "group_name": self.group_name,
+                   "flush_cache": False}
+        if weight_version is not None:
+            payload["weight_version"] = weight_version
+        remaining = self._remaining(deadline)
+        http = [asyncio.ensure_future(self._http.post(u, "/update_weights_from_distributed", payload, remaining))
+                for u in self.engine_urls]
+        broadcast = asyncio.ensure_future(asyncio.to_thread(self._broadcast, tensors))
+        try:
+            await self._wait_all([*http, broadcast], deadline, "update_weights_from_distributed")
+        finally:
+            if not broadcast.done():
+                self._broken = True
+        return sum(tensor_bytes(t) for t in tensors)
+
+    def _broadcast(self, tensors: list[torch.Tensor]) -> None:
+        for tensor in tensors:
+            self._group.broadcast(tensor, src=0)
+        self._group.synchronize()
+
+    async def _resume_engines(self) -> None:
+        """Best effort: a failed resume is logged, not raised over the push's own error."""
+        results = await asyncio.gather(*(self._http.post(u, "/continue_generation", {}, 30.0)
+                                         for u in self.engine_urls), return_exceptions=True)
+        for url, result in zip(self.engine_urls, results):
+            if isinstance(result, Exception):
+                logger.warning("continue_generation on %s failed: %s", url, result)
+
+    async def close(self) -> None:
+        """Destroy the group on the engines and here; safe to call twice."""
+        if self._group is not None:
+            results = await asyncio.gather(*(self._http.post(u, "/destroy_weights_update_group",
+                                                             {"group_name": self.group_name}, 30.0)
+                                             for u in self.engine_urls), return_exceptions=True)
+            for url, result in zip(self.engine_urls, results):
+                if isinstance(result, Exception):
+                    logger.warning("destroy_weights_update_group on %s failed: %s", url, result)
+            group, self._group = self._group, None
+            if not self._broken:
+                group.destroy()
+        if self._http is not None:
+            http, self._http = self._http, None
+            await http.close()

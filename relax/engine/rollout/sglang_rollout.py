@@ -1,0 +1,149 @@
+"""Default rollout: single-turn generation through the router, then rewards.
+
+`generate_rollout(args, rollout_id, data_source, evaluation=False)` is the default
+`--rollout-function-path`: it takes `rollout_batch_size` prompt groups from the data source,
+generates every sample concurrently (the engines batch them), scores them with the reward
+executor and returns the groups. `generate(args, sample, sampling_params)` is the default
+per-sample generate function; `--custom-generate-function-path` replaces it with the same
+signature (optionally with `evaluation`). Both speak SGLang's `/generate` protocol, so they
+run unchanged against SGLang or the `hf` engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from relax.types import FINISH_REASON_STATUS, Sample
+from relax.utils.http_utils import post
+from relax.utils.plugins import accepts_keyword, call_maybe_async, load_plugin
+
+logger = logging.getLogger(__name__)
+
+# Seeds are derived per sample, so a sample's tokens depend only on (seed, prompt, weights),
+# not on batching or scheduling: reruns reproduce, and async equals sync at staleness 0.
+_SEED_MODULUS = 2**31 - 1
+
+
+class GenerateState:
+    """Per-process rollout state shared by generate functions (tokenizer, reward executor,
+    progress counters). `GenerateState(args)` returns the one instance for the process."""
+
+    _instance: GenerateState | None = None
+
+    def __new__(cls, args: Any) -> GenerateState:
+        if cls._instance is None:
+            inst = super().__new__(cls)
+            inst._init(args)
+            cls._instance = inst
+        return cls._instance
+
+    def _init(self, args: Any) -> None:
+        from transformers import AutoTokenizer
+
+        from relax.engine.rewards.executor import RewardExecutor
+
+        self.args = args
+        self.tokenizer = AutoTokenizer.from_pretrained(args.hf_checkpoint)
+        self.reward_executor = RewardExecutor(args)
+        self.custom_generate = None
+        if args.custom_generate_function_path:
+            self.custom_generate = load_plugin(
+                args.custom_generate_function_path, flag="--custom-generate-function-path", positional=3,
+                expected="generate(args, sample, sampling_params[, evaluation])")
+        self.done = 0
+        self.total = 0
+
+    @classmethod
+    def reset(cls) -> None:
+        if cls._instance is not None:
+            cls._instance.reward_executor.close()
+        cls._instance = None
+
+
+def sampling_params(args: Any, *, evaluation: bool = False) -> dict[str, Any]:
+    """SGLang `sampling_params` from the rollout (or eval) flags."""
+    def pick(eval_value: Any, train_value: Any) -> Any:
+        return eval_value if evaluation and eval_value is not None else train_value
+
+    params = {
+        "temperature": pick(args.eval_temperature, args.rollout_temperature),
+        "top_p": pick(args.eval_top_p, args.rollout_top_p),
+        "top_k": pick(args.eval_top_k, args.rollout_top_k),
+        "max_new_tokens": pick(args.eval_max_response_len, args.rollout_max_response_len),
+        "skip_special_tokens": args.rollout_skip_special_tokens,
+        "no_stop_trim": True,
+    }
+    if args.rollout_stop:
+        params["stop"] = list(args.rollout_stop)
+    if args.rollout_stop_token_ids:
+        params["stop_token_ids"] = list(args.rollout_stop_token_ids)
+    if evaluation and args.eval_min_new_tokens:
+        params["min_new_tokens"] = args.eval_min_new_tokens
+    return params
+
+
+def sample_seed(args: Any, sample: Sample, *, evaluation: bool) -> int:
+    base = args.rollout_seed * 1_000_003 + (7919 if evaluation else 0)
+    return (base + (sample.index or 0) * 104_729 + (sample.abort_count or 0)) % _SEED_MODULUS
+
+
+def router_url(args: Any) -> str:
+    return f"http://{args.sglang_router_ip}:{args.sglang_router_port}/generate"
+
+
+def _prompt_ids(state: GenerateState, sample: Sample) -> list[int]:
+    if isinstance(sample.prompt, str):
+        return state.tokenizer.encode(sample.prompt, add_special_tokens=False)
+    return state.tokenizer.apply_chat_template(sample.prompt, tokenize=True, add_generation_prompt=True)
+
+
+async def generate(args: Any, sample: Sample, sampling_params: dict[str, Any]) -> Sample:
+    """Default single-turn generate: prompt -> one response, with per-token log-probs."""
+    state = GenerateState(args)
+    prompt_ids = _prompt_ids(state, sample)
+    payload = {"input_ids": prompt_ids, "sampling_params": sampling_params, "return_logprob": True}
+    out = await post(router_url(args), payload, timeout=args.http_timeout)
+    meta = out["meta_info"]
+    pairs = meta.get("output_token_logprobs") or []
+    response_ids = [int(tok) for _, tok, *_ in pairs]
+    sample.tokens = prompt_ids + response_ids
+    sample.response_length = len(response_ids)
+    sample.response = out.get("text", "")
+    sample.loss_mask = [1] * len(response_ids)
+    sample.rollout_log_probs = [float(lp) for lp, *_ in pairs]
+    if "weight_version" in meta:
+        sample.weight_versions.append(int(meta["weight_version"]))
+    finish = (meta.get("finish_reason") or {}).get("type", "stop")
+    sample.status = FINISH_REASON_STATUS.get(finish, Sample.Status.COMPLETED)
+    return sample
+
+
+async def generate_one(args: Any, sample: Sample, *, evaluation: bool = False) -> Sample:
+    """Generate with the default or custom function (reward is scored by the caller)."""
+    state = GenerateState(args)
+    params = dict(sampling_params(args, evaluation=evaluation))
+    params["sampling_seed"] = sample_seed(args, sample, evaluation=evaluation)
+    fn = state.custom_generate or generate
+    if state.custom_generate is not None and accepts_keyword(fn, "evaluation"):
+        result = await call_maybe_async(fn, args, sample, params, evaluation=evaluation)
+    else:
+        result = await call_maybe_async(fn, args, sample, params)
+    state.done += 1
+    return result
+
+
+async def generate_group(args: Any, group: list[Sample], *, evaluation: bool = False) -> list[Sample]:
+    state = GenerateState(args)
+    group = list(await asyncio.gather(*(generate_one(args, s, evaluation=evaluation) for s in group)))
+    await state.reward_executor.score(group)
+    return group
+
+
+async def generate_rollout(args: Any, rollout_id: int, data_source: Any, evaluation: bool = False) -> list[list[Sample]]:
+    """Default rollout function: one batch of `rollout_batch_size` groups, generated and scored."""
+    state = GenerateState(args)
+    groups = data_source.get_samples(args.rollout_batch_size)
+    state.done, state.total = 0, sum(len(g) for g in groups)
+    return list(await asyncio.gather(*(generate_group(args, g, evaluation=evaluation) for g in groups)))

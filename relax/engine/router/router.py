@@ -1,0 +1,88 @@
+"""A least-busy HTTP router in front of the inference engines.
+
+It speaks the engines' own `/generate`, so default and custom generate functions post to
+`http://{args.sglang_router_ip}:{args.sglang_router_port}/generate` exactly as they would
+with SGLang's router. Each request goes to the engine with the fewest requests in flight
+(ties: round robin). It runs inside the Rollout process, bound to loopback, and adds the
+run's engine API key so plugins never handle it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+logger = logging.getLogger(__name__)
+
+
+class Router:
+    def __init__(self, engine_urls: list[str], *, api_key: str | None = None, host: str = "127.0.0.1",
+                 timeout_s: float = 600.0) -> None:
+        if not engine_urls:
+            raise ValueError("Router needs at least one engine URL")
+        self.engine_urls = list(engine_urls)
+        self.in_flight = {url: 0 for url in self.engine_urls}
+        self.host, self.port = host, 0
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._rr = itertools.count()
+        self._session: aiohttp.ClientSession | None = None
+        self._runner: web.AppRunner | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def pick(self) -> str:
+        """The engine with the fewest requests in flight; ties broken round robin."""
+        least = min(self.in_flight.values())
+        candidates = [u for u in self.engine_urls if self.in_flight[u] == least]
+        return candidates[next(self._rr) % len(candidates)]
+
+    async def start(self) -> None:
+        app = web.Application(client_max_size=64 << 20)
+        app.router.add_post("/generate", self._generate)
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/list_workers", self._list_workers)
+        self._session = aiohttp.ClientSession(timeout=self._timeout,
+                                              connector=aiohttp.TCPConnector(limit=0, limit_per_host=0))
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, 0)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        logger.info("router on %s over %d engine(s)", self.url, len(self.engine_urls))
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+        if self._session is not None:
+            await self._session.close()
+
+    async def _generate(self, request: web.Request) -> web.StreamResponse:
+        try:
+            payload: Any = await request.json()
+        except ValueError:
+            return web.json_response({"error": "request body is not valid JSON"}, status=400)
+        url = self.pick()
+        self.in_flight[url] += 1
+        try:
+            assert self._session is not None
+            async with self._session.post(f"{url}/generate", json=payload, headers=self._headers) as resp:
+                body = await resp.read()
+                return web.Response(body=body, status=resp.status, content_type="application/json")
+        except aiohttp.ClientError as exc:
+            logger.warning("engine %s failed a request: %s", url, exc)
+            return web.json_response({"error": f"engine {url} unreachable: {exc}"}, status=502)
+        finally:
+            self.in_flight[url] -= 1
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok", "engines": len(self.engine_urls)})
+
+    async def _list_workers(self, request: web.Request) -> web.Response:
+        return web.json_response({"urls": self.engine_urls, "in_flight": self.in_flight})

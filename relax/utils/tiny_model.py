@@ -1,0 +1,136 @@
+"""Tiny Qwen3 models and ChatML tokenizers built from scratch, for CPU runs and tests.
+
+There is no model hub on CI machines or laptops without network, so the CPU quickstart and
+the integration tests build their model locally: a byte-level BPE tokenizer trained on the
+task's own text (digits split one per token, Qwen's ChatML special tokens and chat
+template) and a randomly initialised `Qwen3ForCausalLM` small enough to train in seconds.
+`save_tiny_model` writes an ordinary HF checkpoint (safetensors + generation_config), so
+every backend loads it exactly as it would load a real Qwen3 checkpoint.
+
+torch / transformers / tokenizers are imported inside the functions so that importing
+`relax.utils` stays cheap.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Iterable
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from transformers import PreTrainedTokenizerFast, Qwen3ForCausalLM
+
+PAD_TOKEN = "<|endoftext|>"
+IM_START = "<|im_start|>"
+IM_END = "<|im_end|>"
+SPECIAL_TOKENS = (PAD_TOKEN, IM_START, IM_END)
+
+# Qwen-style ChatML: every message is `<|im_start|>{role}\n{content}<|im_end|>\n`; the
+# generation prompt opens an assistant turn. A system message is just the first message.
+CHATML_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<|im_start|>assistant\\n' }}{%- endif -%}"
+)
+
+
+def train_chatml_tokenizer(texts: Iterable[str], *, vocab_size: int = 512) -> "PreTrainedTokenizerFast":
+    """Train a byte-level BPE tokenizer with ChatML special tokens on `texts`.
+
+    Digits are always split into single-digit tokens (as Qwen does), so numbers never merge
+    into opaque multi-digit tokens. Any byte string round-trips through encode/decode because
+    the 256 byte symbols are in the initial alphabet. `vocab_size` must leave room for them.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    min_size = 256 + len(SPECIAL_TOKENS)
+    if vocab_size < min_size:
+        raise ValueError(f"vocab_size={vocab_size} is too small: a byte-level BPE needs at least {min_size}")
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+    )
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(list(texts), trainer=trainer)
+    hf_tok = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token=IM_END,
+        pad_token=PAD_TOKEN,
+        additional_special_tokens=[IM_START],
+        clean_up_tokenization_spaces=False,
+        model_max_length=256,
+    )
+    hf_tok.chat_template = CHATML_TEMPLATE
+    return hf_tok
+
+
+def build_tiny_qwen3(
+    tokenizer: "PreTrainedTokenizerFast",
+    *,
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    num_kv_heads: int | None = None,
+    intermediate_size: int | None = None,
+    max_position_embeddings: int = 256,
+    seed: int = 0,
+) -> "Qwen3ForCausalLM":
+    """A randomly initialised Qwen3ForCausalLM sized for CPU (defaults: ~0.1 M params).
+
+    Embeddings are tied; pad/eos ids come from `tokenizer`. The same `seed` gives the same
+    weights on every machine (torch's CPU generator is deterministic).
+    """
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    if hidden_size % num_heads:
+        raise ValueError(f"hidden_size={hidden_size} must be divisible by num_heads={num_heads}")
+    num_kv_heads = num_kv_heads or num_heads
+    if num_heads % num_kv_heads:
+        raise ValueError(f"num_heads={num_heads} must be divisible by num_kv_heads={num_kv_heads}")
+    config = Qwen3Config(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size or 4 * hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        head_dim=hidden_size // num_heads,
+        max_position_embeddings=max_position_embeddings,
+        tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+        max_window_layers=num_layers,
+        use_cache=True,
+    )
+    gen = torch.random.fork_rng(devices=[])
+    with gen:
+        torch.manual_seed(seed)
+        model = Qwen3ForCausalLM(config)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.bos_token_id = None
+    return model
+
+
+def save_tiny_model(model: "Qwen3ForCausalLM", tokenizer: "PreTrainedTokenizerFast", out_dir: str) -> str:
+    """Write `model` + `tokenizer` as an HF checkpoint (safetensors, generation_config with eos)."""
+    os.makedirs(out_dir, exist_ok=True)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.save_pretrained(out_dir, safe_serialization=True)
+    tokenizer.save_pretrained(out_dir)
+    return out_dir
+
+
+def count_parameters(model: "Qwen3ForCausalLM") -> int:
+    """Number of distinct parameters (tied embeddings counted once)."""
+    return sum(p.numel() for p in model.parameters())

@@ -1,0 +1,128 @@
+"""The batched decoder: padding-free results, seeded sampling, finish reasons, abort."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from relax.backends.hf.decoder import BatchDecoder, DecodeRow
+from relax.backends.hf.sampling import parse_sampling_params
+
+PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [40, 41], [3], [12, 13, 14, 15]]
+
+
+def _decoder(model, tokenizer, eos=(2,)) -> BatchDecoder:
+    return BatchDecoder(model, tokenizer, device="cpu", eos_token_ids=list(eos), max_context_len=512, seed=0)
+
+
+def _row(prompt, **params) -> DecodeRow:
+    return DecodeRow(list(prompt), parse_sampling_params(params))
+
+
+def test_batched_greedy_matches_each_prompt_decoded_alone(tiny_model_and_tokenizer, reference_greedy):
+    model, tokenizer = tiny_model_and_tokenizer
+    lengths = [9, 3, 12, 6]  # rows finish at different steps, so the batch shrinks mid-decode
+    rows = [_row(p, temperature=0, max_new_tokens=n, ignore_eos=True) for p, n in zip(PROMPTS, lengths)]
+    results = _decoder(model, tokenizer).run(rows)
+    for prompt, n, result in zip(PROMPTS, lengths, results):
+        tokens, logprobs = reference_greedy(model, prompt, n)
+        assert result.output_ids == tokens
+        assert result.output_logprobs == pytest.approx(logprobs, abs=1e-4)
+        assert result.finish_reason == {"type": "length", "length": n}
+
+
+def test_logprobs_match_log_softmax_of_one_full_forward(tiny_model_and_tokenizer):
+    model, tokenizer = tiny_model_and_tokenizer
+    rows = [_row(p, temperature=0.7, max_new_tokens=8, sampling_seed=i, ignore_eos=True)
+            for i, p in enumerate(PROMPTS)]
+    for prompt, result in zip(PROMPTS, _decoder(model, tokenizer).run(rows)):
+        full = torch.tensor([prompt + result.output_ids])
+        with torch.no_grad():
+            logits = model(full).logits[0, len(prompt) - 1:-1].float()
+        expected = torch.log_softmax(logits / 0.7, -1).gather(-1, torch.tensor(result.output_ids)[:, None])
+        assert result.output_logprobs == pytest.approx(expected.squeeze(-1).tolist(), abs=1e-4)
+
+
+def test_seeded_sampling_gives_same_tokens_alone_or_batched(tiny_model_and_tokenizer):
+    model, tokenizer = tiny_model_and_tokenizer
+    params = dict(temperature=1.0, top_p=0.9, max_new_tokens=16, sampling_seed=1234, ignore_eos=True)
+    alone = _decoder(model, tokenizer).run([_row(PROMPTS[1], **params)])[0]
+    mates = [_row(PROMPTS[0], temperature=1.0, max_new_tokens=5), _row(PROMPTS[1], **params),
+             _row(PROMPTS[2], temperature=0.8, max_new_tokens=20, sampling_seed=5), _row(PROMPTS[3], temperature=0)]
+    batched = _decoder(model, tokenizer).run(mates)[1]
+    assert batched.output_ids == alone.output_ids
+    other_seed = _decoder(model, tokenizer).run([_row(PROMPTS[1], **{**params, "sampling_seed": 99})])[0]
+    assert other_seed.output_ids != alone.output_ids
+
+
+def test_stop_token_id_finishes_with_stop_and_trims_text(tiny_model_and_tokenizer):
+    model, tokenizer = tiny_model_and_tokenizer
+    free = _decoder(model, tokenizer).run([_row(PROMPTS[0], temperature=0, max_new_tokens=10, ignore_eos=True)])[0]
+    stop_id = free.output_ids[4]
+    first = free.output_ids.index(stop_id)
+    result = _decoder(model, tokenizer).run([_row(PROMPTS[0], temperature=0, max_new_tokens=10,
+                                                  stop_token_ids=[stop_id])])[0]
+    assert result.finish_reason == {"type": "stop", "matched": stop_id}
+    assert result.output_ids == free.output_ids[:first + 1]
+    assert result.text == tokenizer.decode(free.output_ids[:first], skip_special_tokens=True)
+
+
+def test_eos_finishes_with_stop_unless_ignore_eos(tiny_model_and_tokenizer):
+    model, tokenizer = tiny_model_and_tokenizer
+    free = _decoder(model, tokenizer).run([_row(PROMPTS[3], temperature=0, max_new_tokens=6, ignore_eos=True)])[0]
+    eos = free.output_ids[2]
+    decoder = _decoder(model, tokenizer, eos=(eos,))
+    stopped = decoder.run([_row(PROMPTS[3], temperature=0, max_new_tokens=6)])[0]
+    assert stopped.finish_reason == {"type": "stop", "matched": eos}
+    assert stopped.output_ids[-1] == eos and len(stopped.output_ids) <= 3
+    ignored = decoder.run([_row(PROMPTS[3], temperature=0, max_new_tokens=6, ignore_eos=True)])[0]
+    assert ignored.finish_reason["type"] == "length" and len(ignored.output_ids) == 6
+
+
+def test_stop_string_finishes_with_matched_string(tiny_model_and_tokenizer):
+    model, tokenizer = tiny_model_and_tokenizer
+    free = _decoder(model, tokenizer).run([_row(PROMPTS[2], temperature=0, max_new_tokens=8, ignore_eos=True)])[0]
+    stop = tokenizer.decode(free.output_ids[:3])  # only the first three tokens together can produce it
+    trimmed, kept = _decoder(model, tokenizer).run([
+        _row(PROMPTS[2], temperature=0, max_new_tokens=8, ignore_eos=True, stop=[stop]),
+        _row(PROMPTS[2], temperature=0, max_new_tokens=8, ignore_eos=True, stop=stop, no_stop_trim=True)])
+    assert trimmed.finish_reason == {"type": "stop", "matched": stop}
+    assert trimmed.output_ids == free.output_ids[:3]
+    assert trimmed.text == ""
+    assert kept.text == stop
+
+
+def test_min_new_tokens_blocks_stop_tokens(tiny_model_and_tokenizer):
+    model, tokenizer = tiny_model_and_tokenizer
+    free = _decoder(model, tokenizer).run([_row(PROMPTS[1], temperature=0, max_new_tokens=4, ignore_eos=True)])[0]
+    first = free.output_ids[0]
+    result = _decoder(model, tokenizer).run([_row(PROMPTS[1], temperature=0, max_new_tokens=4, min_new_tokens=3,
+                                                  stop_token_ids=[first])])[0]
+    assert first not in result.output_ids[:3]
+
+
+def test_zero_max_new_tokens_and_context_limit(tiny_model_and_tokenizer):
+    model, tokenizer = tiny_model_and_tokenizer
+    decoder = BatchDecoder(model, tokenizer, device="cpu", eos_token_ids=[2], max_context_len=10)
+    zero, capped = decoder.run([_row(PROMPTS[0], max_new_tokens=0), _row(PROMPTS[0], max_new_tokens=None,
+                                                                         ignore_eos=True, temperature=0)])
+    assert zero.output_ids == [] and zero.finish_reason == {"type": "length", "length": 0}
+    assert len(capped.output_ids) == 10 - len(PROMPTS[0]) and capped.finish_reason["type"] == "length"
+
+
+def test_abort_stops_one_row_and_the_others_finish(tiny_model_and_tokenizer):
+    model, tokenizer = tiny_model_and_tokenizer
+    rows = [_row(p, temperature=0, max_new_tokens=10, ignore_eos=True) for p in PROMPTS[:2]]
+    steps = []
+
+    def before_step():
+        steps.append(1)
+        if len(steps) == 4:
+            rows[0].abort_event.set()
+
+    finished = []
+    results = _decoder(model, tokenizer).run(rows, before_step=before_step,
+                                             on_finish=lambda i, r: finished.append(i))
+    assert results[0].finish_reason["type"] == "abort" and len(results[0].output_ids) == 3
+    assert results[1].finish_reason == {"type": "length", "length": 10}
+    assert finished == [0, 1]

@@ -1,0 +1,83 @@
+"""Sampling parameters and the token sampler of the hf engine."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from relax.backends.hf.sampling import SamplingBatch, filter_probs, parse_sampling_params, sample_next_tokens
+
+
+def _batch(params: list[dict], generators=None) -> SamplingBatch:
+    parsed = [parse_sampling_params(p) for p in params]
+    return SamplingBatch.build(parsed, generators or [None] * len(parsed), torch.device("cpu"))
+
+
+def test_defaults_follow_sglang():
+    p = parse_sampling_params(None)
+    assert (p.temperature, p.top_p, p.top_k, p.max_new_tokens, p.skip_special_tokens) == (1.0, 1.0, -1, 128, True)
+    assert parse_sampling_params({"stop": "x"}).stop == ("x",)
+
+
+@pytest.mark.parametrize("params, needle", [
+    ({"foo": 1}, "unknown sampling_params keys ['foo']"),
+    ({"top_k": 0}, "top_k"),
+    ({"top_p": 0}, "top_p"),
+    ({"temperature": -1}, "temperature"),
+    ({"max_new_tokens": 2, "min_new_tokens": 3}, "min_new_tokens"),
+    ({"repetition_penalty": 1.2}, "repetition_penalty=1.2 is not supported"),
+    ({"stop_token_ids": [1, "a"]}, "stop_token_ids"),
+    ({"max_new_tokens": 1.5}, "integer"),
+    ({"ignore_eos": "yes"}, "ignore_eos"),
+])
+def test_bad_sampling_params_name_the_key(params, needle):
+    with pytest.raises(ValueError) as info:
+        parse_sampling_params(params)
+    assert needle in str(info.value)
+
+
+def test_neutral_values_of_unsupported_keys_are_accepted():
+    assert parse_sampling_params({"n": 1, "repetition_penalty": 1.0, "regex": None}).temperature == 1.0
+
+
+def test_filter_probs_top_k_top_p_min_p():
+    probs = torch.tensor([[0.5, 0.3, 0.15, 0.05]] * 3)
+    out = filter_probs(probs, top_k_B=torch.tensor([2, -1, -1]), top_p_B=torch.tensor([1.0, 0.7, 1.0]),
+                       min_p_B=torch.tensor([0.0, 0.0, 0.5]))
+    assert out[0].tolist() == pytest.approx([0.5, 0.3, 0.0, 0.0])
+    assert out[1].tolist() == pytest.approx([0.5, 0.3, 0.0, 0.0])  # 0.5 + 0.3 covers top_p 0.7
+    assert out[2].tolist() == pytest.approx([0.5, 0.3, 0.0, 0.0])  # below 0.5 * 0.5 dropped
+
+
+def test_greedy_logprob_is_log_softmax_of_raw_logits():
+    logits = torch.tensor([[1.0, 3.0, 2.0]])
+    tokens, logprobs = sample_next_tokens(logits, _batch([{"temperature": 0}]))
+    assert tokens.tolist() == [1]
+    assert logprobs.item() == pytest.approx(torch.log_softmax(logits, -1)[0, 1].item())
+
+
+def test_sampled_logprob_is_log_softmax_of_temperature_scaled_logits_before_filtering():
+    logits = torch.tensor([[1.0, 3.0, 2.0]])
+    gen = torch.Generator().manual_seed(0)
+    tokens, logprobs = sample_next_tokens(logits, _batch([{"temperature": 0.5, "top_k": 2}], [gen]))
+    token = tokens.item()
+    assert token in (1, 2)  # top_k=2 excludes token 0
+    assert logprobs.item() == pytest.approx(torch.log_softmax(logits / 0.5, -1)[0, token].item())
+
+
+def test_sampling_frequencies_match_probabilities():
+    n = 4000
+    logits = torch.log(torch.tensor([0.7, 0.2, 0.1])).repeat(n, 1)
+    shared = torch.Generator().manual_seed(123)
+    tokens, _ = sample_next_tokens(logits, _batch([{"temperature": 1.0}] * n), shared)
+    freq = torch.bincount(tokens, minlength=3).float() / n
+    assert freq.tolist() == pytest.approx([0.7, 0.2, 0.1], abs=0.03)
+
+
+def test_seeded_rows_ignore_their_batch_mates():
+    logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(1))
+    alone, _ = sample_next_tokens(logits[1:2], _batch([{}], [torch.Generator().manual_seed(7)]))
+    together, _ = sample_next_tokens(logits, _batch([{}, {}, {"temperature": 0}],
+                                                    [None, torch.Generator().manual_seed(7), None]),
+                                     torch.Generator().manual_seed(99))
+    assert together[1].item() == alone.item()
