@@ -52,7 +52,9 @@ class Runtime:
         os.environ.update(self.env)  # the driver is a role process too (token for direct calls)
         address = self.cfg.cluster.ray_address or os.environ.get("RAY_ADDRESS")
         runtime_env = {"env_vars": self.env}
-        if address:
+        if ray.is_initialized():  # e.g. a test session's shared cluster: use it, leave it running
+            logger.info("using the Ray instance already initialised in this process")
+        elif address:
             ray.init(address=address, runtime_env=runtime_env, log_to_driver=True)
             logger.info("joined Ray cluster at %s", address)
         else:

@@ -31,10 +31,11 @@ import datetime
 import ipaddress
 import logging
 import socket
+import threading
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import torch
 import torch.distributed as dist
@@ -46,6 +47,15 @@ DEFAULT_BUCKET_BYTES = 512 * 1024 * 1024  # --update-weight-buffer-size default
 
 class WeightSyncError(RuntimeError):
     """A weight push failed; the message names the engine and what it said."""
+
+
+class BucketRejected(WeightSyncError):
+    """An engine replied `success: false`: it received the whole bucket, then refused to load it.
+
+    SGLang and the hf engine only answer this way after the broadcast, so the group is still in
+    step. Any other failure (4xx/5xx without `success`, timeout, lost connection) may leave
+    bytes on the wire, and the group must be rebuilt.
+    """
 
 
 @dataclass(frozen=True)
@@ -117,6 +127,36 @@ def create_weight_group(*, master_address: str, master_port: int, rank: int, wor
     return WeightGroup(pg, store, rank=rank, world_size=world_size, backend=backend, group_name=group_name)
 
 
+def run_in_daemon_thread(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> asyncio.Future:
+    """Run a blocking call in a fresh daemon thread; returns an awaitable future.
+
+    Used instead of asyncio.to_thread for group joins and broadcasts: those can block until
+    the group's timeout when a peer is gone, and a stuck thread in the default executor
+    would also block the event loop's shutdown.
+    """
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future = loop.create_future()
+
+    def settle(result: Any, error: BaseException | None) -> None:
+        if future.done():
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)
+
+    def target() -> None:
+        try:
+            result, error = fn(*args, **kwargs), None
+        except BaseException as exc:  # handed to the awaiting coroutine, not swallowed
+            result, error = None, exc
+        if not loop.is_closed():
+            loop.call_soon_threadsafe(settle, result, error)
+
+    threading.Thread(target=target, name=f"weight-sync-{getattr(fn, '__name__', 'call')}", daemon=True).start()
+    return future
+
+
 def tensor_bytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
 
@@ -181,7 +221,9 @@ class _EngineHTTP:
                 body = response.json()
             except ValueError:
                 body = response.text
-        if response.status_code >= 400 or (isinstance(body, dict) and body.get("success") is False):
+        if isinstance(body, dict) and body.get("success") is False:
+            raise BucketRejected(f"{url}{path}: HTTP {response.status_code}: {_message(body)}")
+        if response.status_code >= 400:
             raise WeightSyncError(f"{url}{path}: HTTP {response.status_code}: {_message(body)}")
         return body
 
@@ -257,9 +299,9 @@ class WeightSender:
             "master_address": self.master_address, "master_port": port, "rank_offset": 1 + i,
             "world_size": world_size, "group_name": self.group_name, "backend": self.backend,
         }, self.timeout_s)) for i, url in enumerate(self.engine_urls)]
-        join = asyncio.ensure_future(asyncio.to_thread(
+        join = run_in_daemon_thread(
             create_weight_group, master_address=self.master_address, master_port=port, rank=0,
-            world_size=world_size, group_name=self.group_name, backend=self.backend, timeout_s=self.timeout_s))
+            world_size=world_size, group_name=self.group_name, backend=self.backend, timeout_s=self.timeout_s)
         await self._wait_all([*http, join], deadline, "init_weights_update_group")
         self._group, self._broken = join.result(), False
         logger.info("weight group %s up: %d engine(s), backend %s, port %d",
@@ -305,13 +347,29 @@ class WeightSender:
         remaining = self._remaining(deadline)
         http = [asyncio.ensure_future(self._http.post(u, "/update_weights_from_distributed", payload, remaining))
                 for u in self.engine_urls]
-        broadcast = asyncio.ensure_future(asyncio.to_thread(self._broadcast, tensors))
+        broadcast = run_in_daemon_thread(self._broadcast, tensors)
+        tasks = [*http, broadcast]
         try:
-            await self._wait_all([*http, broadcast], deadline, "update_weights_from_distributed")
-        finally:
-            if not broadcast.done():
-                self._broken = True
+            await self._wait_all(tasks, deadline, "update_weights_from_distributed")
+        except BucketRejected as rejected:
+            await self._settle(tasks, deadline)  # the group stays usable once every receiver is done
+            raise rejected
+        except WeightSyncError:
+            self._broken = True
+            raise
         return sum(tensor_bytes(t) for t in tensors)
+
+    async def _settle(self, tasks: list[asyncio.Future], deadline: float) -> None:
+        """After a BucketRejected: wait for the broadcast and the other engines; anything worse breaks the group."""
+        done, pending = await asyncio.wait(tasks, timeout=max(deadline - time.monotonic(), 0))
+        worse = [t.exception() for t in done if t.exception() is not None
+                 and not isinstance(t.exception(), BucketRejected)]
+        if pending or worse:
+            self._broken = True
+            for task in pending:
+                task.cancel()
+            raise worse[0] if worse else WeightSyncError(
+                f"update_weights_from_distributed did not finish within the {self.timeout_s:.0f}s deadline")
 
     def _broadcast(self, tensors: list[torch.Tensor]) -> None:
         for tensor in tensors:

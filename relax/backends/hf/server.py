@@ -38,6 +38,7 @@ from relax.backends.hf.protocol import (
     normalize_generate,
 )
 from relax.backends.hf.weights import parse_specs
+from relax.distributed.weight_sync import run_in_daemon_thread
 
 logger = logging.getLogger(__name__)
 
@@ -161,7 +162,7 @@ def add_weight_routes(app: FastAPI, engine: HFEngine) -> None:
     @app.post("/init_weights_update_group")
     async def init_weights_update_group(req: InitWeightsUpdateGroupRequest):
         try:
-            message = await asyncio.to_thread(receiver.init_group, **req.model_dump())
+            message = await run_in_daemon_thread(receiver.init_group, **req.model_dump())
         except (ValueError, RuntimeError) as exc:  # RuntimeError: the rendezvous failed or timed out
             return _result(False, f"init_weights_update_group failed: {exc}")
         return _result(True, message)
@@ -176,17 +177,22 @@ def add_weight_routes(app: FastAPI, engine: HFEngine) -> None:
     @app.post("/update_weights_from_distributed")
     async def update_weights_from_distributed(req: UpdateWeightsFromDistributedRequest):
         try:
-            specs = parse_specs(req.names, req.dtypes, req.shapes)
             receiver.group(req.group_name)
         except ValueError as exc:
             return error_response(400, str(exc))
-        if req.load_format is not None:
-            return error_response(400, f"load_format={req.load_format!r} is not supported by the hf engine")
+        try:
+            specs = parse_specs(req.names, req.dtypes, req.shapes)
+            if req.load_format is not None:
+                raise ValueError(f"load_format={req.load_format!r} is not supported by the hf engine")
+        except ValueError as exc:  # refused before receiving: the sender's bytes may be on the wire
+            receiver.quarantine(req.group_name)
+            return error_response(400, f"{exc} (weight update group {req.group_name!r} is now out of step: "
+                                       "destroy it and init a new one)")
         async with engine.weight_update_lock:
             if req.abort_all_requests:
                 engine.scheduler.abort(abort_all=True, message="aborted by a weight update")
             try:
-                success, message = await asyncio.to_thread(receiver.receive_and_load, specs, req.group_name)
+                success, message = await run_in_daemon_thread(receiver.receive_and_load, specs, req.group_name)
             except RuntimeError as exc:  # the broadcast failed (peer gone, timeout)
                 success, message = False, f"receiving the broadcast failed: {exc}"
         if success and req.weight_version is not None:

@@ -75,11 +75,15 @@ class WeightReceiver:
         self.model, self.step_lock, self.timeout_s = model, step_lock, timeout_s
         self.device = torch.device(device)
         self.groups: dict[str, WeightGroup] = {}
+        # Groups out of step after a request we refused before receiving: the sender may have
+        # pushed bytes we never read, so receiving on them again could misparse (and gloo aborts
+        # the process on a size mismatch). Kept referenced, never used, until destroyed.
+        self.quarantined: dict[str, WeightGroup] = {}
 
     def init_group(self, *, master_address: str, master_port: int, rank_offset: int, world_size: int,
                    group_name: str, backend: str) -> str:
         """Blocking join; returns a message. Raises ValueError for a request that cannot work."""
-        if group_name in self.groups:
+        if group_name in self.groups or group_name in self.quarantined:
             raise ValueError(f"weight update group {group_name!r} already exists; destroy it first")
         if backend == "nccl" and self.device.type != "cuda":
             raise ValueError("backend 'nccl' needs an engine on a CUDA device; use backend 'gloo' on CPU")
@@ -92,12 +96,20 @@ class WeightReceiver:
 
     def destroy_group(self, group_name: str) -> str:
         group = self.groups.pop(group_name, None)
-        if group is None:
+        if group is not None:
+            group.destroy()
+        elif self.quarantined.pop(group_name, None) is None:
             raise ValueError(f"no weight update group named {group_name!r}; known: {sorted(self.groups)}")
-        group.destroy()
         return f"destroyed weight update group {group_name!r}"
 
+    def quarantine(self, group_name: str) -> None:
+        if group_name in self.groups:
+            self.quarantined[group_name] = self.groups.pop(group_name)
+
     def group(self, group_name: str) -> WeightGroup:
+        if group_name in self.quarantined:
+            raise ValueError(f"weight update group {group_name!r} is out of step after a rejected request; "
+                             "destroy it and call /init_weights_update_group again")
         if group_name not in self.groups:
             raise ValueError(f"no weight update group named {group_name!r}; call /init_weights_update_group "
                              f"first (known: {sorted(self.groups)})")

@@ -148,19 +148,20 @@ class RewardExecutor:
             sample.reward = self.failure_value if rewards is _FAILED else rewards[i]
 
     async def _builtin(self, sample: Sample) -> Any:
-        rm_type = sample.metadata.get("rm_type") or self.rm_type
+        rm_type = (sample.metadata or {}).get("rm_type") or self.rm_type
         if not rm_type:
             raise ValueError("no reward type: set --rm-type, metadata['rm_type'] on the row, or --custom-rm-path")
-        decided = fast_grade(rm_type, sample.response, sample.label, sample.metadata)
+        metadata = sample.metadata or {}
+        decided = fast_grade(rm_type, sample.response, sample.label, metadata)
         if decided is not None:
             self._counters["reward/inline"] += 1
             return decided
         if resolve(rm_type).is_async:
-            coro = full_grade(rm_type, sample.response, sample.label, sample.metadata,
+            coro = full_grade(rm_type, sample.response, sample.label, metadata,
                               prompt=sample.prompt, url=self.rm_url, timeout=self.timeout)
             return await asyncio.wait_for(coro, self.timeout)
         self._counters["reward/pool"] += 1
-        task = ("builtin", rm_type, sample.response, sample.label, sample.metadata)
+        task = ("builtin", rm_type, sample.response, sample.label, metadata)
         return await self._get_pool().run(task, self.timeout)
 
     async def _custom_call(self, payload: Sample | list[Sample], kwargs: dict) -> Any:
@@ -173,7 +174,7 @@ class RewardExecutor:
         task = ("custom", self.custom_path, self.args, payload, kwargs)
         result, metadatas = await self._get_pool().run(task, self.timeout)
         for sample, metadata in zip(payload if isinstance(payload, list) else [payload], metadatas):
-            sample.metadata.update(metadata)  # the plugin ran on a copy: bring its notes back
+            sample.metadata = {**(sample.metadata or {}), **metadata}  # the plugin ran on a copy
         return result
 
     # ------------------------------------------------------------------ fault tolerance

@@ -188,7 +188,9 @@ class _ProcessWorker:
 class RewardActor:
     """The Ray actor body: the same `execute` as the process workers."""
 
-    def __init__(self, preload_paths: list[str]):
+    def __init__(self, preload_paths: list[str], driver_sys_path: list[str]):
+        # Plugins are named by dotted path relative to the driver's sys.path (e.g. the repo root).
+        sys.path.extend(entry for entry in driver_sys_path if entry not in sys.path)
         preload(preload_paths)
 
     def ready(self) -> bool:
@@ -200,7 +202,7 @@ class RewardActor:
 
 class _RayWorker:
     def __init__(self, actor_cls: Any, preload_paths: list[str]):
-        self.actor = actor_cls.remote(preload_paths)
+        self.actor = actor_cls.remote(preload_paths, list(sys.path))
         self.ready = False
 
     async def wait_ready(self, timeout: float) -> None:

@@ -1,0 +1,188 @@
+"""The hf engine over real HTTP (one engine process for the module, launched by the launcher)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import pytest
+
+from relax.backends.engine_client import EngineClient, EngineError
+from relax.backends.hf.decoder import BatchDecoder, DecodeRow
+from relax.backends.hf.launcher import launch_hf_engine
+from relax.backends.hf.sampling import parse_sampling_params
+
+API_KEY = "test-key"
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
+LONG = {"temperature": 0, "max_new_tokens": 500, "ignore_eos": True}
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir):
+    process = launch_hf_engine(str(tiny_model_dir), api_key=API_KEY)
+    try:
+        yield process.wait_ready(timeout=120)
+    finally:
+        process.terminate()
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+async def _wait_for(client: EngineClient, key: str, value: int, timeout: float = 20.0) -> None:
+    """Poll /get_server_info until info[key] == value."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        info = await client._call("GET", "/get_server_info")
+        if info[key] == value:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"server info {key} never became {value}: {info}")
+
+
+def test_generate_reply_has_sglang_fields_and_matches_in_process_decoding(engine, tiny_model_and_tokenizer):
+    model, tokenizer = tiny_model_and_tokenizer
+
+    async def go():
+        async with EngineClient(engine.url, API_KEY) as client:
+            return await client.generate({"input_ids": [5, 6, 7], "return_logprob": True,
+                                          "sampling_params": {"temperature": 0, "max_new_tokens": 6,
+                                                              "ignore_eos": True}, "rid": "r1"})
+    reply = run(go())
+    meta = reply["meta_info"]
+    assert meta["id"] == "r1" and meta["finish_reason"] == {"type": "length", "length": 6}
+    assert (meta["prompt_tokens"], meta["completion_tokens"], meta["weight_version"]) == (3, 6, "default")
+    assert [t for _, t, _ in meta["output_token_logprobs"]] == reply["output_ids"]
+    local = BatchDecoder(model, tokenizer, device="cpu", eos_token_ids=[2], max_context_len=512).run(
+        [DecodeRow([5, 6, 7], parse_sampling_params({"temperature": 0, "max_new_tokens": 6, "ignore_eos": True}))])[0]
+    assert reply["output_ids"] == local.output_ids
+    assert [lp for lp, _, _ in meta["output_token_logprobs"]] == pytest.approx(local.output_logprobs, abs=1e-4)
+    assert reply["text"] == local.text
+
+
+def test_batched_text_request_returns_a_list(engine):
+    async def go():
+        async with EngineClient(engine.url, API_KEY) as client:
+            return await client.generate({"text": ["the cat", "hello world"], "rid": "b",
+                                          "sampling_params": [{"max_new_tokens": 2, "ignore_eos": True},
+                                                              {"max_new_tokens": 3, "ignore_eos": True}]})
+    replies = run(go())
+    assert [r["meta_info"]["completion_tokens"] for r in replies] == [2, 3]
+    assert [r["meta_info"]["id"] for r in replies] == ["b_0", "b_1"]
+
+
+def test_concurrent_requests_are_decoded_in_one_batch(engine):
+    async def go():
+        async with EngineClient(engine.url, API_KEY) as client:
+            await client.pause_generation()
+            before = await client._call("GET", "/get_server_info")
+            tasks = [asyncio.create_task(client.generate({"input_ids": [10 + i], "sampling_params": {
+                "max_new_tokens": 4, "ignore_eos": True}})) for i in range(4)]
+            await _wait_for(client, "queued_requests", 4)
+            await client.continue_generation()
+            replies = await asyncio.gather(*tasks)
+            after = await client._call("GET", "/get_server_info")
+            return before, replies, after
+    before, replies, after = run(go())
+    assert all(r["meta_info"]["completion_tokens"] == 4 for r in replies)
+    assert after["num_batches"] == before["num_batches"] + 1
+    assert after["recent_batch_sizes"][-1] == 4
+    assert after["num_forward_calls"] - before["num_forward_calls"] == 4  # prefill + 3 decode steps
+
+
+def test_state_changing_endpoints_need_the_api_key(engine):
+    for path in ("/generate", "/pause_generation", "/abort_request", "/update_weights_from_distributed",
+                 "/release_memory_occupation", "/flush_cache"):
+        assert httpx.post(engine.url + path, json={}).status_code == 401, path
+        assert httpx.post(engine.url + path, json={}, headers={"Authorization": "Bearer wrong"}).status_code == 401
+    for path in ("/health", "/get_model_info", "/get_weight_version"):
+        assert httpx.get(engine.url + path).status_code == 200, path
+    assert httpx.get(engine.url + "/get_model_info").json()["is_generation"] is True
+
+
+@pytest.mark.parametrize("payload, needle", [
+    ({"input_ids": [5], "text": "a"}, "exactly one of"),
+    ({"input_ids": [999]}, "outside [0, 64)"),
+    ({"input_ids": []}, "empty"),
+    ({"input_ids": "abc"}, "input_ids"),
+    ({"input_ids": [5], "stream": True}, "stream"),
+    ({"input_ids": [5], "sampling_params": {"top_k": 0}}, "top_k"),
+    ({"input_ids": [5], "sampling_params": {"max_new_tokens": 600}}, "context length"),
+    ({"input_ids": [[5], [6]], "sampling_params": [{}]}, "sampling_params has 1 entries"),
+])
+def test_bad_generate_payload_is_400_and_engine_keeps_serving(engine, payload, needle):
+    response = httpx.post(engine.url + "/generate", json=payload, headers=AUTH)
+    assert response.status_code == 400
+    assert needle in response.json()["error"]["message"]
+    ok = httpx.post(engine.url + "/generate", json={"input_ids": [5], "sampling_params": {"max_new_tokens": 1}},
+                    headers=AUTH)
+    assert ok.status_code == 200
+
+
+def test_malformed_json_is_400(engine):
+    response = httpx.post(engine.url + "/generate", content=b"{not json", headers={**AUTH,
+                                                                                    "content-type": "application/json"})
+    assert response.status_code == 400
+
+
+def test_pause_aborts_in_flight_requests_and_queues_new_ones_until_continue(engine):
+    async def go():
+        async with EngineClient(engine.url, API_KEY) as client:
+            long = asyncio.create_task(client.generate({"input_ids": [5, 6], "sampling_params": LONG}))
+            await _wait_for(client, "running_requests", 1)
+            await client.pause_generation()
+            aborted = await long
+            waiting = asyncio.create_task(client.generate({"input_ids": [7], "sampling_params": {
+                "max_new_tokens": 2, "ignore_eos": True}}))
+            await _wait_for(client, "queued_requests", 1)
+            assert not waiting.done()
+            await client.continue_generation()
+            return aborted, await waiting
+    aborted, resumed = run(go())
+    assert aborted["meta_info"]["finish_reason"]["type"] == "abort"
+    assert len(aborted["output_ids"]) < 500
+    assert resumed["meta_info"]["finish_reason"]["type"] == "length"
+
+
+def test_in_place_pause_keeps_the_request_and_continue_finishes_it(engine):
+    async def go():
+        async with EngineClient(engine.url, API_KEY) as client:
+            task = asyncio.create_task(client.generate({"input_ids": [5, 6], "sampling_params": {
+                **LONG, "max_new_tokens": 300}}))
+            await _wait_for(client, "running_requests", 1)
+            await client.pause_generation(mode="in_place")
+            assert not task.done()
+            await client.continue_generation()
+            return await task
+    assert run(go())["meta_info"]["finish_reason"] == {"type": "length", "length": 300}
+
+
+def test_abort_request_by_rid(engine):
+    async def go():
+        async with EngineClient(engine.url, API_KEY) as client:
+            task = asyncio.create_task(client.generate({"input_ids": [5, 6], "rid": "to-abort",
+                                                        "sampling_params": LONG}))
+            await _wait_for(client, "running_requests", 1)
+            await client.abort_request(rid="to-abort")
+            return await task
+    reply = run(go())
+    assert reply["meta_info"]["finish_reason"]["type"] == "abort"
+    assert reply["meta_info"]["id"] == "to-abort"
+
+
+def test_release_memory_refuses_generation_until_resume(engine):
+    async def go():
+        async with EngineClient(engine.url, API_KEY) as client:
+            await client.release_memory_occupation()
+            with pytest.raises(EngineError) as info:
+                await client.generate({"input_ids": [5], "sampling_params": {"max_new_tokens": 1}})
+            assert not await client.health_generate()
+            await client.resume_memory_occupation()
+            reply = await client.generate({"input_ids": [5], "sampling_params": {"max_new_tokens": 1}})
+            return info.value, reply, await client.health_generate()
+    error, reply, healthy = run(go())
+    assert error.status == 503 and "resume_memory_occupation" in error.message
+    assert reply["meta_info"]["completion_tokens"] == 1
+    assert healthy

@@ -1,0 +1,155 @@
+"""Trainer side of the weight push: buckets, the broadcast group, and WeightSender against a fake engine."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+
+import httpx
+import pytest
+import torch
+import torch.distributed as dist
+
+from relax.distributed.weight_sync import (
+    WeightSender, WeightSyncError, create_weight_group, free_port, iter_buckets,
+)
+
+
+def test_iter_buckets_keeps_order_and_size_limit():
+    tensors = [(f"t{i}", torch.zeros(n, dtype=torch.float32)) for i, n in enumerate([10, 10, 30, 5, 1])]
+    buckets = list(iter_buckets(tensors, bucket_bytes=80))
+    assert [[n for n, _ in b] for b in buckets] == [["t0", "t1"], ["t2"], ["t3", "t4"]]  # t2 (120 B) alone
+    with pytest.raises(ValueError):
+        list(iter_buckets(tensors, 0))
+
+
+def test_weight_group_broadcasts_without_touching_the_default_group():
+    port, groups = free_port(), {}
+
+    def join(rank):
+        groups[rank] = create_weight_group(master_address="127.0.0.1", master_port=port, rank=rank, world_size=3,
+                                           group_name="g", backend="gloo", timeout_s=20)
+
+    threads = [threading.Thread(target=join, args=(r,)) for r in range(3)]
+    [t.start() for t in threads]
+    [t.join(30) for t in threads]
+    sent = torch.arange(12, dtype=torch.bfloat16).reshape(3, 4)
+    received = {r: torch.zeros(3, 4, dtype=torch.bfloat16) for r in (1, 2)}
+    threads = [threading.Thread(target=groups[r].broadcast, args=(received[r],)) for r in (1, 2)]
+    [t.start() for t in threads]
+    groups[0].broadcast(sent)
+    [t.join(30) for t in threads]
+    assert all(torch.equal(received[r], sent) for r in (1, 2))
+    assert not dist.is_initialized()
+    for group in groups.values():
+        group.destroy()
+
+
+class FakeEngine:
+    """Speaks the engine side of the protocol through an httpx.MockTransport; rejects names starting 'bad'."""
+
+    def __init__(self):
+        self.calls, self.tensors, self.group, self.version = [], {}, None, None
+
+    async def __call__(self, request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content) if request.content else {}
+        path = request.url.path
+        self.calls.append(path)
+        if path == "/init_weights_update_group":
+            self.group = await asyncio.to_thread(
+                create_weight_group, master_address=body["master_address"], master_port=body["master_port"],
+                rank=body["rank_offset"], world_size=body["world_size"], group_name=body["group_name"],
+                backend=body["backend"], timeout_s=20)
+            return httpx.Response(200, json={"success": True, "message": "joined"})
+        if path == "/update_weights_from_distributed":
+            if body["names"][0].startswith("early"):  # rejected before receiving: the sender's broadcast dangles
+                return httpx.Response(400, json={"error": {"message": "malformed request"}})
+            received = await asyncio.to_thread(self._receive, body)
+            bad = [n for n in body["names"] if n.startswith("bad")]
+            if bad:
+                return httpx.Response(400, json={"success": False, "message": f"unknown tensors {bad}"})
+            self.tensors.update(received)
+            self.version = body.get("weight_version", self.version)
+            self.calls[-1] += f"@{body.get('weight_version')}"
+            return httpx.Response(200, json={"success": True, "message": "ok"})
+        if path == "/destroy_weights_update_group":
+            self.group.destroy()
+        return httpx.Response(200, json={"success": True, "message": "ok"})
+
+    def _receive(self, body):
+        out = {}
+        for name, dtype, shape in zip(body["names"], body["dtypes"], body["shapes"]):
+            tensor = torch.empty(shape, dtype=getattr(torch, dtype))
+            self.group.broadcast(tensor)
+            out[name] = tensor
+        return out
+
+
+def _sender(engine: FakeEngine, **kwargs) -> WeightSender:
+    return WeightSender(["http://fake:1"], backend="gloo", timeout_s=30, transport=httpx.MockTransport(engine),
+                        **kwargs)
+
+
+def test_push_sends_every_tensor_and_stamps_the_version_on_the_last_bucket():
+    engine = FakeEngine()
+    state = {"a": torch.randn(4, 4), "b": torch.randn(8).to(torch.bfloat16), "c": torch.randn(2, 3)}
+
+    async def go():
+        sender = _sender(engine, bucket_bytes=64)
+        await sender.connect()
+        stats = await sender.push(state.items(), version=5)
+        await sender.close()
+        return stats
+
+    stats = asyncio.run(go())
+    assert all(torch.equal(engine.tensors[n], t) for n, t in state.items())
+    assert engine.version == "5" and stats.num_buckets == 2 and stats.version == 5  # [a] [b, c]
+    assert stats.bytes == 64 + 16 + 24
+    assert engine.calls == ["/init_weights_update_group", "/pause_generation", "/flush_cache",
+                            "/update_weights_from_distributed@None", "/update_weights_from_distributed@5", "/continue_generation",
+                            "/destroy_weights_update_group"]
+
+
+def test_rejected_bucket_raises_engine_message_quickly_and_resumes_generation():
+    engine = FakeEngine()
+
+    async def go():
+        sender = _sender(engine)
+        await sender.connect()
+        start = time.monotonic()
+        with pytest.raises(WeightSyncError) as info:
+            await sender.push([("ok", torch.ones(2)), ("bad.weight", torch.ones(3))], version=1)
+        elapsed = time.monotonic() - start
+        await sender.close()
+        return info.value, elapsed
+
+    error, elapsed = asyncio.run(go())
+    assert "unknown tensors ['bad.weight']" in str(error) and "http://fake:1" in str(error)
+    assert elapsed < 5
+    assert engine.version is None
+    assert "/continue_generation" in engine.calls
+
+
+def test_push_before_connect_is_an_error():
+    with pytest.raises(WeightSyncError, match="connect"):
+        asyncio.run(_sender(FakeEngine()).push([("a", torch.ones(1))], version=1))
+
+
+def test_engine_rejecting_before_receive_raises_and_marks_the_group_broken():
+    engine = FakeEngine()
+
+    async def go():
+        sender = _sender(engine)
+        await sender.connect()
+        start = time.monotonic()
+        with pytest.raises(WeightSyncError, match="malformed request"):
+            await sender.push([("early", torch.ones(64, 1024))], version=1)
+        elapsed = time.monotonic() - start
+        with pytest.raises(WeightSyncError, match="broken"):
+            await sender.push([("ok", torch.ones(2))], version=2)
+        await sender.close()
+        return elapsed
+
+    assert asyncio.run(go()) < 5
