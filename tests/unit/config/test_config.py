@@ -106,3 +106,8 @@ def test_bad_flags_exit_2_before_anything_starts(tmp_path):
     out = subprocess.run([sys.executable, "-m", "relax.entrypoints.train", "--colocate", "--fully-async"],
                          capture_output=True, text=True)
     assert out.returncode == 2 and "relax-train: error:" in out.stderr
+
+
+def test_configuration_docs_are_generated_from_the_schema():
+    out = subprocess.run([sys.executable, "scripts/tools/gen_config_docs.py", "--check"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout

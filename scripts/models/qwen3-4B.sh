@@ -1,0 +1,19 @@
+# Qwen3-4B architecture (Megatron flags). With --train-backend fsdp the HF config.json is the
+# source of truth and these must agree with it (a contradiction is an error).
+MODEL_ARGS=(
+  --swiglu
+  --num-layers 36
+  --hidden-size 2560
+  --ffn-hidden-size 9728
+  --num-attention-heads 32
+  --group-query-attention
+  --num-query-groups 8
+  --use-rotary-position-embeddings
+  --disable-bias-linear
+  --normalization "RMSNorm"
+  --norm-epsilon 1e-6
+  --rotary-base 1000000
+  --vocab-size 151936
+  --kv-channels 128
+  --qk-layernorm
+)

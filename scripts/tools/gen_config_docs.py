@@ -1,0 +1,82 @@
+"""Write docs/configuration.md from the config schema (one table per group).
+
+Usage: python3 scripts/tools/gen_config_docs.py [--check]
+--check exits 1 when the file on disk is out of date (the test suite runs this).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import typing
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+from relax.config.fields import flag_name  # noqa: E402
+from relax.config.parser import _base_type  # noqa: E402
+from relax.config.schema import GROUPS  # noqa: E402
+
+OUT = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "configuration.md")
+
+HEADER = """# Configuration reference
+
+Generated from `relax/config/schema.py` by `scripts/tools/gen_config_docs.py`; do not edit by hand.
+
+Every flag keeps the name and default of the Relax/slime configuration reference. Three kinds:
+- Relax flags below. Internally each group is a typed dataclass (`cfg.rollout`, `cfg.optim`, ...);
+  plugins receive the flat `args` namespace with the same names (`args.rollout_batch_size`).
+- SGLang server options pass through as `--sglang-<option>` and are kept for the sglang backend.
+- Megatron flags not listed here are accepted only with `--train-backend megatron`; with `fsdp` the
+  HF `config.json` is the source of truth and a contradicting architecture flag is an error.
+
+Flags marked *not implemented* are accepted so existing launch scripts parse, but setting them to a
+non-default value fails at startup with a message; nothing is silently ignored.
+`--custom-config-path FILE.yaml` sets any flag by name, and any other key as an extra `args.<key>`.
+"""
+
+
+def type_name(hint: typing.Any, meta: dict) -> str:
+    if meta.get("type") is not None:
+        return meta["type"].__name__
+    base = _base_type(hint)
+    name = getattr(base, "__name__", str(base))
+    if meta.get("nargs"):
+        return f"{name} (list)"
+    return "flag" if base is bool else name
+
+
+def render() -> str:
+    lines = [HEADER]
+    for group_name, cls in GROUPS.items():
+        doc = (cls.__doc__ or "").strip().split("\n")[0]
+        lines += [f"\n## {group_name}\n", f"{doc}\n" if doc and not doc.startswith(cls.__name__) else "",
+                  "| Flag | Type | Default | Description |", "|---|---|---|---|"]
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            meta = dict(f.metadata)
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+            desc = meta.get("help", "")
+            if meta.get("choices"):
+                desc += f" Choices: {', '.join(map(str, meta['choices']))}."
+            if not meta.get("supported", True):
+                desc += " *Not implemented in this build.*"
+            lines.append(f"| `{flag_name(f)}` | {type_name(hints[f.name], meta)} | `{default!r}` | {desc} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    text = render()
+    if "--check" in sys.argv:
+        current = open(OUT).read() if os.path.exists(OUT) else ""
+        if current != text:
+            print("docs/configuration.md is out of date: run python3 scripts/tools/gen_config_docs.py")
+            return 1
+        return 0
+    with open(OUT, "w") as f:
+        f.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

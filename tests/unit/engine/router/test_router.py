@@ -1,0 +1,61 @@
+"""The router spreads requests to the least-busy engine and forwards replies unchanged."""
+
+import asyncio
+
+import pytest
+from aiohttp import web
+
+from relax.engine.router.router import Router
+
+
+def test_pick_prefers_least_busy_then_round_robin():
+    r = Router(["http://a", "http://b", "http://c"])
+    r.in_flight.update({"http://a": 2, "http://b": 0, "http://c": 0})
+    assert {r.pick(), r.pick()} == {"http://b", "http://c"}
+
+
+def test_router_needs_an_engine():
+    with pytest.raises(ValueError):
+        Router([])
+
+
+def test_forwards_to_engines_with_auth_and_balances():
+    async def scenario():
+        seen = []
+
+        async def generate(request):
+            seen.append((request.host, request.headers.get("Authorization")))
+            await asyncio.sleep(0.05)
+            return web.json_response({"text": "ok", "meta_info": {}})
+
+        runners, urls = [], []
+        for _ in range(2):
+            app = web.Application()
+            app.router.add_post("/generate", generate)
+            runner = web.AppRunner(app)
+            await runner.setup()
+            site = web.TCPSite(runner, "127.0.0.1", 0)
+            await site.start()
+            runners.append(runner)
+            urls.append(f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}")
+        router = Router(urls, api_key="secret")
+        await router.start()
+        import aiohttp
+
+        async with aiohttp.ClientSession() as s:
+            async def one():
+                async with s.post(f"{router.url}/generate", json={"input_ids": [1]}) as resp:
+                    return resp.status, await resp.json()
+            results = await asyncio.gather(*(one() for _ in range(8)))
+            async with s.post(f"{router.url}/generate", data=b"not json") as resp:
+                bad = resp.status
+        await router.stop()
+        for runner in runners:
+            await runner.cleanup()
+        return seen, results, bad
+
+    seen, results, bad = asyncio.run(scenario())
+    assert all(status == 200 and body["text"] == "ok" for status, body in results)
+    assert {auth for _, auth in seen} == {"Bearer secret"}
+    assert len({host for host, _ in seen}) == 2  # both engines got work
+    assert bad == 400
