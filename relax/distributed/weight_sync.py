@@ -70,15 +70,17 @@ class SyncStats:
 
 
 class WeightGroup:
-    """A broadcast-only process group outside torch.distributed's default group."""
+    """A broadcast-only process group outside torch.distributed's default group.
 
-    def __init__(self, pg: Any, store: Any, *, rank: int, world_size: int, backend: str, group_name: str):
+    `device` is where this rank's tensors live (CPU for gloo, one CUDA device for nccl); it is
+    fixed at creation because broadcasts run in worker threads whose current CUDA device is 0.
+    """
+
+    def __init__(self, pg: Any, store: Any, *, rank: int, world_size: int, backend: str, group_name: str,
+                 device: torch.device):
         self._pg, self._store = pg, store
         self.rank, self.world_size, self.backend, self.group_name = rank, world_size, backend, group_name
-
-    @property
-    def device(self) -> torch.device:
-        return torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl" else torch.device("cpu")
+        self.device = device
 
     def broadcast(self, tensor: torch.Tensor, src: int = 0) -> None:
         """Blocking broadcast of `tensor` (in place on receivers) from rank `src`."""
@@ -87,8 +89,8 @@ class WeightGroup:
         self._pg.broadcast([tensor], opts).wait()
 
     def synchronize(self) -> None:
-        if self.backend == "nccl":
-            torch.cuda.current_stream().synchronize()
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()
 
     def destroy(self) -> None:
         pg, self._pg, self._store = self._pg, None, None
@@ -104,8 +106,12 @@ def _is_loopback(address: str) -> bool:
 
 
 def create_weight_group(*, master_address: str, master_port: int, rank: int, world_size: int,
-                        group_name: str, backend: str = "gloo", timeout_s: float = 300.0) -> WeightGroup:
-    """Join (rank > 0) or host (rank 0) a new broadcast group; blocks until every rank has joined."""
+                        group_name: str, backend: str = "gloo", timeout_s: float = 300.0,
+                        device: torch.device | str | None = None) -> WeightGroup:
+    """Join (rank > 0) or host (rank 0) a new broadcast group; blocks until every rank has joined.
+
+    `device`: nccl only, the CUDA device of this rank (default: the calling thread's current one).
+    """
     if backend not in ("gloo", "nccl"):
         raise ValueError(f"backend must be 'gloo' (CPU) or 'nccl' (GPU), got {backend!r}")
     if not 0 <= rank < world_size:
@@ -120,11 +126,16 @@ def create_weight_group(*, master_address: str, master_port: int, rank: int, wor
         hostname = "127.0.0.1" if _is_loopback(master_address) else socket.gethostname()
         options._devices = [dist.ProcessGroupGloo.create_device(hostname=hostname)]
         pg = dist.ProcessGroupGloo(prefixed, rank, world_size, options)
+        device = torch.device("cpu")
     else:
+        device = torch.device(device if device is not None else f"cuda:{torch.cuda.current_device()}")
+        if device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
         options = dist.ProcessGroupNCCL.Options()
         options._timeout = timeout
         pg = dist.ProcessGroupNCCL(prefixed, rank, world_size, options)
-    return WeightGroup(pg, store, rank=rank, world_size=world_size, backend=backend, group_name=group_name)
+    return WeightGroup(pg, store, rank=rank, world_size=world_size, backend=backend, group_name=group_name,
+                       device=device)
 
 
 def run_in_daemon_thread(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> asyncio.Future:
@@ -247,12 +258,13 @@ class WeightSender:
 
     def __init__(self, engine_urls: Sequence[str], *, api_key: str | None = None, backend: str = "gloo",
                  bucket_bytes: int = DEFAULT_BUCKET_BYTES, timeout_s: float = 300.0,
-                 master_address: str = "127.0.0.1", group_name: str | None = None, transport: Any = None):
+                 master_address: str = "127.0.0.1", group_name: str | None = None, transport: Any = None,
+                 device: torch.device | str | None = None):
         if not engine_urls:
             raise ValueError("WeightSender needs at least one engine URL")
         self.engine_urls = [u.rstrip("/") for u in engine_urls]
         self.backend, self.bucket_bytes, self.timeout_s = backend, bucket_bytes, timeout_s
-        self.master_address = master_address
+        self.master_address, self.device = master_address, device
         self.group_name = group_name or f"relax-weights-{uuid.uuid4().hex[:8]}"
         self._api_key, self._transport = api_key, transport
         self._http: _EngineHTTP | None = None
@@ -272,14 +284,20 @@ class WeightSender:
         return await asyncio.gather(*(self._http.post(u, path, payload, remaining) for u in self.engine_urls))
 
     async def _wait_all(self, tasks: list[asyncio.Future], deadline: float, what: str) -> None:
-        """Wait for every task; the first failure or the deadline raises WeightSyncError."""
+        """Wait for every task; the first failure or the deadline raises WeightSyncError.
+
+        A BucketRejected alone leaves the other tasks running (the caller settles them);
+        any other failure or the deadline cancels them.
+        """
         done, pending = await asyncio.wait(tasks, timeout=max(deadline - time.monotonic(), 0),
                                            return_when=asyncio.FIRST_EXCEPTION)
-        failed = [t for t in done if t.exception() is not None]
+        errors = [t.exception() for t in done if not t.cancelled() and t.exception() is not None]
+        if errors and all(isinstance(e, BucketRejected) for e in errors):
+            raise errors[0]
         for task in pending:
             task.cancel()
-        if failed:
-            exc = failed[0].exception()
+        if errors:
+            exc = next(e for e in errors if not isinstance(e, BucketRejected))
             if isinstance(exc, WeightSyncError):
                 raise exc
             raise WeightSyncError(f"{what} failed: {type(exc).__name__}: {exc}") from exc
@@ -292,6 +310,8 @@ class WeightSender:
         if self._group is not None:
             raise WeightSyncError("connect() called twice; call close() first")
         self._http = self._http or _EngineHTTP(self._api_key, self._transport)
+        if self.backend == "nccl" and self.device is None:  # resolve here: the join runs in another thread
+            self.device = torch.device("cuda", torch.cuda.current_device())
         deadline = time.monotonic() + self.timeout_s
         port = free_port(self.master_address)
         world_size = 1 + len(self.engine_urls)
@@ -301,7 +321,8 @@ class WeightSender:
         }, self.timeout_s)) for i, url in enumerate(self.engine_urls)]
         join = run_in_daemon_thread(
             create_weight_group, master_address=self.master_address, master_port=port, rank=0,
-            world_size=world_size, group_name=self.group_name, backend=self.backend, timeout_s=self.timeout_s)
+            world_size=world_size, group_name=self.group_name, backend=self.backend, timeout_s=self.timeout_s,
+            device=self.device)
         await self._wait_all([*http, join], deadline, "init_weights_update_group")
         self._group, self._broken = join.result(), False
         logger.info("weight group %s up: %d engine(s), backend %s, port %d",
@@ -362,7 +383,7 @@ class WeightSender:
     async def _settle(self, tasks: list[asyncio.Future], deadline: float) -> None:
         """After a BucketRejected: wait for the broadcast and the other engines; anything worse breaks the group."""
         done, pending = await asyncio.wait(tasks, timeout=max(deadline - time.monotonic(), 0))
-        worse = [t.exception() for t in done if t.exception() is not None
+        worse = [t.exception() for t in done if not t.cancelled() and t.exception() is not None
                  and not isinstance(t.exception(), BucketRejected)]
         if pending or worse:
             self._broken = True

@@ -1,0 +1,9 @@
+"""The `hf` inference backend: SGLang's native HTTP API served from a transformers model.
+
+Modules: `sampling` (sampling params + token sampler), `decoder` (batched KV-cache decode
+loop), `scheduler` (request queue -> batches on one decode thread), `weights` (engine side of
+the distributed weight update), `engine` (all of it around one model), `protocol` (request
+models, reply builders), `server` (FastAPI app + CLI), `launcher` (child-process launch),
+`tiny_model` (a tiny random Qwen3 for tests and CPU runs). Nothing is imported here, so
+importing the package stays cheap.
+"""

@@ -131,6 +131,9 @@ class HFEngine:
         self.released_tags.difference_update(tags)
         return f"resumed {sorted(tags)}"
 
+    def cuda_memory_allocated(self) -> int | None:
+        return torch.cuda.memory_allocated(self.device) if self.device.type == "cuda" else None
+
     def info(self) -> dict[str, Any]:
         return {
             "model_path": self.model_path, "tokenizer_path": self.tokenizer_path, "is_generation": True,

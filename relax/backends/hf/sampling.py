@@ -21,7 +21,7 @@ default (its sampler scales logits by temperature before computing log-probs).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import torch
@@ -76,7 +76,6 @@ class SamplingParams:
     skip_special_tokens: bool = True
     no_stop_trim: bool = False
     sampling_seed: int | None = None
-    extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @property
     def is_greedy(self) -> bool:

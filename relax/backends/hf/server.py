@@ -122,7 +122,8 @@ def add_generate_routes(app: FastAPI, engine: HFEngine) -> None:
     @app.get("/get_server_info")
     async def get_server_info():
         return {**engine.info(), **engine.scheduler.info(), "released_tags": sorted(engine.released_tags),
-                "weight_update_groups": sorted(engine.receiver.groups)}
+                "weight_update_groups": sorted(engine.receiver.groups),
+                "cuda_memory_allocated": engine.cuda_memory_allocated()}
 
 
 def add_control_routes(app: FastAPI, engine: HFEngine) -> None:

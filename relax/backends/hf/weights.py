@@ -87,11 +87,10 @@ class WeightReceiver:
             raise ValueError(f"weight update group {group_name!r} already exists; destroy it first")
         if backend == "nccl" and self.device.type != "cuda":
             raise ValueError("backend 'nccl' needs an engine on a CUDA device; use backend 'gloo' on CPU")
-        if backend == "nccl":
-            torch.cuda.set_device(self.device)
         self.groups[group_name] = create_weight_group(
             master_address=master_address, master_port=master_port, rank=rank_offset, world_size=world_size,
-            group_name=group_name, backend=backend, timeout_s=self.timeout_s)
+            group_name=group_name, backend=backend, timeout_s=self.timeout_s,
+            device=self.device if backend == "nccl" else None)
         return f"joined weight update group {group_name!r} as rank {rank_offset} of {world_size}"
 
     def destroy_group(self, group_name: str) -> str:

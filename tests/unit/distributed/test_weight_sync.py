@@ -66,6 +66,9 @@ class FakeEngine:
         if path == "/update_weights_from_distributed":
             if body["names"][0].startswith("early"):  # rejected before receiving: the sender's broadcast dangles
                 return httpx.Response(400, json={"error": {"message": "malformed request"}})
+            if body["names"][0].startswith("late"):  # replies before its receive ends; the sender must settle
+                threading.Timer(0.3, self._receive, args=(body,)).start()
+                return httpx.Response(400, json={"success": False, "message": "late reject"})
             received = await asyncio.to_thread(self._receive, body)
             bad = [n for n in body["names"] if n.startswith("bad")]
             if bad:
@@ -108,8 +111,8 @@ def test_push_sends_every_tensor_and_stamps_the_version_on_the_last_bucket():
     assert engine.version == "5" and stats.num_buckets == 2 and stats.version == 5  # [a] [b, c]
     assert stats.bytes == 64 + 16 + 24
     assert engine.calls == ["/init_weights_update_group", "/pause_generation", "/flush_cache",
-                            "/update_weights_from_distributed@None", "/update_weights_from_distributed@5", "/continue_generation",
-                            "/destroy_weights_update_group"]
+                            "/update_weights_from_distributed@None", "/update_weights_from_distributed@5",
+                            "/continue_generation", "/destroy_weights_update_group"]
 
 
 def test_rejected_bucket_raises_engine_message_quickly_and_resumes_generation():
@@ -153,3 +156,19 @@ def test_engine_rejecting_before_receive_raises_and_marks_the_group_broken():
         return elapsed
 
     assert asyncio.run(go()) < 5
+
+
+def test_rejection_arriving_before_the_broadcast_ends_still_keeps_the_group_usable():
+    engine = FakeEngine()
+
+    async def go():
+        sender = _sender(engine)
+        await sender.connect()
+        with pytest.raises(WeightSyncError, match="late reject"):
+            await sender.push([("late", torch.ones(1024, 1024))], version=1)  # 4 MiB: the send blocks
+        stats = await sender.push([("ok", torch.full((3,), 2.0))], version=2)
+        await sender.close()
+        return stats
+
+    assert asyncio.run(go()).version == 2
+    assert torch.equal(engine.tensors["ok"], torch.full((3,), 2.0)) and engine.version == "2"
