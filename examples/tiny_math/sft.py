@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import random
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from examples.tiny_math.task import boxed_reward, format_target, last_boxed, make_row
 
@@ -56,8 +56,12 @@ def sft_train(
     lr: float = 3e-3,
     correct_frac: float = 0.0,
     seed: int = 0,
+    callback: Callable[[int], None] | None = None,
 ) -> dict[str, Any]:
-    """Train `model` in place for `steps` AdamW steps; returns losses and wall time."""
+    """Train `model` in place for `steps` AdamW steps; returns losses and wall time.
+
+    `callback(step)` (optional) runs after each step, e.g. to evaluate along the way.
+    """
     import torch
 
     rng = random.Random(seed)
@@ -81,6 +85,8 @@ def sft_train(
         optimizer.step()
         schedule.step()
         losses.append(loss.item())
+        if callback is not None:
+            callback(len(losses))
     model.eval()
     return {"losses": losses, "seconds": time.perf_counter() - start}
 

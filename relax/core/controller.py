@@ -126,7 +126,8 @@ class Controller:
                 for name, hist in self.eval_history.items()}
 
     async def shutdown(self) -> None:
-        for role in (self.reference, getattr(self, "rollout", None), getattr(self, "actor", None)):
+        # Actor first: it tears down its weight-sync group while the engines still answer.
+        for role in (getattr(self, "actor", None), self.reference, getattr(self, "rollout", None)):
             if role is not None:
                 try:
                     await asyncio.wait_for(asyncio.ensure_future(role.shutdown()), timeout=60)

@@ -34,6 +34,16 @@ def runtime_env_vars(token: str) -> dict[str, str]:
     return env
 
 
+def serve_running() -> bool:
+    import ray
+
+    try:
+        ray.get_actor("SERVE_CONTROLLER_ACTOR", namespace="serve")
+    except ValueError:
+        return False
+    return True
+
+
 class Runtime:
     def __init__(self, cfg: RelaxConfig) -> None:
         self.cfg = cfg
@@ -41,6 +51,7 @@ class Runtime:
         self.run_id = uuid.uuid4().hex[:8]
         self.env = runtime_env_vars(self.token)
         self.started_ray = False
+        self.started_serve = False
         self.apps: list[str] = []
 
     def __enter__(self) -> Runtime:
@@ -62,6 +73,7 @@ class Runtime:
             ray.init(num_cpus=num_cpus, include_dashboard=False, runtime_env=runtime_env, log_to_driver=True)
             self.started_ray = True
             logger.info("started a local Ray instance with %d logical CPUs", num_cpus)
+        self.started_serve = not serve_running()
         serve.start(proxy_location="Disabled")
         tq.init_data_system(self.cfg.cluster.num_data_storage_units)
         return self
@@ -96,7 +108,8 @@ class Runtime:
             tq.close_data_system()
         except Exception as err:  # noqa: BLE001 - teardown continues
             logger.warning("closing TransferQueue failed: %s", err)
+        if self.started_serve and not serve.status().applications:
+            serve.shutdown()  # this run brought Serve up on a shared cluster: take it down again
         if self.started_ray:
-            serve.shutdown()
             ray.shutdown()
         sys.stdout.flush()
