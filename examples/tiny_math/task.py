@@ -30,11 +30,19 @@ _BOXED_RE = re.compile(r"\\boxed\{([^{}]*)\}")
 
 
 def sample_numbers(rng: random.Random, *, min_len: int = 3, max_len: int = 5) -> tuple[int, ...]:
-    """A list of `min_len..max_len` digits 0-9 (repeats allowed)."""
+    """A list of `min_len..max_len` digits whose maximum is uniform over 1-9.
+
+    Drawing the maximum first (then the rest from 0..max, at random positions) matters: with
+    i.i.d. digits the answer is 9 about a third of the time, and both SFT and GRPO fall into
+    the "always answer 9" shortcut instead of learning to compare.
+    """
     if not 1 <= min_len <= max_len:
         raise ValueError(f"need 1 <= min_len <= max_len, got min_len={min_len}, max_len={max_len}")
     length = rng.randint(min_len, max_len)
-    return tuple(rng.randint(0, 9) for _ in range(length))
+    largest = rng.randint(1, 9)
+    numbers = [rng.randint(0, largest) for _ in range(length - 1)]
+    numbers.insert(rng.randint(0, length - 1), largest)
+    return tuple(numbers)
 
 
 def prompt_text(numbers: tuple[int, ...]) -> str:

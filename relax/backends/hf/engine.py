@@ -52,7 +52,7 @@ class HFEngine:
     def __init__(self, model_path: str, *, device: str = "cpu", dtype: str = "auto",
                  max_running_requests: int = 256, max_context_len: int | None = None,
                  served_model_name: str | None = None, tokenizer_path: str | None = None,
-                 seed: int | None = None, weight_sync_timeout_s: float = 600.0):
+                 seed: int | None = None, weight_sync_timeout_s: float = 600.0, batch_wait_s: float = 0.02):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         if dtype not in DTYPE_CHOICES:
@@ -71,7 +71,8 @@ class HFEngine:
                                     eos_token_ids=eos_token_ids(self.model, self.tokenizer),
                                     max_context_len=self.max_context_len, pad_token_id=pad if pad is not None else 0,
                                     step_lock=self.step_lock, seed=seed)
-        self.scheduler = Scheduler(self.decoder, max_running_requests=max_running_requests)
+        self.scheduler = Scheduler(self.decoder, max_running_requests=max_running_requests,
+                                   batch_wait_s=batch_wait_s)
         self.receiver = WeightReceiver(self.model, step_lock=self.step_lock, timeout_s=weight_sync_timeout_s,
                                        device=self.device)
         self.weight_version = "default"

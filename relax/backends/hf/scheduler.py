@@ -1,7 +1,8 @@
 """The `hf` engine's request scheduler: queue -> batches -> one decode thread.
 
-Requests are queued on the event loop; one scheduler task takes everything queued (up to
-`max_running_requests`) as a batch and runs `BatchDecoder.run` in a single worker thread, so
+Requests are queued on the event loop; one scheduler task waits until a burst of arrivals
+settles (the queue stops growing for 2 ms, at most `batch_wait_s`), then takes everything
+queued (up to `max_running_requests`) as a batch and runs `BatchDecoder.run` in a single worker thread, so
 the event loop stays free for health checks, aborts and weight updates while the model runs.
 Requests that arrive while a batch is decoding wait for the next batch. Each request's future
 is resolved the moment its row finishes, not when the whole batch does.
@@ -43,11 +44,13 @@ def _aborted_result(message: str) -> RowResult:
 class Scheduler:
     """Batches concurrent requests onto a `BatchDecoder` running in one worker thread."""
 
-    def __init__(self, decoder: BatchDecoder, *, max_running_requests: int = 256):
+    def __init__(self, decoder: BatchDecoder, *, max_running_requests: int = 256, batch_wait_s: float = 0.02,
+                 quiet_s: float = 0.002):
         if max_running_requests < 1:
             raise ValueError(f"max_running_requests must be >= 1, got {max_running_requests}")
         self.decoder = decoder
         self.max_running_requests = max_running_requests
+        self.batch_wait_s, self.quiet_s = batch_wait_s, quiet_s
         self.paused_mode: str | None = None
         self._queue: collections.deque[_Pending] = collections.deque()
         self._running: list[_Pending] = []
@@ -137,7 +140,7 @@ class Scheduler:
             if not self._queue or self.paused_mode is not None:
                 self._wakeup.clear()
                 continue
-            await asyncio.sleep(0)  # let requests posted in the same tick join this batch
+            await self._coalesce()
             batch = [self._queue.popleft() for _ in range(min(len(self._queue), self.max_running_requests))]
             self._running = batch
             self._idle.clear()
@@ -151,6 +154,18 @@ class Scheduler:
             finally:
                 self._running = []
                 self._idle.set()
+
+    async def _coalesce(self) -> None:
+        """Let a burst of requests gather: wait until the queue stops growing for `quiet_s`
+        (at most `batch_wait_s`), so concurrent requests share a batch instead of the first one
+        starting alone while the rest wait for it to finish."""
+        deadline = self._loop.time() + self.batch_wait_s
+        seen = -1
+        while len(self._queue) != seen and len(self._queue) < self.max_running_requests:
+            seen = len(self._queue)
+            if self._loop.time() >= deadline:
+                return
+            await asyncio.sleep(self.quiet_s)
 
     def _decode_batch(self, batch: list[_Pending]) -> None:
         """Runs in the decode thread."""

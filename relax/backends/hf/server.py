@@ -2,7 +2,8 @@
 
 Run: `python -m relax.backends.hf.server --model-path DIR [--host 127.0.0.1] [--port 30000]
 [--api-key KEY] [--device cpu|cuda[:i]] [--dtype auto|float32|bfloat16] [--max-running-requests 256]
-[--max-context-len L] [--served-model-name NAME] [--num-threads N] [--log-level info]`.
+[--max-context-len L] [--served-model-name NAME] [--batch-wait-ms 20] [--num-threads N]
+[--log-level info]`.
 
 Endpoints (field names as SGLang's): POST /generate; GET /health, /health_generate,
 /get_model_info, /get_weight_version, /get_server_info; /flush_cache; POST /pause_generation,
@@ -240,6 +241,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:i")
     parser.add_argument("--dtype", default="auto", choices=sorted(DTYPE_CHOICES))
     parser.add_argument("--max-running-requests", type=int, default=256, help="largest decode batch")
+    parser.add_argument("--batch-wait-ms", type=float, default=20.0,
+                        help="longest wait for a burst of requests to gather into one batch")
     parser.add_argument("--max-context-len", type=int, default=None, help="defaults to max_position_embeddings")
     parser.add_argument("--served-model-name", default=None)
     parser.add_argument("--random-seed", type=int, default=None, help="seed of unseeded sampling")
@@ -266,7 +269,8 @@ def main(argv: list[str] | None = None) -> None:
     engine = HFEngine(args.model_path, device=args.device, dtype=args.dtype,
                       max_running_requests=args.max_running_requests, max_context_len=args.max_context_len,
                       served_model_name=args.served_model_name, tokenizer_path=args.tokenizer_path,
-                      seed=args.random_seed, weight_sync_timeout_s=args.weight_sync_timeout)
+                      seed=args.random_seed, weight_sync_timeout_s=args.weight_sync_timeout,
+                      batch_wait_s=args.batch_wait_ms / 1000)
     holder: dict[str, Any] = {}
     app = create_app(engine, api_key=args.api_key,
                      on_started=lambda: _announce_when_bound(holder["server"], args.host, args.port))
