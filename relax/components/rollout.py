@@ -46,7 +46,11 @@ class Rollout:
         from relax.backends.engine_client import EngineClient
 
         tq.attach()
-        self.engines = await asyncio.to_thread(self._launch_engines)
+        # Launched from this (the replica's long-lived event-loop) thread: an engine's
+        # parent-death signal fires when the launching *thread* exits.
+        self.engines = self._launch_engines()
+        await asyncio.gather(*(asyncio.to_thread(e.wait_ready, self.cfg.rollout.engine_startup_timeout)
+                               for e in self.engines))
         self.clients = [EngineClient(e.url, api_key=self.token) for e in self.engines]
         self.router = Router([e.url for e in self.engines], api_key=self.token,
                              timeout_s=self.cfg.rollout.http_timeout)
@@ -67,12 +71,9 @@ class Rollout:
         launch = import_object(INFERENCE_BACKENDS[self.cfg.cluster.rollout_backend], flag="--rollout-backend")
         n = self.cfg.cluster.resource["rollout"][1]
         threads = self.cfg.cluster.engine_threads or max(1, (os.cpu_count() or 1) // n)
-        engines = [launch(self.cfg.ckpt.hf_checkpoint, api_key=self.token, num_threads=threads,
-                          log_path=os.path.join(self.cfg.misc.exp_dir or ".", f"engine_{i}.log"))
-                   for i in range(n)]
-        for e in engines:
-            e.wait_ready(timeout=self.cfg.rollout.engine_startup_timeout)
-        return engines
+        return [launch(self.cfg.ckpt.hf_checkpoint, api_key=self.token, num_threads=threads,
+                       log_path=os.path.join(self.cfg.misc.exp_dir or ".", f"engine_{i}.log"))
+                for i in range(n)]
 
     def _load_eval_sets(self) -> dict[str, list[Sample]]:
         from relax.utils.data.dataset import PromptDataset

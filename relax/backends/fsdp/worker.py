@@ -236,7 +236,8 @@ class FSDPTrainWorker:
         if self._sender is not None:
             self._run_async(self._sender.close())
         self._sender = WeightSender(engine_urls, api_key=api_key, backend=backend,
-                                    bucket_bytes=self.spec.bucket_bytes, timeout_s=self.spec.sync_timeout_s)
+                                    bucket_bytes=self.spec.bucket_bytes, timeout_s=self.spec.sync_timeout_s,
+                                    device=self.device)
         self._run_async(self._sender.connect())
 
     def push_weights(self, version: int) -> dict[str, float]:
