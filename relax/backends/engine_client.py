@@ -98,6 +98,9 @@ class EngineClient:
     async def get_model_info(self) -> dict:
         return await self._call("GET", "/get_model_info")
 
+    async def get_server_info(self) -> dict:
+        return await self._call("GET", "/get_server_info")
+
     async def get_weight_version(self) -> str | None:
         return (await self._call("GET", "/get_weight_version"))["weight_version"]
 

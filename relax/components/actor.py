@@ -128,6 +128,8 @@ class Actor:
         t0 = time.perf_counter()
         results = await self.group.call_sharded("train", shards, num_steps, tokens_per_step)
         metrics["time/train_step"] = time.perf_counter() - t0
+        # Ranks run in parallel: the slowest one's forward/backward/optimizer time is the compute.
+        metrics["compute/train_seconds"] = max(r.pop("compute_seconds") for r in results)
         metrics.update(mean_over_ranks(results, prefix="train"))
         await tq.clear(rollout_id)
         metrics["time/train"] = time.perf_counter() - start

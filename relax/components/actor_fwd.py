@@ -44,6 +44,7 @@ class ActorFwd:
         shards = [{"tokens": [tokens[i] for i in idx], "response_lengths": [lengths[i] for i in idx]}
                   for idx in shards_idx]
         results = await self.group.call_sharded("compute_log_probs", shards)
+        compute = max(await self.group.call("pop_compute_seconds"))
         logps: list[list[float]] = [[] for _ in tokens]
         for idx, res in zip(shards_idx, results):
             for i, lp in zip(idx, res):
@@ -51,7 +52,7 @@ class ActorFwd:
         column = torch.nested.nested_tensor([torch.tensor(lp, dtype=torch.float32) for lp in logps],
                                             layout=torch.jagged)
         await tq.put_columns(rollout_id, keys, {self.column: column})
-        return {f"time/{self.role}": time.perf_counter() - start}
+        return {f"time/{self.role}": time.perf_counter() - start, f"compute/{self.role}_seconds": compute}
 
     async def shutdown(self) -> None:
         if self.group is not None:

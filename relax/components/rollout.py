@@ -108,7 +108,9 @@ class Rollout:
     async def generate(self, rollout_id: int) -> dict[str, float]:
         """Run one rollout step and write its samples to partition `train_{rollout_id}`."""
         start = time.perf_counter()
+        busy_before = await self._engine_busy_seconds()
         groups = await call_maybe_async(self._call_rollout_fn, rollout_id)
+        busy = [after - before for before, after in zip(busy_before, await self._engine_busy_seconds())]
         samples = [s for g in groups for s in g]
         if not samples:
             raise RuntimeError(f"rollout {rollout_id}: the rollout function returned no samples")
@@ -116,7 +118,13 @@ class Rollout:
         rewards = [executor.reward_value(s) for s in samples]
         await tq.put_samples(rollout_id, samples, rewards)
         return rollout_metrics(samples, rewards, prefix="rollout") | {
-            "time/rollout": time.perf_counter() - start, **executor.stats()}
+            "time/rollout": time.perf_counter() - start, "compute/generate_seconds": max(busy, default=0.0),
+            **executor.stats()}
+
+    async def _engine_busy_seconds(self) -> list[float]:
+        """Per engine: seconds spent in batched decoding so far (0 when the backend does not say)."""
+        infos = await asyncio.gather(*(c.get_server_info() for c in self.clients))
+        return [float(info.get("busy_seconds", 0.0)) for info in infos]
 
     async def _call_rollout_fn(self, rollout_id: int) -> list[list[Sample]]:
         result = self.rollout_fn(self.args, rollout_id, self.data_source)

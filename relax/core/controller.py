@@ -152,7 +152,7 @@ def _raise_keyboard_interrupt(signum: int, frame: Any) -> None:
 
 def run(cfg: RelaxConfig) -> int:
     """Run a whole training job; every process it started is gone when this returns."""
-    cfg.misc.exp_dir = cfg.misc.exp_dir or os.path.join("outputs", time.strftime("%Y%m%d-%H%M%S"))
+    cfg.misc.exp_dir = os.path.abspath(cfg.misc.exp_dir or os.path.join("outputs", time.strftime("%Y%m%d-%H%M%S")))
     os.makedirs(cfg.misc.exp_dir, exist_ok=True)
     signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
     with Runtime(cfg) as runtime:

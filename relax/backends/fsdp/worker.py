@@ -74,6 +74,7 @@ class FSDPTrainWorker:
         self._sender = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.step = 0
+        self.compute_seconds = 0.0
 
     # ---- setup -------------------------------------------------------------------------
     def _seed(self, seed: int) -> None:
@@ -140,6 +141,7 @@ class FSDPTrainWorker:
     def compute_log_probs(self, batch: dict[str, Any]) -> list[list[float]]:
         """Per-sample response log-probs under the current weights (old policy or reference)."""
         self.model.eval()
+        start = time.perf_counter()
         tokens, lengths = batch["tokens"], batch["response_lengths"]
         budget = self.spec.batch.log_probs_max_tokens_per_gpu or self.spec.batch.max_tokens_per_gpu
         out: list[list[float]] = [[] for _ in tokens]
@@ -147,7 +149,13 @@ class FSDPTrainWorker:
             logp_BT, _, _ = self._forward([tokens[i] for i in idx], [lengths[i] for i in idx])
             for row, i in enumerate(idx):
                 out[i] = logp_BT[row, : lengths[i]].cpu().tolist()
+        self.compute_seconds += time.perf_counter() - start
         return out
+
+    def pop_compute_seconds(self) -> float:
+        """Seconds spent in forward/backward/optimizer since the last call (for overhead accounting)."""
+        value, self.compute_seconds = self.compute_seconds, 0.0
+        return value
 
     # ---- training ----------------------------------------------------------------------
     def train(self, batch: dict[str, Any], num_steps: int, global_tokens_per_step: list[int]) -> dict[str, float]:
@@ -157,6 +165,7 @@ class FSDPTrainWorker:
         ref_log_probs / rollout_log_probs — all per sample, response-aligned.
         """
         self.model.train()
+        start = time.perf_counter()
         n = len(batch["tokens"])
         per_step = n // num_steps
         totals: dict[str, float] = {}
@@ -166,6 +175,8 @@ class FSDPTrainWorker:
             for k, v in metrics.items():
                 op = "max" if k.endswith("_max") else "min" if k.endswith("_min") else "sum"
                 totals[k] = reduce_metric(op, totals.get(k), v if op != "sum" else v / num_steps)
+        self.compute_seconds += time.perf_counter() - start
+        totals["compute_seconds"] = self.pop_compute_seconds()
         return totals
 
     def _optimizer_step(self, batch: dict[str, Any], rows: list[int], global_tokens: int) -> dict[str, float]:

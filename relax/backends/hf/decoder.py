@@ -19,6 +19,7 @@ for an in-place pause). Each forward holds `step_lock`, which weight loading als
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -57,6 +58,7 @@ class DecodeStats:
     forward_calls: int = 0
     batches: int = 0
     generated_tokens: int = 0
+    busy_seconds: float = 0.0  # wall time inside batched prefill/decode (model compute + sampling)
     recent_batch_sizes: list[int] = field(default_factory=list)
 
     def record_batch(self, size: int) -> None:
@@ -161,8 +163,10 @@ class BatchDecoder:
                 active.append(i)
         if active:
             self.stats.record_batch(len(active))
+            start = time.perf_counter()
             with torch.inference_mode():
                 self._decode(states, active, finish, before_step)
+            self.stats.busy_seconds += time.perf_counter() - start
         return results  # type: ignore[return-value]
 
     def _forward(self, input_ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor,

@@ -130,6 +130,7 @@ class Scheduler:
             "paused": self.paused_mode is not None, "pause_mode": self.paused_mode,
             "max_running_requests": self.max_running_requests, "num_batches": stats.batches,
             "num_forward_calls": stats.forward_calls, "generated_tokens": stats.generated_tokens,
+            "busy_seconds": stats.busy_seconds,
             "recent_batch_sizes": list(stats.recent_batch_sizes),
         }
 
