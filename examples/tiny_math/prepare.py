@@ -20,7 +20,7 @@ import json
 import os
 import time
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Callable
 
 MODEL_SUBDIR = os.path.join("models", "tiny-qwen3-sft")
 
@@ -30,14 +30,16 @@ class PrepareSettings:
     """Everything that determines prepare's outputs (recorded in prepare.json)."""
 
     seed: int = 1234
-    sft_steps: int = 150
-    sft_lr: float = 3e-3
+    sft_steps: int = 300
+    sft_stop_at: float = 0.2
+    sft_check_every: int = 5
+    sft_lr: float = 2e-3
     sft_batch_size: int = 64
-    correct_frac: float = 0.0
+    correct_frac: float = 1.0
     n_train: int = 20000
     n_eval: int = 256
-    hidden_size: int = 128
-    num_layers: int = 4
+    hidden_size: int = 64
+    num_layers: int = 2
     num_heads: int = 4
     vocab_size: int = 512
 
@@ -73,6 +75,32 @@ def already_prepared(out_dir: str, settings: PrepareSettings) -> dict[str, Any] 
     return summary if summary.get("settings") == asdict(settings) else None
 
 
+def validation_rows(settings: PrepareSettings, *, exclude: set[tuple[int, ...]]) -> list[dict[str, Any]]:
+    """Rows for the SFT early-stopping check, never taken from the held-out eval set."""
+    from examples.tiny_math.task import make_row, make_splits
+
+    _, lists = make_splits(n_train=0, n_eval=settings.n_eval, seed=settings.seed + 1)
+    return [make_row(n) for n in lists if n not in exclude]
+
+
+def early_stop(model: Any, tokenizer: Any, rows: list[dict[str, Any]], settings: PrepareSettings,
+               checks: list[dict[str, float]]) -> Callable[[int], bool]:
+    """SFT callback: every `sft_check_every` steps measure sampled (T=1) accuracy on `rows`
+    and stop once it reaches `sft_stop_at` (0 disables), so the warm start lands at the same
+    weak-but-nonzero skill level whatever the seed. Appends each check to `checks`."""
+    from examples.tiny_math.sft import evaluate
+
+    def callback(step: int) -> bool:
+        if settings.sft_stop_at <= 0 or step % settings.sft_check_every:
+            return False
+        result = evaluate(model, tokenizer, rows, greedy=False, temperature=1.0)
+        model.train()
+        checks.append({"step": step, "accuracy": result["accuracy"], "format_rate": result["format_rate"]})
+        return result["accuracy"] >= settings.sft_stop_at
+
+    return callback
+
+
 def prepare(out_dir: str, settings: PrepareSettings, *, force: bool = False) -> dict[str, Any]:
     """Write data, tokenizer and the SFT-warm-started model; returns the prepare.json summary."""
     if not force and (summary := already_prepared(out_dir, settings)) is not None:
@@ -94,8 +122,11 @@ def prepare(out_dir: str, settings: PrepareSettings, *, force: bool = False) -> 
     tokenizer = train_chatml_tokenizer(tokenizer_corpus(settings.seed), vocab_size=settings.vocab_size)
     model = build_tiny_qwen3(tokenizer, hidden_size=settings.hidden_size, num_layers=settings.num_layers,
                              num_heads=settings.num_heads, seed=settings.seed)
+    val_rows = validation_rows(settings, exclude=set(eval_lists))
+    checks: list[dict[str, float]] = []
+    stop = early_stop(model, tokenizer, val_rows, settings, checks)
     sft = sft_train(model, tokenizer, train_lists, steps=settings.sft_steps, batch_size=settings.sft_batch_size,
-                    lr=settings.sft_lr, correct_frac=settings.correct_frac, seed=settings.seed)
+                    lr=settings.sft_lr, correct_frac=settings.correct_frac, seed=settings.seed, callback=stop)
     torch.manual_seed(settings.seed)
     greedy = evaluate(model, tokenizer, eval_rows, greedy=True)
     sampled = evaluate(model, tokenizer, eval_rows, greedy=False, temperature=1.0)
@@ -107,6 +138,8 @@ def prepare(out_dir: str, settings: PrepareSettings, *, force: bool = False) -> 
         "vocab_size": len(tokenizer),
         "n_train": len(train_rows),
         "n_eval": len(eval_rows),
+        "sft_steps_run": len(losses),
+        "sft_checks": checks,
         "sft_first_loss": losses[0] if losses else None,
         "sft_final_loss": sum(losses[-10:]) / max(len(losses[-10:]), 1),
         "sft_seconds": round(sft["seconds"], 2),
@@ -126,7 +159,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"tiny_math {verb}: {out_dir}")
     print(f"  data: {summary['n_train']} train / {summary['n_eval']} eval rows in {out_dir}/data/")
     print(f"  model: {summary['params']:,} params, vocab {summary['vocab_size']}, {out_dir}/{MODEL_SUBDIR}/")
-    print(f"  SFT: {summary['settings']['sft_steps']} steps, final loss {summary['sft_final_loss']:.3f}, "
+    print(f"  SFT: {summary['sft_steps_run']} steps (max {summary['settings']['sft_steps']}), "
+          f"final loss {summary['sft_final_loss']:.3f}, "
           f"{summary['sft_seconds']} s")
     print(f"  held-out accuracy after SFT: greedy {summary['eval_greedy']['accuracy']:.3f}, "
           f"sampled(T=1) {summary['eval_sampled_t1']['accuracy']:.3f}, "

@@ -1,10 +1,11 @@
 """SFT warm start and evaluation for the tiny_math quickstart model (plain torch, CPU).
 
 The warm start is a short, deterministic supervised run on (prompt, `format_target`)
-pairs: it teaches the ChatML turn structure and the `The largest is \\boxed{d}.` format,
-while `correct_frac` keeps the skill itself weak, so the RL stage has something visible to
-learn. Loss is cross-entropy on response tokens only (prompt tokens masked), mean over
-the batch's response tokens.
+pairs (AdamW, 20-step linear warmup, grad clip 1.0). It teaches the ChatML turn structure
+and the `The largest is \\boxed{d}.` format quickly; the skill itself emerges later, so a
+caller that stops early (see prepare's `early_stop`) gets a policy that is weak but not at
+zero, which is what the RL stage needs to show visible learning. Loss is cross-entropy on
+response tokens only (prompt tokens masked), mean over the batch's response tokens.
 
 `evaluate` reports accuracy (the last `\\boxed{}` equals the label) and format rate (a
 `\\boxed{}` is present) on held-out rows, greedy or sampled, with `model.generate`.
@@ -53,14 +54,15 @@ def sft_train(
     *,
     steps: int,
     batch_size: int = 64,
-    lr: float = 3e-3,
-    correct_frac: float = 0.0,
+    lr: float = 2e-3,
+    correct_frac: float = 1.0,
     seed: int = 0,
-    callback: Callable[[int], None] | None = None,
+    callback: Callable[[int], bool] | None = None,
 ) -> dict[str, Any]:
-    """Train `model` in place for `steps` AdamW steps; returns losses and wall time.
+    """Train `model` in place for up to `steps` AdamW steps; returns losses and wall time.
 
-    `callback(step)` (optional) runs after each step, e.g. to evaluate along the way.
+    `callback(step)` (optional) runs after each step, e.g. to evaluate along the way; when it
+    returns True training stops there (early stopping).
     """
     import torch
 
@@ -74,7 +76,8 @@ def sft_train(
     for _ in range(steps):
         batch = [rng.choice(train_lists) for _ in range(batch_size)]
         examples = [
-            (prompt_ids(tokenizer, make_row(nums)), response_ids(tokenizer, format_target(nums, rng, correct_frac=correct_frac)))
+            (prompt_ids(tokenizer, make_row(nums)),
+             response_ids(tokenizer, format_target(nums, rng, correct_frac=correct_frac)))
             for nums in batch
         ]
         input_ids_BT, attention_mask_BT, labels_BT = sft_batch(examples, tokenizer.pad_token_id)
@@ -85,8 +88,8 @@ def sft_train(
         optimizer.step()
         schedule.step()
         losses.append(loss.item())
-        if callback is not None:
-            callback(len(losses))
+        if callback is not None and callback(len(losses)):
+            break
     model.eval()
     return {"losses": losses, "seconds": time.perf_counter() - start}
 
@@ -112,7 +115,9 @@ def generate(
     import torch
 
     input_ids_BT, attention_mask_BT = left_pad(prompts, tokenizer.pad_token_id)
-    sampling = {"do_sample": False} if greedy else {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
+    sampling: dict[str, Any] = {"do_sample": False}
+    if not greedy:
+        sampling = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
     with torch.no_grad():
         out_BT = model.generate(
             input_ids=input_ids_BT, attention_mask=attention_mask_BT, max_new_tokens=max_new_tokens,

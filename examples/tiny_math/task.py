@@ -8,8 +8,8 @@ A prompt lists `min_len..max_len` single digits and asks for the largest one in 
 Why this task: a model of ~0.2 M parameters can learn it from reward alone within a few
 hundred GRPO steps and it generalises to unseen lists (comparison is a rule, not a lookup);
 answers are one digit, so responses are ~9 tokens and rollouts are cheap on a CPU; and a
-policy that merely copies *some* listed number already scores ~0.3, which gives GRPO the
-non-zero reward variance it needs from the first step.
+briefly warm-started policy already scores ~0.2 at T=1, which gives GRPO the non-zero
+reward variance it needs from the first step.
 
 Rows use the Relax data format (`--input-key prompt --label-key label
 --apply-chat-template`): `{"prompt": [{"role": "user", "content": ...}], "label": "8"}`.
@@ -92,11 +92,11 @@ def make_splits(
 
 def format_target(numbers: tuple[int, ...], rng: random.Random, *, correct_frac: float) -> str:
     """The SFT target for one list: the true answer with probability `correct_frac`, else a
-    uniformly chosen listed number.
+    uniformly chosen listed number (a format-only target: box one of the listed numbers).
 
-    The warm start teaches the *format* (box one of the listed numbers) but, on purpose, not
-    the skill: with `correct_frac` small the policy starts near the copy-a-number baseline
-    (~0.3) and GRPO has to learn "largest" from reward.
+    prepare uses `correct_frac=1` and stops SFT early; lower values are kept for experiments
+    (note that a 2-layer, 64-wide model does not learn the copy-a-listed-number target within
+    a few hundred steps and ends near 0.1 accuracy, from which GRPO barely moves).
     """
     answer = answer_of(numbers) if rng.random() < correct_frac else str(rng.choice(numbers))
     return response_text(answer)

@@ -119,7 +119,7 @@ class Rollout:
         await tq.put_samples(rollout_id, samples, rewards)
         return rollout_metrics(samples, rewards, prefix="rollout") | {
             "time/rollout": time.perf_counter() - start, "compute/generate_seconds": max(busy, default=0.0),
-            **executor.stats()}
+            **executor.stats(reset=True)}
 
     async def _engine_busy_seconds(self) -> list[float]:
         """Per engine: seconds spent in batched decoding so far (0 when the backend does not say)."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 import threading
+from fractions import Fraction
 from typing import Any
 
 from relax.engine.rewards.extract import label_text, last_boxed
@@ -35,13 +36,33 @@ def normalise(answer: str) -> str:
     return text.rstrip(".")
 
 
+# A plain decimal literal (optional sign, digits, optional fraction part): its value is its
+# spelling, so two of them are equal exactly when their Fractions are; no math-verify needed.
+_DECIMAL = re.compile(r"[+-]?(\d+(\.\d*)?|\.\d+)")
+
+
+def as_decimal(text: str) -> Fraction | None:
+    return Fraction(text) if _DECIMAL.fullmatch(text) else None
+
+
 def fast_path(response: str, label: Any, metadata: dict | None = None) -> float | None:
-    """0.0 / 1.0 when string work decides the answer, None when math-verify is needed."""
+    """0.0 / 1.0 when string work decides the answer, None when math-verify is needed.
+
+    Decided here: no boxed answer (0), equal normalised spellings (1), and answer and every gold
+    answer being plain decimal literals (compared exactly as numbers: `8` vs `8.0` -> 1, `7` vs
+    `8` -> 0). Anything else (fractions, expressions, sets, units) goes to math-verify.
+    """
     answer = last_boxed(response)
     if answer is None:
         return 0.0
     answer = normalise(answer)
-    return 1.0 if any(answer == normalise(gold) for gold in gold_answers(label)) else None
+    golds = [normalise(gold) for gold in gold_answers(label)]
+    if answer in golds:
+        return 1.0
+    value, gold_values = as_decimal(answer), [as_decimal(g) for g in golds]
+    if value is not None and all(g is not None for g in gold_values):
+        return 1.0 if value in gold_values else 0.0
+    return None
 
 
 def gold_answers(label: Any) -> list[str]:

@@ -96,7 +96,8 @@ def router_url(args: Any) -> str:
 def _prompt_ids(state: GenerateState, sample: Sample) -> list[int]:
     if isinstance(sample.prompt, str):
         return state.tokenizer.encode(sample.prompt, add_special_tokens=False)
-    return state.tokenizer.apply_chat_template(sample.prompt, tokenize=True, add_generation_prompt=True)
+    text = state.tokenizer.apply_chat_template(sample.prompt, tokenize=False, add_generation_prompt=True)
+    return state.tokenizer.encode(text, add_special_tokens=False)
 
 
 async def generate(args: Any, sample: Sample, sampling_params: dict[str, Any]) -> Sample:

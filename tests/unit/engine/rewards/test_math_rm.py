@@ -36,3 +36,13 @@ def test_list_label_accepts_any_entry():
 def test_missing_label_raises_naming_the_label_key():
     with pytest.raises(ValueError, match="--label-key"):
         math_rm.score(r"\boxed{1}", None)
+
+
+def test_plain_numbers_are_decided_without_math_verify():
+    from relax.engine.rewards.math_rm import fast_path
+
+    assert fast_path("so \\boxed{8}", "8.0") == 1.0
+    assert fast_path("so \\boxed{7}", "8") == 0.0
+    assert fast_path("so \\boxed{-0.50}", "-.5") == 1.0
+    assert fast_path("so \\boxed{\\frac{1}{2}}", "0.5") is None  # needs math-verify
+    assert fast_path("so \\boxed{x}", "8") is None

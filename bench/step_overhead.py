@@ -1,0 +1,86 @@
+"""How much of a quickstart step is model compute, and how much is everything else.
+
+Runs the CPU quickstart launch script for a few steps (no eval) and splits each step's wall
+time (`time/step`) into
+  model compute = engine decode time (`compute/generate_seconds`, the busiest engine)
+                + training forward/backward/optimizer and log-prob passes (`compute/train_seconds`)
+                + reference forward (`compute/reference_seconds`, when deployed)
+  overhead      = the rest: Serve hops, TransferQueue, tokenisation, rewards, weight sync, waiting.
+The first step is reported but left out of the fraction (one-time warm-up: first allocations,
+first weight-sync group use).
+
+    python3 bench/step_overhead.py [--steps 8] [--out bench/results/step_overhead.json]
+
+Prints a table and ends with `overhead_fraction=<x>`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+COMPUTE_KEYS = ("compute/generate_seconds", "compute/train_seconds", "compute/reference_seconds")
+
+
+def run_quickstart(steps: int, exp_dir: str) -> str:
+    env = dict(os.environ, EXP_DIR=exp_dir, NUM_ROLLOUT=str(steps), EVAL_INTERVAL="0", SAVE_INTERVAL="0")
+    subprocess.run(["bash", os.path.join(ROOT, "scripts/training/text/run-tiny-cpu.sh")], env=env, check=True,
+                   cwd=ROOT)
+    return os.path.join(exp_dir, "run", "metrics.jsonl")
+
+
+def step_rows(metrics_path: str) -> list[dict[str, float]]:
+    with open(metrics_path) as f:
+        rows = [json.loads(line) for line in f]
+    steps = [r for r in rows if "time/step" in r]
+    out = []
+    for r in steps:
+        compute = sum(r.get(k, 0.0) for k in COMPUTE_KEYS)
+        out.append({"step": r["step"] + 1, "wall": r["time/step"], "generate": r.get(COMPUTE_KEYS[0], 0.0),
+                    "train": r.get(COMPUTE_KEYS[1], 0.0), "reference": r.get(COMPUTE_KEYS[2], 0.0),
+                    "compute": compute, "overhead": r["time/step"] - compute,
+                    "sync": r.get("weight_sync/seconds", 0.0), "rollout": r.get("time/rollout", 0.0)})
+    return out
+
+
+def overhead_fraction(rows: list[dict[str, float]]) -> float:
+    steady = rows[1:] or rows
+    return sum(r["overhead"] for r in steady) / sum(r["wall"] for r in steady)
+
+
+def print_table(rows: list[dict[str, float]]) -> None:
+    cols = ("step", "wall", "generate", "train", "reference", "compute", "overhead", "sync")
+    print(" ".join(f"{c:>9}" for c in cols) + "  overhead%")
+    for r in rows:
+        print(" ".join(f"{r[c]:>9.3f}" if c != "step" else f"{int(r[c]):>9d}" for c in cols)
+              + f"  {100 * r['overhead'] / r['wall']:>8.1f}%")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--exp-dir", default=os.path.join(ROOT, "outputs", "bench-step-overhead"))
+    parser.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "step_overhead.json"))
+    parser.add_argument("--metrics", help="analyse an existing metrics.jsonl instead of running")
+    args = parser.parse_args()
+    metrics = args.metrics or run_quickstart(args.steps, args.exp_dir)
+    rows = step_rows(metrics)
+    if not rows:
+        print(f"no step metrics in {metrics}", file=sys.stderr)
+        return 1
+    print_table(rows)
+    fraction = overhead_fraction(rows)
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump({"rows": rows, "overhead_fraction": fraction, "steady_state_steps": len(rows[1:] or rows)}, f,
+                  indent=2)
+    print(f"overhead_fraction={fraction:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
