@@ -112,6 +112,7 @@ def prepare(out_dir: str, settings: PrepareSettings, *, force: bool = False) -> 
     from relax.utils.tiny_model import build_tiny_qwen3, count_parameters, save_tiny_model, train_chatml_tokenizer
 
     start = time.perf_counter()
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)  # bit-for-bit repeatable and polite on a shared 2-core box
     torch.manual_seed(settings.seed)
     train_lists, eval_lists = make_splits(n_train=settings.n_train, n_eval=settings.n_eval, seed=settings.seed)
@@ -149,6 +150,7 @@ def prepare(out_dir: str, settings: PrepareSettings, *, force: bool = False) -> 
     }
     with open(os.path.join(model_dir, "prepare.json"), "w", encoding="utf-8") as f:
         json.dump(summary, f, indent=2)
+    torch.set_num_threads(threads)
     return {**summary, "skipped": False}
 
 

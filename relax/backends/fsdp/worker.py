@@ -125,7 +125,9 @@ class FSDPTrainWorker:
         logits_BLV = self.model(input_ids=ids_BL, attention_mask=attn_BL, use_cache=False).logits.float()
         logits_BLV = logits_BLV[:, :-1] / self.spec.temperature
         index_BT, mask_BT = response_positions([len(t) for t in tokens], response_lengths)
-        index_BT, mask_BT = index_BT.to(self.device), mask_BT.to(self.device)
+        # Padded positions of short responses may point past the row; clamp, the mask zeroes them.
+        index_BT = index_BT.clamp(max=logits_BLV.shape[1] - 1).to(self.device)
+        mask_BT = mask_BT.to(self.device)
         logits_BTV = logits_BLV.gather(1, index_BT[:, :, None].expand(-1, -1, logits_BLV.shape[-1]))
         targets_BT = ids_BL[:, 1:].gather(1, index_BT)
         logp_BT = torch.log_softmax(logits_BTV, dim=-1).gather(-1, targets_BT[:, :, None]).squeeze(-1)

@@ -1,19 +1,32 @@
-"""Batched autoregressive decoding with one shared KV cache (the `hf` engine's hot loop).
+"""Continuous batched decoding with one shared KV cache (the `hf` engine's hot loop).
 
-Algorithm: left-pad the prompts of a batch to a common length (attention mask 0 on the
-padding, position ids counted from each row's first real token, so padding never changes a
-row's result), run one prefill forward over the whole batch, then one decode forward per
-step for all rows still running: `model(input_ids_B1, attention_mask_BT, position_ids_B1,
-past_key_values, use_cache=True)`. Rows finish independently (EOS, `stop_token_ids`, `stop`
-strings, `max_new_tokens`, abort); finished rows are dropped from the batch and from the KV
-cache (`DynamicCache.batch_select_indices`), so the batch only shrinks. New requests wait for
-the next batch (simplification: no joining mid-batch, which would need KV caches of
-different lengths merged).
+Algorithm: the running batch is a set of rows over one transformers `DynamicCache`, each row
+left-padded (attention mask 0 on padding, position ids counted from the row's own first real
+token, so padding never changes a row's result). One loop iteration gives every running row
+one token:
+  1. `before_step()` (the scheduler blocks there for an in-place pause), then rows whose
+     `abort_event` is set are answered with finish_reason abort and dropped;
+  2. one decode forward for all running rows: `model(input_ids_B1, attention_mask_BT,
+     position_ids_B1, past_key_values, use_cache=True)`;
+  3. requests handed over by `admit(running)` (taken from the scheduler's queue at this step
+     boundary) are left-padded and prefilled as one group with a fresh cache, and the group
+     JOINS the running batch: `merge_caches` left-pads the shorter cache (keys/values zeros,
+     mask 0) to the longer one's length and concatenates the two along the batch dimension.
+Rows finish independently (EOS, `stop_token_ids`, `stop` strings, `max_new_tokens`, context
+length, abort) and are answered at once; finished rows are dropped from every per-row tensor
+and the KV cache, and cache columns that are padding for every remaining row are trimmed
+(`trim_left_padding`), so the cache never grows past the longest live row. A group's prefill
+is a separate forward from the running rows' decode forward (simplification: no packed
+prefill+decode forward), so a step with a join costs two forwards.
+
+Joining needs plain `DynamicLayer` cache layers; for models whose cache has other layer kinds
+(sliding window, linear attention) `can_join` is False and `admit` is never called: new
+requests then wait for the next batch.
 
 `BatchDecoder.run` is synchronous and meant to run in a worker thread; it calls
-`on_finish(i, result)` the moment row i finishes so the server can answer it before the rest
-of the batch is done, and `before_step()` before every forward (the scheduler blocks there
-for an in-place pause). Each forward holds `step_lock`, which weight loading also takes.
+`on_finish(i, result)` the moment row i finishes (i counts rows in admission order: the
+initial rows, then each admitted group), so the server can answer it before the rest of the
+batch is done. Each forward holds `step_lock`, which weight loading also takes.
 """
 
 from __future__ import annotations
@@ -25,6 +38,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 from relax.backends.hf.sampling import SamplingBatch, SamplingParams, sample_next_tokens
 
@@ -53,16 +67,32 @@ class RowResult:
 
 @dataclass
 class DecodeStats:
-    """Counters read by /get_server_info (written by the decode thread only)."""
+    """Counters read by /get_server_info (written by the decode thread only).
+
+    `recent_batch_sizes` holds the running batch size right after each admission: one entry
+    when a batch starts from idle (`batches`) and one per group that joins a running batch
+    (`joins`; `joined_requests` counts their rows). A burst of 128 that starts with 5 and
+    then joins twice reads [5, 60, 128].
+    """
 
     forward_calls: int = 0
     batches: int = 0
+    joins: int = 0
+    joined_requests: int = 0
     generated_tokens: int = 0
-    busy_seconds: float = 0.0  # wall time inside batched prefill/decode (model compute + sampling)
+    busy_seconds: float = 0.0  # wall time inside batched prefill/decode (forwards, sampling, cache merges)
     recent_batch_sizes: list[int] = field(default_factory=list)
 
     def record_batch(self, size: int) -> None:
         self.batches += 1
+        self._record_size(size)
+
+    def record_join(self, running_size: int, joined: int) -> None:
+        self.joins += 1
+        self.joined_requests += joined
+        self._record_size(running_size)
+
+    def _record_size(self, size: int) -> None:
         self.recent_batch_sizes = (self.recent_batch_sizes + [size])[-64:]
 
 
@@ -77,6 +107,94 @@ def left_pad(prompts: Sequence[Sequence[int]], pad_id: int, device: torch.device
         mask_BL[b, length - len(prompt):] = 1
     position_ids_BL = (mask_BL.cumsum(-1) - 1).clamp(min=0)
     return input_ids_BL.to(device), mask_BL.to(device), position_ids_BL.to(device)
+
+
+def merge_caches(cache_a: DynamicCache, mask_a_BT: torch.Tensor, cache_b: DynamicCache,
+                 mask_b_BT: torch.Tensor) -> tuple[DynamicCache, torch.Tensor]:
+    """Concatenate two left-padded KV caches along the batch: rows of `a` first, then rows of `b`.
+
+    The shorter cache is left-padded along the sequence dimension (zero keys/values, mask 0)
+    to the longer one's length T. Each layer stores `keys`/`values` of shape (B, H, T, D);
+    masks are (B, T) over the cached columns. `cache_a` is updated in place and returned with
+    the merged (B_a + B_b, T) mask.
+    """
+    if len(cache_a.layers) != len(cache_b.layers):
+        raise ValueError(f"cannot merge KV caches with {len(cache_a.layers)} and {len(cache_b.layers)} layers")
+    length = max(mask_a_BT.shape[1], mask_b_BT.shape[1])
+    for layer_a, layer_b in zip(cache_a.layers, cache_b.layers):
+        if type(layer_a) is not DynamicLayer or type(layer_b) is not DynamicLayer:
+            raise ValueError(f"merge_caches needs plain DynamicLayer layers, got {type(layer_a).__name__} "
+                             f"and {type(layer_b).__name__}")
+        for layer, mask_BT in ((layer_a, mask_a_BT), (layer_b, mask_b_BT)):
+            if layer.keys.shape[-2] != mask_BT.shape[1]:
+                raise ValueError(f"KV cache holds {layer.keys.shape[-2]} positions but its mask has "
+                                 f"{mask_BT.shape[1]} columns")
+        layer_a.keys = torch.cat([_pad_left(layer_a.keys, length, -2), _pad_left(layer_b.keys, length, -2)], 0)
+        layer_a.values = torch.cat([_pad_left(layer_a.values, length, -2),
+                                    _pad_left(layer_b.values, length, -2)], 0)
+    mask_BT = torch.cat([_pad_left(mask_a_BT, length, 1), _pad_left(mask_b_BT, length, 1)], 0)
+    return cache_a, mask_BT
+
+
+def trim_left_padding(cache: DynamicCache, mask_BT: torch.Tensor) -> torch.Tensor:
+    """Drop leading cache columns that are padding (mask 0) in every row; returns the trimmed mask."""
+    real_T = mask_BT.any(dim=0)
+    if mask_BT.shape[1] == 0 or bool(real_T[0]) or not bool(real_T.any()):
+        return mask_BT
+    start = int(real_T.nonzero()[0])
+    for layer in cache.layers:
+        layer.keys = layer.keys[:, :, start:]
+        layer.values = layer.values[:, :, start:]
+    return mask_BT[:, start:]
+
+
+def _pad_left(tensor: torch.Tensor, length: int, dim: int) -> torch.Tensor:
+    """Zero-pad `tensor` at the start of dimension `dim` up to `length`."""
+    missing = length - tensor.shape[dim]
+    if missing <= 0:
+        return tensor
+    shape = list(tensor.shape)
+    shape[dim] = missing
+    return torch.cat([tensor.new_zeros(shape), tensor], dim=dim)
+
+
+def cache_supports_join(config: Any) -> bool:
+    """True when the model's DynamicCache is made only of plain full-attention layers (mergeable)."""
+    return all(type(layer) is DynamicLayer for layer in DynamicCache(config=config).layers)
+
+
+@dataclass
+class _Batch:
+    """The running rows: the KV cache of their past and the token each feeds next (not yet cached).
+
+    `rows` indexes the decoder's row states; `mask_BT` covers the T cached columns; `next_ids_B`
+    and `next_pos_B` are each row's next input token and its position id.
+    """
+
+    rows: list[int]
+    cache: DynamicCache
+    mask_BT: torch.Tensor
+    next_ids_B: torch.Tensor
+    next_pos_B: torch.Tensor
+    sampling: SamplingBatch
+
+    def select(self, keep: list[int]) -> "_Batch | None":
+        """Keep only the rows at batch positions `keep` (None when empty); trims shared padding."""
+        if not keep:
+            return None
+        if len(keep) == len(self.rows):
+            return self
+        index = torch.tensor(keep, dtype=torch.long, device=self.mask_BT.device)
+        self.cache.batch_select_indices(index)
+        mask_BT = trim_left_padding(self.cache, self.mask_BT[index])
+        return _Batch([self.rows[b] for b in keep], self.cache, mask_BT, self.next_ids_B[index],
+                      self.next_pos_B[index], self.sampling.select(keep))
+
+    def join(self, group: "_Batch") -> "_Batch":
+        """Append a freshly prefilled group's rows to this batch (caches merged)."""
+        cache, mask_BT = merge_caches(self.cache, self.mask_BT, group.cache, group.mask_BT)
+        return _Batch(self.rows + group.rows, cache, mask_BT, torch.cat([self.next_ids_B, group.next_ids_B]),
+                      torch.cat([self.next_pos_B, group.next_pos_B]), self.sampling.concat(group.sampling))
 
 
 class _RowState:
@@ -119,7 +237,7 @@ class _RowState:
 
 
 class BatchDecoder:
-    """Decode batches of `DecodeRow`s with a transformers causal LM (see module doc)."""
+    """Decode `DecodeRow`s with a transformers causal LM, with continuous batching (see module doc)."""
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any, *, device: torch.device | str,
                  eos_token_ids: Sequence[int], max_context_len: int, pad_token_id: int = 0,
@@ -135,6 +253,7 @@ class BatchDecoder:
             self.shared_generator.seed()
         else:
             self.shared_generator.manual_seed(seed)
+        self.can_join = cache_supports_join(model.config)
         self.stats = DecodeStats()
 
     def max_new_tokens(self, row: DecodeRow) -> int:
@@ -143,29 +262,57 @@ class BatchDecoder:
         return max(0, room if wanted is None else min(wanted, room))
 
     def run(self, rows: Sequence[DecodeRow], *, on_finish: Callable[[int, RowResult], None] | None = None,
-            before_step: Callable[[], None] | None = None) -> list[RowResult]:
-        """Decode all rows together; returns their results in order."""
-        results: list[RowResult | None] = [None] * len(rows)
-        states = [_RowState(row, self.eos_token_ids, self.max_new_tokens(row), self.tokenizer) for row in rows]
+            before_step: Callable[[], None] | None = None,
+            admit: Callable[[int], Sequence[DecodeRow]] | None = None) -> list[RowResult]:
+        """Decode `rows`, plus the rows `admit(running)` hands over at each step boundary while
+        the batch runs (they join it). Returns every row's result in admission order."""
+        states: list[_RowState] = []
+        results: list[RowResult | None] = []
 
         def finish(i: int, reason: dict[str, Any]) -> None:
             results[i] = states[i].result(reason)
             if on_finish is not None:
                 on_finish(i, results[i])
 
-        active = []
-        for i, row in enumerate(rows):
-            if row.abort_event.is_set():
-                finish(i, {"type": "abort", "message": row.abort_message})
-            elif states[i].max_new == 0:
-                finish(i, {"type": "length", "length": 0})
-            else:
-                active.append(i)
-        if active:
-            self.stats.record_batch(len(active))
+        def add(new_rows: Sequence[DecodeRow]) -> list[int]:
+            """Register rows; answer those with nothing to do; return the ones to prefill."""
+            todo = []
+            for row in new_rows:
+                i = len(states)
+                states.append(_RowState(row, self.eos_token_ids, self.max_new_tokens(row), self.tokenizer))
+                results.append(None)
+                if states[i].max_new == 0 and not row.abort_event.is_set():
+                    finish(i, {"type": "length", "length": 0})
+                else:
+                    todo.append(i)
+            return todo
+
+        batch: _Batch | None = None
+        waiting = add(rows)
+        started = False
+        while waiting or batch is not None:
+            if before_step is not None:
+                before_step()
+            if batch is not None and admit is not None and self.can_join:
+                waiting += add(admit(len(batch.rows)))
             start = time.perf_counter()
             with torch.inference_mode():
-                self._decode(states, active, finish, before_step)
+                if batch is not None:
+                    batch = batch.select([b for b, i in enumerate(batch.rows)
+                                          if not self._finish_if_aborted(states[i], i, finish)])
+                waiting = [i for i in waiting if not self._finish_if_aborted(states[i], i, finish)]
+                if batch is not None:
+                    batch = self._decode_step(batch, states, finish)
+                if waiting:
+                    size = len(waiting) + (len(batch.rows) if batch is not None else 0)
+                    if started:
+                        self.stats.record_join(size, len(waiting))
+                    else:
+                        self.stats.record_batch(size)
+                    started = True
+                    group = self._prefill(waiting, states, finish)
+                    batch = group if batch is None else (batch if group is None else batch.join(group))
+                    waiting = []
             self.stats.busy_seconds += time.perf_counter() - start
         return results  # type: ignore[return-value]
 
@@ -177,48 +324,48 @@ class BatchDecoder:
         self.stats.forward_calls += 1
         return out.logits[:, -1]
 
+    def _prefill(self, rows: list[int], states: list[_RowState], finish: Callable[[int, dict], None]
+                 ) -> _Batch | None:
+        """Prefill rows as one left-padded group with a fresh cache; sample their first tokens."""
+        input_ids_BL, mask_BL, position_ids_BL = left_pad([states[i].row.prompt_ids for i in rows],
+                                                          self.pad_token_id, self.device)
+        sampling = SamplingBatch.build([states[i].params for i in rows],
+                                       [self._row_generator(states[i].params) for i in rows], self.device)
+        cache = DynamicCache(config=self.model.config)
+        logits_BV = self._forward(input_ids_BL, mask_BL, position_ids_BL, cache)
+        tokens_B, keep = self._sample(logits_BV, rows, states, sampling, finish)
+        group = _Batch(rows, cache, mask_BL, tokens_B, position_ids_BL[:, -1] + 1, sampling)
+        return group.select(keep)
+
+    def _decode_step(self, batch: _Batch, states: list[_RowState], finish: Callable[[int, dict], None]
+                     ) -> _Batch | None:
+        """One forward for every running row (each feeds its pending token); sample the next ones."""
+        mask_BT = torch.cat([batch.mask_BT, batch.mask_BT.new_ones((len(batch.rows), 1))], dim=1)
+        logits_BV = self._forward(batch.next_ids_B[:, None], mask_BT, batch.next_pos_B[:, None], batch.cache)
+        tokens_B, keep = self._sample(logits_BV, batch.rows, states, batch.sampling, finish)
+        batch.mask_BT, batch.next_ids_B, batch.next_pos_B = mask_BT, tokens_B, batch.next_pos_B + 1
+        return batch.select(keep)
+
+    def _sample(self, logits_BV: torch.Tensor, rows: list[int], states: list[_RowState], sampling: SamplingBatch,
+                finish: Callable[[int, dict], None]) -> tuple[torch.Tensor, list[int]]:
+        """Draw one token per row, record it, answer finished rows. Returns (tokens_B, kept positions)."""
+        self._mask_early_stops(logits_BV, [states[i] for i in rows])
+        tokens_B, logprobs_B = sample_next_tokens(logits_BV, sampling, self.shared_generator)
+        self.stats.generated_tokens += len(rows)
+        keep = []
+        for b, (i, token, logprob) in enumerate(zip(rows, tokens_B.tolist(), logprobs_B.tolist())):
+            reason = states[i].append(token, logprob)
+            if reason is None:
+                keep.append(b)
+            else:
+                finish(i, reason)
+        return tokens_B, keep
+
     def _mask_early_stops(self, logits_BV: torch.Tensor, states: list[_RowState]) -> None:
         """Stop tokens cannot be sampled before min_new_tokens (SGLang's min-new-tokens penalizer)."""
         for b, state in enumerate(states):
             if state.stop_ids and len(state.output_ids) < state.params.min_new_tokens:
                 logits_BV[b, state.stop_ids] = float("-inf")
-
-    def _decode(self, states: list[_RowState], active: list[int], finish: Callable[[int, dict], None],
-                before_step: Callable[[], None] | None) -> None:
-        input_ids, mask, positions = left_pad([states[i].row.prompt_ids for i in active],
-                                              self.pad_token_id, self.device)
-        generators = [self._row_generator(states[i].params) for i in active]
-        sampling = SamplingBatch.build([states[i].params for i in active], generators, self.device)
-        cache = DynamicCache(config=self.model.config)
-        while True:
-            if before_step is not None:
-                before_step()
-            keep = [b for b, i in enumerate(active) if not self._finish_if_aborted(states[i], i, finish)]
-            if not keep:
-                return
-            if len(keep) < len(active):
-                active, input_ids, mask, positions, sampling = self._select(
-                    keep, active, input_ids, mask, positions, sampling, cache)
-            logits_BV = self._forward(input_ids, mask, positions, cache)
-            self._mask_early_stops(logits_BV, [states[i] for i in active])
-            tokens_B, logprobs_B = sample_next_tokens(logits_BV, sampling, self.shared_generator)
-            self.stats.generated_tokens += len(active)
-            keep = []
-            for b, (i, token, logprob) in enumerate(zip(active, tokens_B.tolist(), logprobs_B.tolist())):
-                reason = states[i].append(token, logprob)
-                if reason is None:
-                    keep.append(b)
-                else:
-                    finish(i, reason)
-            if not keep:
-                return
-            next_ids = tokens_B[:, None]
-            if len(keep) < len(active):
-                active, next_ids, mask, positions, sampling = self._select(
-                    keep, active, next_ids, mask, positions, sampling, cache)
-            input_ids = next_ids
-            mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
-            positions = positions[:, -1:] + 1
 
     @staticmethod
     def _finish_if_aborted(state: _RowState, i: int, finish: Callable[[int, dict], None]) -> bool:
@@ -226,16 +373,6 @@ class BatchDecoder:
             return False
         finish(i, {"type": "abort", "message": state.row.abort_message})
         return True
-
-    @staticmethod
-    def _select(keep: list[int], active: list[int], input_ids: torch.Tensor, mask: torch.Tensor,
-                positions: torch.Tensor, sampling: SamplingBatch, cache: DynamicCache):
-        """Drop finished rows from every per-row structure, the KV cache included."""
-        index = torch.tensor(keep, dtype=torch.long, device=mask.device)
-        if cache.get_seq_length() > 0:
-            cache.batch_select_indices(index)
-        return ([active[b] for b in keep], input_ids[index], mask[index], positions[index],
-                sampling.select(keep))
 
     def _row_generator(self, params: SamplingParams) -> torch.Generator | None:
         if params.sampling_seed is None or params.is_greedy:

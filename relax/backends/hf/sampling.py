@@ -198,6 +198,13 @@ class SamplingBatch:
         return SamplingBatch(self.temperature_B[index], self.top_p_B[index], self.top_k_B[index],
                              self.min_p_B[index], self.greedy_B[index], [self.generators[i] for i in keep])
 
+    def concat(self, other: "SamplingBatch") -> "SamplingBatch":
+        """This batch's rows followed by `other`'s (a group joining a running batch)."""
+        return SamplingBatch(torch.cat([self.temperature_B, other.temperature_B]),
+                             torch.cat([self.top_p_B, other.top_p_B]), torch.cat([self.top_k_B, other.top_k_B]),
+                             torch.cat([self.min_p_B, other.min_p_B]), torch.cat([self.greedy_B, other.greedy_B]),
+                             self.generators + other.generators)
+
     @property
     def needs_filter(self) -> bool:
         return bool(((self.top_k_B > 0) | (self.top_p_B < 1) | (self.min_p_B > 0)).any())

@@ -1,11 +1,17 @@
-"""The `hf` engine's request scheduler: queue -> batches -> one decode thread.
+"""The `hf` engine's request scheduler: queue -> one continuously batched decode thread.
 
-Requests are queued on the event loop; one scheduler task waits until a burst of arrivals
-settles (the queue stops growing for 2 ms, at most `batch_wait_s`), then takes everything
-queued (up to `max_running_requests`) as a batch and runs `BatchDecoder.run` in a single worker thread, so
-the event loop stays free for health checks, aborts and weight updates while the model runs.
-Requests that arrive while a batch is decoding wait for the next batch. Each request's future
-is resolved the moment its row finishes, not when the whole batch does.
+Requests are queued on the event loop. When the engine is idle, one scheduler task waits until
+a burst of arrivals settles (the queue stops growing for 2 ms, at most `batch_wait_s`), then
+takes everything queued (up to `max_running_requests`) as a batch and runs `BatchDecoder.run`
+in a single worker thread, so the event loop stays free for health checks, aborts and weight
+updates while the model runs. While that batch decodes, the decoder calls `admit` at every step
+boundary: requests queued meanwhile are taken (up to `max_running_requests` running in total)
+and JOIN the running batch (continuous batching), so no request waits for a whole batch to
+finish. Each request's future is resolved the moment its row finishes.
+
+The queue and the running list are shared by the event loop and the decode thread, so both
+are guarded by one `threading.Lock` (held for a few list operations only); futures are only
+ever resolved on the event loop (`call_soon_threadsafe`).
 
 Pause follows SGLang's `/pause_generation` modes: `abort` (default) aborts queued and running
 requests (finish_reason `abort`) and waits for the decode thread to go idle; `in_place` and
@@ -30,7 +36,7 @@ logger = logging.getLogger(__name__)
 PAUSE_MODES = ("abort", "retract", "in_place")
 
 
-@dataclass
+@dataclass(eq=False)  # identity: list membership/removal must not compare fields
 class _Pending:
     rid: str
     row: DecodeRow
@@ -54,6 +60,7 @@ class Scheduler:
         self.paused_mode: str | None = None
         self._queue: collections.deque[_Pending] = collections.deque()
         self._running: list[_Pending] = []
+        self._lock = threading.Lock()  # guards _queue and _running (event loop + decode thread)
         self._wakeup = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
@@ -80,27 +87,31 @@ class Scheduler:
         """Queue one row and wait for its result (an abort resolves it with finish_reason abort)."""
         future = asyncio.get_running_loop().create_future()
         pending = _Pending(rid, row, future)
-        self._queue.append(pending)
+        with self._lock:
+            self._queue.append(pending)
         self._wakeup.set()
         try:
             return await future
         except asyncio.CancelledError:  # the HTTP client went away: stop decoding for it
             row.abort_event.set()
-            if pending in self._queue:
-                self._queue.remove(pending)
+            with self._lock:
+                if pending in self._queue:
+                    self._queue.remove(pending)
             raise
 
     def abort(self, rid: str | None = None, *, abort_all: bool = False, message: str = "request aborted") -> int:
         """Abort queued and running requests by rid (or all). Returns how many were found."""
-        found = 0
-        for pending in list(self._queue):
-            if abort_all or pending.rid == rid:
+        with self._lock:
+            queued = [p for p in self._queue if abort_all or p.rid == rid]
+            for pending in queued:
                 self._queue.remove(pending)
-                if not pending.future.done():
-                    pending.future.set_result(_aborted_result(message))
-                found += 1
-        for pending in self._running:
-            if (abort_all or pending.rid == rid) and not pending.future.done():
+            running = [p for p in self._running if abort_all or p.rid == rid]
+        for pending in queued:
+            if not pending.future.done():
+                pending.future.set_result(_aborted_result(message))
+        found = len(queued)
+        for pending in running:
+            if not pending.future.done():
                 pending.row.abort_message = message
                 pending.row.abort_event.set()
                 found += 1
@@ -129,6 +140,7 @@ class Scheduler:
             "queued_requests": len(self._queue), "running_requests": len(self._running),
             "paused": self.paused_mode is not None, "pause_mode": self.paused_mode,
             "max_running_requests": self.max_running_requests, "num_batches": stats.batches,
+            "num_joins": stats.joins, "num_joined_requests": stats.joined_requests,
             "num_forward_calls": stats.forward_calls, "generated_tokens": stats.generated_tokens,
             "busy_seconds": stats.busy_seconds,
             "recent_batch_sizes": list(stats.recent_batch_sizes),
@@ -142,18 +154,21 @@ class Scheduler:
                 self._wakeup.clear()
                 continue
             await self._coalesce()
-            batch = [self._queue.popleft() for _ in range(min(len(self._queue), self.max_running_requests))]
-            self._running = batch
+            with self._lock:
+                batch = [self._queue.popleft() for _ in range(min(len(self._queue), self.max_running_requests))]
+                self._running = list(batch)
+            admitted = list(batch)  # every request this run decodes, in the decoder's row order
             self._idle.clear()
             try:
-                await self._loop.run_in_executor(self._executor, self._decode_batch, batch)
+                await self._loop.run_in_executor(self._executor, self._decode_batch, admitted)
             except Exception as exc:  # a failed batch fails its requests; the engine keeps serving
-                logger.exception("decode batch of %d failed", len(batch))
-                for pending in batch:
+                logger.exception("decode batch of %d failed", len(admitted))
+                for pending in admitted:
                     if not pending.future.done():
                         pending.future.set_exception(RuntimeError(f"decode failed: {exc}"))
             finally:
-                self._running = []
+                with self._lock:
+                    self._running = []
                 self._idle.set()
 
     async def _coalesce(self) -> None:
@@ -168,18 +183,33 @@ class Scheduler:
                 return
             await asyncio.sleep(self.quiet_s)
 
-    def _decode_batch(self, batch: list[_Pending]) -> None:
-        """Runs in the decode thread."""
+    def _decode_batch(self, admitted: list[_Pending]) -> None:
+        """Runs in the decode thread; `admitted` grows as queued requests join the batch."""
         def on_finish(i: int, result: RowResult) -> None:
-            self._loop.call_soon_threadsafe(_resolve, batch[i].future, result)
+            with self._lock:
+                if admitted[i] in self._running:
+                    self._running.remove(admitted[i])
+            self._loop.call_soon_threadsafe(_resolve, admitted[i].future, result)
+
+        def admit(running: int) -> list[DecodeRow]:
+            if self.paused_mode is not None or not self._queue:
+                return []
+            with self._lock:
+                room = min(len(self._queue), self.max_running_requests - running)
+                taken = [self._queue.popleft() for _ in range(max(0, room))]
+                self._running.extend(taken)
+            admitted.extend(taken)
+            return [p.row for p in taken]
 
         def before_step() -> None:  # in-place pause: hold here until continue or abort
             while not self._unpaused.is_set():
-                if all(p.row.abort_event.is_set() for p in batch):
+                with self._lock:
+                    running = list(self._running)
+                if all(p.row.abort_event.is_set() for p in running):
                     return
                 self._unpaused.wait(0.05)
 
-        self.decoder.run([p.row for p in batch], on_finish=on_finish, before_step=before_step)
+        self.decoder.run([p.row for p in admitted], on_finish=on_finish, before_step=before_step, admit=admit)
 
 
 def _resolve(future: asyncio.Future, result: RowResult) -> None:

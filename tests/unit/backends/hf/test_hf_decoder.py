@@ -1,11 +1,12 @@
-"""The batched decoder: padding-free results, seeded sampling, finish reasons, abort."""
+"""The batched decoder: padding-free results, seeded sampling, finish reasons, abort, rows joining mid-decode."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from transformers import DynamicCache
 
-from relax.backends.hf.decoder import BatchDecoder, DecodeRow
+from relax.backends.hf.decoder import BatchDecoder, DecodeRow, merge_caches, trim_left_padding
 from relax.backends.hf.sampling import parse_sampling_params
 
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [40, 41], [3], [12, 13, 14, 15]]
@@ -126,3 +127,114 @@ def test_abort_stops_one_row_and_the_others_finish(tiny_model_and_tokenizer):
     assert results[0].finish_reason["type"] == "abort" and len(results[0].output_ids) == 3
     assert results[1].finish_reason == {"type": "length", "length": 10}
     assert finished == [0, 1]
+
+
+# ---- continuous batching: groups joining a running batch ------------------------------------
+
+def _cache(*layers_BHTD) -> DynamicCache:
+    return DynamicCache(ddp_cache_data=[(kv, -kv) for kv in layers_BHTD])
+
+
+def test_merge_caches_left_pads_the_shorter_cache_and_stacks_the_rows():
+    keys_a = torch.arange(2 * 1 * 3 * 2, dtype=torch.float32).reshape(2, 1, 3, 2) + 1  # B=2, T=3
+    keys_b = torch.arange(1 * 1 * 5 * 2, dtype=torch.float32).reshape(1, 1, 5, 2) + 100  # B=1, T=5
+    mask_a = torch.tensor([[1, 1, 1], [0, 1, 1]])
+    mask_b = torch.tensor([[0, 1, 1, 1, 1]])
+    cache, mask = merge_caches(_cache(keys_a, 2 * keys_a), mask_a, _cache(keys_b, 2 * keys_b), mask_b)
+    assert mask.tolist() == [[0, 0, 1, 1, 1], [0, 0, 0, 1, 1], [0, 1, 1, 1, 1]]
+    for layer, scale in zip(cache.layers, (1, 2)):
+        assert layer.keys.shape == (3, 1, 5, 2) and layer.values.shape == (3, 1, 5, 2)
+        assert torch.equal(layer.keys[:2, :, :2], torch.zeros(2, 1, 2, 2))
+        assert torch.equal(layer.keys[:2, :, 2:], scale * keys_a)
+        assert torch.equal(layer.keys[2:], scale * keys_b)
+        assert torch.equal(layer.values, -layer.keys)
+    assert cache.get_seq_length() == 5
+
+
+def test_merge_caches_pads_the_joining_group_when_it_is_shorter():
+    keys_a, keys_b = torch.ones(1, 2, 4, 3), 2 * torch.ones(2, 2, 1, 3)
+    cache, mask = merge_caches(_cache(keys_a), torch.ones(1, 4, dtype=torch.long),
+                               _cache(keys_b), torch.ones(2, 1, dtype=torch.long))
+    assert mask.tolist() == [[1, 1, 1, 1], [0, 0, 0, 1], [0, 0, 0, 1]]
+    assert cache.layers[0].keys[1:, :, :3].abs().sum() == 0 and torch.equal(cache.layers[0].keys[1:, :, 3:],
+                                                                             keys_b)
+
+
+def test_merge_caches_rejects_a_mask_that_does_not_cover_the_cache():
+    with pytest.raises(ValueError, match="mask has 2 columns"):
+        merge_caches(_cache(torch.ones(1, 1, 3, 2)), torch.ones(1, 2, dtype=torch.long),
+                     _cache(torch.ones(1, 1, 3, 2)), torch.ones(1, 3, dtype=torch.long))
+
+
+def test_trim_left_padding_drops_columns_that_are_padding_in_every_row():
+    keys = torch.arange(2 * 1 * 4 * 1, dtype=torch.float32).reshape(2, 1, 4, 1)
+    cache = _cache(keys)
+    mask = trim_left_padding(cache, torch.tensor([[0, 0, 1, 1], [0, 1, 1, 1]]))
+    assert mask.tolist() == [[0, 1, 1], [1, 1, 1]]
+    assert torch.equal(cache.layers[0].keys, keys[:, :, 1:]) and torch.equal(cache.layers[0].values, -keys[:, :, 1:])
+    assert trim_left_padding(cache, mask) is mask  # nothing left to trim
+
+
+def _admit_at(schedule: dict[int, list[DecodeRow]], seen: list[int]):
+    """An `admit` callback handing over schedule[k] at the k-th step boundary (the first is right
+    after the prefill); records the running size it is called with."""
+    calls = []
+
+    def admit(running: int) -> list[DecodeRow]:
+        calls.append(1)
+        seen.append(running)
+        return schedule.get(len(calls), [])
+    return admit
+
+
+def test_rows_joining_mid_decode_give_the_same_greedy_tokens_as_decoded_alone(tiny_model_and_tokenizer,
+                                                                              reference_greedy):
+    model, tokenizer = tiny_model_and_tokenizer
+    first = [_row(PROMPTS[2], temperature=0, max_new_tokens=14, ignore_eos=True),
+             _row(PROMPTS[1], temperature=0, max_new_tokens=4, ignore_eos=True)]  # finishes: trims the cache
+    # step 2: a longer prompt than the running cache (running rows get padded); step 6: shorter ones
+    joining = {2: [_row(PROMPTS[0], temperature=0, max_new_tokens=7, ignore_eos=True)],
+               6: [_row(PROMPTS[3], temperature=0, max_new_tokens=9, ignore_eos=True),
+                   _row([30], temperature=0, max_new_tokens=3, ignore_eos=True)]}
+    seen: list[int] = []
+    decoder = _decoder(model, tokenizer)
+    results = decoder.run(first, admit=_admit_at(joining, seen))
+    rows = first + joining[2] + joining[6]
+    assert len(results) == 5
+    for row, result in zip(rows, results):
+        tokens, logprobs = reference_greedy(model, row.prompt_ids, row.params.max_new_tokens)
+        assert result.output_ids == tokens
+        assert result.output_logprobs == pytest.approx(logprobs, abs=1e-4)
+    assert (decoder.stats.batches, decoder.stats.joins, decoder.stats.joined_requests) == (1, 2, 3)
+    assert decoder.stats.recent_batch_sizes == [2, 3, 4]  # after the start, after each join
+    # running size at each step boundary after the prefill: row 1 leaves after its 4th token
+    assert seen[:7] == [2, 2, 3, 2, 2, 2, 4]
+
+
+def test_seeded_sampling_and_logprobs_are_the_same_alone_or_joined(tiny_model_and_tokenizer):
+    model, tokenizer = tiny_model_and_tokenizer
+    params = dict(temperature=0.7, top_p=0.9, max_new_tokens=12, sampling_seed=77, ignore_eos=True)
+    alone = _decoder(model, tokenizer).run([_row(PROMPTS[0], **params)])[0]
+    mates = [_row(PROMPTS[3], temperature=1.0, max_new_tokens=20, ignore_eos=True),
+             _row(PROMPTS[2], temperature=0.9, max_new_tokens=6, sampling_seed=3, ignore_eos=True)]
+    joined = _decoder(model, tokenizer).run(mates, admit=_admit_at({3: [_row(PROMPTS[0], **params)]}, []))[2]
+    assert joined.output_ids == alone.output_ids
+    assert joined.output_logprobs == pytest.approx(alone.output_logprobs, abs=1e-5)
+    full = torch.tensor([PROMPTS[0] + joined.output_ids])
+    with torch.no_grad():
+        logits = model(full).logits[0, len(PROMPTS[0]) - 1:-1].float()
+    expected = torch.log_softmax(logits / 0.7, -1).gather(-1, torch.tensor(joined.output_ids)[:, None])
+    assert joined.output_logprobs == pytest.approx(expected.squeeze(-1).tolist(), abs=1e-4)
+
+
+def test_an_aborted_joining_row_is_answered_without_stopping_the_batch(tiny_model_and_tokenizer):
+    model, tokenizer = tiny_model_and_tokenizer
+    late = _row(PROMPTS[3], temperature=0, max_new_tokens=5, ignore_eos=True)
+    late.abort_event.set()
+    finished = []
+    results = _decoder(model, tokenizer).run([_row(PROMPTS[0], temperature=0, max_new_tokens=6, ignore_eos=True)],
+                                             admit=_admit_at({2: [late]}, []),
+                                             on_finish=lambda i, r: finished.append(i))
+    assert results[1].finish_reason["type"] == "abort" and results[1].output_ids == []
+    assert results[0].finish_reason == {"type": "length", "length": 6}
+    assert finished == [1, 0]

@@ -1,10 +1,11 @@
-"""The scheduler: bursts share a batch, queued aborts resolve at once, pause holds new work."""
+"""The scheduler: bursts share a batch, late requests join a running batch, queued aborts resolve at
+once, pause holds new work."""
 
 from __future__ import annotations
 
 import asyncio
 
-from relax.backends.hf.decoder import DecodeRow, DecodeStats, RowResult
+from relax.backends.hf.decoder import BatchDecoder, DecodeRow, DecodeStats, RowResult
 from relax.backends.hf.sampling import parse_sampling_params
 from relax.backends.hf.scheduler import Scheduler
 
@@ -15,7 +16,7 @@ class RecordingDecoder:
     def __init__(self):
         self.stats, self.batches = DecodeStats(), []
 
-    def run(self, rows, *, on_finish=None, before_step=None):
+    def run(self, rows, *, on_finish=None, before_step=None, admit=None):
         self.batches.append(len(rows))
         for i, _ in enumerate(rows):
             on_finish(i, RowResult([1], [-0.1], {"type": "length", "length": 1}, "x"))
@@ -72,3 +73,90 @@ def test_abort_of_a_queued_request_resolves_it_and_pause_holds_the_rest():
     aborted, done, batches = asyncio.run(go())
     assert aborted.finish_reason["type"] == "abort" and aborted.output_ids == []
     assert done.output_ids == [1] and batches == [1]
+
+
+# ---- continuous batching with the real decoder -----------------------------------------------
+
+def _greedy(prompt, n) -> DecodeRow:
+    return DecodeRow(list(prompt), parse_sampling_params({"temperature": 0, "max_new_tokens": n, "ignore_eos": True}))
+
+
+async def _until(predicate, timeout: float = 30.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate():
+        assert asyncio.get_running_loop().time() < deadline, "condition never became true"
+        await asyncio.sleep(0.002)
+
+
+def test_a_request_submitted_mid_decode_joins_the_running_batch_and_finishes_first(tiny_model_and_tokenizer):
+    model, tokenizer = tiny_model_and_tokenizer
+
+    async def go():
+        decoder = BatchDecoder(model, tokenizer, device="cpu", eos_token_ids=[2], max_context_len=512, seed=0)
+        scheduler = Scheduler(decoder, batch_wait_s=0.01)
+        scheduler.start()
+        long = asyncio.create_task(scheduler.generate("long", _greedy([5, 6, 7], 400)))
+        await _until(lambda: decoder.stats.forward_calls >= 3)  # the long row is mid-decode
+        short = await scheduler.generate("short", _greedy([40, 41, 42, 43, 44], 5))
+        long_done_when_short_finished = long.done()
+        info = scheduler.info()
+        long_result = await long
+        await scheduler.stop()
+        return short, long_result, long_done_when_short_finished, info
+    short, long_result, long_done, info = asyncio.run(go())
+    assert not long_done and long_result.finish_reason == {"type": "length", "length": 400}
+    assert (info["num_batches"], info["num_joins"], info["num_joined_requests"]) == (1, 1, 1)
+    assert info["recent_batch_sizes"] == [1, 2] and info["running_requests"] == 1
+    alone = BatchDecoder(model, tokenizer, device="cpu", eos_token_ids=[2], max_context_len=512).run(
+        [_greedy([40, 41, 42, 43, 44], 5)])[0]
+    assert short.output_ids == alone.output_ids
+
+
+def test_joins_respect_max_running_requests(tiny_model_and_tokenizer):
+    model, tokenizer = tiny_model_and_tokenizer
+
+    async def go():
+        decoder = BatchDecoder(model, tokenizer, device="cpu", eos_token_ids=[2], max_context_len=512, seed=0)
+        scheduler = Scheduler(decoder, max_running_requests=2, batch_wait_s=0.01)
+        scheduler.start()
+        long = asyncio.create_task(scheduler.generate("long", _greedy([5, 6, 7], 300)))
+        await _until(lambda: decoder.stats.forward_calls >= 2)
+        shorts = await asyncio.gather(*(scheduler.generate(f"s{i}", _greedy([10 + i], 3)) for i in range(3)))
+        info = scheduler.info()
+        scheduler.abort("long")
+        aborted = await long
+        await scheduler.stop()
+        return shorts, info, aborted
+    shorts, info, aborted = asyncio.run(go())
+    assert all(len(s.output_ids) == 3 for s in shorts)
+    assert info["num_batches"] == 1 and info["num_joined_requests"] == 3
+    assert max(info["recent_batch_sizes"]) == 2
+    assert aborted.finish_reason["type"] == "abort" and 0 < len(aborted.output_ids) < 300
+
+
+def test_requests_queued_during_an_in_place_pause_join_after_continue(tiny_model_and_tokenizer):
+    model, tokenizer = tiny_model_and_tokenizer
+
+    async def go():
+        decoder = BatchDecoder(model, tokenizer, device="cpu", eos_token_ids=[2], max_context_len=512, seed=0)
+        scheduler = Scheduler(decoder, batch_wait_s=0.01)
+        scheduler.start()
+        long = asyncio.create_task(scheduler.generate("long", _greedy([5, 6, 7], 300)))
+        await _until(lambda: decoder.stats.forward_calls >= 2)
+        await scheduler.pause("in_place")
+        late = asyncio.create_task(scheduler.generate("late", _greedy([9, 8], 4)))
+        await _until(lambda: scheduler.info()["queued_requests"] == 1)
+        calls = decoder.stats.forward_calls
+        await asyncio.sleep(0.05)  # paused: no forward runs and the late request stays queued
+        held = (decoder.stats.forward_calls - calls, scheduler.info()["queued_requests"])
+        scheduler.resume()
+        late_result = await late
+        long_done = long.done()
+        scheduler.abort("long")
+        await long
+        await scheduler.stop()
+        return held, late_result, long_done, decoder.stats
+    held, late_result, long_done, stats = asyncio.run(go())
+    assert held[0] <= 1 and held[1] == 1
+    assert len(late_result.output_ids) == 4 and not long_done
+    assert (stats.batches, stats.joins) == (1, 1)

@@ -1,0 +1,127 @@
+"""How well the `hf` engine batches a burst of concurrent /generate requests.
+
+Launches one `hf` engine on a random tiny Qwen3 (`relax.backends.hf.tiny_model`), then fires N
+concurrent /generate requests through httpx, several rounds, in two arrival patterns:
+  burst    all N requests at once (as fast as one asyncio client sends them);
+  trickle  arrivals spread uniformly over `--spread-ms` (what a router in front of the engine
+           delivers during an RL rollout).
+For each round it reads /get_server_info before and after and reports the wall time, the
+engine's `busy_seconds` (wall time inside batched prefill/decode), how many batches were started
+from idle, how many groups joined a running batch, and the running batch sizes recorded.
+
+    python3 bench/hf_engine_batching.py [--n 128] [--max-new-tokens 16] [--rounds 3] [--spread-ms 50]
+        [--out bench/results/hf_engine_batching.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+
+async def one_round(client, n: int, max_new_tokens: int, spread_s: float, rng: random.Random) -> dict:
+    """Send n requests (arrivals spread over spread_s) and measure the engine's counters around them."""
+    before = (await client.get("/get_server_info")).json()
+
+    async def request(i: int) -> dict:
+        if spread_s > 0:
+            await asyncio.sleep(rng.uniform(0, spread_s))
+        prompt = [rng.randrange(4, 64) for _ in range(rng.randrange(4, 16))]
+        reply = await client.post("/generate", json={"input_ids": prompt, "rid": f"bench-{i}", "sampling_params": {
+            "temperature": 1.0, "max_new_tokens": max_new_tokens, "ignore_eos": True}})
+        reply.raise_for_status()
+        return reply.json()
+
+    start = time.perf_counter()
+    replies = await asyncio.gather(*(request(i) for i in range(n)))
+    wall = time.perf_counter() - start
+    after = (await client.get("/get_server_info")).json()
+    batches = after["num_batches"] - before["num_batches"]
+    joins = after.get("num_joins", 0) - before.get("num_joins", 0)
+    recorded = batches + joins  # one recent_batch_sizes entry per batch start and per join
+    return {
+        "wall_s": wall, "busy_s": after["busy_seconds"] - before["busy_seconds"], "batches": batches,
+        "joins": joins, "forward_calls": after["num_forward_calls"] - before["num_forward_calls"],
+        "tokens": sum(r["meta_info"]["completion_tokens"] for r in replies),
+        "batch_sizes": after["recent_batch_sizes"][-recorded:] if recorded else [],
+    }
+
+
+async def run_bench(url: str, args) -> list[dict]:
+    import httpx
+
+    rng = random.Random(0)
+    limits = httpx.Limits(max_connections=args.n + 8, max_keepalive_connections=args.n + 8)
+    rows = []
+    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=300) as client:
+        await client.post("/generate", json={"input_ids": [5], "sampling_params": {"max_new_tokens": 2}})  # warm-up
+        for mode, spread_ms in (("burst", 0.0), ("trickle", args.spread_ms)):
+            for r in range(args.rounds):
+                row = await one_round(client, args.n, args.max_new_tokens, spread_ms / 1000, rng)
+                rows.append({"mode": mode, "round": r, "spread_ms": spread_ms, **row})
+                print_row(rows[-1])
+    return rows
+
+
+def print_row(row: dict) -> None:
+    sizes = row["batch_sizes"]
+    shown = sizes if len(sizes) <= 12 else sizes[:6] + ["..."] + sizes[-5:]
+    print(f"{row['mode']:>8} {row['round']:>5} {row['wall_s']:>8.3f} {row['busy_s']:>8.3f} {row['batches']:>8d} "
+          f"{row['joins']:>6d} {row['forward_calls']:>8d} {row['tokens']:>7d}  {shown}", flush=True)
+
+
+def summarize(rows: list[dict]) -> dict:
+    out = {}
+    for mode in sorted({r["mode"] for r in rows}):
+        mine = [r for r in rows if r["mode"] == mode]
+        out[mode] = {key: statistics.median(r[key] for r in mine)
+                     for key in ("wall_s", "busy_s", "batches", "joins", "forward_calls")}
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, default=128, help="concurrent requests per round")
+    parser.add_argument("--max-new-tokens", type=int, default=16)
+    parser.add_argument("--rounds", type=int, default=3, help="rounds per arrival pattern")
+    parser.add_argument("--spread-ms", type=float, default=50.0, help="arrival window of the trickle pattern")
+    parser.add_argument("--num-threads", type=int, default=1, help="torch threads of the engine")
+    parser.add_argument("--label", default="", help="free text stored in the JSON (e.g. the git revision)")
+    parser.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "hf_engine_batching.json"))
+    args = parser.parse_args()
+
+    from relax.backends.hf.launcher import launch_hf_engine
+    from relax.backends.hf.tiny_model import build_tiny_qwen3
+
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = build_tiny_qwen3(os.path.join(tmp, "model"), seed=0)
+        engine = launch_hf_engine(str(model_dir), num_threads=args.num_threads,
+                                  log_path=os.path.join(tmp, "engine.log")).wait_ready(timeout=120)
+        try:
+            print(f"{'mode':>8} {'round':>5} {'wall_s':>8} {'busy_s':>8} {'batches':>8} {'joins':>6} "
+                  f"{'forwards':>8} {'tokens':>7}  running batch sizes")
+            rows = asyncio.run(run_bench(engine.url, args))
+        finally:
+            engine.terminate()
+    summary = summarize(rows)
+    for mode, s in summary.items():
+        print(f"median {mode}: wall {s['wall_s']:.3f}s busy {s['busy_s']:.3f}s batches {s['batches']} "
+              f"joins {s['joins']} forwards {s['forward_calls']}")
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump({"config": vars(args), "label": args.label, "rounds": rows, "median": summary}, f, indent=1)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
