@@ -9,8 +9,12 @@ For each round it reads /get_server_info before and after and reports the wall t
 engine's `busy_seconds` (wall time inside batched prefill/decode), how many batches were started
 from idle, how many groups joined a running batch, and the running batch sizes recorded.
 
+The client is httpx (one AsyncClient, as `relax.utils.http_utils` uses); `--client aiohttp`
+sends the same requests with aiohttp, whose client is much cheaper per request on a small CPU,
+so the burst reaches the engine as a burst and the engine side is what is measured.
+
     python3 bench/hf_engine_batching.py [--n 128] [--max-new-tokens 16] [--rounds 3] [--spread-ms 50]
-        [--out bench/results/hf_engine_batching.json]
+        [--client httpx|aiohttp] [--out bench/results/hf_engine_batching.json]
 """
 
 from __future__ import annotations
@@ -29,23 +33,67 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 
+class HttpxClient:
+    def __init__(self, url: str, connections: int):
+        import httpx
+
+        limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
+        self._client = httpx.AsyncClient(base_url=url, limits=limits, timeout=300)
+
+    async def get(self, path: str) -> dict:
+        reply = await self._client.get(path)
+        reply.raise_for_status()
+        return reply.json()
+
+    async def post(self, path: str, body: dict) -> dict:
+        reply = await self._client.post(path, json=body)
+        reply.raise_for_status()
+        return reply.json()
+
+    async def close(self) -> None:
+        await self._client.aclose()
+
+
+class AiohttpClient:
+    def __init__(self, url: str, connections: int):
+        import aiohttp
+
+        self._url = url
+        self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=connections),
+                                              timeout=aiohttp.ClientTimeout(total=300))
+
+    async def get(self, path: str) -> dict:
+        async with self._session.get(self._url + path) as reply:
+            reply.raise_for_status()
+            return await reply.json()
+
+    async def post(self, path: str, body: dict) -> dict:
+        async with self._session.post(self._url + path, json=body) as reply:
+            reply.raise_for_status()
+            return await reply.json()
+
+    async def close(self) -> None:
+        await self._session.close()
+
+
+CLIENTS = {"httpx": HttpxClient, "aiohttp": AiohttpClient}
+
+
 async def one_round(client, n: int, max_new_tokens: int, spread_s: float, rng: random.Random) -> dict:
     """Send n requests (arrivals spread over spread_s) and measure the engine's counters around them."""
-    before = (await client.get("/get_server_info")).json()
+    before = await client.get("/get_server_info")
 
     async def request(i: int) -> dict:
         if spread_s > 0:
             await asyncio.sleep(rng.uniform(0, spread_s))
         prompt = [rng.randrange(4, 64) for _ in range(rng.randrange(4, 16))]
-        reply = await client.post("/generate", json={"input_ids": prompt, "rid": f"bench-{i}", "sampling_params": {
+        return await client.post("/generate", {"input_ids": prompt, "rid": f"bench-{i}", "sampling_params": {
             "temperature": 1.0, "max_new_tokens": max_new_tokens, "ignore_eos": True}})
-        reply.raise_for_status()
-        return reply.json()
 
     start = time.perf_counter()
     replies = await asyncio.gather(*(request(i) for i in range(n)))
     wall = time.perf_counter() - start
-    after = (await client.get("/get_server_info")).json()
+    after = await client.get("/get_server_info")
     batches = after["num_batches"] - before["num_batches"]
     joins = after.get("num_joins", 0) - before.get("num_joins", 0)
     recorded = batches + joins  # one recent_batch_sizes entry per batch start and per join
@@ -58,18 +106,18 @@ async def one_round(client, n: int, max_new_tokens: int, spread_s: float, rng: r
 
 
 async def run_bench(url: str, args) -> list[dict]:
-    import httpx
-
     rng = random.Random(0)
-    limits = httpx.Limits(max_connections=args.n + 8, max_keepalive_connections=args.n + 8)
     rows = []
-    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=300) as client:
-        await client.post("/generate", json={"input_ids": [5], "sampling_params": {"max_new_tokens": 2}})  # warm-up
+    client = CLIENTS[args.client](url, args.n + 8)
+    try:
+        await client.post("/generate", {"input_ids": [5], "sampling_params": {"max_new_tokens": 2}})  # warm-up
         for mode, spread_ms in (("burst", 0.0), ("trickle", args.spread_ms)):
             for r in range(args.rounds):
                 row = await one_round(client, args.n, args.max_new_tokens, spread_ms / 1000, rng)
                 rows.append({"mode": mode, "round": r, "spread_ms": spread_ms, **row})
                 print_row(rows[-1])
+    finally:
+        await client.close()
     return rows
 
 
@@ -95,6 +143,7 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=3, help="rounds per arrival pattern")
     parser.add_argument("--spread-ms", type=float, default=50.0, help="arrival window of the trickle pattern")
+    parser.add_argument("--client", choices=sorted(CLIENTS), default="httpx", help="HTTP client library")
     parser.add_argument("--num-threads", type=int, default=1, help="torch threads of the engine")
     parser.add_argument("--label", default="", help="free text stored in the JSON (e.g. the git revision)")
     parser.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "hf_engine_batching.json"))

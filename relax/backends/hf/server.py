@@ -242,7 +242,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--dtype", default="auto", choices=sorted(DTYPE_CHOICES))
     parser.add_argument("--max-running-requests", type=int, default=256, help="largest decode batch")
     parser.add_argument("--batch-wait-ms", type=float, default=20.0,
-                        help="longest wait for a burst of requests to gather into one batch")
+                        help="longest wait for a burst of requests to gather before a batch starts from idle "
+                             "(later requests join the running batch at the next decode step)")
     parser.add_argument("--max-context-len", type=int, default=None, help="defaults to max_position_embeddings")
     parser.add_argument("--served-model-name", default=None)
     parser.add_argument("--random-seed", type=int, default=None, help="seed of unseeded sampling")
