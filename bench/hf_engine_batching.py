@@ -13,8 +13,13 @@ The client is httpx (one AsyncClient, as `relax.utils.http_utils` uses); `--clie
 sends the same requests with aiohttp, whose client is much cheaper per request on a small CPU,
 so the burst reaches the engine as a burst and the engine side is what is measured.
 
+`--in-process` skips HTTP: it drives the engine's `Scheduler` + `BatchDecoder` directly (on
+`--device`, e.g. cuda) with the same arrival patterns, once with joining (continuous
+batching) and once with `BatchDecoder.can_join = False` (the old behaviour: requests that
+arrive while a batch decodes wait for the next batch), so both are measured in one process.
+
     python3 bench/hf_engine_batching.py [--n 128] [--max-new-tokens 16] [--rounds 3] [--spread-ms 50]
-        [--client httpx|aiohttp] [--out bench/results/hf_engine_batching.json]
+        [--client httpx|aiohttp] [--hidden-size 32] [--num-layers 2] [--in-process --device cuda] [--out bench/results/hf_engine_batching.json]
 """
 
 from __future__ import annotations
@@ -121,10 +126,67 @@ async def run_bench(url: str, args) -> list[dict]:
     return rows
 
 
+async def in_process_round(scheduler, n: int, max_new_tokens: int, spread_s: float, rng: random.Random) -> dict:
+    """Like one_round, but calls `Scheduler.generate` directly (no HTTP)."""
+    from relax.backends.hf.decoder import DecodeRow
+    from relax.backends.hf.sampling import parse_sampling_params
+
+    params = parse_sampling_params({"temperature": 1.0, "max_new_tokens": max_new_tokens, "ignore_eos": True})
+    stats = scheduler.decoder.stats
+    before = (stats.busy_seconds, stats.batches, stats.joins, stats.forward_calls)
+
+    async def request(i: int, delay: float, prompt: list[int]):
+        await asyncio.sleep(delay)
+        return await scheduler.generate(f"bench-{i}", DecodeRow(prompt, params))
+
+    arrivals = [(rng.uniform(0, spread_s) if spread_s > 0 else 0.0,
+                 [rng.randrange(4, 64) for _ in range(rng.randrange(4, 16))]) for _ in range(n)]
+    start = time.perf_counter()
+    results = await asyncio.gather(*(request(i, d, p) for i, (d, p) in enumerate(arrivals)))
+    wall = time.perf_counter() - start
+    batches, joins = stats.batches - before[1], stats.joins - before[2]
+    return {"wall_s": wall, "busy_s": stats.busy_seconds - before[0], "batches": batches, "joins": joins,
+            "forward_calls": stats.forward_calls - before[3], "tokens": sum(len(r.output_ids) for r in results),
+            "batch_sizes": stats.recent_batch_sizes[-(batches + joins):] if batches + joins else []}
+
+
+def run_in_process(model_dir: str, args) -> list[dict]:
+    """Both modes (join / no join) against one in-process decoder on args.device."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from relax.backends.hf.decoder import BatchDecoder
+    from relax.backends.hf.scheduler import Scheduler
+
+    torch.set_num_threads(args.num_threads)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, args.dtype)).to(args.device).eval()
+    decoder = BatchDecoder(model, AutoTokenizer.from_pretrained(model_dir), device=args.device, eos_token_ids=[2],
+                           max_context_len=512, seed=0)
+    rows = []
+
+    async def go():
+        scheduler = Scheduler(decoder, max_running_requests=max(256, args.n))
+        scheduler.start()
+        rng = random.Random(0)
+        await in_process_round(scheduler, 8, 4, 0.0, rng)  # warm-up
+        for join in (False, True):
+            decoder.can_join = join
+            for mode, spread_ms in (("burst", 0.0), ("trickle", args.spread_ms)):
+                for r in range(args.rounds):
+                    row = await in_process_round(scheduler, args.n, args.max_new_tokens, spread_ms / 1000, rng)
+                    rows.append({"mode": f"{mode}/{'join' if join else 'no-join'}", "round": r,
+                                 "spread_ms": spread_ms, **row})
+                    print_row(rows[-1])
+        await scheduler.stop()
+
+    asyncio.run(go())
+    return rows
+
+
 def print_row(row: dict) -> None:
     sizes = row["batch_sizes"]
     shown = sizes if len(sizes) <= 12 else sizes[:6] + ["..."] + sizes[-5:]
-    print(f"{row['mode']:>8} {row['round']:>5} {row['wall_s']:>8.3f} {row['busy_s']:>8.3f} {row['batches']:>8d} "
+    print(f"{row['mode']:>15} {row['round']:>5} {row['wall_s']:>8.3f} {row['busy_s']:>8.3f} {row['batches']:>8d} "
           f"{row['joins']:>6d} {row['forward_calls']:>8d} {row['tokens']:>7d}  {shown}", flush=True)
 
 
@@ -137,6 +199,17 @@ def summarize(rows: list[dict]) -> dict:
     return out
 
 
+def run_over_http(model_dir: str, tmp: str, args) -> list[dict]:
+    from relax.backends.hf.launcher import launch_hf_engine
+
+    engine = launch_hf_engine(model_dir, num_threads=args.num_threads,
+                              log_path=os.path.join(tmp, "engine.log")).wait_ready(timeout=120)
+    try:
+        return asyncio.run(run_bench(engine.url, args))
+    finally:
+        engine.terminate()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=128, help="concurrent requests per round")
@@ -144,24 +217,27 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="rounds per arrival pattern")
     parser.add_argument("--spread-ms", type=float, default=50.0, help="arrival window of the trickle pattern")
     parser.add_argument("--client", choices=sorted(CLIENTS), default="httpx", help="HTTP client library")
+    parser.add_argument("--hidden-size", type=int, default=32, help="of the random Qwen3 (32 = the test model)")
+    parser.add_argument("--num-layers", type=int, default=2, help="of the random Qwen3")
+    parser.add_argument("--in-process", action="store_true", help="no HTTP: drive Scheduler + BatchDecoder")
+    parser.add_argument("--device", default="cpu", help="for --in-process (the HTTP engine runs on cpu)")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"), help="for --in-process")
     parser.add_argument("--num-threads", type=int, default=1, help="torch threads of the engine")
     parser.add_argument("--label", default="", help="free text stored in the JSON (e.g. the git revision)")
     parser.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "hf_engine_batching.json"))
     args = parser.parse_args()
 
-    from relax.backends.hf.launcher import launch_hf_engine
     from relax.backends.hf.tiny_model import build_tiny_qwen3
 
     with tempfile.TemporaryDirectory() as tmp:
-        model_dir = build_tiny_qwen3(os.path.join(tmp, "model"), seed=0)
-        engine = launch_hf_engine(str(model_dir), num_threads=args.num_threads,
-                                  log_path=os.path.join(tmp, "engine.log")).wait_ready(timeout=120)
-        try:
-            print(f"{'mode':>8} {'round':>5} {'wall_s':>8} {'busy_s':>8} {'batches':>8} {'joins':>6} "
-                  f"{'forwards':>8} {'tokens':>7}  running batch sizes")
-            rows = asyncio.run(run_bench(engine.url, args))
-        finally:
-            engine.terminate()
+        model_dir = build_tiny_qwen3(os.path.join(tmp, "model"), seed=0, hidden_size=args.hidden_size,
+                                     num_hidden_layers=args.num_layers)
+        print(f"{'mode':>15} {'round':>5} {'wall_s':>8} {'busy_s':>8} {'batches':>8} {'joins':>6} "
+              f"{'forwards':>8} {'tokens':>7}  running batch sizes")
+        if args.in_process:
+            rows = run_in_process(str(model_dir), args)
+        else:
+            rows = run_over_http(str(model_dir), tmp, args)
     summary = summarize(rows)
     for mode, s in summary.items():
         print(f"median {mode}: wall {s['wall_s']:.3f}s busy {s['busy_s']:.3f}s batches {s['batches']} "

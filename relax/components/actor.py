@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from relax.algorithms.advantages import AdvantageInputs, compute_advantages
+from relax.algorithms.kl import approx_kl
 from relax.algorithms.policy_loss import PolicyLossConfig
 from relax.backends.base import TrainerSpec
 from relax.backends.registry import TRAIN_BACKENDS
@@ -60,6 +61,16 @@ def make_worker_group(cfg: RelaxConfig, role: str, model_path: str, n_workers: i
     gpus = 1.0 if torch.cuda.is_available() else 0.0
     return RayActorGroup(worker_cls, n_workers, spec, num_cpus=1, num_gpus=gpus, name=role,
                          env_vars={k: str(v) for k, v in cfg.misc.train_env_vars.items()})
+
+
+def needs_reference(cfg: RelaxConfig) -> bool:
+    """A reference model is deployed for the KL loss or KL reward shaping."""
+    return cfg.algo.use_kl_loss or cfg.algo.kl_coef != 0
+
+
+def padded(rows: list[list[float]]) -> torch.Tensor:
+    """Per-sample response-aligned lists -> right-padded `[B, T]` float tensor."""
+    return torch.nn.utils.rnn.pad_sequence([torch.tensor(r, dtype=torch.float32) for r in rows], batch_first=True)
 
 
 def shard_rows(num_rows: int, num_steps: int, world_size: int) -> list[list[int]]:
@@ -112,16 +123,11 @@ class Actor:
         n_rows = len(batch["tokens"])
         num_steps = max(1, n_rows // self.cfg.batch.global_batch_size)
         shards_idx = shard_rows(n_rows, num_steps, self.group.world_size)
-        shards = [{k: [v[i] for i in idx] if isinstance(v, list) else v for k, v in batch.items()} for idx in shards_idx]
-        if self.cfg.algo.use_rollout_logprobs:
-            for shard in shards:
-                shard["old_log_probs"] = shard["rollout_log_probs"]
-        else:
-            t0 = time.perf_counter()
-            old = await self.group.call_sharded("compute_log_probs", shards)
-            for shard, logps in zip(shards, old):
-                shard["old_log_probs"] = logps
-            metrics["time/old_log_probs"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        batch["old_log_probs"] = await self._old_log_probs(batch, shards_idx)
+        metrics["time/old_log_probs"] = time.perf_counter() - t0
+        batch["advantages"] = self._advantages(batch)
+        shards = [{k: [v[i] for i in idx] for k, v in batch.items() if isinstance(v, list)} for idx in shards_idx]
         per_step = n_rows // num_steps
         tokens_per_step = [int(sum(sum(batch["loss_masks"][i]) for i in range(s * per_step, (s + 1) * per_step)))
                            for s in range(num_steps)]
@@ -135,9 +141,23 @@ class Actor:
         metrics["time/train"] = time.perf_counter() - start
         return metrics
 
+    async def _old_log_probs(self, batch: dict[str, Any], shards_idx: list[list[int]]) -> list[list[float]]:
+        """The behaviour policy's log-probs: recomputed on the current weights (default) or the
+        engine's (`--use-rollout-logprobs`)."""
+        if self.cfg.algo.use_rollout_logprobs:
+            return batch["rollout_log_probs"]
+        shards = [{"tokens": [batch["tokens"][i] for i in idx],
+                   "response_lengths": [batch["response_lengths"][i] for i in idx]} for idx in shards_idx]
+        results = await self.group.call_sharded("compute_log_probs", shards)
+        old: list[list[float]] = [[] for _ in batch["tokens"]]
+        for idx, logps in zip(shards_idx, results):
+            for i, lp in zip(idx, logps):
+                old[i] = lp
+        return old
+
     async def _read_batch(self, rollout_id: int) -> tuple[dict[str, Any], dict[str, float]]:
         keys = await tq.list_keys(rollout_id)
-        fields = list(tq.ROLLOUT_COLUMNS) + (["ref_log_probs"] if self.cfg.algo.use_kl_loss else [])
+        fields = list(tq.ROLLOUT_COLUMNS) + (["ref_log_probs"] if needs_reference(self.cfg) else [])
         cols = await tq.get_columns(rollout_id, keys, fields)
         versions = cols["weight_versions"].tolist()
         lags = [self.version - v for v in versions]
@@ -152,23 +172,26 @@ class Actor:
             "response_lengths": cols["response_lengths"].tolist(),
             "loss_masks": [m.tolist() for m in cols["loss_masks"]],
             "rollout_log_probs": [lp.tolist() for lp in cols["rollout_log_probs"]],
+            "rewards": cols["rewards"].tolist(),
         }
         if "ref_log_probs" in cols:
             batch["ref_log_probs"] = [lp.tolist() for lp in cols["ref_log_probs"]]
-        batch["advantages"] = self._advantages(cols["rewards"], batch["loss_masks"])
         return batch, metrics
 
-    def _advantages(self, rewards_B: torch.Tensor, loss_masks: list[list[int]]) -> list[list[float]]:
+    def _advantages(self, batch: dict[str, Any]) -> list[list[float]]:
         a = self.cfg.algo
-        mask_BT = torch.nn.utils.rnn.pad_sequence([torch.tensor(m, dtype=torch.float32) for m in loss_masks],
-                                                  batch_first=True)
+        mask_BT = padded(batch["loss_masks"])
+        kl_BT = None
+        if a.kl_coef != 0:  # reward shaping: k1 KL of the behaviour policy to the reference
+            kl_BT = approx_kl(padded(batch["old_log_probs"]), padded(batch["ref_log_probs"]), "k1") * mask_BT
         inputs = AdvantageInputs(
-            rewards_B=rewards_B.float(), n_samples_per_prompt=self.cfg.rollout.n_samples_per_prompt, mask_BT=mask_BT,
-            gamma=a.gamma, lambd=a.lambd, std_normalization=not a.disable_grpo_std_normalization,
+            rewards_B=torch.tensor(batch["rewards"], dtype=torch.float32),
+            n_samples_per_prompt=self.cfg.rollout.n_samples_per_prompt, mask_BT=mask_BT, kl_BT=kl_BT,
+            kl_coef=a.kl_coef, gamma=a.gamma, lambd=a.lambd, std_normalization=not a.disable_grpo_std_normalization,
             normalize_rewards=not a.disable_rewards_normalization,
         )
         adv_BT, _ = compute_advantages(a.advantage_estimator, inputs, normalize=a.normalize_advantages)
-        return [adv_BT[i, : len(m)].tolist() for i, m in enumerate(loss_masks)]
+        return [adv_BT[i, : len(m)].tolist() for i, m in enumerate(batch["loss_masks"])]
 
     async def save(self, rollout_id: int) -> str:
         cfg = self.cfg.ckpt

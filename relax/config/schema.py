@@ -201,7 +201,7 @@ class AlgorithmConfig:
     eps_clip_c: float | None = opt(None, "Dual-clip constant (> 1).")
     value_clip: float = opt(0.2, "Value clip.")
     entropy_coef: float = opt(0.0, "Entropy bonus coefficient.")
-    kl_coef: float = opt(0.0, "KL reward-shaping coefficient.", supported=False)
+    kl_coef: float = opt(0.0, "KL reward-shaping coefficient: reward - kl_coef * sum_t k1(old || ref) before advantages.")
     use_kl_loss: bool = opt(False, "Add a KL(actor || reference) loss.")
     kl_loss_coef: float = opt(0.0, "KL loss coefficient.")
     kl_loss_type: str = opt("k1", "KL estimator.", choices=KL_TYPES)

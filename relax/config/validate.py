@@ -113,8 +113,8 @@ def check_algorithm(cfg: RelaxConfig) -> None:
     if a.advantage_estimator in ("ppo", "on_policy_distillation"):
         raise ConfigError(f"--advantage-estimator {a.advantage_estimator} is not available in this build yet; "
                           "use grpo, gspo, sapo, reinforce_plus_plus or reinforce_plus_plus_baseline")
-    if a.use_kl_loss and not (cfg.ckpt.ref_load or cfg.ckpt.hf_checkpoint):
-        raise ConfigError("--use-kl-loss needs a reference model: set --ref-load (or --hf-checkpoint)")
+    if (a.use_kl_loss or a.kl_coef) and not (cfg.ckpt.ref_load or cfg.ckpt.hf_checkpoint):
+        raise ConfigError("--use-kl-loss / --kl-coef need a reference model: set --ref-load (or --hf-checkpoint)")
 
 
 def _hf_config(path: str) -> dict:

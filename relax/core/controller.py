@@ -21,6 +21,7 @@ import sys
 import time
 from typing import Any
 
+from relax.components.actor import needs_reference
 from relax.config.schema import RelaxConfig
 from relax.core.service import Runtime
 from relax.utils.metrics import MetricsTracker, format_step_summary
@@ -58,7 +59,7 @@ class Controller:
         rt, cfg = self.runtime, self.cfg
         self.actor = RoleHandle(rt.deploy_role("actor", cfg))
         self.rollout = RoleHandle(rt.deploy_role("rollout", cfg))
-        if cfg.algo.use_kl_loss:
+        if needs_reference(cfg):
             self.reference = RoleHandle(rt.deploy_role("reference", cfg))
         self.start = (await self.actor.setup())["start_rollout_id"]
         info = await self.rollout.setup(self.start)

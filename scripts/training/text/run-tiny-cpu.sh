@@ -70,6 +70,10 @@ GRPO_ARGS=(
   --advantage-estimator grpo
   --eps-clip 0.2
   --entropy-coef 0
+  # A small KL to the SFT policy keeps the response format (eos) intact as accuracy climbs.
+  --use-kl-loss
+  --kl-loss-coef 0.05
+  --kl-loss-type low_var_kl
 )
 
 OPTIMIZER_ARGS=(
@@ -95,7 +99,7 @@ LOG_ARGS=(
 )
 
 python3 relax/entrypoints/train.py \
-  --resource '{"actor": [1, 1], "rollout": [1, 2]}' \
+  --resource '{"actor": [1, 1], "rollout": [1, 2], "reference": [1, 1]}' \
   --colocate \
   --exp-dir "${RUN_DIR}" \
   "${MODEL_ARGS[@]}" "${CKPT_ARGS[@]}" "${ROLLOUT_ARGS[@]}" "${EVAL_ARGS[@]}" \
