@@ -23,6 +23,7 @@ from relax.distributed import transfer_queue as tq
 from relax.engine.router.router import Router
 from relax.engine.rollout import sglang_rollout
 from relax.types import Sample
+from relax.utils.http_utils import close_sessions
 from relax.utils.logging import run_token, setup_logging
 from relax.utils.plugins import call_maybe_async, import_object, load_plugin
 
@@ -99,6 +100,7 @@ class Rollout:
         for engine in self.engines:
             engine.terminate()
         sglang_rollout.GenerateState.reset()
+        await close_sessions()
         self.engines, self.clients = [], []
 
     def engine_urls(self) -> list[str]:

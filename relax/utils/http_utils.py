@@ -1,8 +1,10 @@
 """Small async HTTP helpers shared by rollout code and user plugins.
 
 `post(url, payload)` is the call custom generate functions use to reach the router
-(`from relax.utils.http_utils import post`). One pooled client per event loop; every call
-has a timeout; a non-2xx reply raises `HTTPError` with the server's message.
+(`from relax.utils.http_utils import post`). One pooled aiohttp session per event loop (aiohttp
+gets a burst of hundreds of concurrent requests onto the wire several times faster than httpx
+here, which matters because the engines batch whatever has arrived); every call has a
+timeout; a non-2xx reply raises `HTTPError` with the server's message.
 """
 
 from __future__ import annotations
@@ -10,37 +12,48 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-import httpx
+import aiohttp
 
 DEFAULT_TIMEOUT_S = 600.0
-_clients: dict[int, httpx.AsyncClient] = {}
+_sessions: dict[int, aiohttp.ClientSession] = {}
 
 
 class HTTPError(RuntimeError):
     def __init__(self, url: str, status: int, body: str) -> None:
-        super().__init__(f"POST {url} -> HTTP {status}: {body[:500]}")
+        super().__init__(f"{url} -> HTTP {status}: {body[:500]}")
         self.url, self.status, self.body = url, status, body
 
 
-def _client() -> httpx.AsyncClient:
-    loop_id = id(asyncio.get_running_loop())
-    client = _clients.get(loop_id)
-    if client is None:
-        limits = httpx.Limits(max_connections=1024, max_keepalive_connections=256)
-        client = _clients[loop_id] = httpx.AsyncClient(limits=limits, timeout=DEFAULT_TIMEOUT_S, trust_env=False)
-    return client
+def _session() -> aiohttp.ClientSession:
+    loop = asyncio.get_running_loop()
+    session = _sessions.get(id(loop))
+    if session is None or session.closed:
+        connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, ttl_dns_cache=300)
+        session = _sessions[id(loop)] = aiohttp.ClientSession(connector=connector, trust_env=False)
+    return session
+
+
+async def _request(method: str, url: str, payload: dict[str, Any] | None, timeout: float | None,
+                   headers: dict[str, str] | None) -> Any:
+    client_timeout = aiohttp.ClientTimeout(total=timeout or DEFAULT_TIMEOUT_S)
+    async with _session().request(method, url, json=payload, headers=headers, timeout=client_timeout) as resp:
+        body = await resp.read()
+        if resp.status >= 400:
+            raise HTTPError(url, resp.status, body.decode(errors="replace"))
+        return await resp.json(content_type=None)
 
 
 async def post(url: str, payload: dict[str, Any], *, timeout: float | None = None,
                headers: dict[str, str] | None = None) -> Any:
-    resp = await _client().post(url, json=payload, headers=headers, timeout=timeout or DEFAULT_TIMEOUT_S)
-    if resp.status_code >= 400:
-        raise HTTPError(url, resp.status_code, resp.text)
-    return resp.json()
+    return await _request("POST", url, payload, timeout, headers)
 
 
 async def get(url: str, *, timeout: float | None = None, headers: dict[str, str] | None = None) -> Any:
-    resp = await _client().get(url, headers=headers, timeout=timeout or DEFAULT_TIMEOUT_S)
-    if resp.status_code >= 400:
-        raise HTTPError(url, resp.status_code, resp.text)
-    return resp.json()
+    return await _request("GET", url, None, timeout, headers)
+
+
+async def close_sessions() -> None:
+    """Close this loop's session (call before the loop ends to avoid 'unclosed session' warnings)."""
+    session = _sessions.pop(id(asyncio.get_running_loop()), None)
+    if session is not None:
+        await session.close()

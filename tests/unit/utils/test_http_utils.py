@@ -1,0 +1,37 @@
+"""post/get: JSON round trip, and a non-2xx reply raises with the server's message."""
+
+import asyncio
+
+import pytest
+from aiohttp import web
+
+from relax.utils.http_utils import HTTPError, close_sessions, get, post
+
+
+def test_post_returns_json_and_errors_carry_the_body():
+    async def scenario():
+        async def echo(request):
+            return web.json_response({"got": await request.json()})
+
+        async def fail(request):
+            return web.json_response({"error": "bad sampling_params"}, status=400)
+
+        app = web.Application()
+        app.router.add_post("/echo", echo)
+        app.router.add_post("/fail", fail)
+        app.router.add_get("/echo", lambda r: web.json_response({"ok": True}))
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        base = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+        try:
+            assert await post(f"{base}/echo", {"a": 1}) == {"got": {"a": 1}}
+            assert await get(f"{base}/echo") == {"ok": True}
+            with pytest.raises(HTTPError, match="400.*bad sampling_params"):
+                await post(f"{base}/fail", {})
+        finally:
+            await close_sessions()
+            await runner.cleanup()
+
+    asyncio.run(scenario())
