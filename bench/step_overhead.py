@@ -28,9 +28,12 @@ COMPUTE_KEYS = ("compute/generate_seconds", "compute/train_seconds", "compute/re
 
 def run_quickstart(steps: int, exp_dir: str) -> str:
     env = dict(os.environ, EXP_DIR=exp_dir, NUM_ROLLOUT=str(steps), EVAL_INTERVAL="0", SAVE_INTERVAL="0")
+    metrics = os.path.join(exp_dir, "run", "metrics.jsonl")
+    if os.path.exists(metrics):
+        os.remove(metrics)  # the tracker appends; this run's steps only
     subprocess.run(["bash", os.path.join(ROOT, "scripts/training/text/run-tiny-cpu.sh")], env=env, check=True,
                    cwd=ROOT)
-    return os.path.join(exp_dir, "run", "metrics.jsonl")
+    return metrics
 
 
 def step_rows(metrics_path: str) -> list[dict[str, float]]:

@@ -23,11 +23,29 @@ from relax.utils.plugins import import_object
 logger = logging.getLogger(__name__)
 
 
+ENV_FILE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                        "configs", "env.yaml")
+
+
+def env_file_vars(path: str = ENV_FILE) -> dict[str, str]:
+    """`env_vars:` of configs/env.yaml (missing file -> none)."""
+    if not os.path.exists(path):
+        return {}
+    from omegaconf import OmegaConf
+
+    loaded = OmegaConf.to_container(OmegaConf.load(path), resolve=True) or {}
+    if not isinstance(loaded, dict) or not isinstance(loaded.get("env_vars", {}), dict):
+        raise ValueError(f"{path}: expected a mapping with an 'env_vars' mapping of NAME: value")
+    return {str(k): str(v) for k, v in (loaded.get("env_vars") or {}).items()}
+
+
 def runtime_env_vars(token: str) -> dict[str, str]:
-    """Env for every role process: the run token, and the launch directory on PYTHONPATH so
-    plugins given as dotted paths (`examples.x.reward.fn`) import in remote processes too."""
+    """Env for every role process: configs/env.yaml defaults, the run token, and the launch
+    directory on PYTHONPATH so plugins given as dotted paths (`examples.x.reward.fn`) import in
+    remote processes too. Variables already set in the launching environment win."""
     path = os.pathsep.join(p for p in [os.getcwd(), os.environ.get("PYTHONPATH", "")] if p)
-    env = {TOKEN_ENV: token, "PYTHONPATH": path, "RAY_USAGE_STATS_ENABLED": "0", "TOKENIZERS_PARALLELISM": "false"}
+    env = {k: os.environ.get(k, v) for k, v in env_file_vars().items()}
+    env.update({TOKEN_ENV: token, "PYTHONPATH": path, "RAY_USAGE_STATS_ENABLED": "0"})
     for key in ("RELAX_LOG_LEVEL", "NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS"):
         if key in os.environ:
             env[key] = os.environ[key]

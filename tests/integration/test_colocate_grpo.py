@@ -29,7 +29,7 @@ def test_colocate_grpo_learns_and_versions_advance(ray_cluster, tiny_setup, tmp_
         "--custom-rm-path", "tests.integration.digit_reward.reward_func",
         "--rollout-batch-size", "8", "--n-samples-per-prompt", "8", "--rollout-max-response-len", "8",
         "--num-rollout", "8", "--lr", "2e-2", "--rollout-shuffle",
-        "--resource", '{"actor": [1, 1], "rollout": [1, 2]}', "--exp-dir", str(tmp_path),
+        "--resource", '{"actor": [1, 2], "rollout": [1, 2]}', "--exp-dir", str(tmp_path),
         "--progress-bar", "false", "--save", str(tmp_path / "ckpt"), "--save-interval", "4",
         "--save-hf", str(tmp_path / "hf"),
     ])
@@ -49,3 +49,27 @@ def test_colocate_grpo_learns_and_versions_advance(ray_cluster, tiny_setup, tmp_
     from transformers import AutoModelForCausalLM
 
     assert AutoModelForCausalLM.from_pretrained(tmp_path / "hf") is not None
+
+
+def test_custom_multiturn_generate_trains_with_masked_observations(ray_cluster, tiny_setup, tmp_path):
+    root = tiny_setup
+    cfg = parse_config([
+        "--hf-checkpoint", str(root / "model"), "--prompt-data", str(root / "train.jsonl"),
+        "--input-key", "prompt", "--label-key", "label", "--apply-chat-template",
+        "--custom-rm-path", "tests.integration.digit_reward.reward_func",
+        "--custom-generate-function-path", "tests.integration.multiturn_generate.generate",
+        "--rollout-batch-size", "4", "--n-samples-per-prompt", "4", "--rollout-max-response-len", "4",
+        "--num-rollout", "2", "--lr", "1e-2", "--progress-bar", "false", "--exp-dir", str(tmp_path),
+        "--resource", '{"actor": [1, 1], "rollout": [1, 1]}',
+    ])
+    with Runtime(cfg) as runtime:
+        import asyncio
+
+        asyncio.run(_run(cfg, runtime))
+    rows = [r for r in read_metrics(tmp_path) if "train/pg_loss" in r]
+    assert len(rows) == 2
+    # two model turns of <= 4 tokens plus the observation tokens
+    assert all(r["rollout/response_len_mean"] > 4 for r in rows)
+    # masked observation tokens carry log-prob 0 from the plugin and are excluded from the
+    # mismatch metric: the recomputed log-probs still match the engine's on trained tokens
+    assert all(r["train/train_rollout_logprob_abs_diff_max"] < 1e-3 for r in rows)

@@ -100,12 +100,8 @@ def _prompt_ids(state: GenerateState, sample: Sample) -> list[int]:
     return state.tokenizer.encode(text, add_special_tokens=False)
 
 
-async def generate(args: Any, sample: Sample, sampling_params: dict[str, Any]) -> Sample:
-    """Default single-turn generate: prompt -> one response, with per-token log-probs."""
-    state = GenerateState(args)
-    prompt_ids = _prompt_ids(state, sample)
-    payload = {"input_ids": prompt_ids, "sampling_params": sampling_params, "return_logprob": True}
-    out = await post(router_url(args), payload, timeout=args.http_timeout)
+def apply_output(sample: Sample, prompt_ids: list[int], out: dict[str, Any]) -> Sample:
+    """Fill a sample from one SGLang /generate reply (tokens, response, log-probs, status, version)."""
     meta = out["meta_info"]
     pairs = meta.get("output_token_logprobs") or []
     response_ids = [int(tok) for _, tok, *_ in pairs]
@@ -119,6 +115,31 @@ async def generate(args: Any, sample: Sample, sampling_params: dict[str, Any]) -
     finish = (meta.get("finish_reason") or {}).get("type", "stop")
     sample.status = FINISH_REASON_STATUS.get(finish, Sample.Status.COMPLETED)
     return sample
+
+
+async def generate(args: Any, sample: Sample, sampling_params: dict[str, Any]) -> Sample:
+    """Default single-turn generate: prompt -> one response, with per-token log-probs."""
+    state = GenerateState(args)
+    prompt_ids = _prompt_ids(state, sample)
+    payload = {"input_ids": prompt_ids, "sampling_params": sampling_params, "return_logprob": True}
+    out = await post(router_url(args), payload, timeout=args.http_timeout)
+    return apply_output(sample, prompt_ids, out)
+
+
+async def generate_group_default(args: Any, group: list[Sample], *, evaluation: bool = False) -> list[Sample]:
+    """The whole group as ONE batched /generate request (same prompt, a seed per sample).
+
+    SGLang's batch form (`input_ids` as a list of lists, `sampling_params` as a list) returns
+    one reply per item; n times fewer HTTP round trips than one request per sample.
+    """
+    state = GenerateState(args)
+    prompt_ids = _prompt_ids(state, group[0])
+    base = sampling_params(args, evaluation=evaluation)
+    params = [dict(base, sampling_seed=sample_seed(args, s, evaluation=evaluation)) for s in group]
+    payload = {"input_ids": [prompt_ids] * len(group), "sampling_params": params, "return_logprob": True}
+    outs = await post(router_url(args), payload, timeout=args.http_timeout)
+    state.done += len(group)
+    return [apply_output(s, list(prompt_ids), out) for s, out in zip(group, outs)]
 
 
 async def generate_one(args: Any, sample: Sample, *, evaluation: bool = False) -> Sample:
@@ -135,9 +156,17 @@ async def generate_one(args: Any, sample: Sample, *, evaluation: bool = False) -
     return result
 
 
+def _same_prompt(group: list[Sample]) -> bool:
+    return all(s.prompt == group[0].prompt and not s.tokens for s in group)
+
+
 async def generate_group(args: Any, group: list[Sample], *, evaluation: bool = False) -> list[Sample]:
+    """Generate every sample of a group (batched when the default generate applies), then score."""
     state = GenerateState(args)
-    group = list(await asyncio.gather(*(generate_one(args, s, evaluation=evaluation) for s in group)))
+    if state.custom_generate is None and len(group) > 1 and _same_prompt(group):
+        group = await generate_group_default(args, group, evaluation=evaluation)
+    else:
+        group = list(await asyncio.gather(*(generate_one(args, s, evaluation=evaluation) for s in group)))
     await state.reward_executor.score(group)
     return group
 

@@ -8,7 +8,8 @@
 # 2. Colocate GRPO: 2 hf engines + 1 FSDP worker, the built-in math reward on \boxed{} answers.
 # 3. Prints `eval accuracy: before=<x> after=<y>` on held-out prompts.
 # Environment overrides: EXP_DIR (default outputs/tiny-cpu), MODEL_DIR, DATA_DIR (default EXP_DIR),
-# NUM_ROLLOUT, EVAL_INTERVAL (0 = no eval), SAVE_INTERVAL (0 = no checkpoints), SEED.
+# NUM_ROLLOUT, EVAL_INTERVAL (0 = no eval), SAVE_INTERVAL (0 = no checkpoints), SEED,
+# PREPARE_ARGS (extra flags for examples/tiny_math/prepare.py, e.g. "--hidden-size 128").
 set -euo pipefail
 
 SCRIPT_DIR="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" &>/dev/null && pwd)"
@@ -26,7 +27,8 @@ SAVE_INTERVAL="${SAVE_INTERVAL:-40}"
 SEED="${SEED:-1234}"
 RUN_DIR="${EXP_DIR}/run"
 
-python3 -m examples.tiny_math.prepare --out-dir "${MODEL_DIR}" --seed "${SEED}"
+# shellcheck disable=SC2086  # PREPARE_ARGS is a list of extra flags for prepare.py
+python3 -m examples.tiny_math.prepare --out-dir "${MODEL_DIR}" --seed "${SEED}" ${PREPARE_ARGS:-}
 if [ "${DATA_DIR}" != "${MODEL_DIR}" ]; then
   mkdir -p "${DATA_DIR}/data" && cp -n "${MODEL_DIR}"/data/*.jsonl "${DATA_DIR}/data/"
 fi
