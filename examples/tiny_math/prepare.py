@@ -38,8 +38,8 @@ class PrepareSettings:
     correct_frac: float = 1.0
     n_train: int = 20000
     n_eval: int = 256
-    hidden_size: int = 64
-    num_layers: int = 2
+    hidden_size: int = 128
+    num_layers: int = 4
     num_heads: int = 4
     vocab_size: int = 512
 

@@ -13,6 +13,8 @@ from typing import Any, Sequence
 
 import httpx
 
+from relax.utils.http_utils import error_message
+
 
 class EngineError(RuntimeError):
     """An engine call failed: `url`, `status` (None when no reply came) and the engine's message."""
@@ -21,18 +23,6 @@ class EngineError(RuntimeError):
         self.url, self.status, self.message = url, status, message
         where = f"HTTP {status}" if status is not None else "no reply"
         super().__init__(f"{url}: {where}: {message}")
-
-
-def error_message(body: Any) -> str:
-    """The human part of an error body: SGLang's {"error": {"message"}}, {"message"} or FastAPI's {"detail"}."""
-    if isinstance(body, dict):
-        error = body.get("error")
-        if isinstance(error, dict) and "message" in error:
-            return str(error["message"])
-        for key in ("message", "detail", "error"):
-            if key in body:
-                return str(body[key])
-    return str(body)
 
 
 class EngineClient:

@@ -40,6 +40,8 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 import torch
 import torch.distributed as dist
 
+from relax.utils.http_utils import error_message
+
 logger = logging.getLogger(__name__)
 
 DEFAULT_BUCKET_BYTES = 512 * 1024 * 1024  # --update-weight-buffer-size default
@@ -233,24 +235,13 @@ class _EngineHTTP:
             except ValueError:
                 body = response.text
         if isinstance(body, dict) and body.get("success") is False:
-            raise BucketRejected(f"{url}{path}: HTTP {response.status_code}: {_message(body)}")
+            raise BucketRejected(f"{url}{path}: HTTP {response.status_code}: {error_message(body)}")
         if response.status_code >= 400:
-            raise WeightSyncError(f"{url}{path}: HTTP {response.status_code}: {_message(body)}")
+            raise WeightSyncError(f"{url}{path}: HTTP {response.status_code}: {error_message(body)}")
         return body
 
     async def close(self) -> None:
         await self._client.aclose()
-
-
-def _message(body: Any) -> str:
-    if isinstance(body, dict):
-        error = body.get("error")
-        if isinstance(error, dict) and "message" in error:
-            return str(error["message"])
-        for key in ("message", "detail", "error"):
-            if key in body:
-                return str(body[key])
-    return str(body)
 
 
 class WeightSender:

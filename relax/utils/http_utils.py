@@ -18,6 +18,18 @@ DEFAULT_TIMEOUT_S = 600.0
 _sessions: dict[int, aiohttp.ClientSession] = {}
 
 
+def error_message(body: Any) -> str:
+    """The human part of an error body: SGLang's {"error": {"message"}}, {"message"} or FastAPI's {"detail"}."""
+    if isinstance(body, dict):
+        error = body.get("error")
+        if isinstance(error, dict) and "message" in error:
+            return str(error["message"])
+        for key in ("message", "detail", "error"):
+            if key in body:
+                return str(body[key])
+    return str(body)
+
+
 class HTTPError(RuntimeError):
     def __init__(self, url: str, status: int, body: str) -> None:
         super().__init__(f"{url} -> HTTP {status}: {body[:500]}")
