@@ -88,6 +88,7 @@ class Actor:
         self.token = run_token()
         self.version = 0  # weight version the engines hold (= optimizer updates applied)
         self.group: RayActorGroup | None = None
+        self.engines_connected = False
 
     async def setup(self) -> dict[str, Any]:
         """Start the workers; resume from `--load` when it holds a checkpoint. Returns the
@@ -96,9 +97,12 @@ class Actor:
         cfg = self.cfg
         steps_per_rollout = cfg.rollout.rollout_batch_size * cfg.rollout.n_samples_per_prompt // cfg.batch.global_batch_size
         total = steps_per_rollout * (cfg.rollout.num_rollout or 1)
+        start = 0
+        if cfg.debug.debug_rollout_only:  # no training: no workers; engines keep their weights
+            self.version = start = cfg.data.start_rollout_id or 0
+            return {"start_rollout_id": start}
         model_path = cfg.ckpt.ref_load or cfg.ckpt.hf_checkpoint
         self.group = make_worker_group(cfg, "actor", model_path, cfg.cluster.resource["actor"][1], total_steps=total)
-        start = 0
         ckpt = latest_checkpoint(cfg.ckpt.load) if cfg.ckpt.load else None
         if ckpt is not None:
             meta = (await self.group.call("load", str(ckpt)))[0]
@@ -110,14 +114,21 @@ class Actor:
         return {"start_rollout_id": start}
 
     async def connect_engines(self, engine_urls: list[str]) -> None:
-        await self.group.call("connect_engines", engine_urls, self.token)
+        if self.group is not None and engine_urls:
+            await self.group.call("connect_engines", engine_urls, self.token)
+            self.engines_connected = True
 
     async def update_weights(self, version: int) -> dict[str, float]:
-        stats = (await self.group.call("push_weights", version))[0]
+        """Push weights to the engines; without engines (replay) or training (rollout-only) the
+        version still advances, so staleness checks read the same as in a full run."""
+        stats = (await self.group.call("push_weights", version))[0] if self.engines_connected else {}
         self.version = version
         return stats
 
     async def train(self, rollout_id: int) -> dict[str, float]:
+        if self.group is None:  # --debug-rollout-only: consume the step's rows untrained
+            await tq.clear(rollout_id)
+            return {}
         start = time.perf_counter()
         batch, metrics = await self._read_batch(rollout_id)
         n_rows = len(batch["tokens"])
@@ -193,7 +204,9 @@ class Actor:
         adv_BT, _ = compute_advantages(a.advantage_estimator, inputs, normalize=a.normalize_advantages)
         return [adv_BT[i, : len(m)].tolist() for i, m in enumerate(batch["loss_masks"])]
 
-    async def save(self, rollout_id: int) -> str:
+    async def save(self, rollout_id: int) -> str | None:
+        if self.group is None:
+            return None
         cfg = self.cfg.ckpt
         path = Path(cfg.save) / f"iter_{rollout_id:07d}"
         path.mkdir(parents=True, exist_ok=True)
@@ -202,7 +215,9 @@ class Actor:
         prune_checkpoints(Path(cfg.save), cfg.max_actor_ckpt_to_keep)
         return str(path)
 
-    async def export_hf(self, rollout_id: int) -> str:
+    async def export_hf(self, rollout_id: int) -> str | None:
+        if self.group is None:
+            return None
         out = self.cfg.ckpt.save_hf.format(rollout_id=rollout_id)
         os.makedirs(out, exist_ok=True)
         await self.group.call("export_hf", out, self.cfg.ckpt.hf_checkpoint)

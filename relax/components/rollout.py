@@ -22,12 +22,17 @@ from relax.config.schema import RelaxConfig
 from relax.distributed import transfer_queue as tq
 from relax.engine.router.router import Router
 from relax.engine.rollout import sglang_rollout
+from relax.engine.rollout.replay import save_rollout
 from relax.types import Sample
 from relax.utils.http_utils import close_sessions
+from relax.utils.metrics import pass_rates
 from relax.utils.logging import run_token, setup_logging
 from relax.utils.plugins import call_maybe_async, import_object, load_plugin
 
 logger = logging.getLogger(__name__)
+
+
+REPLAY_ROLLOUT = "relax.engine.rollout.replay.replay_rollout"
 
 
 class Rollout:
@@ -44,9 +49,24 @@ class Rollout:
     # ---- lifecycle ---------------------------------------------------------------------
     async def setup(self, start_rollout_id: int) -> dict[str, Any]:
         """Launch engines, start the router, build the data source (resuming its position)."""
+        tq.attach()
+        if not self.cfg.debug.debug_train_only:  # replaying saved rollouts needs no engines
+            await self._start_engines()
+        data_source_cls = import_object(self.args.data_source_path, flag="--data-source-path")
+        self.data_source = await asyncio.to_thread(data_source_cls, self.args)
+        if self.args.load and start_rollout_id > 0:
+            await asyncio.to_thread(self.data_source.load, start_rollout_id - 1)
+        rollout_fn_path = REPLAY_ROLLOUT if self.cfg.debug.load_debug_rollout_data else self.args.rollout_function_path
+        self.rollout_fn = load_plugin(rollout_fn_path, flag="--rollout-function-path",
+                                      positional=3, expected="generate_rollout(args, rollout_id, data_source, "
+                                      "evaluation=False)")
+        await asyncio.to_thread(sglang_rollout.GenerateState, self.args)
+        self.eval_sets = await asyncio.to_thread(self._load_eval_sets)
+        return {"engine_urls": [e.url for e in self.engines], "num_prompts": len(self.data_source)}
+
+    async def _start_engines(self) -> None:
         from relax.backends.engine_client import EngineClient
 
-        tq.attach()
         # Launched from this (the replica's long-lived event-loop) thread: an engine's
         # parent-death signal fires when the launching *thread* exits.
         self.engines = self._launch_engines()
@@ -57,16 +77,6 @@ class Rollout:
                              timeout_s=self.cfg.rollout.http_timeout)
         await self.router.start()
         self.args.sglang_router_ip, self.args.sglang_router_port = self.router.host, self.router.port
-        data_source_cls = import_object(self.args.data_source_path, flag="--data-source-path")
-        self.data_source = await asyncio.to_thread(data_source_cls, self.args)
-        if self.args.load and start_rollout_id > 0:
-            await asyncio.to_thread(self.data_source.load, start_rollout_id - 1)
-        self.rollout_fn = load_plugin(self.args.rollout_function_path, flag="--rollout-function-path",
-                                      positional=3, expected="generate_rollout(args, rollout_id, data_source, "
-                                      "evaluation=False)")
-        await asyncio.to_thread(sglang_rollout.GenerateState, self.args)
-        self.eval_sets = await asyncio.to_thread(self._load_eval_sets)
-        return {"engine_urls": [e.url for e in self.engines], "num_prompts": len(self.data_source)}
 
     def _launch_engines(self) -> list[Any]:
         launch = import_object(INFERENCE_BACKENDS[self.cfg.cluster.rollout_backend], flag="--rollout-backend")
@@ -113,15 +123,20 @@ class Rollout:
         busy_before = await self._engine_busy_seconds()
         groups = await call_maybe_async(self._call_rollout_fn, rollout_id)
         busy = [after - before for before, after in zip(busy_before, await self._engine_busy_seconds())]
+        if self.cfg.debug.save_debug_rollout_data:
+            await asyncio.to_thread(save_rollout, self.cfg.debug.save_debug_rollout_data, rollout_id, groups)
         samples = [s for g in groups for s in g]
         if not samples:
             raise RuntimeError(f"rollout {rollout_id}: the rollout function returned no samples")
-        executor = sglang_rollout.GenerateState(self.args).reward_executor
+        state = sglang_rollout.GenerateState(self.args)
+        executor = state.reward_executor
         rewards = [executor.reward_value(s) for s in samples]
         await tq.put_samples(rollout_id, samples, rewards)
+        filter_stats = {k: float(v) for k, v in state.filter_stats.items()}
+        state.filter_stats.clear()
         return rollout_metrics(samples, rewards, prefix="rollout") | {
             "time/rollout": time.perf_counter() - start, "compute/generate_seconds": max(busy, default=0.0),
-            **executor.stats(reset=True)}
+            **executor.stats(reset=True), **filter_stats}
 
     async def _engine_busy_seconds(self) -> list[float]:
         """Per engine: seconds spent in batched decoding so far (0 when the backend does not say)."""
@@ -157,6 +172,9 @@ class Rollout:
             samples = [s for g in done for s in g]
             rewards = [executor.reward_value(s) for s in samples]
             metrics.update(rollout_metrics(samples, rewards, prefix=f"eval/{name}"))
+            if self.cfg.logging.log_passrate:  # a sample counts as correct when its reward is > 0
+                correct = [[executor.reward_value(s) > 0 for s in g] for g in done]
+                metrics.update(pass_rates(correct, prefix=f"eval/{name}"))
             metrics[f"eval/{name}/time"] = time.perf_counter() - start
         return metrics
 

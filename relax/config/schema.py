@@ -112,8 +112,11 @@ class RolloutConfig:
     rollout_stop: list | None = opt(None, "Stop strings.", nargs="+")
     rollout_stop_token_ids: list | None = opt(None, "Stop token ids.", nargs="+", type=int)
     rollout_skip_special_tokens: bool = opt(False, "Skip special tokens when decoding responses.")
-    over_sampling_batch_size: int | None = opt(None, "Sampling granularity (>= rollout batch).", supported=False)
-    dynamic_sampling_filter_path: str | None = opt(None, "Dynamic sampling filter.", supported=False)
+    over_sampling_batch_size: int | None = opt(None, "Groups drawn per sampling round with dynamic sampling "
+                                               "(>= --rollout-batch-size; default: the rollout batch size).")
+    dynamic_sampling_filter_path: str | None = opt(None, "Group filter fn(args, samples) -> bool | DynamicFilterOutput, "
+                                                   "e.g. relax.engine.filters.dynamic_sampling_filters."
+                                                   "check_reward_nonzero_std (DAPO).")
     buffer_filter_path: str | None = opt(None, "Buffer filter fn(args, rollout_id, buffer, num_samples).")
     partial_rollout: bool = opt(False, "Recycle unfinished samples.", supported=False)
     partial_rollout_max_aborted_count: int | None = opt(None, "Max aborts per sample.", supported=False)
@@ -284,7 +287,8 @@ class LoggingConfig:
     use_wandb: bool = opt(False, "W&B logging.", supported=False)
     use_metrics_service: bool = opt(False, "Central metrics service.", supported=False)
     timeline_dump_dir: str | None = opt(None, "Chrome-trace timeline directory.", supported=False)
-    log_passrate: bool = opt(False, "Log pass@k.", supported=False)
+    log_passrate: bool = opt(False, "Log eval pass@k (k = 1, 2, 4, ... <= --n-samples-per-eval-prompt; "
+                             "correct = reward > 0).")
     log_multi_turn: bool = opt(False, "Multi-turn logging.", supported=False)
     log_correct_samples: bool = opt(False, "Log correct samples.", supported=False)
     log_reward_category: str | None = opt(None, "Reward category key.", supported=False)
@@ -294,11 +298,12 @@ class LoggingConfig:
 
 @dataclass
 class DebugConfig:
-    debug_rollout_only: bool = opt(False, "Rollout only, no training.", supported=False)
-    debug_train_only: bool = opt(False, "Training only, no rollout.", supported=False)
-    load_debug_rollout_data: str | None = opt(None, "Replay saved rollouts.", supported=False)
-    load_debug_rollout_data_subsample: float | None = opt(None, "Subsample replayed data.", supported=False)
-    save_debug_rollout_data: str | None = opt(None, "Save rollouts ({rollout_id}).", supported=False)
+    debug_rollout_only: bool = opt(False, "Rollout only: no training, engines keep their weights.")
+    debug_train_only: bool = opt(False, "Training only, no engines: trains on --load-debug-rollout-data.")
+    load_debug_rollout_data: str | None = opt(None, "Replay saved rollouts ({rollout_id} in the path); implies "
+                                              "--debug-train-only.")
+    load_debug_rollout_data_subsample: float | None = opt(None, "Keep this fraction of replayed groups (seeded).")
+    save_debug_rollout_data: str | None = opt(None, "Save each step's scored groups here ({rollout_id} in the path).")
     save_debug_train_data: str | None = opt(None, "Save train data ({rollout_id}).", supported=False)
     dump_details: str | None = opt(None, "Dump details.", supported=False)
     check_weight_update_equal: bool = opt(False, "Verify engine weights after sync.", supported=False)

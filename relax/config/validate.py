@@ -55,6 +55,23 @@ def check_mode(cfg: RelaxConfig) -> None:
         c.offload_rollout = c.offload_rollout if c.offload_rollout is not None else True
 
 
+def check_debug(cfg: RelaxConfig) -> None:
+    d = cfg.debug
+    if d.load_debug_rollout_data:
+        d.debug_train_only = True
+    if d.debug_train_only and d.debug_rollout_only:
+        raise ConfigError("--debug-train-only and --debug-rollout-only exclude each other; pick one")
+    if d.debug_train_only and not d.load_debug_rollout_data:
+        raise ConfigError("--debug-train-only trains on saved rollouts: add --load-debug-rollout-data PATH "
+                          "(written by an earlier run's --save-debug-rollout-data PATH)")
+    for flag, path in (("--load-debug-rollout-data", d.load_debug_rollout_data),
+                       ("--save-debug-rollout-data", d.save_debug_rollout_data)):
+        if path and "{rollout_id}" not in path:
+            raise ConfigError(f"{flag} {path}: the path needs a {{rollout_id}} placeholder (one file per step)")
+    if d.debug_train_only and (cfg.eval.eval_interval or cfg.rollout.num_rollout is None):
+        raise ConfigError("--debug-train-only runs no engines: drop --eval-interval and set --num-rollout")
+
+
 def check_resource(cfg: RelaxConfig) -> None:
     res = cfg.cluster.resource
     if res is None:
@@ -98,6 +115,9 @@ def check_batches(cfg: RelaxConfig) -> None:
         raise ConfigError(f"--micro-batch-size must be >= 1, got {b.micro_batch_size}")
     if r.num_rollout is None and r.num_epoch is None:
         raise ConfigError("set --num-rollout (rollout steps) or --num-epoch (passes over --prompt-data)")
+    if r.over_sampling_batch_size is not None and r.over_sampling_batch_size < r.rollout_batch_size:
+        raise ConfigError(f"--over-sampling-batch-size {r.over_sampling_batch_size} must be >= --rollout-batch-size "
+                          f"{r.rollout_batch_size}")
     if not r.rollout_max_response_len or r.rollout_max_response_len < 1:
         raise ConfigError("--rollout-max-response-len is required (max new tokens per response)")
 
@@ -200,6 +220,8 @@ def check_plugins(cfg: RelaxConfig) -> None:
         (cfg.rollout.rollout_function_path, "--rollout-function-path", 3,
          "generate_rollout(args, rollout_id, data_source, evaluation=False)"),
         (cfg.data.custom_prompt_path, "--custom-prompt-path", 2, "fn(prompt, data)"),
+        (cfg.rollout.dynamic_sampling_filter_path, "--dynamic-sampling-filter-path", 2,
+         "filter(args, samples, **kwargs) -> bool | DynamicFilterOutput"),
     ]
     for path, flag, positional, expected in specs:
         if path:
@@ -210,7 +232,7 @@ def check_plugins(cfg: RelaxConfig) -> None:
 
 
 def validate_config(cfg: RelaxConfig) -> RelaxConfig:
-    for check in (check_unsupported, check_mode, check_resource, check_batches, check_algorithm, check_paths,
+    for check in (check_unsupported, check_mode, check_debug, check_resource, check_batches, check_algorithm, check_paths,
                   check_backends, check_plugins):
         check(cfg)
     return cfg

@@ -30,6 +30,30 @@ SUMMARY_FIELDS: tuple[tuple[str, str, str], ...] = (
 )
 
 
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from n samples with c correct (Chen et al. 2021, arXiv 2107.03374):
+    1 - C(n - c, k) / C(n, k), computed as a stable product."""
+    if k > n:
+        raise ValueError(f"pass@{k} needs at least {k} samples per prompt, got {n}")
+    if n - c < k:
+        return 1.0
+    prob_all_wrong = 1.0
+    for i in range(n - c + 1, n + 1):
+        prob_all_wrong *= 1.0 - k / i
+    return 1.0 - prob_all_wrong
+
+
+def pass_rates(correct_per_prompt: list[list[bool]], prefix: str) -> dict[str, float]:
+    """Mean pass@k over prompts for k = 1, 2, 4, ... up to the samples per prompt."""
+    n = min(len(c) for c in correct_per_prompt)
+    out = {}
+    k = 1
+    while k <= n:
+        out[f"{prefix}/pass@{k}"] = sum(pass_at_k(len(c), sum(c), k) for c in correct_per_prompt) / len(correct_per_prompt)
+        k *= 2
+    return out
+
+
 def format_step_summary(step: int, total: int, metrics: dict[str, float]) -> str:
     parts = [f"step {step + 1}/{total}"]
     for key, label, fmt in SUMMARY_FIELDS:

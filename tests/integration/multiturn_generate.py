@@ -1,7 +1,7 @@
 """A two-turn custom generate function in the seed's style: model turn, an environment
 observation (loss_mask 0, log-prob 0), model turn. Used to check the plugin path end to end."""
 
-from relax.engine.rollout.sglang_rollout import GenerateState
+from relax.engine.rollout.sglang_rollout import GenerateState, parse_weight_version
 from relax.types import Sample
 from relax.utils.http_utils import post
 
@@ -20,7 +20,7 @@ async def generate(args, sample: Sample, sampling_params: dict, evaluation: bool
         response += new
         sample.loss_mask += [1] * len(new)
         sample.rollout_log_probs += [t[0] for t in out["meta_info"]["output_token_logprobs"]]
-        sample.weight_versions.append(int(out["meta_info"]["weight_version"]))
+        sample.weight_versions.append(parse_weight_version(out["meta_info"]["weight_version"]))
         if turn == 0:
             obs = state.tokenizer.encode(OBSERVATION, add_special_tokens=False)
             sample.tokens += obs

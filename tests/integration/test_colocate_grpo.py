@@ -73,3 +73,29 @@ def test_custom_multiturn_generate_trains_with_masked_observations(ray_cluster, 
     # masked observation tokens carry log-prob 0 from the plugin and are excluded from the
     # mismatch metric: the recomputed log-probs still match the engine's on trained tokens
     assert all(r["train/train_rollout_logprob_abs_diff_max"] < 1e-3 for r in rows)
+
+
+def test_dynamic_sampling_drops_constant_groups_and_fills_the_batch(ray_cluster, tiny_setup, tmp_path):
+    root = tiny_setup
+    cfg = parse_config([
+        "--hf-checkpoint", str(root / "model"), "--prompt-data", str(root / "train.jsonl"),
+        "--input-key", "prompt", "--label-key", "label", "--apply-chat-template",
+        "--custom-rm-path", "tests.integration.digit_reward.parity_reward",
+        "--dynamic-sampling-filter-path", "relax.engine.filters.dynamic_sampling_filters.check_reward_nonzero_std",
+        "--over-sampling-batch-size", "12", "--rollout-batch-size", "8", "--n-samples-per-prompt", "4",
+        "--rollout-max-response-len", "4", "--num-rollout", "3", "--progress-bar", "false",
+        "--exp-dir", str(tmp_path), "--resource", '{"actor": [1, 1], "rollout": [1, 1]}',
+        "--eval-interval", "3", "--eval-prompt-data", "tiny", str(root / "eval.jsonl"),
+        "--n-samples-per-eval-prompt", "4", "--log-passrate", "--skip-eval-before-train",
+    ])
+    with Runtime(cfg) as runtime:
+        import asyncio
+
+        asyncio.run(_run(cfg, runtime))
+    rows = [r for r in read_metrics(tmp_path) if "rollout/num_samples" in r and "train/pg_loss" in r]
+    assert [r["rollout/num_samples"] for r in rows] == [32.0, 32.0, 32.0]  # always a full batch
+    dropped = sum(r.get("rollout/filter_dropped_groups", 0.0) for r in rows)
+    reasons = sum(v for r in rows for k, v in r.items() if k.startswith("rollout/filter_drop/"))
+    assert dropped > 0 and reasons == dropped
+    evals = [r for r in read_metrics(tmp_path) if "eval/tiny/pass@1" in r]
+    assert len(evals) == 1 and 0 <= evals[0]["eval/tiny/pass@1"] <= evals[0]["eval/tiny/pass@2"] <= evals[0]["eval/tiny/pass@4"]

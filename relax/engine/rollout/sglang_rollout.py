@@ -12,9 +12,12 @@ run unchanged against SGLang or the `hf` engine.
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
+from collections import Counter
 from typing import Any
 
+from relax.engine.filters.dynamic_sampling_filters import as_filter_output
 from relax.types import FINISH_REASON_STATUS, Sample
 from relax.utils.http_utils import post
 from relax.utils.plugins import accepts_keyword, call_maybe_async, load_plugin
@@ -24,6 +27,7 @@ logger = logging.getLogger(__name__)
 # Seeds are derived per sample, so a sample's tokens depend only on (seed, prompt, weights),
 # not on batching or scheduling: reruns reproduce, and async equals sync at staleness 0.
 _SEED_MODULUS = 2**31 - 1
+MAX_SAMPLING_ROUNDS = 32
 
 
 class GenerateState:
@@ -52,6 +56,12 @@ class GenerateState:
             self.custom_generate = load_plugin(
                 args.custom_generate_function_path, flag="--custom-generate-function-path", positional=3,
                 expected="generate(args, sample, sampling_params[, evaluation])")
+        self.dynamic_filter = None
+        if args.dynamic_sampling_filter_path:
+            self.dynamic_filter = load_plugin(
+                args.dynamic_sampling_filter_path, flag="--dynamic-sampling-filter-path", positional=2,
+                expected="filter(args, samples, **kwargs) -> bool | DynamicFilterOutput")
+        self.filter_stats: Counter[str] = Counter()
         self.done = 0
         self.total = 0
 
@@ -100,6 +110,13 @@ def _prompt_ids(state: GenerateState, sample: Sample) -> list[int]:
     return state.tokenizer.encode(text, add_special_tokens=False)
 
 
+def parse_weight_version(value: Any) -> int:
+    """Engine weight versions are strings; SGLang reports "default" before the first update,
+    which is version 0 (the checkpoint the engine started from)."""
+    text = str(value)
+    return int(text) if text.lstrip("-").isdigit() else 0
+
+
 def apply_output(sample: Sample, prompt_ids: list[int], out: dict[str, Any]) -> Sample:
     """Fill a sample from one SGLang /generate reply (tokens, response, log-probs, status, version)."""
     meta = out["meta_info"]
@@ -111,7 +128,7 @@ def apply_output(sample: Sample, prompt_ids: list[int], out: dict[str, Any]) -> 
     sample.loss_mask = [1] * len(response_ids)
     sample.rollout_log_probs = [float(lp) for lp, *_ in pairs]
     if "weight_version" in meta:
-        sample.weight_versions.append(int(meta["weight_version"]))
+        sample.weight_versions.append(parse_weight_version(meta["weight_version"]))
     finish = (meta.get("finish_reason") or {}).get("type", "stop")
     sample.status = FINISH_REASON_STATUS.get(finish, Sample.Status.COMPLETED)
     return sample
@@ -172,8 +189,45 @@ async def generate_group(args: Any, group: list[Sample], *, evaluation: bool = F
 
 
 async def generate_rollout(args: Any, rollout_id: int, data_source: Any, evaluation: bool = False) -> list[list[Sample]]:
-    """Default rollout function: one batch of `rollout_batch_size` groups, generated and scored."""
+    """Default rollout function: `rollout_batch_size` groups, generated and scored.
+
+    With `--dynamic-sampling-filter-path`, prompts are drawn `--over-sampling-batch-size` groups
+    at a time and generated concurrently; groups the filter rejects are dropped (and counted),
+    until enough groups are kept. Kept groups beyond the target go back to the data source as
+    prompts (their responses are discarded, so nothing stale is ever trained on).
+    """
     state = GenerateState(args)
-    groups = data_source.get_samples(args.rollout_batch_size)
-    state.done, state.total = 0, sum(len(g) for g in groups)
-    return list(await asyncio.gather(*(generate_group(args, g, evaluation=evaluation) for g in groups)))
+    target = args.rollout_batch_size
+    chunk = args.over_sampling_batch_size or target
+    state.done, state.total = 0, target * args.n_samples_per_prompt
+    kept: list[list[Sample]] = []
+    for _ in range(MAX_SAMPLING_ROUNDS):
+        prompts = data_source.get_samples(chunk)
+        originals = copy.deepcopy(prompts) if state.dynamic_filter else []
+        done = await asyncio.gather(*(generate_group(args, g, evaluation=evaluation) for g in prompts))
+        state.filter_stats["rollout/sampling_rounds"] += 1
+        surplus = []
+        for i, group in enumerate(done):
+            if not keep_group(args, state, group):
+                continue
+            if len(kept) < target:
+                kept.append(group)
+            else:
+                surplus.append(originals[i])
+        if surplus:
+            data_source.add_samples(surplus)
+        if len(kept) >= target:
+            return kept
+    raise RuntimeError(f"rollout {rollout_id}: dynamic sampling kept {len(kept)} of {target} groups after "
+                       f"{MAX_SAMPLING_ROUNDS} rounds of {chunk}; the filter ({args.dynamic_sampling_filter_path}) "
+                       "rejects almost everything — check the reward, or raise --over-sampling-batch-size")
+
+
+def keep_group(args: Any, state: GenerateState, group: list[Sample]) -> bool:
+    if state.dynamic_filter is None:
+        return True
+    verdict = as_filter_output(state.dynamic_filter(args, group))
+    if not verdict.keep:
+        state.filter_stats["rollout/filter_dropped_groups"] += 1
+        state.filter_stats[f"rollout/filter_drop/{verdict.reason or 'filtered'}"] += 1
+    return verdict.keep

@@ -18,3 +18,19 @@ def test_tracker_writes_jsonl_and_tensorboard(tmp_path):
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert rows == [{"step": 0, "rollout/reward_mean": 0.25}]
     assert list((tmp_path / "tb").glob("events.out.tfevents.*"))
+
+
+def test_pass_at_k_matches_the_combinatorial_definition():
+    from math import comb
+
+    from relax.utils.metrics import pass_at_k
+
+    for n, c, k in [(4, 1, 1), (4, 1, 2), (8, 3, 4), (16, 0, 8), (5, 5, 5)]:
+        assert abs(pass_at_k(n, c, k) - (1 - comb(n - c, k) / comb(n, k))) < 1e-12
+
+
+def test_pass_rates_average_over_prompts_for_powers_of_two():
+    from relax.utils.metrics import pass_rates
+
+    out = pass_rates([[True, False, False, False], [False] * 4], prefix="eval/x")
+    assert out == {"eval/x/pass@1": 0.125, "eval/x/pass@2": 0.25, "eval/x/pass@4": 0.5}
