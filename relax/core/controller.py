@@ -73,7 +73,7 @@ class Controller:
     async def train(self) -> None:
         cfg = self.cfg
         if cfg.eval.eval_interval and not cfg.eval.skip_eval_before_train:
-            self.record_eval(self.start, await self.rollout.evaluate(self.start))
+            self.tracker.log(self.start, self.record_eval(self.start, await self.rollout.evaluate(self.start)))
         for step in range(self.start, self.num_rollout):
             t0 = time.perf_counter()
             metrics = await self.with_progress(self.rollout.generate(step), step)
@@ -118,7 +118,6 @@ class Controller:
         for key, value in metrics.items():
             if key.endswith("/reward_mean"):
                 self.eval_history.setdefault(key[len("eval/"):-len("/reward_mean")], []).append((step, value))
-        self.tracker.log(step, metrics)
         logger.info("eval at step %d: %s", step, {k: round(v, 4) for k, v in metrics.items() if "reward" in k})
         return metrics
 

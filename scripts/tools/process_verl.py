@@ -16,10 +16,11 @@ verl keeps the ground truth inside a nested `reward_model` dict and routes rewar
 | `extra_info` (dict)                  | `extra_info`, a dict (use `--metadata-key extra_info`)          |
 | `data_source`, `ability`, any other  | keys of `extra_info` under the column's name (the column wins  |
 | top-level column                     | over an `extra_info` key of the same name)                     |
-| `preprocessed_images`, else `images` | `image`: a list of raw bytes or paths (`--multimodal-keys '{"image": "image"}'`) |
+| `preprocessed_images`, else `images` | `image`: a list of raw bytes or paths                         |
 
-`data_source` goes into `extra_info` because Relax has one metadata column per row: with
-`--metadata-key extra_info` a reward function reads it as `sample.metadata["data_source"]`.
+Train with `--input-key prompt --label-key label --metadata-key extra_info` (and
+`--multimodal-keys '{"image": "image"}'` for images). `data_source` goes into `extra_info` because
+Relax has one metadata column per row; a reward function reads it as `sample.metadata["data_source"]`.
 
 Image items may be raw bytes, `{"bytes": ..., "path": ...}` dicts (the Hugging Face `Image`
 layout) or path strings; bytes win over a path. `--md-dir DIR` joins relative paths onto DIR.

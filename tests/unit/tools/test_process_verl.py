@@ -67,7 +67,8 @@ def test_top_level_data_source_wins_over_extra_info_key():
 
 
 def test_image_dicts_become_bytes_and_relative_paths_join_md_dir():
-    row = verl_row(0, images=[{"bytes": PNG, "path": "ignored.png"}, {"bytes": None, "path": "imgs/a.png"}, "/abs/b.png"])
+    images = [{"bytes": PNG, "path": "ignored.png"}, {"bytes": None, "path": "imgs/a.png"}, "/abs/b.png"]
+    row = verl_row(0, images=images)
     assert pv.convert_row(row, md_dir="/data/md")["image"] == [PNG, "/data/md/imgs/a.png", "/abs/b.png"]
     assert pv.convert_row(row)["image"][1] == "imgs/a.png"
 
