@@ -138,6 +138,7 @@ class Actor:
         batch["old_log_probs"] = await self._old_log_probs(batch, shards_idx)
         metrics["time/old_log_probs"] = time.perf_counter() - t0
         batch["advantages"] = self._advantages(batch)
+        self._save_batch(rollout_id, batch)
         shards = [{k: [v[i] for i in idx] for k, v in batch.items() if isinstance(v, list)} for idx in shards_idx]
         per_step = n_rows // num_steps
         tokens_per_step = [int(sum(sum(batch["loss_masks"][i]) for i in range(s * per_step, (s + 1) * per_step)))
@@ -151,6 +152,16 @@ class Actor:
         await tq.clear(rollout_id)
         metrics["time/train"] = time.perf_counter() - start
         return metrics
+
+    def _save_batch(self, rollout_id: int, batch: dict[str, Any]) -> None:
+        """`--save-debug-train-data` / `--dump-details`: the exact batch the optimizer steps see."""
+        d = self.cfg.debug
+        paths = [d.save_debug_train_data.format(rollout_id=rollout_id)] if d.save_debug_train_data else []
+        if d.dump_details:
+            paths.append(os.path.join(d.dump_details, "train", f"{rollout_id}.pt"))
+        for path in paths:
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+            torch.save({"rollout_id": rollout_id, **batch}, path)
 
     async def _old_log_probs(self, batch: dict[str, Any], shards_idx: list[list[int]]) -> list[list[float]]:
         """The behaviour policy's log-probs: recomputed on the current weights (default) or the

@@ -22,7 +22,7 @@ from relax.config.schema import RelaxConfig
 from relax.distributed import transfer_queue as tq
 from relax.engine.router.router import Router
 from relax.engine.rollout import sglang_rollout
-from relax.engine.rollout.replay import save_rollout
+from relax.engine.rollout.replay import dump_rollout_details, save_rollout
 from relax.types import Sample
 from relax.utils.http_utils import close_sessions
 from relax.utils.metrics import pass_rates
@@ -132,6 +132,8 @@ class Rollout:
         executor = state.reward_executor
         rewards = [executor.reward_value(s) for s in samples]
         await tq.put_samples(rollout_id, samples, rewards)
+        if self.cfg.debug.dump_details:
+            await asyncio.to_thread(dump_rollout_details, self.cfg.debug.dump_details, rollout_id, groups, rewards)
         filter_stats = {k: float(v) for k, v in state.filter_stats.items()}
         state.filter_stats.clear()
         return rollout_metrics(samples, rewards, prefix="rollout") | {

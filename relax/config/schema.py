@@ -304,8 +304,10 @@ class DebugConfig:
                                               "--debug-train-only.")
     load_debug_rollout_data_subsample: float | None = opt(None, "Keep this fraction of replayed groups (seeded).")
     save_debug_rollout_data: str | None = opt(None, "Save each step's scored groups here ({rollout_id} in the path).")
-    save_debug_train_data: str | None = opt(None, "Save train data ({rollout_id}).", supported=False)
-    dump_details: str | None = opt(None, "Dump details.", supported=False)
+    save_debug_train_data: str | None = opt(None, "Save each step's training batch (tokens, masks, advantages, "
+                                            "log-probs) as a torch file ({rollout_id} in the path).")
+    dump_details: str | None = opt(None, "Directory for per-step details: rollout/<step>.jsonl (prompt, response, "
+                                   "label, reward, status, versions) and train/<step>.pt (the training batch).")
     check_weight_update_equal: bool = opt(False, "Verify engine weights after sync.", supported=False)
     use_pytorch_profiler: bool = opt(False, "Torch profiler.", supported=False)
 

@@ -65,7 +65,8 @@ def check_debug(cfg: RelaxConfig) -> None:
         raise ConfigError("--debug-train-only trains on saved rollouts: add --load-debug-rollout-data PATH "
                           "(written by an earlier run's --save-debug-rollout-data PATH)")
     for flag, path in (("--load-debug-rollout-data", d.load_debug_rollout_data),
-                       ("--save-debug-rollout-data", d.save_debug_rollout_data)):
+                       ("--save-debug-rollout-data", d.save_debug_rollout_data),
+                       ("--save-debug-train-data", d.save_debug_train_data)):
         if path and "{rollout_id}" not in path:
             raise ConfigError(f"{flag} {path}: the path needs a {{rollout_id}} placeholder (one file per step)")
     if d.debug_train_only and (cfg.eval.eval_interval or cfg.rollout.num_rollout is None):

@@ -36,9 +36,18 @@ def common(root):
 
 def test_saved_rollout_replays_into_training_bit_for_bit(ray_cluster, tiny_setup, tmp_path):
     data = str(tmp_path / "rollouts" / "step_{rollout_id}.pt")
-    run(common(tiny_setup) + ["--exp-dir", str(tmp_path / "live"), "--save-debug-rollout-data", data])
+    run(common(tiny_setup) + ["--exp-dir", str(tmp_path / "live"), "--save-debug-rollout-data", data,
+                              "--dump-details", str(tmp_path / "details"),
+                              "--save-debug-train-data", str(tmp_path / "train_{rollout_id}.pt")])
     run(common(tiny_setup) + ["--exp-dir", str(tmp_path / "replay"), "--load-debug-rollout-data", data])
     live, replay = steps(tmp_path / "live"), steps(tmp_path / "replay")
+    details = [json.loads(line) for line in open(tmp_path / "details" / "rollout" / "1.jsonl")]
+    assert len(details) == 16 and {"prompt", "response", "reward", "status"} <= set(details[0])
+    import torch
+
+    train = torch.load(tmp_path / "train_1.pt", weights_only=False)
+    assert len(train["advantages"]) == 16 and train["rollout_id"] == 1
+    assert (tmp_path / "details" / "train" / "1.pt").exists()
     assert "compute/generate_seconds" in replay[0] and replay[0]["compute/generate_seconds"] == 0.0  # no engines
     for a, b in zip(live, replay):
         for key in ("rollout/reward_mean", "train/pg_loss", "train/grad_norm", "train/entropy", "train/ppo_kl"):

@@ -50,6 +50,22 @@ def load_rollout(template: str, rollout_id: int, *, subsample: float | None = No
     return groups
 
 
+def dump_rollout_details(dump_dir: str, rollout_id: int, groups: list[list[Sample]], rewards: list[float]) -> str:
+    """`--dump-details`: one JSON line per sample, for reading what the model did."""
+    import json
+
+    path = os.path.join(dump_dir, "rollout", f"{rollout_id}.jsonl")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    samples = [s for g in groups for s in g]
+    with open(path, "w") as f:
+        for s, r in zip(samples, rewards):
+            f.write(json.dumps({"index": s.index, "group_index": s.group_index, "prompt": s.prompt,
+                                "response": s.response, "label": s.label, "reward": r, "raw_reward": s.reward,
+                                "status": s.status.value, "response_length": s.response_length,
+                                "weight_versions": s.weight_versions}, default=str) + "\n")
+    return path
+
+
 async def replay_rollout(args: Any, rollout_id: int, data_source: Any, evaluation: bool = False) -> list[list[Sample]]:
     """A rollout function that returns the saved groups of this step instead of generating."""
     return load_rollout(args.load_debug_rollout_data, rollout_id, subsample=args.load_debug_rollout_data_subsample,
