@@ -76,6 +76,9 @@ class PolicyLossConfig:
     use_rollout_logprobs: bool = False  # --use-rollout-logprobs (compare logp, not old_logp, to rollout)
     # Built by the caller from --custom-pg-loss-reducer-function-path; reduces pg_loss only.
     pg_loss_reducer: Reducer | None = field(default=None, repr=False)
+    # --custom-tis-function-path: replaces tis_weights, same signature
+    # fn(logp_old, logp_rollout, *, clip, clip_low) -> weights (detached).
+    tis_fn: Callable[..., torch.Tensor] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.loss not in POLICY_LOSSES:
@@ -176,7 +179,8 @@ def compute_policy_loss(batch: PolicyLossInputs, cfg: PolicyLossConfig) -> Polic
         metrics["opsm_clipfrac"] = reduce(1.0 - keep_BT)
     if cfg.use_tis:
         # Weights compare the trainer's old log-prob with the engine's (slime's vanilla TIS).
-        weights_BT = tis_weights(old_logp, batch.rollout_logp, clip=cfg.tis_clip, clip_low=cfg.tis_clip_low)
+        weights_BT = (cfg.tis_fn or tis_weights)(old_logp, batch.rollout_logp, clip=cfg.tis_clip,
+                                                 clip_low=cfg.tis_clip_low).detach()
         raw_ratio_BT = torch.exp(old_logp.float() - batch.rollout_logp.float())
         pg_loss_BT = pg_loss_BT * weights_BT
         metrics["tis"] = reduce(weights_BT)

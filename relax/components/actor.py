@@ -56,7 +56,8 @@ def make_worker_group(cfg: RelaxConfig, role: str, model_path: str, n_workers: i
         loss=policy_loss_config(cfg) if role == "actor" else None, temperature=cfg.rollout.rollout_temperature,
         total_steps=total_steps, threads=cfg.cluster.engine_threads,
         timeout_minutes=cfg.cluster.distributed_timeout_minutes, bucket_bytes=cfg.rollout.update_weight_buffer_size,
-        sync_timeout_s=cfg.rollout.weight_sync_timeout,
+        sync_timeout_s=cfg.rollout.weight_sync_timeout, custom_loss_path=cfg.algo.custom_loss_function_path,
+        pg_loss_reducer_path=cfg.algo.custom_pg_loss_reducer_function_path, tis_path=cfg.algo.custom_tis_function_path,
     )
     gpus = 1.0 if torch.cuda.is_available() else 0.0
     return RayActorGroup(worker_cls, n_workers, spec, num_cpus=1, num_gpus=gpus, name=role,
@@ -210,7 +211,8 @@ class Actor:
             rewards_B=torch.tensor(batch["rewards"], dtype=torch.float32),
             n_samples_per_prompt=self.cfg.rollout.n_samples_per_prompt, mask_BT=mask_BT, kl_BT=kl_BT,
             kl_coef=a.kl_coef, gamma=a.gamma, lambd=a.lambd, std_normalization=not a.disable_grpo_std_normalization,
-            normalize_rewards=not a.disable_rewards_normalization,
+            # A custom reward post-process has already shaped the rewards: use them as they are.
+            normalize_rewards=not (a.disable_rewards_normalization or self.cfg.reward.custom_reward_post_process_path),
         )
         adv_BT, _ = compute_advantages(a.advantage_estimator, inputs, normalize=a.normalize_advantages)
         return [adv_BT[i, : len(m)].tolist() for i, m in enumerate(batch["loss_masks"])]

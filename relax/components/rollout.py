@@ -61,6 +61,11 @@ class Rollout:
                                       positional=3, expected="generate_rollout(args, rollout_id, data_source, "
                                       "evaluation=False)")
         await asyncio.to_thread(sglang_rollout.GenerateState, self.args)
+        self.reward_post_process = None
+        if self.args.custom_reward_post_process_path:
+            self.reward_post_process = load_plugin(
+                self.args.custom_reward_post_process_path, flag="--custom-reward-post-process-path", positional=2,
+                expected="fn(args, samples) -> (raw_rewards, rewards)")
         self.eval_sets = await asyncio.to_thread(self._load_eval_sets)
         return {"engine_urls": [e.url for e in self.engines], "num_prompts": len(self.data_source)}
 
@@ -131,6 +136,9 @@ class Rollout:
         state = sglang_rollout.GenerateState(self.args)
         executor = state.reward_executor
         rewards = [executor.reward_value(s) for s in samples]
+        if self.reward_post_process is not None:
+            _, rewards = await call_maybe_async(self.reward_post_process, self.args, samples)
+            rewards = [float(r) for r in rewards]
         await tq.put_samples(rollout_id, samples, rewards)
         if self.cfg.debug.dump_details:
             await asyncio.to_thread(dump_rollout_details, self.cfg.debug.dump_details, rollout_id, groups, rewards)

@@ -198,7 +198,8 @@ class AlgorithmConfig:
     disable_compute_advantages_and_returns: bool = opt(False, "Skip advantages (SFT / custom loss).",
                                                        supported=False)
     loss_type: str = opt("policy_loss", "Loss.", choices=("policy_loss", "custom_loss"))
-    custom_loss_function_path: str | None = opt(None, "Custom loss function.", supported=False)
+    custom_loss_function_path: str | None = opt(None, "With --loss-type custom_loss: fn(inputs: PolicyLossInputs, "
+                                                "cfg: PolicyLossConfig) -> PolicyLossOutput | (loss, metrics).")
     eps_clip: float = opt(0.2, "PPO clip (lower).")
     eps_clip_high: float | None = opt(None, "PPO clip (upper); default --eps-clip.")
     eps_clip_c: float | None = opt(None, "Dual-clip constant (> 1).")
@@ -218,8 +219,11 @@ class AlgorithmConfig:
     use_tis: bool = opt(False, "Truncated importance sampling.")
     tis_clip: float = opt(2.0, "TIS upper clip.")
     tis_clip_low: float = opt(0.0, "TIS lower clip.")
-    custom_tis_function_path: str | None = opt(None, "Custom TIS function.", supported=False)
-    custom_pg_loss_reducer_function_path: str | None = opt(None, "Custom pg-loss reducer.", supported=False)
+    custom_tis_function_path: str | None = opt(None, "With --use-tis: fn(logp_old, logp_rollout, *, clip, clip_low) "
+                                               "-> importance weights, replacing the truncated ratio.")
+    custom_pg_loss_reducer_function_path: str | None = opt(None, "Reducer factory for pg_loss only: fn(mask_BT, *, "
+                                                           "per_token_loss, num_global_samples, num_global_tokens) "
+                                                           "-> fn(values_BT) -> scalar.")
     use_opsm: bool = opt(False, "Off-policy sequence masking.")
     opsm_delta: float = opt(1e-4, "OPSM threshold.")
     use_routing_replay: bool = opt(False, "Routing replay (MoE).", supported=False)
@@ -265,7 +269,8 @@ class RewardConfig:
     eval_reward_key: str | None = opt(None, "Reward key for evaluation (default --reward-key).")
     group_rm: bool = opt(False, "The reward function scores a whole group.")
     rm_url: str | None = opt(None, "Remote reward service URL (--rm-type remote_rm).")
-    custom_reward_post_process_path: str | None = opt(None, "Reward post-process.", supported=False)
+    custom_reward_post_process_path: str | None = opt(None, "fn(args, samples) -> (raw_rewards, rewards); the "
+                                                      "returned rewards are used as-is (no group normalisation).")
     custom_convert_samples_to_train_data_path: str | None = opt(None, "Samples -> train data.", supported=False)
     reward_timeout: float = opt(60.0, "Per-call reward timeout, seconds (a timeout scores --reward-failure-value).")
     reward_num_workers: int = opt(2, "Worker processes for synchronous rewards.")

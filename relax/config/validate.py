@@ -129,6 +129,10 @@ def check_algorithm(cfg: RelaxConfig) -> None:
         raise ConfigError("--kl-coef (reward shaping) and --kl-loss-coef (loss) cannot both be non-zero; pick one")
     if a.kl_loss_coef != 0 and not a.use_kl_loss:
         raise ConfigError("--kl-loss-coef is set but --use-kl-loss is not; add --use-kl-loss or drop the coefficient")
+    if (a.loss_type == "custom_loss") != bool(a.custom_loss_function_path):
+        raise ConfigError("--loss-type custom_loss and --custom-loss-function-path go together: set both or neither")
+    if a.custom_tis_function_path and not a.use_tis:
+        raise ConfigError("--custom-tis-function-path needs --use-tis (it replaces the TIS weights)")
     if a.eps_clip_c is not None and a.eps_clip_c <= 1.0:
         raise ConfigError(f"--eps-clip-c must be > 1 (dual-clip lower bound), got {a.eps_clip_c}")
     if a.advantage_estimator in ("ppo", "on_policy_distillation"):
@@ -221,6 +225,10 @@ def check_plugins(cfg: RelaxConfig) -> None:
         (cfg.rollout.rollout_function_path, "--rollout-function-path", 3,
          "generate_rollout(args, rollout_id, data_source, evaluation=False)"),
         (cfg.data.custom_prompt_path, "--custom-prompt-path", 2, "fn(prompt, data)"),
+        (cfg.reward.custom_reward_post_process_path, "--custom-reward-post-process-path", 2,
+         "fn(args, samples) -> (raw_rewards, rewards)"),
+        (cfg.algo.custom_loss_function_path, "--custom-loss-function-path", 2,
+         "custom_loss(inputs: PolicyLossInputs, cfg: PolicyLossConfig)"),
         (cfg.rollout.dynamic_sampling_filter_path, "--dynamic-sampling-filter-path", 2,
          "filter(args, samples, **kwargs) -> bool | DynamicFilterOutput"),
     ]

@@ -9,6 +9,7 @@ CPU, NCCL on GPU. The loss itself is `relax.algorithms.policy_loss` — never re
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import math
@@ -24,10 +25,11 @@ import torch
 import torch.distributed as dist
 
 from relax.algorithms.losses import entropy_from_logits
-from relax.algorithms.policy_loss import PolicyLossConfig, PolicyLossInputs, compute_policy_loss
+from relax.algorithms.policy_loss import PolicyLossInputs, PolicyLossOutput, compute_policy_loss
 from relax.backends.base import TrainerSpec
 from relax.backends.fsdp.batching import pad_inputs, pad_response, response_positions, split_micro_batches
-from relax.config.schema import BatchConfig, OptimizerConfig
+from relax.config.schema import OptimizerConfig
+from relax.utils.plugins import load_plugin
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +50,26 @@ def lr_lambda(optim: OptimizerConfig, total_steps: int):
         return 1.0
 
     return factor
+
+
+def load_loss_plugins(spec: TrainerSpec) -> tuple[Any, Any]:
+    """The loss function (built-in or `--custom-loss-function-path`) and an optional pg-loss
+    reducer factory; `--custom-tis-function-path` is bound into the loss config."""
+    loss_fn, reducer_factory = compute_policy_loss, None
+    if spec.custom_loss_path:
+        loss_fn = load_plugin(spec.custom_loss_path, flag="--custom-loss-function-path", positional=2,
+                              expected="custom_loss(inputs: PolicyLossInputs, cfg: PolicyLossConfig)")
+    if spec.pg_loss_reducer_path:
+        reducer_factory = load_plugin(spec.pg_loss_reducer_path, flag="--custom-pg-loss-reducer-function-path",
+                                      positional=1, keywords=("per_token_loss", "num_global_samples",
+                                                              "num_global_tokens"),
+                                      expected="reducer_factory(mask_BT, *, per_token_loss, num_global_samples, "
+                                               "num_global_tokens) -> fn(values_BT) -> scalar")
+    if spec.tis_path and spec.loss is not None:
+        spec.loss.tis_fn = load_plugin(spec.tis_path, flag="--custom-tis-function-path", positional=2,
+                                       keywords=("clip", "clip_low"),
+                                       expected="tis(logp_old, logp_rollout, *, clip, clip_low) -> weights")
+    return loss_fn, reducer_factory
 
 
 def reduce_metric(op: str, current: float | None, value: float) -> float:
@@ -71,6 +93,7 @@ class FSDPTrainWorker:
         self.optimizer = self.scheduler = None
         if spec.role == "actor":
             self._build_optimizer()
+        self.loss_fn, self.reducer_factory = load_loss_plugins(spec)
         self._sender = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.step = 0
@@ -225,7 +248,14 @@ class FSDPTrainWorker:
             ref_logp=col("ref_log_probs"), rollout_logp=col("rollout_log_probs"), entropy=ent_BT,
             num_global_samples=num_samples, num_global_tokens=num_tokens,
         )
-        return compute_policy_loss(inputs, cfg)
+        if self.reducer_factory is not None:
+            cfg = dataclasses.replace(cfg, pg_loss_reducer=self.reducer_factory(
+                loss_mask_BT, per_token_loss=cfg.per_token_loss, num_global_samples=num_samples,
+                num_global_tokens=num_tokens))
+        out = self.loss_fn(inputs, cfg)
+        if isinstance(out, tuple):  # custom losses may return (loss, metrics)
+            out = PolicyLossOutput(loss=out[0], metrics=dict(out[1]))
+        return out
 
     # ---- weights out -------------------------------------------------------------------
     def _full_state(self):

@@ -58,3 +58,49 @@ def test_first_step_has_unit_ratio_and_reports_rollout_mismatch(worker):
     assert metrics["train_rollout_logprob_abs_diff_mean"] == pytest.approx(0.25, abs=1e-5)
     assert metrics["grad_norm"] > 0
     assert metrics["compute_seconds"] > 0
+
+
+def half_loss(inputs, cfg):
+    """A custom loss: half the built-in one, plus a metric of its own."""
+    from relax.algorithms.policy_loss import compute_policy_loss
+
+    out = compute_policy_loss(inputs, cfg)
+    return out.loss * 0.5, {"custom_metric": torch.tensor(7.0)}
+
+
+def mean_reducer(mask_BT, *, per_token_loss, num_global_samples, num_global_tokens):
+    return lambda values_BT: (values_BT * mask_BT).sum() / mask_BT.sum()
+
+
+def constant_tis(logp_old, logp_rollout, *, clip, clip_low):
+    return torch.full_like(logp_old, 0.5)
+
+
+def test_loss_plugins_are_loaded_and_used(tmp_path):
+    from relax.backends.fsdp.worker import load_loss_plugins
+
+    spec = TrainerSpec(model_path="unused", loss=PolicyLossConfig(use_tis=True), custom_loss_path=f"{__name__}.half_loss",
+                       pg_loss_reducer_path=f"{__name__}.mean_reducer", tis_path=f"{__name__}.constant_tis")
+    loss_fn, reducer_factory = load_loss_plugins(spec)
+    assert loss_fn is half_loss and reducer_factory is mean_reducer and spec.loss.tis_fn is constant_tis
+
+
+def test_custom_tis_function_replaces_the_weights():
+    from relax.algorithms.policy_loss import PolicyLossInputs, compute_policy_loss
+
+    logp = torch.zeros(1, 2)
+    inputs = PolicyLossInputs(logp=logp.clone().requires_grad_(), old_logp=logp, advantages=torch.ones(1, 2),
+                              mask_BT=torch.ones(1, 2), num_global_samples=1, rollout_logp=logp)
+    plain = compute_policy_loss(inputs, PolicyLossConfig(use_tis=True))
+    halved = compute_policy_loss(inputs, PolicyLossConfig(use_tis=True, tis_fn=constant_tis))
+    assert float(halved.metrics["pg_loss"]) == pytest.approx(0.5 * float(plain.metrics["pg_loss"]))
+    assert float(halved.metrics["tis"]) == pytest.approx(0.5)
+
+
+def test_wrong_custom_loss_signature_is_named(tmp_path):
+    from relax.backends.fsdp.worker import load_loss_plugins
+    from relax.utils.plugins import PluginError
+
+    spec = TrainerSpec(model_path="unused", loss=PolicyLossConfig(), custom_loss_path=f"{__name__}.batch")
+    with pytest.raises(PluginError, match="--custom-loss-function-path"):
+        load_loss_plugins(spec)
