@@ -4,26 +4,15 @@ stamped on samples must advance with every step."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
-
-from relax.config import parse_config
-from relax.core.controller import Controller, _run
-from relax.core.service import Runtime
+from run_helpers import read_metrics, run_relax
 
 pytestmark = pytest.mark.integration
 
 
-def read_metrics(exp_dir):
-    with open(exp_dir / "metrics.jsonl") as f:
-        return [json.loads(line) for line in f]
-
-
-def test_colocate_grpo_learns_and_versions_advance(ray_cluster, tiny_setup, tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path.parent)
+def test_colocate_grpo_learns_and_versions_advance(ray_cluster, tiny_setup, tmp_path):
     root = tiny_setup
-    cfg = parse_config([
+    run_relax([
         "--hf-checkpoint", str(root / "model"), "--prompt-data", str(root / "train.jsonl"),
         "--input-key", "prompt", "--label-key", "label", "--apply-chat-template",
         "--custom-rm-path", "tests.integration.digit_reward.reward_func",
@@ -33,10 +22,6 @@ def test_colocate_grpo_learns_and_versions_advance(ray_cluster, tiny_setup, tmp_
         "--progress-bar", "false", "--save", str(tmp_path / "ckpt"), "--save-interval", "4",
         "--save-hf", str(tmp_path / "hf"),
     ])
-    with Runtime(cfg) as runtime:
-        import asyncio
-
-        asyncio.run(_run(cfg, runtime))
     rows = [r for r in read_metrics(tmp_path) if "rollout/reward_mean" in r]
     rewards = [r["rollout/reward_mean"] for r in rows]
     versions = [r["rollout/weight_version_min"] for r in rows]
@@ -53,7 +38,7 @@ def test_colocate_grpo_learns_and_versions_advance(ray_cluster, tiny_setup, tmp_
 
 def test_custom_multiturn_generate_trains_with_masked_observations(ray_cluster, tiny_setup, tmp_path):
     root = tiny_setup
-    cfg = parse_config([
+    run_relax([
         "--hf-checkpoint", str(root / "model"), "--prompt-data", str(root / "train.jsonl"),
         "--input-key", "prompt", "--label-key", "label", "--apply-chat-template",
         "--custom-rm-path", "tests.integration.digit_reward.reward_func",
@@ -62,10 +47,6 @@ def test_custom_multiturn_generate_trains_with_masked_observations(ray_cluster, 
         "--num-rollout", "2", "--lr", "1e-2", "--progress-bar", "false", "--exp-dir", str(tmp_path),
         "--resource", '{"actor": [1, 1], "rollout": [1, 1]}',
     ])
-    with Runtime(cfg) as runtime:
-        import asyncio
-
-        asyncio.run(_run(cfg, runtime))
     rows = [r for r in read_metrics(tmp_path) if "train/pg_loss" in r]
     assert len(rows) == 2
     # two model turns of <= 4 tokens plus the observation tokens
@@ -77,7 +58,7 @@ def test_custom_multiturn_generate_trains_with_masked_observations(ray_cluster, 
 
 def test_dynamic_sampling_drops_constant_groups_and_fills_the_batch(ray_cluster, tiny_setup, tmp_path):
     root = tiny_setup
-    cfg = parse_config([
+    run_relax([
         "--hf-checkpoint", str(root / "model"), "--prompt-data", str(root / "train.jsonl"),
         "--input-key", "prompt", "--label-key", "label", "--apply-chat-template",
         "--custom-rm-path", "tests.integration.digit_reward.parity_reward",
@@ -88,10 +69,6 @@ def test_dynamic_sampling_drops_constant_groups_and_fills_the_batch(ray_cluster,
         "--eval-interval", "3", "--eval-prompt-data", "tiny", str(root / "eval.jsonl"),
         "--n-samples-per-eval-prompt", "4", "--log-passrate", "--skip-eval-before-train",
     ])
-    with Runtime(cfg) as runtime:
-        import asyncio
-
-        asyncio.run(_run(cfg, runtime))
     rows = [r for r in read_metrics(tmp_path) if "rollout/num_samples" in r and "train/pg_loss" in r]
     assert [r["rollout/num_samples"] for r in rows] == [32.0, 32.0, 32.0]  # always a full batch
     dropped = sum(r.get("rollout/filter_dropped_groups", 0.0) for r in rows)

@@ -3,27 +3,13 @@ rollout-only run generates without training."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 import pytest
-
-from relax.config import parse_config
-from relax.core.controller import _run
-from relax.core.service import Runtime
+from run_helpers import run_relax as run
+from run_helpers import step_rows as steps
 
 pytestmark = pytest.mark.integration
-
-
-def run(args):
-    cfg = parse_config(args)
-    with Runtime(cfg) as runtime:
-        asyncio.run(_run(cfg, runtime))
-
-
-def steps(exp_dir):
-    with open(exp_dir / "metrics.jsonl") as f:
-        return [r for r in map(json.loads, f) if "time/step" in r]
 
 
 def common(root):

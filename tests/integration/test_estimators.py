@@ -3,15 +3,10 @@ tiny model, finite losses, a non-zero gradient, and a first-step PPO ratio of ex
 
 from __future__ import annotations
 
-import asyncio
-import json
 import math
 
 import pytest
-
-from relax.config import parse_config
-from relax.core.controller import _run
-from relax.core.service import Runtime
+from run_helpers import read_metrics, run_relax
 
 pytestmark = pytest.mark.integration
 
@@ -21,7 +16,7 @@ ESTIMATORS = ["grpo", "gspo", "sapo", "reinforce_plus_plus", "reinforce_plus_plu
 @pytest.mark.parametrize("estimator", ESTIMATORS)
 def test_estimator_trains_from_its_flag(ray_cluster, tiny_setup, tmp_path, estimator):
     root = tiny_setup
-    cfg = parse_config([
+    run_relax([
         "--hf-checkpoint", str(root / "model"), "--prompt-data", str(root / "train.jsonl"),
         "--input-key", "prompt", "--label-key", "label", "--apply-chat-template",
         "--custom-rm-path", "tests.integration.digit_reward.reward_func", "--advantage-estimator", estimator,
@@ -29,9 +24,7 @@ def test_estimator_trains_from_its_flag(ray_cluster, tiny_setup, tmp_path, estim
         "--num-rollout", "2", "--lr", "1e-2", "--progress-bar", "false", "--exp-dir", str(tmp_path),
         "--resource", '{"actor": [1, 1], "rollout": [1, 1]}',
     ])
-    with Runtime(cfg) as runtime:
-        asyncio.run(_run(cfg, runtime))
-    rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+    rows = read_metrics(tmp_path)
     steps = [r for r in rows if "train/pg_loss" in r]
     assert len(steps) == 2
     assert all(math.isfinite(r["train/pg_loss"]) and math.isfinite(r["train/grad_norm"]) for r in steps)

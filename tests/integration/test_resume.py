@@ -4,27 +4,15 @@ so their per-step rewards and losses match."""
 
 from __future__ import annotations
 
-import asyncio
-import json
-
 import pytest
-
-from relax.config import parse_config
-from relax.core.controller import _run
-from relax.core.service import Runtime
+from run_helpers import run_relax as run
+from run_helpers import step_rows
 
 pytestmark = pytest.mark.integration
 
 
-def run(args):
-    cfg = parse_config(args)
-    with Runtime(cfg) as runtime:
-        asyncio.run(_run(cfg, runtime))
-
-
 def step_metrics(exp_dir):
-    with open(exp_dir / "metrics.jsonl") as f:
-        return {r["step"]: r for r in map(json.loads, f) if "time/step" in r}
+    return {r["step"]: r for r in step_rows(exp_dir)}
 
 
 def test_resume_equals_uninterrupted(ray_cluster, tiny_setup, tmp_path):
