@@ -19,7 +19,10 @@ def test_post_returns_json_and_errors_carry_the_body():
         app = web.Application()
         app.router.add_post("/echo", echo)
         app.router.add_post("/fail", fail)
-        app.router.add_get("/echo", lambda r: web.json_response({"ok": True}))
+        async def ok(request):
+            return web.json_response({"ok": True})
+
+        app.router.add_get("/echo", ok)
         runner = web.AppRunner(app)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
