@@ -108,7 +108,7 @@ class RolloutConfig:
     rollout_top_k: int = opt(-1, "Top-k (-1 = off).")
     rollout_max_response_len: int | None = opt(None, "Max new tokens per response.")
     rollout_max_prompt_len: int | None = opt(None, "Drop prompts longer than this (tokens).")
-    rollout_max_context_len: int | None = opt(None, "Max prompt+response tokens for the engine.")
+    rollout_max_context_len: int | None = opt(None, "Max prompt+response tokens for the engine.", supported=False)
     rollout_stop: list | None = opt(None, "Stop strings.", nargs="+")
     rollout_stop_token_ids: list | None = opt(None, "Stop token ids.", nargs="+", type=int)
     rollout_skip_special_tokens: bool = opt(False, "Skip special tokens when decoding responses.")
@@ -123,11 +123,12 @@ class RolloutConfig:
     mask_offpolicy_in_partial_rollout: bool = opt(False, "Mask earlier-policy tokens.", supported=False)
     update_weight_buffer_size: int = opt(512 << 20, "Weight-sync bucket size in bytes (e.g. 512MB).",
                                          type=parse_bytes)
-    update_weights_interval: int = opt(1, "Push weights to engines every N steps.")
+    update_weights_interval: int = opt(1, "Push weights to engines every N steps.", supported=False)
     weight_sync_timeout: float = opt(120.0, "Deadline of one weight sync, seconds.")
     keep_old_actor: bool = opt(False, "Keep the rollout model during training.", supported=False)
-    rollout_external: bool = opt(False, "Use external engines.")
-    rollout_external_engine_addrs: list | None = opt(None, "External engine host:port list.", nargs="+")
+    rollout_external: bool = opt(False, "Use external engines.", supported=False)
+    rollout_external_engine_addrs: list | None = opt(None, "External engine host:port list.", nargs="+",
+                                                     supported=False)
     rollout_function_path: str = opt("relax.engine.rollout.sglang_rollout.generate_rollout",
                                      "Rollout function fn(args, rollout_id, data_source, evaluation=False).")
     custom_generate_function_path: str | None = opt(None, "Generate fn(args, sample, sampling_params[, evaluation]).")
@@ -246,7 +247,8 @@ class EvalConfig:
     eval_interval: int | None = opt(None, "Evaluate every N rollout steps.")
     eval_prompt_data: list | None = opt(None, "Eval sets: name path [name path ...].", nargs="+")
     eval_config: str | None = opt(None, "Eval config YAML.", supported=False)
-    eval_function_path: str | None = opt(None, "Eval rollout function (default --rollout-function-path).")
+    eval_function_path: str | None = opt(None, "Eval rollout function (default --rollout-function-path).",
+                                         supported=False)
     skip_eval_before_train: bool = opt(False, "Skip the evaluation before step 0.")
     eval_input_key: str | None = opt(None, "Eval input key (default --input-key).")
     eval_label_key: str | None = opt(None, "Eval label key (default --label-key).")
@@ -258,7 +260,7 @@ class EvalConfig:
     eval_max_response_len: int | None = opt(None, "Eval max new tokens.")
     eval_max_prompt_len: int | None = opt(None, "Eval max prompt length.")
     eval_min_new_tokens: int | None = opt(None, "Eval min new tokens.")
-    eval_max_context_len: int | None = opt(None, "Eval max context length.")
+    eval_max_context_len: int | None = opt(None, "Eval max context length.", supported=False)
 
 
 @dataclass
@@ -266,7 +268,7 @@ class RewardConfig:
     rm_type: str | None = opt(None, "Built-in reward type (math, deepscaler, dapo, f1, ...).")
     custom_rm_path: str | None = opt(None, "Custom reward fn(args, sample, **kw) (or samples with --group-rm).")
     reward_key: str | None = opt(None, "Key of the score when the reward is a dict.")
-    eval_reward_key: str | None = opt(None, "Reward key for evaluation (default --reward-key).")
+    eval_reward_key: str | None = opt(None, "Reward key for evaluation (default --reward-key).", supported=False)
     group_rm: bool = opt(False, "The reward function scores a whole group.")
     rm_url: str | None = opt(None, "Remote reward service URL (--rm-type remote_rm).")
     custom_reward_post_process_path: str | None = opt(None, "fn(args, samples) -> (raw_rewards, rewards); the "

@@ -215,6 +215,29 @@ def check_backends(cfg: RelaxConfig) -> None:
                                   "truth: remove the flag or fix the model script")
 
 
+# Flags that only mean something to the Megatron/SGLang backends or on GPUs: accepted (launch
+# scripts carry them), reported once when the resolved backends ignore them.
+BACKEND_ONLY = {
+    "parallel": ("tensor_model_parallel_size", "pipeline_model_parallel_size", "sequence_parallel",
+                 "context_parallel_size", "expert_model_parallel_size", "expert_tensor_parallel_size",
+                 "recompute_granularity", "recompute_method", "recompute_num_layers"),
+    "optim": ("optimizer_cpu_offload", "overlap_cpu_optimizer_d2h_h2d", "use_precision_aware_optimizer",
+              "use_distributed_optimizer", "overlap_grad_reduce", "overlap_param_gather"),
+    "cluster": ("qkv_format", "megatron_to_hf_mode", "rollout_num_gpus_per_engine", "num_gpus_per_node"),
+}
+
+
+def ignored_backend_flags(cfg: RelaxConfig) -> list[str]:
+    """Megatron/GPU-only flags set to a non-default value while fsdp/hf run (they have no effect)."""
+    if cfg.cluster.train_backend != "fsdp":
+        return []
+    out = []
+    for group_name, names in BACKEND_ONLY.items():
+        group, defaults = getattr(cfg, group_name), type(getattr(cfg, group_name))()
+        out += [_flag(n) for n in names if getattr(group, n) != getattr(defaults, n)]
+    return out
+
+
 def check_plugins(cfg: RelaxConfig) -> None:
     from relax.utils.plugins import PluginError, load_plugin
 

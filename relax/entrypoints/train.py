@@ -4,6 +4,7 @@ and flag errors are instant and nothing is started for a bad command line."""
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 
@@ -19,9 +20,15 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         print(f"relax-train: error: {err}", file=sys.stderr)
         return 2
+    from relax.config.validate import ignored_backend_flags
     from relax.utils.logging import setup_logging
 
     setup_logging()
+    ignored = ignored_backend_flags(cfg)
+    if ignored:
+        logging.getLogger("relax").warning(
+            "%s only apply to the megatron/sglang backends; the %s/%s backends ignore them",
+            " ".join(ignored), cfg.cluster.train_backend, cfg.cluster.rollout_backend)
     from relax.core.controller import run
 
     try:

@@ -111,3 +111,18 @@ def test_bad_flags_exit_2_before_anything_starts(tmp_path):
 def test_configuration_docs_are_generated_from_the_schema():
     out = subprocess.run([sys.executable, "scripts/tools/gen_config_docs.py", "--check"], capture_output=True, text=True)
     assert out.returncode == 0, out.stdout
+
+
+def test_megatron_only_flags_are_reported_as_ignored_under_fsdp(base):
+    from relax.config.validate import ignored_backend_flags
+
+    cfg = parse_config(base + ["--tensor-model-parallel-size", "2", "--optimizer-cpu-offload"])
+    assert ignored_backend_flags(cfg) == ["--tensor-model-parallel-size", "--optimizer-cpu-offload"]
+    assert ignored_backend_flags(parse_config(base)) == []
+
+
+@pytest.mark.parametrize("flag", [["--rollout-external"], ["--update-weights-interval", "2"],
+                                  ["--eval-reward-key", "acc"]])
+def test_unimplemented_flags_fail_instead_of_being_ignored(base, flag):
+    with pytest.raises(ConfigError, match="not implemented"):
+        parse_config(base + flag)
