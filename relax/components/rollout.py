@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import inspect
 import logging
 import os
 import statistics
@@ -126,7 +127,7 @@ class Rollout:
         """Run one rollout step and write its samples to partition `train_{rollout_id}`."""
         start = time.perf_counter()
         busy_before = await self._engine_busy_seconds()
-        groups = await call_maybe_async(self._call_rollout_fn, rollout_id)
+        groups = await self._call_rollout_fn(rollout_id)
         busy = [after - before for before, after in zip(busy_before, await self._engine_busy_seconds())]
         if self.cfg.debug.save_debug_rollout_data:
             await asyncio.to_thread(save_rollout, self.cfg.debug.save_debug_rollout_data, rollout_id, groups)
@@ -154,10 +155,11 @@ class Rollout:
         return [float(info.get("busy_seconds", 0.0)) for info in infos]
 
     async def _call_rollout_fn(self, rollout_id: int) -> list[list[Sample]]:
-        result = self.rollout_fn(self.args, rollout_id, self.data_source)
-        if asyncio.iscoroutine(result):
-            return await result
-        return result
+        """Async rollout functions run on this loop; sync ones (slime style) in a worker thread,
+        where they may run their own event loop."""
+        if inspect.iscoroutinefunction(self.rollout_fn):
+            return await self.rollout_fn(self.args, rollout_id, self.data_source)
+        return await asyncio.to_thread(self.rollout_fn, self.args, rollout_id, self.data_source)
 
     def progress(self) -> tuple[int, int]:
         state = sglang_rollout.GenerateState(self.args)
