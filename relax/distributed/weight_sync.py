@@ -41,6 +41,7 @@ import torch
 import torch.distributed as dist
 
 from relax.utils.http_utils import error_message
+from relax.utils.net import free_port
 
 logger = logging.getLogger(__name__)
 
@@ -199,12 +200,6 @@ def _with_last(items: Iterator[Any]) -> Iterator[tuple[Any, bool]]:
         current = next(items, None)
         yield previous, current is None
         previous = current
-
-
-def free_port(address: str = "127.0.0.1") -> int:
-    with socket.socket() as sock:
-        sock.bind((address, 0))
-        return sock.getsockname()[1]
 
 
 def dtype_name(dtype: torch.dtype) -> str:

@@ -19,9 +19,9 @@ import time
 from pathlib import Path
 from typing import Mapping, Sequence
 
-import socket
-
 import httpx
+
+from relax.utils.net import free_port
 
 PR_SET_PDEATHSIG = 1
 API_KEY_ENV = "RELAX_HF_API_KEY"  # the key travels by environment, not argv (argv is world-readable)
@@ -34,12 +34,6 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() == 1:  # the parent already died before prctl took effect
         os._exit(1)
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
 
 
 def _log_tail(path: str, chars: int = 4000) -> str:

@@ -7,16 +7,11 @@ results, so per-rank plumbing stays out of component code.
 
 from __future__ import annotations
 
-import socket
 from typing import Any, Sequence
 
 import ray
 
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+from relax.utils.net import free_port
 
 
 class RayActorGroup:
