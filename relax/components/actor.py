@@ -9,6 +9,7 @@ partition. The training backend is a Ray actor group resolved through the backen
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import shutil
@@ -48,25 +49,45 @@ def policy_loss_config(cfg: RelaxConfig) -> PolicyLossConfig:
     )
 
 
-def make_worker_group(cfg: RelaxConfig, role: str, model_path: str, n_workers: int, *, total_steps: int = 1) -> RayActorGroup:
+def make_worker_group(cfg: RelaxConfig, role: str, model_path: str, n_workers: int, *, total_steps: int = 1,
+                      threads: int | None = None, name: str | None = None) -> RayActorGroup:
     """The training-backend worker group for `role` ("actor" trains, "reference" only scores)."""
     worker_cls = import_object(TRAIN_BACKENDS[cfg.cluster.train_backend], flag="--train-backend")
     spec = TrainerSpec(
         model_path=model_path, role=role, optim=cfg.optim, batch=cfg.batch,
         loss=policy_loss_config(cfg) if role == "actor" else None, temperature=cfg.rollout.rollout_temperature,
-        total_steps=total_steps, threads=cfg.cluster.engine_threads,
+        total_steps=total_steps, threads=threads or cfg.cluster.engine_threads,
         timeout_minutes=cfg.cluster.distributed_timeout_minutes, bucket_bytes=cfg.rollout.update_weight_buffer_size,
         sync_timeout_s=cfg.rollout.weight_sync_timeout, custom_loss_path=cfg.algo.custom_loss_function_path,
         pg_loss_reducer_path=cfg.algo.custom_pg_loss_reducer_function_path, tis_path=cfg.algo.custom_tis_function_path,
     )
     gpus = 1.0 if torch.cuda.is_available() else 0.0
-    return RayActorGroup(worker_cls, n_workers, spec, num_cpus=1, num_gpus=gpus, name=role,
+    return RayActorGroup(worker_cls, n_workers, spec, num_cpus=1, num_gpus=gpus, name=name or role,
                          env_vars={k: str(v) for k, v in cfg.misc.train_env_vars.items()})
 
 
 def needs_reference(cfg: RelaxConfig) -> bool:
     """A reference model is deployed for the KL loss or KL reward shaping."""
     return cfg.algo.use_kl_loss or cfg.algo.kl_coef != 0
+
+
+def batch_advantages(cfg: RelaxConfig, batch: dict[str, Any]) -> list[list[float]]:
+    """Per-sample advantages for one step's rows (shared by the Actor in colocate mode and the
+    Advantages role in fully-async mode, so both modes train on identical numbers)."""
+    a = cfg.algo
+    mask_BT = padded(batch["loss_masks"])
+    kl_BT = None
+    if a.kl_coef != 0:  # reward shaping: k1 KL of the behaviour policy to the reference
+        kl_BT = approx_kl(padded(batch["old_log_probs"]), padded(batch["ref_log_probs"]), "k1") * mask_BT
+    inputs = AdvantageInputs(
+        rewards_B=torch.tensor(batch["rewards"], dtype=torch.float32),
+        n_samples_per_prompt=cfg.rollout.n_samples_per_prompt, mask_BT=mask_BT, kl_BT=kl_BT,
+        kl_coef=a.kl_coef, gamma=a.gamma, lambd=a.lambd, std_normalization=not a.disable_grpo_std_normalization,
+        # A custom reward post-process has already shaped the rewards: use them as they are.
+        normalize_rewards=not (a.disable_rewards_normalization or cfg.reward.custom_reward_post_process_path),
+    )
+    adv_BT, _ = compute_advantages(a.advantage_estimator, inputs, normalize=a.normalize_advantages)
+    return [adv_BT[i, : len(m)].tolist() for i, m in enumerate(batch["loss_masks"])]
 
 
 def padded(rows: list[list[float]]) -> torch.Tensor:
@@ -90,6 +111,8 @@ class Actor:
         self.version = 0  # weight version the engines hold (= optimizer updates applied)
         self.group: RayActorGroup | None = None
         self.engines_connected = False
+        self.dcs: Any = None  # fully async: the DCS coordinator's handle
+        self.topology_version = -1
 
     async def setup(self) -> dict[str, Any]:
         """Start the workers; resume from `--load` when it holds a checkpoint. Returns the
@@ -119,10 +142,32 @@ class Actor:
             await self.group.call("connect_engines", engine_urls, self.token)
             self.engines_connected = True
 
+    async def connect_dcs(self, coordinator: Any) -> None:
+        """Fully async: weights go to whatever the DCS coordinator lists (engines, ActorFwd ranks)."""
+        self.dcs = coordinator
+
+    async def _sync_topology(self) -> dict[str, float]:
+        """Rebuild the broadcast group when the coordinator's topology changed since the last push."""
+        topology = await self.dcs.topology.remote()
+        if topology["version"] == self.topology_version:
+            return {}
+        mode = "abort" if self.cfg.rollout.partial_rollout else "in_place"
+        await self.group.call("connect_receivers", topology["endpoints"], self.token, mode)
+        self.topology_version = topology["version"]
+        logger.info("weight group rebuilt for topology v%d: %s", topology["version"], topology["roles"])
+        return {"weight_sync/topology_version": float(topology["version"])}
+
     async def update_weights(self, version: int) -> dict[str, float]:
-        """Push weights to the engines; without engines (replay) or training (rollout-only) the
-        version still advances, so staleness checks read the same as in a full run."""
-        stats = (await self.group.call("push_weights", version))[0] if self.engines_connected else {}
+        """Push weights to the engines (and, fully async, to every DCS receiver); without engines
+        (replay) or training (rollout-only) the version still advances, so staleness checks read
+        the same as in a full run."""
+        stats: dict[str, float] = {}
+        if self.group is not None and self.dcs is not None:
+            stats = await self._sync_topology()
+            stats |= (await self.group.call("push_weights", version))[0]
+            await self.dcs.publish.remote(version, {k.split("/")[-1]: v for k, v in stats.items()})
+        elif self.engines_connected:
+            stats = (await self.group.call("push_weights", version))[0]
         self.version = version
         return stats
 
@@ -131,21 +176,30 @@ class Actor:
             await tq.clear(rollout_id)
             return {}
         start = time.perf_counter()
+        if self.cfg.cluster.fully_async:
+            await self._wait_rows(rollout_id)
         batch, metrics = await self._read_batch(rollout_id)
+        metrics["time/wait_rows"] = time.perf_counter() - start
         n_rows = len(batch["tokens"])
         num_steps = max(1, n_rows // self.cfg.batch.global_batch_size)
         shards_idx = shard_rows(n_rows, num_steps, self.group.world_size)
         t0 = time.perf_counter()
-        batch["old_log_probs"] = await self._old_log_probs(batch, shards_idx)
+        if "log_probs" in batch:  # fully async: ActorFwd wrote them
+            batch["old_log_probs"] = batch.pop("log_probs")
+        else:
+            batch["old_log_probs"] = await self._old_log_probs(batch, shards_idx)
         metrics["time/old_log_probs"] = time.perf_counter() - t0
-        batch["advantages"] = self._advantages(batch)
+        if "advantages" not in batch:  # fully async: the Advantages role wrote them
+            batch["advantages"] = self._advantages(batch)
         self._save_batch(rollout_id, batch)
         shards = [{k: [v[i] for i in idx] for k, v in batch.items() if isinstance(v, list)} for idx in shards_idx]
         per_step = n_rows // num_steps
         tokens_per_step = [int(sum(sum(batch["loss_masks"][i]) for i in range(s * per_step, (s + 1) * per_step)))
                            for s in range(num_steps)]
         t0 = time.perf_counter()
-        results = await self.group.call_sharded("train", shards, num_steps, tokens_per_step)
+        iters = self.cfg.cluster.num_iters_per_train_update if self.cfg.cluster.fully_async else 1
+        for _ in range(iters):  # --num-iters-per-train-update: passes over the step's data
+            results = await self.group.call_sharded("train", shards, num_steps, tokens_per_step)
         metrics["time/train_step"] = time.perf_counter() - t0
         # Ranks run in parallel: the slowest one's forward/backward/optimizer time is the compute.
         metrics["compute/train_seconds"] = max(r.pop("compute_seconds") for r in results)
@@ -153,6 +207,20 @@ class Actor:
         await tq.clear(rollout_id)
         metrics["time/train"] = time.perf_counter() - start
         return metrics
+
+    async def _wait_rows(self, rollout_id: int, poll_s: float = 0.02) -> None:
+        """Fully async: until Rollout marked the step done and every row has its advantages."""
+        fields = ["advantages"] + (["ref_log_probs"] if needs_reference(self.cfg) else [])
+        fields += [] if self.cfg.algo.use_rollout_logprobs else ["log_probs"]
+        done = 0
+        while True:
+            total = await tq.step_rows(rollout_id)
+            keys, _ = await tq.fetch_ready(rollout_id, fields, task="actor",
+                                           chunk=max(1, (total or 1) - done) if total else 1 << 30)
+            done += len(keys)
+            if total is not None and done >= total:
+                return
+            await asyncio.sleep(poll_s)
 
     def _save_batch(self, rollout_id: int, batch: dict[str, Any]) -> None:
         """`--save-debug-train-data` / `--dump-details`: the exact batch the optimizer steps see."""
@@ -181,15 +249,16 @@ class Actor:
     async def _read_batch(self, rollout_id: int) -> tuple[dict[str, Any], dict[str, float]]:
         keys = await tq.list_keys(rollout_id)
         fields = list(tq.ROLLOUT_COLUMNS) + (["ref_log_probs"] if needs_reference(self.cfg) else [])
+        if self.cfg.cluster.fully_async:
+            fields += ["advantages"] + ([] if self.cfg.algo.use_rollout_logprobs else ["log_probs"])
         cols = await tq.get_columns(rollout_id, keys, fields)
-        versions = cols["weight_versions"].tolist()
-        lags = [self.version - v for v in versions]
-        keep = [i for i, lag in enumerate(lags) if lag <= self.cfg.cluster.max_staleness]
-        metrics = {"train/max_version_lag": float(max(lags)), "train/rejected_stale_rows": float(len(keys) - len(keep))}
-        if len(keep) != len(keys):
-            raise RuntimeError(f"rollout {rollout_id}: {len(keys) - len(keep)} rows are older than --max-staleness "
-                               f"{self.cfg.cluster.max_staleness} (max lag {max(lags)}); colocate mode never produces "
-                               "stale rows, so the engines missed a weight update")
+        lags = [self.version - v for v in cols["weight_versions"].tolist()]
+        stale = [i for i, lag in enumerate(lags) if lag > self.cfg.cluster.max_staleness]
+        metrics = {"train/max_version_lag": float(max(lags)), "train/rejected_stale_rows": float(len(stale))}
+        if stale:  # the rollout gate makes this impossible; if it ever happens, say so loudly
+            raise RuntimeError(f"rollout {rollout_id}: {len(stale)} rows lag more than --max-staleness "
+                               f"{self.cfg.cluster.max_staleness} weight versions behind the actor's {self.version} "
+                               f"(max lag {max(lags)}); the engines missed a weight update")
         batch: dict[str, Any] = {
             "tokens": [t.tolist() for t in cols["tokens"]],
             "response_lengths": cols["response_lengths"].tolist(),
@@ -197,25 +266,15 @@ class Actor:
             "rollout_log_probs": [lp.tolist() for lp in cols["rollout_log_probs"]],
             "rewards": cols["rewards"].tolist(),
         }
-        if "ref_log_probs" in cols:
-            batch["ref_log_probs"] = [lp.tolist() for lp in cols["ref_log_probs"]]
+        for name in ("ref_log_probs", "log_probs", "advantages"):
+            if name in cols:
+                batch[name] = [x.tolist() for x in cols[name]]
+        if self.cfg.cluster.fully_async and self.cfg.algo.use_rollout_logprobs:
+            batch["log_probs"] = batch["rollout_log_probs"]
         return batch, metrics
 
     def _advantages(self, batch: dict[str, Any]) -> list[list[float]]:
-        a = self.cfg.algo
-        mask_BT = padded(batch["loss_masks"])
-        kl_BT = None
-        if a.kl_coef != 0:  # reward shaping: k1 KL of the behaviour policy to the reference
-            kl_BT = approx_kl(padded(batch["old_log_probs"]), padded(batch["ref_log_probs"]), "k1") * mask_BT
-        inputs = AdvantageInputs(
-            rewards_B=torch.tensor(batch["rewards"], dtype=torch.float32),
-            n_samples_per_prompt=self.cfg.rollout.n_samples_per_prompt, mask_BT=mask_BT, kl_BT=kl_BT,
-            kl_coef=a.kl_coef, gamma=a.gamma, lambd=a.lambd, std_normalization=not a.disable_grpo_std_normalization,
-            # A custom reward post-process has already shaped the rewards: use them as they are.
-            normalize_rewards=not (a.disable_rewards_normalization or self.cfg.reward.custom_reward_post_process_path),
-        )
-        adv_BT, _ = compute_advantages(a.advantage_estimator, inputs, normalize=a.normalize_advantages)
-        return [adv_BT[i, : len(m)].tolist() for i, m in enumerate(batch["loss_masks"])]
+        return batch_advantages(self.cfg, batch)
 
     async def save(self, rollout_id: int) -> str | None:
         if self.group is None:

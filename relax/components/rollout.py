@@ -46,6 +46,14 @@ class Rollout:
         self.clients: list[Any] = []
         self.router: Router | None = None
         self.eval_sets: dict[str, list[Sample]] = {}
+        # Fully async: finished steps' metrics (and an event per step), data-source snapshots
+        # taken at step boundaries (checkpoints save the trained step's position, not the
+        # generated one), and the engine version each step started at.
+        self.finished: dict[int, dict[str, float]] = {}
+        self.step_events: dict[int, asyncio.Event] = {}
+        self.snapshots: dict[int, dict[str, Any]] = {}
+        self.started_at: int | None = None
+        self.stopping = False
 
     # ---- lifecycle ---------------------------------------------------------------------
     async def setup(self, start_rollout_id: int) -> dict[str, Any]:
@@ -109,6 +117,7 @@ class Rollout:
         }
 
     async def shutdown(self) -> None:
+        self.stopping = True
         if self.router is not None:
             await self.router.stop()
         for client in self.clients:
@@ -122,25 +131,88 @@ class Rollout:
     def engine_urls(self) -> list[str]:
         return [e.url for e in self.engines]
 
+    # ---- fully async ---------------------------------------------------------------------
+    async def run(self, start: int, end: int) -> None:
+        """Fully-async loop: generate steps back to back, each once the staleness bound allows.
+
+        Step s may start only when every engine holds weights of version >= s - max_staleness;
+        the Actor trains step s at version s, so no row it trains lags more than the bound.
+        Groups stream into the step's partition as they finish."""
+        bound = self.cfg.cluster.max_staleness
+        for step in range(start, end):
+            wait_start = time.perf_counter()
+            self.started_at = await self._wait_engine_version(step - bound)
+            waited = time.perf_counter() - wait_start
+            if self.stopping:
+                return
+            metrics = await self.generate(step)
+            metrics["rollout/staleness_wait_seconds"] = waited
+            metrics["rollout/started_at_version"] = float(self.started_at)
+            if hasattr(self.data_source, "state_dict"):
+                self.snapshots[step] = copy.deepcopy(self.data_source.state_dict())
+            self.finished[step] = metrics
+            self._event(step).set()
+
+    def _event(self, step: int) -> asyncio.Event:
+        return self.step_events.setdefault(step, asyncio.Event())
+
+    async def wait_step(self, step: int) -> dict[str, float]:
+        """Fully async: wait until step `step` is generated; its rollout metrics."""
+        await self._event(step).wait()
+        self.step_events.pop(step, None)
+        return self.finished.pop(step)
+
+    async def engine_version(self) -> int:
+        """The oldest weight version any engine holds."""
+        versions = await asyncio.gather(*(c.get_weight_version() for c in self.clients))
+        return min(sglang_rollout.parse_weight_version(v) for v in versions)
+
+    async def _wait_engine_version(self, minimum: int, poll_s: float = 0.02) -> int:
+        if not self.clients:  # replay: no engines; the Actor's version stands for theirs
+            return max(minimum, 0)
+        while not self.stopping:
+            version = await self.engine_version()
+            if version >= minimum:
+                return version
+            await asyncio.sleep(poll_s)
+        return minimum
+
     # ---- per step ----------------------------------------------------------------------
     async def generate(self, rollout_id: int) -> dict[str, float]:
-        """Run one rollout step and write its samples to partition `train_{rollout_id}`."""
+        """Run one rollout step and write its samples to partition `train_{rollout_id}`.
+
+        In fully-async mode kept groups are written as soon as they are final (the remaining
+        ones, e.g. from a custom rollout function, at the end); then the step is marked done."""
         start = time.perf_counter()
         busy_before = await self._engine_busy_seconds()
-        groups = await self._call_rollout_fn(rollout_id)
+        state = sglang_rollout.GenerateState(self.args)
+        streamed: set[int] = set()
+        if self.cfg.cluster.fully_async and self.reward_post_process is None:
+            async def sink(group: list[Sample]) -> None:
+                await tq.put_samples(rollout_id, group, [state.reward_executor.reward_value(s) for s in group],
+                                     started_at=self.started_at)
+                streamed.update(s.index for s in group)
+            state.group_sink = sink
+        try:
+            groups = await self._call_rollout_fn(rollout_id)
+        finally:
+            state.group_sink = None
         busy = [after - before for before, after in zip(busy_before, await self._engine_busy_seconds())]
         if self.cfg.debug.save_debug_rollout_data:
             await asyncio.to_thread(save_rollout, self.cfg.debug.save_debug_rollout_data, rollout_id, groups)
         samples = [s for g in groups for s in g]
         if not samples:
             raise RuntimeError(f"rollout {rollout_id}: the rollout function returned no samples")
-        state = sglang_rollout.GenerateState(self.args)
         executor = state.reward_executor
         rewards = [executor.reward_value(s) for s in samples]
         if self.reward_post_process is not None:
             _, rewards = await call_maybe_async(self.reward_post_process, self.args, samples)
             rewards = [float(r) for r in rewards]
-        await tq.put_samples(rollout_id, samples, rewards)
+        rest = [i for i, s in enumerate(samples) if s.index not in streamed]
+        if rest:
+            await tq.put_samples(rollout_id, [samples[i] for i in rest], [rewards[i] for i in rest],
+                                 started_at=self.started_at)
+        await tq.mark_step_done(rollout_id, len(samples))
         if self.cfg.debug.dump_details:
             await asyncio.to_thread(dump_rollout_details, self.cfg.debug.dump_details, rollout_id, groups, rewards)
         filter_stats = {k: float(v) for k, v in state.filter_stats.items()}
@@ -197,7 +269,20 @@ class Rollout:
         await asyncio.gather(*(c.resume_memory_occupation() for c in self.clients))
 
     async def save(self, rollout_id: int) -> None:
-        await asyncio.to_thread(self.data_source.save, rollout_id)
+        """Save the data position after step `rollout_id`. In fully-async mode generation is
+        ahead of training, so the snapshot taken when that step finished is written."""
+        snapshot = self.snapshots.get(rollout_id)
+        if snapshot is None:
+            await asyncio.to_thread(self.data_source.save, rollout_id)
+            return
+        current = self.data_source.state_dict()  # swap in and out within one loop turn: no get_samples between
+        self.data_source.load_state_dict(snapshot)
+        try:
+            self.data_source.save(rollout_id)
+        finally:
+            self.data_source.load_state_dict(current)
+        for step in [s for s in self.snapshots if s <= rollout_id]:
+            del self.snapshots[step]
 
 
 def rollout_metrics(samples: list[Sample], rewards: list[float], *, prefix: str) -> dict[str, float]:

@@ -28,7 +28,8 @@ class ClusterConfig:
     resource: dict | None = opt(None, "Roles to deploy as JSON {role: [replicas, gpus]}; on CPU the second number "
                                 "is the number of worker processes (actor) or engines (rollout).", type=parse_json)
     colocate: bool = opt(False, "Colocate (sync) mode: rollout and training take turns on the same devices.")
-    fully_async: bool = opt(False, "Fully asynchronous pipeline (roles run concurrently).", supported=False)
+    fully_async: bool = opt(False, "Fully asynchronous pipeline: Rollout, Actor, ActorFwd, Reference and Advantages run "
+                                   "concurrently, rollout at most --max-staleness steps ahead (docs/fully-async.md).")
     offload: bool = opt(False, "Same as --offload-train --offload-rollout.")
     offload_train: bool | None = opt(None, "Offload the training actor during rollout (always on with --colocate).")
     offload_rollout: bool | None = opt(None, "Release engine memory during training (always on with --colocate).")
@@ -37,10 +38,12 @@ class ClusterConfig:
     distributed_backend: str = opt("nccl", "torch.distributed backend for training (gloo is used on CPU).")
     distributed_timeout_minutes: int = opt(10, "Timeout of training collectives, minutes.")
     num_data_storage_units: int = opt(1, "TransferQueue SimpleStorage units.")
-    max_staleness: int = opt(0, "Max rollout steps ahead of training (0 = on-policy).")
+    max_staleness: int = opt(0, "Fully async: rollout step k starts only once the engines hold weight version "
+                                "k - N; every trained row lags at most N versions (0 = on-policy, equals colocate).")
     polling_mode: bool = opt(True, "Poll TransferQueue metadata instead of blocking.", type=parse_bool)
-    num_iters_per_train_update: int = opt(1, "Training iterations per global batch (fully async).")
-    ref_actor_config: dict | None = opt(None, "JSON overrides for Reference/ActorFwd services.", type=parse_json)
+    num_iters_per_train_update: int = opt(1, "Fully async: passes over each step's batch (PPO epochs; old log-probs fixed).")
+    ref_actor_config: dict | None = opt(None, "JSON overrides for the Reference/ActorFwd services; on CPU "
+                                        "{\"threads\": N} sets their torch threads.", type=parse_json)
     train_backend: str = opt("auto", "Training backend; auto = megatron when importable with a GPU, else fsdp.",
                              choices=TRAIN_BACKENDS)
     rollout_backend: str = opt("auto", "Inference backend; auto = sglang when importable with a GPU, else hf.",

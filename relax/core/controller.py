@@ -1,12 +1,16 @@
-"""The Controller: deploy the roles, then run the training loop.
+"""The Controller: deploy the roles, then run the training loop of the chosen mode.
 
-Colocate loop, one rollout step per iteration:
+Colocate, one rollout step per iteration (roles take turns on the same devices):
     rollout.generate(k)  -> samples in TransferQueue partition train_{k}, weight version k
-    reference.forward(k) -> ref_log_probs on the same rows (only with --use-kl-loss)
+    reference.forward(k) -> ref_log_probs on the same rows (only with a KL term)
     actor.train(k)       -> advantages, old log-probs, optimizer steps, partition cleared
     actor.update_weights(k+1) -> engines hold version k+1
-    eval / checkpoint at their intervals
-Everything else (engines, routing, rewards, data position, DP fan-out) lives in the roles.
+Fully async: Rollout, ActorFwd, Reference and Advantages each run their own loop over the
+steps (`run()`), streaming through the step partitions; Rollout starts step k only once the
+engines hold version >= k - max_staleness. The Controller only paces the Actor:
+    rollout.wait_step(k) -> actor.train(k) (once every row is complete) -> actor.update_weights(k+1)
+Both then evaluate / checkpoint at their intervals. Everything else (engines, routing,
+rewards, data position, DP fan-out, weight-sync topology) lives in the roles.
 """
 
 from __future__ import annotations
@@ -45,6 +49,20 @@ def due(step: int, interval: int | None) -> bool:
     return bool(interval) and step % interval == 0
 
 
+async def watched(call: Any, background: list[asyncio.Future]) -> Any:
+    """Await `call`, but raise at once if a background role loop fails (its rows would never come)."""
+    task = asyncio.ensure_future(call)
+    while True:
+        done, _ = await asyncio.wait([task, *background], return_when=asyncio.FIRST_COMPLETED)
+        if task in done:
+            return task.result()
+        for loop in done:
+            if loop.exception() is not None:
+                task.cancel()
+                raise loop.exception()
+        background = [b for b in background if not b.done()]
+
+
 class Controller:
     def __init__(self, cfg: RelaxConfig, runtime: Runtime) -> None:
         self.cfg = cfg
@@ -53,6 +71,8 @@ class Controller:
         self.tracker = MetricsTracker(self.exp_dir, use_tensorboard=cfg.logging.use_tensorboard,
                                       tb_dir=cfg.logging.tb_project_name, tb_name=cfg.logging.tb_experiment_name)
         self.reference: RoleHandle | None = None
+        self.stages: list[RoleHandle] = []  # fully async: ActorFwd, Advantages
+        self.dcs: Any = None  # fully async: the DCS coordinator's Serve handle
         self.eval_history: dict[str, list[tuple[int, float]]] = {}
 
     async def deploy(self) -> None:
@@ -60,20 +80,35 @@ class Controller:
         self.actor = RoleHandle(rt.deploy_role("actor", cfg))
         self.rollout = RoleHandle(rt.deploy_role("rollout", cfg))
         if needs_reference(cfg):
-            self.reference = RoleHandle(rt.deploy_role("reference", cfg))
+            self.reference = RoleHandle(rt.deploy_role("reference", cfg, "reference"))
+        if cfg.cluster.fully_async:
+            if not cfg.algo.use_rollout_logprobs:
+                self.stages.append(RoleHandle(rt.deploy_role("actor_fwd", cfg, "actor_fwd")))
+            self.stages.append(RoleHandle(rt.deploy_role("advantages", cfg)))
+            self.dcs = rt.deploy_role("dcs")
         self.start = (await self.actor.setup())["start_rollout_id"]
         info = await self.rollout.setup(self.start)
-        if self.reference is not None:
-            await self.reference.setup()
+        for role in [self.reference, *self.stages]:
+            if role is not None:
+                await role.setup()
         self.num_rollout = cfg.rollout.num_rollout or math.ceil(
             info["num_prompts"] * cfg.rollout.num_epoch / cfg.rollout.rollout_batch_size)
-        await self.actor.connect_engines(info["engine_urls"])
+        if self.dcs is not None:  # receivers register; the Actor builds its group from the topology
+            await self.dcs.register.remote("rollout", info["engine_urls"])
+            if not cfg.algo.use_rollout_logprobs:
+                await self.dcs.register.remote("actor_fwd", await self.stages[0].receivers())
+            await self.actor.connect_dcs(self.dcs)
+        else:
+            await self.actor.connect_engines(info["engine_urls"])
         await self.actor.update_weights(self.start)  # engines serve the actor's weights from step 0
 
     async def train(self) -> None:
         cfg = self.cfg
         if cfg.eval.eval_interval and not cfg.eval.skip_eval_before_train:
             self.tracker.log(self.start, self.record_eval(self.start, await self.rollout.evaluate(self.start)))
+        await (self.fully_async_loop() if cfg.cluster.fully_async else self.colocate_loop())
+
+    async def colocate_loop(self) -> None:
         for step in range(self.start, self.num_rollout):
             t0 = time.perf_counter()
             metrics = await self.with_progress(self.rollout.generate(step), step)
@@ -83,17 +118,37 @@ class Controller:
             metrics |= await self.actor.train(step)
             await self.rollout.resume_memory()
             metrics |= await self.actor.update_weights(step + 1)
-            last = step + 1 == self.num_rollout
-            if cfg.eval.eval_interval and (due(step + 1, cfg.eval.eval_interval) or last):
-                metrics |= self.record_eval(step + 1, await self.rollout.evaluate(step + 1))
-            if cfg.ckpt.save and (due(step + 1, cfg.ckpt.save_interval) or last):
-                await self.actor.save(step)
-                await self.rollout.save(step)
-            if cfg.ckpt.save_hf and last:
-                metrics["export/hf_path"] = await self.actor.export_hf(step)
-            metrics["time/step"] = time.perf_counter() - t0
-            self.tracker.log(step, metrics)
-            print(format_step_summary(step, self.num_rollout, metrics), flush=True)
+            await self.after_step(step, metrics, t0)
+
+    async def fully_async_loop(self) -> None:
+        streams = [self.rollout, *([self.reference] if self.reference else []), *self.stages]
+        background = [asyncio.ensure_future(role.run(self.start, self.num_rollout)) for role in streams]
+        try:
+            for step in range(self.start, self.num_rollout):
+                t0 = time.perf_counter()
+                metrics = await watched(self.with_progress(self.rollout.wait_step(step), step), background)
+                metrics |= await watched(self.actor.train(step), background)
+                metrics |= await self.actor.update_weights(step + 1)
+                await self.after_step(step, metrics, t0)
+            await asyncio.gather(*background)
+        finally:
+            for task in background:
+                task.cancel()
+
+    async def after_step(self, step: int, metrics: dict[str, float], t0: float) -> None:
+        """Evaluate, checkpoint and log at the configured intervals (both modes)."""
+        cfg = self.cfg
+        last = step + 1 == self.num_rollout
+        if cfg.eval.eval_interval and (due(step + 1, cfg.eval.eval_interval) or last):
+            metrics |= self.record_eval(step + 1, await self.rollout.evaluate(step + 1))
+        if cfg.ckpt.save and (due(step + 1, cfg.ckpt.save_interval) or last):
+            await self.actor.save(step)
+            await self.rollout.save(step)
+        if cfg.ckpt.save_hf and last:
+            metrics["export/hf_path"] = await self.actor.export_hf(step)
+        metrics["time/step"] = time.perf_counter() - t0
+        self.tracker.log(step, metrics)
+        print(format_step_summary(step, self.num_rollout, metrics), flush=True)
 
     async def with_progress(self, call: Any, step: int) -> dict[str, float]:
         """Await the rollout while drawing a progress bar from its counters."""
@@ -127,7 +182,7 @@ class Controller:
 
     async def shutdown(self) -> None:
         # Actor first: it tears down its weight-sync group while the engines still answer.
-        for role in (getattr(self, "actor", None), self.reference, getattr(self, "rollout", None)):
+        for role in (getattr(self, "actor", None), self.reference, *self.stages, getattr(self, "rollout", None)):
             if role is not None:
                 try:
                     await asyncio.wait_for(asyncio.ensure_future(role.shutdown()), timeout=60)

@@ -5,4 +5,7 @@ ROLES: dict[str, str] = {
     "actor": "relax.components.actor.Actor",
     "rollout": "relax.components.rollout.Rollout",
     "reference": "relax.components.actor_fwd.ActorFwd",
+    "actor_fwd": "relax.components.actor_fwd.ActorFwd",
+    "advantages": "relax.components.advantages.Advantages",
+    "dcs": "relax.distributed.checkpoint_service.coordinator.Coordinator",
 }

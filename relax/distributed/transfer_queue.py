@@ -35,12 +35,19 @@ def partition_id(step: int) -> str:
     return f"train_{step}"
 
 
+STEPS_PARTITION = "relax_steps"  # one row per finished rollout step: how many rows it wrote
+
+
 def init_data_system(num_storage_units: int = 1) -> None:
-    """Start TransferQueue's controller and storage (first caller) or attach to it."""
+    """Start TransferQueue's controller and storage (first caller) or attach to it.
+
+    Polling mode: a consumer asking for more ready rows than exist gets an empty answer at
+    once instead of blocking the controller (streaming consumers poll)."""
     import transfer_queue as tq
     from omegaconf import OmegaConf
 
-    tq.init(OmegaConf.create({"backend": {"SimpleStorage": {"num_data_storage_units": num_storage_units}}}))
+    tq.init(OmegaConf.create({"controller": {"polling_mode": True},
+                              "backend": {"SimpleStorage": {"num_data_storage_units": num_storage_units}}}))
 
 
 def attach() -> None:
@@ -61,7 +68,18 @@ def _column(values: Sequence[Any], dtype: torch.dtype, is_sequence: bool) -> tor
     return torch.as_tensor(list(values), dtype=dtype)
 
 
-def samples_to_columns(samples: Sequence[Sample], reward_values: Sequence[float]) -> dict[str, torch.Tensor]:
+def row_version(sample: Sample, started_at: int | None = None) -> int:
+    """The weight version a row is stamped with: the oldest one any of its tokens may have seen.
+
+    Engines report the version that finished a request; in fully-async mode weights can change
+    mid-request, so the Rollout also passes the engine version at which the step started
+    (`started_at`), a lower bound for every token of the step. -1: unknown (replayed data)."""
+    versions = list(sample.weight_versions) + ([started_at] if started_at is not None else [])
+    return min(versions) if versions else -1
+
+
+def samples_to_columns(samples: Sequence[Sample], reward_values: Sequence[float], *,
+                       started_at: int | None = None) -> dict[str, torch.Tensor]:
     """Rollout rows: one entry per sample, response-aligned sequences for masks/log-probs."""
     columns = {
         "tokens": [s.tokens for s in samples],
@@ -71,7 +89,7 @@ def samples_to_columns(samples: Sequence[Sample], reward_values: Sequence[float]
         "rewards": list(reward_values),
         "group_indices": [s.group_index if s.group_index is not None else -1 for s in samples],
         "sample_indices": [s.index for s in samples],
-        "weight_versions": [min(s.weight_versions) if s.weight_versions else -1 for s in samples],
+        "weight_versions": [row_version(s, started_at) for s in samples],
         "truncated": [int(s.status == Sample.Status.TRUNCATED) for s in samples],
     }
     for s in samples:
@@ -83,6 +101,7 @@ def samples_to_columns(samples: Sequence[Sample], reward_values: Sequence[float]
 
 
 async def put_columns(step: int, keys: Sequence[str], columns: dict[str, torch.Tensor]) -> None:
+    """Write `columns` for rows `keys` (new rows, or new columns on existing rows)."""
     import transfer_queue as tq
     from tensordict import TensorDict
 
@@ -90,11 +109,17 @@ async def put_columns(step: int, keys: Sequence[str], columns: dict[str, torch.T
                                 fields=TensorDict(columns, batch_size=len(keys)))
 
 
-async def put_samples(step: int, samples: Sequence[Sample], reward_values: Sequence[float]) -> list[str]:
+def sequence_column(values: Sequence[Sequence[float]], dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Per-row lists -> the jagged column TransferQueue stores."""
+    return _column(values, dtype, True)
+
+
+async def put_samples(step: int, samples: Sequence[Sample], reward_values: Sequence[float], *,
+                      started_at: int | None = None) -> list[str]:
     keys = [str(s.index) for s in samples]
     if len(set(keys)) != len(keys):
         raise ValueError(f"step {step}: duplicate sample indices; every sample needs a unique Sample.index")
-    await put_columns(step, keys, samples_to_columns(samples, reward_values))
+    await put_columns(step, keys, samples_to_columns(samples, reward_values, started_at=started_at))
     return keys
 
 
@@ -119,9 +144,66 @@ async def get_columns(step: int, keys: Sequence[str], fields: Sequence[str]) -> 
     return {name: _unpack(data[name]) for name in fields}
 
 
+async def fetch_ready(step: int, fields: Sequence[str], task: str, chunk: int) -> tuple[list[str], dict[str, Any]]:
+    """Streaming read: every row of the step whose `fields` are all written and that `task` has
+    not fetched yet, in chunks of `chunk` rows (fewer ready rows than `chunk` -> none of them).
+    Returns (keys, columns); each row is handed to a task once. Keys are sample indices, as
+    `put_samples` wrote them."""
+    import transfer_queue as tq
+
+    client = tq.get_client()
+    keys: list[str] = []
+    columns: dict[str, list[Any]] = {name: [] for name in fields}
+    select = list(dict.fromkeys([*fields, "sample_indices"]))  # a row's key is its sample index
+    while True:
+        meta = await client.async_get_meta(data_fields=select, batch_size=chunk,
+                                           partition_id=partition_id(step), mode="fetch", task_name=task)
+        if meta.size == 0:
+            break
+        data = await client.async_get_data(meta)
+        keys.extend(str(int(i)) for i in data["sample_indices"].tolist())
+        for name in fields:
+            value = _unpack(data[name])
+            columns[name].extend(value if isinstance(value, list) else value.tolist())
+    return keys, columns
+
+
+async def mark_step_done(step: int, num_rows: int) -> None:
+    """Rollout has written every row of `step` (consumers compare this count with theirs)."""
+    import transfer_queue as tq
+    from tensordict import TensorDict
+
+    await tq.async_kv_batch_put(keys=[str(step)], partition_id=STEPS_PARTITION,
+                                fields=TensorDict({"num_rows": torch.tensor([num_rows])}, batch_size=1))
+
+
+async def step_rows(step: int) -> int | None:
+    """Rows written for `step` once Rollout marked it done, else None."""
+    import transfer_queue as tq
+
+    listing = (await tq.async_kv_list(partition_id=STEPS_PARTITION)).get(STEPS_PARTITION, {})
+    if str(step) not in listing:
+        return None
+    try:
+        data = await tq.async_kv_batch_get(keys=[str(step)], partition_id=STEPS_PARTITION, select_fields=["num_rows"])
+    except ValueError:  # listed while its put is still landing: not done yet from here
+        return None
+    return int(data["num_rows"][0])
+
+
 async def clear(step: int) -> None:
     import transfer_queue as tq
 
     keys = await list_keys(step)
     if keys:
         await tq.async_kv_clear(keys=keys, partition_id=partition_id(step))
+    if await step_rows(step) is not None:
+        await tq.async_kv_clear(keys=[str(step)], partition_id=STEPS_PARTITION)
+
+
+async def live_steps() -> list[int]:
+    """Steps whose partition still holds rows (generated, not yet trained and cleared)."""
+    import transfer_queue as tq
+
+    listing = await tq.async_kv_list()
+    return sorted(int(p[len("train_"):]) for p, rows in listing.items() if p.startswith("train_") and rows)

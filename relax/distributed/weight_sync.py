@@ -48,6 +48,48 @@ logger = logging.getLogger(__name__)
 DEFAULT_BUCKET_BYTES = 512 * 1024 * 1024  # --update-weight-buffer-size default
 
 
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32, "float": torch.float32, "float16": torch.float16, "half": torch.float16,
+    "bfloat16": torch.bfloat16, "float64": torch.float64, "double": torch.float64,
+    "int64": torch.int64, "int32": torch.int32, "int16": torch.int16, "int8": torch.int8,
+    "uint8": torch.uint8, "bool": torch.bool,
+    "float8_e4m3fn": torch.float8_e4m3fn, "float8_e5m2": torch.float8_e5m2,
+}
+MAX_TENSORS_PER_REQUEST = 100_000
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+
+
+def parse_dtype(name: str) -> torch.dtype:
+    key = name.removeprefix("torch.")
+    if key not in DTYPES:
+        raise ValueError(f"unknown dtype {name!r}; expected one of {sorted(DTYPES)}")
+    return DTYPES[key]
+
+
+def parse_specs(names: list[str], dtypes: list[str], shapes: list[list[int]]) -> list[TensorSpec]:
+    """Validate the request lists (same length, known dtypes, non-negative dims)."""
+    if not (len(names) == len(dtypes) == len(shapes)):
+        raise ValueError(f"names, dtypes and shapes must have the same length, "
+                         f"got {len(names)}, {len(dtypes)}, {len(shapes)}")
+    if not names:
+        raise ValueError("names is empty: nothing to update")
+    if len(names) > MAX_TENSORS_PER_REQUEST:
+        raise ValueError(f"at most {MAX_TENSORS_PER_REQUEST} tensors per request, got {len(names)}")
+    specs = []
+    for name, dtype, shape in zip(names, dtypes, shapes):
+        if any(d < 0 for d in shape):
+            raise ValueError(f"tensor {name!r}: negative dimension in shape {shape}")
+        specs.append(TensorSpec(name, parse_dtype(dtype), tuple(shape)))
+    return specs
+
+
+
 class WeightSyncError(RuntimeError):
     """A weight push failed; the message names the engine and what it said."""
 
@@ -216,9 +258,11 @@ class _EngineHTTP:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._client = httpx.AsyncClient(headers=headers, transport=transport)
 
-    async def post(self, url: str, path: str, payload: dict, timeout_s: float) -> Any:
+    async def post(self, url: Any, path: str, payload: dict, timeout_s: float) -> Any:
         import httpx
 
+        if not isinstance(url, str):  # a non-HTTP receiver (e.g. a Ray actor) speaking the same protocol
+            return await url.post(path, payload, timeout_s)
         try:
             response = await self._client.post(url.rstrip("/") + path, json=payload, timeout=max(timeout_s, 0.001))
         except httpx.HTTPError as exc:
@@ -242,13 +286,19 @@ class _EngineHTTP:
 class WeightSender:
     """Rank 0 of the weight group: pushes HF-named tensors to every engine (see module doc)."""
 
-    def __init__(self, engine_urls: Sequence[str], *, api_key: str | None = None, backend: str = "gloo",
+    def __init__(self, engine_urls: Sequence[Any], *, api_key: str | None = None, backend: str = "gloo",
                  bucket_bytes: int = DEFAULT_BUCKET_BYTES, timeout_s: float = 300.0,
                  master_address: str = "127.0.0.1", group_name: str | None = None, transport: Any = None,
-                 device: torch.device | str | None = None):
+                 device: torch.device | str | None = None, pause_mode: str = "abort"):
+        """`engine_urls`: SGLang HTTP base URLs, or receiver objects with the same protocol as
+        `async post(path, payload, timeout_s)` (training-backend ranks that take weights too).
+        `pause_mode`: what `/pause_generation` does to in-flight requests while weights load
+        ("abort" in colocate, where none are in flight; "in_place" keeps them running on the new
+        weights; partial rollout aborts and resubmits them)."""
         if not engine_urls:
             raise ValueError("WeightSender needs at least one engine URL")
-        self.engine_urls = [u.rstrip("/") for u in engine_urls]
+        self.engine_urls = [u.rstrip("/") if isinstance(u, str) else u for u in engine_urls]
+        self.pause_mode = pause_mode
         self.backend, self.bucket_bytes, self.timeout_s = backend, bucket_bytes, timeout_s
         self.master_address, self.device = master_address, device
         self.group_name = group_name or f"relax-weights-{uuid.uuid4().hex[:8]}"
@@ -324,7 +374,7 @@ class WeightSender:
         async with self._lock:
             start = time.monotonic()
             deadline = start + self.timeout_s
-            await self._post_all("/pause_generation", {}, deadline)
+            await self._post_all("/pause_generation", {"mode": self.pause_mode}, deadline)
             total_bytes = num_buckets = 0
             try:
                 await self._post_all("/flush_cache", {}, deadline)

@@ -95,6 +95,7 @@ class FSDPTrainWorker:
             self._build_optimizer()
         self.loss_fn, self.reducer_factory = load_loss_plugins(spec)
         self._sender = None
+        self._receiver = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.step = 0
         self.compute_seconds = 0.0
@@ -291,6 +292,44 @@ class FSDPTrainWorker:
         stats = self._run_async(self._sender.push(state, version=version))
         return {"weight_sync/bytes": float(stats.bytes), "weight_sync/seconds": float(stats.seconds),
                 "weight_sync/gbps": float(stats.gbps), "weight_sync/buckets": float(stats.num_buckets)}
+
+    def connect_receivers(self, endpoints: list[Any], api_key: str | None, pause_mode: str = "in_place") -> None:
+        """(Re)build the weight group for a new topology: engine URLs and receiver endpoints."""
+        if self.rank != 0:
+            return
+        from relax.distributed.weight_sync import WeightSender
+
+        if self._sender is not None:
+            self._run_async(self._sender.close())
+        self._sender = WeightSender(endpoints, api_key=api_key, backend="nccl" if self.device.type == "cuda" else "gloo",
+                                    bucket_bytes=self.spec.bucket_bytes, timeout_s=self.spec.sync_timeout_s,
+                                    device=self.device, pause_mode=pause_mode)
+        self._run_async(self._sender.connect())
+
+    # ---- weights in (fully async: ActorFwd takes the actor's weights) ------------------
+    def receive_weights(self, path: str, payload: dict) -> dict[str, Any]:
+        """The receiving side of SGLang's weight-update protocol, reached through a Ray handle.
+
+        Pause/flush/continue are no-ops: this actor runs one call at a time, so no forward pass
+        overlaps a load. `received` tells the sender whether the bucket's bytes were consumed."""
+        from relax.backends.fsdp.weights import ShardedWeightReceiver
+
+        if self._receiver is None:
+            self._receiver = ShardedWeightReceiver(self.model, device=self.device, timeout_s=self.spec.sync_timeout_s)
+        try:
+            if path == "/init_weights_update_group":
+                return {"success": True, "message": self._receiver.init_group(**payload)}
+            if path == "/update_weights_from_distributed":
+                success, message = self._receiver.update(payload)
+                return {"success": success, "message": message, "received": True}
+            if path == "/destroy_weights_update_group":
+                return {"success": True, "message": self._receiver.destroy_group(payload["group_name"])}
+        except (ValueError, RuntimeError, KeyError) as exc:
+            return {"success": False, "message": f"{type(exc).__name__}: {exc}", "received": False}
+        return {"success": True, "message": f"{path}: nothing to do on a training rank"}
+
+    def weight_version(self) -> int | None:
+        return None if self._receiver is None else self._receiver.version
 
     # ---- checkpoints -------------------------------------------------------------------
     def save(self, ckpt_dir: str, rollout_id: int, save_optim: bool = True) -> None:

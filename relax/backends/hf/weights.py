@@ -18,54 +18,13 @@ from __future__ import annotations
 import logging
 import math
 import threading
-from dataclasses import dataclass
 
 import torch
 
-from relax.distributed.weight_sync import WeightGroup, create_weight_group
+from relax.distributed.weight_sync import (  # noqa: F401 - re-exported: the engine's request parsing
+    DTYPES, MAX_TENSORS_PER_REQUEST, TensorSpec, WeightGroup, create_weight_group, parse_dtype, parse_specs)
 
 logger = logging.getLogger(__name__)
-
-DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32, "float": torch.float32, "float16": torch.float16, "half": torch.float16,
-    "bfloat16": torch.bfloat16, "float64": torch.float64, "double": torch.float64,
-    "int64": torch.int64, "int32": torch.int32, "int16": torch.int16, "int8": torch.int8,
-    "uint8": torch.uint8, "bool": torch.bool,
-    "float8_e4m3fn": torch.float8_e4m3fn, "float8_e5m2": torch.float8_e5m2,
-}
-MAX_TENSORS_PER_REQUEST = 100_000
-
-
-@dataclass(frozen=True)
-class TensorSpec:
-    name: str
-    dtype: torch.dtype
-    shape: tuple[int, ...]
-
-
-def parse_dtype(name: str) -> torch.dtype:
-    key = name.removeprefix("torch.")
-    if key not in DTYPES:
-        raise ValueError(f"unknown dtype {name!r}; expected one of {sorted(DTYPES)}")
-    return DTYPES[key]
-
-
-def parse_specs(names: list[str], dtypes: list[str], shapes: list[list[int]]) -> list[TensorSpec]:
-    """Validate the request lists (same length, known dtypes, non-negative dims)."""
-    if not (len(names) == len(dtypes) == len(shapes)):
-        raise ValueError(f"names, dtypes and shapes must have the same length, "
-                         f"got {len(names)}, {len(dtypes)}, {len(shapes)}")
-    if not names:
-        raise ValueError("names is empty: nothing to update")
-    if len(names) > MAX_TENSORS_PER_REQUEST:
-        raise ValueError(f"at most {MAX_TENSORS_PER_REQUEST} tensors per request, got {len(names)}")
-    specs = []
-    for name, dtype, shape in zip(names, dtypes, shapes):
-        if any(d < 0 for d in shape):
-            raise ValueError(f"tensor {name!r}: negative dimension in shape {shape}")
-        specs.append(TensorSpec(name, parse_dtype(dtype), tuple(shape)))
-    return specs
-
 
 class WeightReceiver:
     """Holds the engine's weight groups and loads received tensors into the model."""

@@ -64,6 +64,9 @@ class GenerateState:
         self.filter_stats: Counter[str] = Counter()
         self.done = 0
         self.total = 0
+        # Set by the Rollout role in fully-async mode: `await group_sink(group)` as soon as a kept
+        # group is final, so downstream roles start on it while the step is still generating.
+        self.group_sink: Any = None
 
     @classmethod
     def reset(cls) -> None:
@@ -204,14 +207,19 @@ async def generate_rollout(args: Any, rollout_id: int, data_source: Any, evaluat
     for _ in range(MAX_SAMPLING_ROUNDS):
         prompts = data_source.get_samples(chunk)
         originals = copy.deepcopy(prompts) if state.dynamic_filter else []
-        done = await asyncio.gather(*(generate_group(args, g, evaluation=evaluation) for g in prompts))
+        tasks = [asyncio.ensure_future(generate_group(args, g, evaluation=evaluation)) for g in prompts]
         state.filter_stats["rollout/sampling_rounds"] += 1
         surplus = []
-        for i, group in enumerate(done):
+        # Decided in prompt order (not completion order), so which groups are kept never depends
+        # on timing; each kept group is handed to the sink as soon as it and those before it are done.
+        for i, task in enumerate(tasks):
+            group = await task
             if not keep_group(args, state, group):
                 continue
             if len(kept) < target:
                 kept.append(group)
+                if state.group_sink is not None and not evaluation:
+                    await state.group_sink(group)
             else:
                 surplus.append(originals[i])
         if surplus:

@@ -1,0 +1,45 @@
+"""The DCS coordinator: registration, topology and weight metadata (a Serve app, one replica).
+
+State is small and in memory: `receivers[role] -> endpoints`, a topology version bumped on
+every change (senders compare it to the one their group was built for), and the metadata of
+the last published weights. Nothing here moves tensors; the sender and the receivers do.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+
+class Coordinator:
+    def __init__(self) -> None:
+        self.receivers: dict[str, list[Any]] = {}
+        self.topology_version = 0
+        self.published: dict[str, Any] | None = None
+        self.history: list[dict[str, Any]] = []
+
+    def register(self, role: str, endpoints: list[Any]) -> int:
+        """Replace `role`'s receivers; returns the new topology version."""
+        self.receivers[role] = list(endpoints)
+        self.topology_version += 1
+        return self.topology_version
+
+    def unregister(self, role: str) -> int:
+        if self.receivers.pop(role, None) is not None:
+            self.topology_version += 1
+        return self.topology_version
+
+    def topology(self) -> dict[str, Any]:
+        """Every receiver, in a stable order (roles sorted), with the topology version."""
+        roles = sorted(self.receivers)
+        return {"version": self.topology_version, "endpoints": [e for r in roles for e in self.receivers[r]],
+                "roles": {r: len(self.receivers[r]) for r in roles}}
+
+    def publish(self, version: int, meta: dict[str, Any]) -> None:
+        """Record the weights just pushed: version, tensor count, bytes, seconds."""
+        self.published = {"version": version, "time": time.time(), "topology_version": self.topology_version,
+                          **meta}
+        self.history.append(self.published)
+
+    def latest(self) -> dict[str, Any] | None:
+        return self.published
