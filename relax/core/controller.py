@@ -22,6 +22,7 @@ import time
 from typing import Any
 
 from relax.components.actor import needs_reference
+from relax.components.genrm import needs_genrm
 from relax.config.schema import RelaxConfig
 from relax.core.service import Runtime
 from relax.utils.metrics import MetricsTracker, format_step_summary
@@ -53,16 +54,21 @@ class Controller:
         self.tracker = MetricsTracker(self.exp_dir, use_tensorboard=cfg.logging.use_tensorboard,
                                       tb_dir=cfg.logging.tb_project_name, tb_name=cfg.logging.tb_experiment_name)
         self.reference: RoleHandle | None = None
+        self.genrm: RoleHandle | None = None
         self.eval_history: dict[str, list[tuple[int, float]]] = {}
 
     async def deploy(self) -> None:
         rt, cfg = self.runtime, self.cfg
+        genrm_url = None
+        if needs_genrm(cfg):  # the judge is up before the Rollout builds its rewards
+            self.genrm = RoleHandle(rt.deploy_role("genrm", cfg))
+            genrm_url = (await self.genrm.setup())["url"]
         self.actor = RoleHandle(rt.deploy_role("actor", cfg))
         self.rollout = RoleHandle(rt.deploy_role("rollout", cfg))
         if needs_reference(cfg):
             self.reference = RoleHandle(rt.deploy_role("reference", cfg))
         self.start = (await self.actor.setup())["start_rollout_id"]
-        info = await self.rollout.setup(self.start)
+        info = await self.rollout.setup(self.start, genrm_url)
         if self.reference is not None:
             await self.reference.setup()
         self.num_rollout = cfg.rollout.num_rollout or math.ceil(
@@ -127,7 +133,7 @@ class Controller:
 
     async def shutdown(self) -> None:
         # Actor first: it tears down its weight-sync group while the engines still answer.
-        for role in (getattr(self, "actor", None), self.reference, getattr(self, "rollout", None)):
+        for role in (getattr(self, "actor", None), self.reference, getattr(self, "rollout", None), self.genrm):
             if role is not None:
                 try:
                     await asyncio.wait_for(asyncio.ensure_future(role.shutdown()), timeout=60)

@@ -5,4 +5,5 @@ ROLES: dict[str, str] = {
     "actor": "relax.components.actor.Actor",
     "rollout": "relax.components.rollout.Rollout",
     "reference": "relax.components.actor_fwd.ActorFwd",
+    "genrm": "relax.components.genrm.GenRM",
 }
