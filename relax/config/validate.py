@@ -198,6 +198,16 @@ def check_context(cfg: RelaxConfig) -> None:
                               f"({cfg.ckpt.hf_checkpoint}/config.json); lower it")
 
 
+def check_prefetch(cfg: RelaxConfig) -> None:
+    d = cfg.data
+    for flag, value, least in (("--prefetch-chunk-size", d.prefetch_chunk_size, 1),
+                               ("--prefetch-num-workers", d.prefetch_num_workers, 1),
+                               ("--prefetch-max-cached", d.prefetch_max_cached, 0)):
+        if value < least:
+            raise ConfigError(f"{flag} must be >= {least}, got {value}"
+                              + (" (0 disables prefetching)" if flag == "--prefetch-max-cached" else ""))
+
+
 def check_genrm(cfg: RelaxConfig) -> None:
     r = cfg.reward
     if r.rm_type == "genrm" and not r.genrm_model_path:
@@ -323,6 +333,6 @@ def _check_plugin(path: str, flag: str, positional: int, expected: str) -> None:
 
 def validate_config(cfg: RelaxConfig) -> RelaxConfig:
     for check in (check_unsupported, check_mode, check_debug, check_resource, check_batches, check_algorithm, check_paths,
-                  check_eval, check_context, check_genrm, check_backends, check_plugins):
+                  check_eval, check_context, check_prefetch, check_genrm, check_backends, check_plugins):
         check(cfg)
     return cfg
