@@ -54,7 +54,8 @@ class RewardExecutor:
 
     `args` is the flat run namespace (the plugin boundary): rm_type, custom_rm_path,
     reward_key, group_rm, rm_url, reward_timeout, reward_num_workers,
-    reward_max_concurrency, reward_failure_value.
+    reward_max_concurrency, reward_failure_value; genrm_url, genrm_model_path,
+    genrm_sampling_config (the GenRM judge, set by the Rollout when the role is deployed).
     """
 
     def __init__(self, args: Any):
