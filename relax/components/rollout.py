@@ -10,7 +10,6 @@ drive it directly.
 from __future__ import annotations
 
 import asyncio
-import copy
 import inspect
 import logging
 import os
@@ -19,10 +18,12 @@ import time
 from typing import Any
 
 from relax.backends.registry import INFERENCE_BACKENDS
+from relax.config.eval_config import EvalDataset, eval_datasets
 from relax.config.schema import RelaxConfig
 from relax.distributed import transfer_queue as tq
 from relax.engine.router.router import Router
 from relax.engine.rollout import sglang_rollout
+from relax.engine.rollout.evaluation import EVAL_FUNCTION_SIGNATURE, EvalDataSource, eval_args, eval_groups
 from relax.engine.rollout.replay import dump_rollout_details, save_rollout
 from relax.types import Sample
 from relax.utils.http_utils import close_sessions
@@ -45,7 +46,7 @@ class Rollout:
         self.engines: list[Any] = []
         self.clients: list[Any] = []
         self.router: Router | None = None
-        self.eval_sets: dict[str, list[Sample]] = {}
+        self.eval_sets: dict[str, tuple[EvalDataset, list[Sample]]] = {}
         # Fully async: finished steps' metrics (and an event per step), data-source snapshots
         # taken at step boundaries (checkpoints save the trained step's position, not the
         # generated one), and the engine version each step started at.
@@ -56,9 +57,11 @@ class Rollout:
         self.stopping = False
 
     # ---- lifecycle ---------------------------------------------------------------------
-    async def setup(self, start_rollout_id: int) -> dict[str, Any]:
-        """Launch engines, start the router, build the data source (resuming its position)."""
+    async def setup(self, start_rollout_id: int, genrm_url: str | None = None) -> dict[str, Any]:
+        """Launch engines, start the router, build the data source (resuming its position).
+        `genrm_url`: the GenRM role's router, for `--rm-type genrm` (set before rewards are built)."""
         tq.attach()
+        self.args.genrm_url = genrm_url
         if not self.cfg.debug.debug_train_only:  # replaying saved rollouts needs no engines
             await self._start_engines()
         data_source_cls = import_object(self.args.data_source_path, flag="--data-source-path")
@@ -69,6 +72,10 @@ class Rollout:
         self.rollout_fn = load_plugin(rollout_fn_path, flag="--rollout-function-path",
                                       positional=3, expected="generate_rollout(args, rollout_id, data_source, "
                                       "evaluation=False)")
+        self.eval_fn = load_plugin(
+            self.args.eval_function_path or self.args.rollout_function_path,
+            flag="--eval-function-path" if self.args.eval_function_path else "--rollout-function-path",
+            positional=3, expected=EVAL_FUNCTION_SIGNATURE)
         await asyncio.to_thread(sglang_rollout.GenerateState, self.args)
         self.reward_post_process = None
         if self.args.custom_reward_post_process_path:
@@ -96,24 +103,25 @@ class Rollout:
         launch = import_object(INFERENCE_BACKENDS[self.cfg.cluster.rollout_backend], flag="--rollout-backend")
         n = self.cfg.cluster.resource["rollout"][1]
         threads = self.cfg.cluster.engine_threads or max(1, (os.cpu_count() or 1) // n)
+        context = engine_context_len(self.cfg.rollout.rollout_max_context_len, eval_datasets(self.args))
         return [launch(self.cfg.ckpt.hf_checkpoint, api_key=self.token, num_threads=threads,
-                       log_path=os.path.join(self.cfg.misc.exp_dir or ".", f"engine_{i}.log"))
+                       log_path=os.path.join(self.cfg.misc.exp_dir or ".", f"engine_{i}.log"),
+                       options={"max_context_len": context} if context else None)
                 for i in range(n)]
 
-    def _load_eval_sets(self) -> dict[str, list[Sample]]:
+    def _load_eval_sets(self) -> dict[str, tuple[EvalDataset, list[Sample]]]:
         from relax.utils.data.dataset import PromptDataset
 
         a, tokenizer = self.args, sglang_rollout.GenerateState(self.args).tokenizer
-        ev = self.cfg.eval.eval_prompt_data or []
         return {
-            name: PromptDataset(
-                path, tokenizer, input_key=a.eval_input_key or a.input_key, label_key=a.eval_label_key or a.label_key,
-                metadata_key=a.metadata_key, tool_key=a.eval_tool_key or a.tool_key,
-                apply_chat_template=a.apply_chat_template, apply_chat_template_kwargs=a.apply_chat_template_kwargs,
-                system_prompt=a.system_prompt, max_prompt_len=a.eval_max_prompt_len,
-                multimodal_keys=a.multimodal_keys, skip_malformed=a.skip_malformed_rows,
-            ).samples
-            for name, path in zip(ev[::2], ev[1::2])
+            d.name: (d, PromptDataset(
+                d.path, tokenizer, input_key=d.input_key, label_key=d.label_key, metadata_key=d.metadata_key,
+                tool_key=d.tool_key, apply_chat_template=a.apply_chat_template,
+                apply_chat_template_kwargs=a.apply_chat_template_kwargs, system_prompt=a.system_prompt,
+                max_prompt_len=d.max_prompt_len, multimodal_keys=a.multimodal_keys,
+                skip_malformed=a.skip_malformed_rows,
+            ).samples)
+            for d in eval_datasets(a)
         }
 
     async def shutdown(self) -> None:
@@ -238,29 +246,28 @@ class Rollout:
         return state.done, state.total
 
     async def evaluate(self, rollout_id: int) -> dict[str, float]:
-        """Generate on every eval set (n samples per prompt) and report the mean reward."""
+        """Run the eval function on every eval set and report reward, length and pass-rate metrics."""
         metrics: dict[str, float] = {}
-        executor = sglang_rollout.GenerateState(self.args).reward_executor
-        n = self.cfg.eval.n_samples_per_eval_prompt
-        for name, prompts in self.eval_sets.items():
+        for name, (dataset, prompts) in self.eval_sets.items():
             start = time.perf_counter()
-            groups = []
-            for p, prompt in enumerate(prompts):
-                group = []
-                for j in range(n):
-                    s = copy.deepcopy(prompt)
-                    s.index, s.group_index = p * n + j, p
-                    group.append(s)
-                groups.append(group)
-            done = await asyncio.gather(*(sglang_rollout.generate_group(self.args, g, evaluation=True) for g in groups))
+            groups = eval_groups(prompts, dataset)
+            args = eval_args(self.args, dataset, len(groups))
+            done = await self._call_eval_fn(args, rollout_id, EvalDataSource(groups))
             samples = [s for g in done for s in g]
-            rewards = [executor.reward_value(s) for s in samples]
+            if not samples:
+                raise RuntimeError(f"eval {name}: the eval function returned no samples")
+            rewards = [s.get_reward_value(dataset.reward_key) for s in samples]
             metrics.update(rollout_metrics(samples, rewards, prefix=f"eval/{name}"))
             if self.cfg.logging.log_passrate:  # a sample counts as correct when its reward is > 0
-                correct = [[executor.reward_value(s) > 0 for s in g] for g in done]
+                correct = [[s.get_reward_value(dataset.reward_key) > 0 for s in g] for g in done]
                 metrics.update(pass_rates(correct, prefix=f"eval/{name}"))
             metrics[f"eval/{name}/time"] = time.perf_counter() - start
         return metrics
+
+    async def _call_eval_fn(self, args: Any, rollout_id: int, data_source: EvalDataSource) -> list[list[Sample]]:
+        if inspect.iscoroutinefunction(self.eval_fn):
+            return await self.eval_fn(args, rollout_id, data_source, evaluation=True)
+        return await asyncio.to_thread(self.eval_fn, args, rollout_id, data_source, evaluation=True)
 
     async def release_memory(self) -> None:
         await asyncio.gather(*(c.release_memory_occupation() for c in self.clients))
@@ -283,6 +290,15 @@ class Rollout:
             self.data_source.load_state_dict(current)
         for step in [s for s in self.snapshots if s <= rollout_id]:
             del self.snapshots[step]
+
+
+def engine_context_len(rollout_limit: int | None, datasets: list[EvalDataset]) -> int | None:
+    """The engines' context length: the largest limit any request may use (None: the model's own),
+    since each request is cut to its own limit before it is sent."""
+    limits = [rollout_limit] + [d.max_context_len for d in datasets]
+    if rollout_limit is None:  # training requests are unlimited: the engine keeps the model's limit
+        return None
+    return max(v for v in limits if v is not None)
 
 
 def rollout_metrics(samples: list[Sample], rewards: list[float], *, prefix: str) -> dict[str, float]:

@@ -21,6 +21,9 @@ ROLLOUT_BACKENDS = ("sglang", "hf", "auto")
 ADVANTAGE_ESTIMATORS = ("grpo", "gspo", "sapo", "ppo", "reinforce_plus_plus", "reinforce_plus_plus_baseline",
                         "on_policy_distillation")
 KL_TYPES = ("k1", "k2", "k3", "low_var_kl")
+# --genrm-sampling-config keys and their defaults (seed configuration reference).
+GENRM_SAMPLING_DEFAULTS: dict[str, float | int] = {"temperature": 0.1, "top_p": 1.0, "top_k": -1,
+                                                   "max_response_len": 4096}
 
 
 @dataclass
@@ -89,9 +92,11 @@ class DataConfig:
     rollout_seed: int = opt(42, "Seed for prompt shuffling and sampling.")
     use_streaming_dataset: bool = opt(False, "Stream the dataset instead of loading it into memory.")
     streaming_buffer_size: int = opt(10000, "Shuffle buffer of the streaming dataset.")
-    prefetch_chunk_size: int = opt(32, "Multimodal prefetch chunk.", supported=False)
-    prefetch_max_cached: int = opt(256, "Multimodal prefetch cache.", supported=False)
-    prefetch_num_workers: int = opt(1, "Multimodal prefetch workers.", supported=False)
+    prefetch_chunk_size: int = opt(32, "Rows handed to the prefetch workers per round (streaming dataset with "
+                                   "--multimodal-keys).")
+    prefetch_max_cached: int = opt(256, "Most prefetched rows (media loaded) held ahead of use; the prefetch thread "
+                                   "waits when full. 0 = no prefetching (media loaded when a row is taken).")
+    prefetch_num_workers: int = opt(1, "Threads loading/decoding media in the prefetch buffer.")
     custom_prompt_path: str | None = opt(None, "Dotted path fn(prompt, data) -> prompt.")
     data_source_path: str = opt("relax.engine.rollout.data_source.RolloutDataSourceWithBuffer",
                                 "Rollout data source class.")
@@ -111,7 +116,8 @@ class RolloutConfig:
     rollout_top_k: int = opt(-1, "Top-k (-1 = off).")
     rollout_max_response_len: int | None = opt(None, "Max new tokens per response.")
     rollout_max_prompt_len: int | None = opt(None, "Drop prompts longer than this (tokens).")
-    rollout_max_context_len: int | None = opt(None, "Max prompt+response tokens for the engine.", supported=False)
+    rollout_max_context_len: int | None = opt(None, "Engine context length: prompt + response tokens; a response "
+                                              "is cut to fit (<= the model's max_position_embeddings).")
     rollout_stop: list | None = opt(None, "Stop strings.", nargs="+")
     rollout_stop_token_ids: list | None = opt(None, "Stop token ids.", nargs="+", type=int)
     rollout_skip_special_tokens: bool = opt(False, "Skip special tokens when decoding responses.")
@@ -249,9 +255,10 @@ class AlgorithmConfig:
 class EvalConfig:
     eval_interval: int | None = opt(None, "Evaluate every N rollout steps.")
     eval_prompt_data: list | None = opt(None, "Eval sets: name path [name path ...].", nargs="+")
-    eval_config: str | None = opt(None, "Eval config YAML.", supported=False)
-    eval_function_path: str | None = opt(None, "Eval rollout function (default --rollout-function-path).",
-                                         supported=False)
+    eval_config: str | None = opt(None, "OmegaConf YAML/JSON of eval datasets with per-dataset overrides "
+                                  "(replaces --eval-prompt-data; format in docs/rollout.md).")
+    eval_function_path: str | None = opt(None, "Eval rollout function fn(args, rollout_id, data_source, "
+                                         "evaluation=True) -> groups (default --rollout-function-path).")
     skip_eval_before_train: bool = opt(False, "Skip the evaluation before step 0.")
     eval_input_key: str | None = opt(None, "Eval input key (default --input-key).")
     eval_label_key: str | None = opt(None, "Eval label key (default --label-key).")
@@ -263,7 +270,8 @@ class EvalConfig:
     eval_max_response_len: int | None = opt(None, "Eval max new tokens.")
     eval_max_prompt_len: int | None = opt(None, "Eval max prompt length.")
     eval_min_new_tokens: int | None = opt(None, "Eval min new tokens.")
-    eval_max_context_len: int | None = opt(None, "Eval max context length.", supported=False)
+    eval_max_context_len: int | None = opt(None, "Eval max prompt+response tokens (default "
+                                           "--rollout-max-context-len).")
 
 
 @dataclass
@@ -271,7 +279,7 @@ class RewardConfig:
     rm_type: str | None = opt(None, "Built-in reward type (math, deepscaler, dapo, f1, ...).")
     custom_rm_path: str | None = opt(None, "Custom reward fn(args, sample, **kw) (or samples with --group-rm).")
     reward_key: str | None = opt(None, "Key of the score when the reward is a dict.")
-    eval_reward_key: str | None = opt(None, "Reward key for evaluation (default --reward-key).", supported=False)
+    eval_reward_key: str | None = opt(None, "Key of the eval score when the reward is a dict (default --reward-key).")
     group_rm: bool = opt(False, "The reward function scores a whole group.")
     rm_url: str | None = opt(None, "Remote reward service URL (--rm-type remote_rm).")
     custom_reward_post_process_path: str | None = opt(None, "fn(args, samples) -> (raw_rewards, rewards); the "
@@ -281,11 +289,15 @@ class RewardConfig:
     reward_num_workers: int = opt(2, "Worker processes for synchronous rewards.")
     reward_max_concurrency: int = opt(64, "Concurrent reward calls.")
     reward_failure_value: float = opt(0.0, "Reward given when the reward function fails or times out.")
-    genrm_model_path: str | None = opt(None, "GenRM model.", supported=False)
-    genrm_num_gpus: int = opt(1, "GenRM GPUs.")
-    genrm_num_gpus_per_engine: int = opt(1, "GenRM GPUs per engine.")
-    genrm_engine_config: dict | None = opt(None, "GenRM engine config.", type=parse_json)
-    genrm_sampling_config: dict | None = opt(None, "GenRM sampling config.", type=parse_json)
+    genrm_model_path: str | None = opt(None, "GenRM (LLM-as-judge) model; deploys the GenRM role, used by "
+                                       "--rm-type genrm.")
+    genrm_num_gpus: int = opt(1, "GPUs for GenRM in total (on CPU: with --genrm-num-gpus-per-engine, the number "
+                              "of judge engine processes).")
+    genrm_num_gpus_per_engine: int = opt(1, "GPUs per GenRM engine.")
+    genrm_engine_config: dict | None = opt(None, "GenRM engine options (JSON), e.g. '{\"max_context_len\": 4096}'.",
+                                           type=parse_json)
+    genrm_sampling_config: dict | None = opt(None, "GenRM sampling (JSON): temperature (0.1), top_p (1.0), top_k "
+                                             "(-1), max_response_len (4096).", type=parse_json)
 
 
 @dataclass

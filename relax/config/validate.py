@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 from pathlib import Path
 
+from relax.config.eval_config import eval_datasets
 from relax.config.parser import ConfigError
-from relax.config.schema import GROUPS, RelaxConfig
+from relax.config.schema import GENRM_SAMPLING_DEFAULTS, GROUPS, RelaxConfig
+
+logger = logging.getLogger(__name__)
 
 KNOWN_ROLES = ("actor", "rollout", "reference", "actor_fwd", "advantages", "critic", "genrm")
 
@@ -176,13 +180,71 @@ def check_paths(cfg: RelaxConfig) -> None:
     for path in _prompt_paths(cfg.data.prompt_data):
         if not os.path.exists(path):
             raise ConfigError(f"--prompt-data: file not found: {path}")
-    ev = cfg.eval.eval_prompt_data
-    if ev:
-        if len(ev) % 2:
-            raise ConfigError(f"--eval-prompt-data takes pairs 'name path [name path ...]', got {ev}")
-        for name, path in zip(ev[::2], ev[1::2]):
-            if not os.path.exists(path):
-                raise ConfigError(f"--eval-prompt-data {name}: file not found: {path}")
+
+
+def check_eval(cfg: RelaxConfig) -> None:
+    """The eval sets resolve (an --eval-config file is read and its keys checked) and their files exist."""
+    try:
+        datasets = eval_datasets(cfg.args)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
+    source = "--eval-config" if cfg.eval.eval_config else "--eval-prompt-data"
+    for dataset in datasets:
+        if not os.path.exists(dataset.path.split("@[")[0]):
+            raise ConfigError(f"{source} {dataset.name}: file not found: {dataset.path}")
+        generate_path = dataset.custom_generate_function_path
+        if generate_path and generate_path != cfg.rollout.custom_generate_function_path:
+            _check_plugin(generate_path, f"{source} {dataset.name}: custom_generate_function_path", 3,
+                          "generate(args, sample, sampling_params[, evaluation])")
+    if cfg.eval.eval_config and cfg.eval.eval_prompt_data:
+        logger.warning("--eval-config is set: it replaces --eval-prompt-data %s", cfg.eval.eval_prompt_data)
+
+
+def check_context(cfg: RelaxConfig) -> None:
+    """Context limits fit the model (max_position_embeddings) and leave room for a response."""
+    limit = _hf_config(cfg.ckpt.hf_checkpoint).get("max_position_embeddings")
+    for flag, value in (("--rollout-max-context-len", cfg.rollout.rollout_max_context_len),
+                        ("--eval-max-context-len", cfg.eval.eval_max_context_len)):
+        if value is None:
+            continue
+        if value < 2:
+            raise ConfigError(f"{flag} must be >= 2 (prompt + at least one response token), got {value}")
+        if limit is not None and value > int(limit):
+            raise ConfigError(f"{flag} {value} exceeds the model's max_position_embeddings {limit} "
+                              f"({cfg.ckpt.hf_checkpoint}/config.json); lower it")
+
+
+def check_prefetch(cfg: RelaxConfig) -> None:
+    d = cfg.data
+    for flag, value, least in (("--prefetch-chunk-size", d.prefetch_chunk_size, 1),
+                               ("--prefetch-num-workers", d.prefetch_num_workers, 1),
+                               ("--prefetch-max-cached", d.prefetch_max_cached, 0)):
+        if value < least:
+            raise ConfigError(f"{flag} must be >= {least}, got {value}"
+                              + (" (0 disables prefetching)" if flag == "--prefetch-max-cached" else ""))
+
+
+def check_genrm(cfg: RelaxConfig) -> None:
+    r = cfg.reward
+    if r.rm_type == "genrm" and not r.genrm_model_path:
+        raise ConfigError("--rm-type genrm needs a judge model: set --genrm-model-path PATH (an HF model directory)")
+    if not r.genrm_model_path:
+        return
+    if not (Path(r.genrm_model_path) / "config.json").is_file():
+        raise ConfigError(f"--genrm-model-path {r.genrm_model_path}: no config.json there; point it at an HF model "
+                          "directory")
+    if r.genrm_num_gpus_per_engine < 1 or r.genrm_num_gpus < r.genrm_num_gpus_per_engine or \
+            r.genrm_num_gpus % r.genrm_num_gpus_per_engine:
+        raise ConfigError(f"--genrm-num-gpus {r.genrm_num_gpus} must be a positive multiple of "
+                          f"--genrm-num-gpus-per-engine {r.genrm_num_gpus_per_engine} (engines = their quotient)")
+    for flag, value in (("--genrm-engine-config", r.genrm_engine_config),
+                        ("--genrm-sampling-config", r.genrm_sampling_config)):
+        if value is not None and not isinstance(value, dict):
+            raise ConfigError(f"{flag} must be a JSON object, got {value!r}")
+    unknown = sorted(set(r.genrm_sampling_config or {}) - set(GENRM_SAMPLING_DEFAULTS))
+    if unknown:
+        raise ConfigError(f"--genrm-sampling-config: unknown key(s) {unknown}; known keys: "
+                          f"{', '.join(GENRM_SAMPLING_DEFAULTS)}")
 
 
 def _prompt_paths(value: object) -> list[str]:
@@ -255,8 +317,6 @@ def ignored_backend_flags(cfg: RelaxConfig) -> list[str]:
 
 
 def check_plugins(cfg: RelaxConfig) -> None:
-    from relax.utils.plugins import PluginError, load_plugin
-
     specs = [
         (cfg.reward.custom_rm_path, "--custom-rm-path", 2, "reward_func(args, sample, **kwargs)"),
         (cfg.rollout.custom_generate_function_path, "--custom-generate-function-path", 3,
@@ -264,6 +324,8 @@ def check_plugins(cfg: RelaxConfig) -> None:
         (cfg.rollout.rollout_function_path, "--rollout-function-path", 3,
          "generate_rollout(args, rollout_id, data_source, evaluation=False)"),
         (cfg.data.custom_prompt_path, "--custom-prompt-path", 2, "fn(prompt, data)"),
+        (cfg.eval.eval_function_path, "--eval-function-path", 3,
+         "generate_rollout(args, rollout_id, data_source, evaluation=True)"),
         (cfg.reward.custom_reward_post_process_path, "--custom-reward-post-process-path", 2,
          "fn(args, samples) -> (raw_rewards, rewards)"),
         (cfg.algo.custom_loss_function_path, "--custom-loss-function-path", 2,
@@ -273,14 +335,20 @@ def check_plugins(cfg: RelaxConfig) -> None:
     ]
     for path, flag, positional, expected in specs:
         if path:
-            try:
-                load_plugin(path, flag=flag, positional=positional, expected=expected)
-            except PluginError as exc:
-                raise ConfigError(str(exc)) from exc
+            _check_plugin(path, flag, positional, expected)
+
+
+def _check_plugin(path: str, flag: str, positional: int, expected: str) -> None:
+    from relax.utils.plugins import PluginError, load_plugin
+
+    try:
+        load_plugin(path, flag=flag, positional=positional, expected=expected)
+    except PluginError as exc:
+        raise ConfigError(str(exc)) from exc
 
 
 def validate_config(cfg: RelaxConfig) -> RelaxConfig:
     for check in (check_unsupported, check_mode, check_debug, check_resource, check_batches, check_algorithm, check_paths,
-                  check_backends, check_plugins):
+                  check_eval, check_context, check_prefetch, check_genrm, check_backends, check_plugins):
         check(cfg)
     return cfg

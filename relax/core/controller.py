@@ -26,6 +26,7 @@ import time
 from typing import Any
 
 from relax.components.actor import needs_reference
+from relax.components.genrm import needs_genrm
 from relax.config.schema import RelaxConfig
 from relax.core.service import Runtime
 from relax.utils.metrics import MetricsTracker, format_step_summary
@@ -73,10 +74,15 @@ class Controller:
         self.reference: RoleHandle | None = None
         self.stages: list[RoleHandle] = []  # fully async: ActorFwd, Advantages
         self.dcs: Any = None  # fully async: the DCS coordinator's Serve handle
+        self.genrm: RoleHandle | None = None
         self.eval_history: dict[str, list[tuple[int, float]]] = {}
 
     async def deploy(self) -> None:
         rt, cfg = self.runtime, self.cfg
+        genrm_url = None
+        if needs_genrm(cfg):  # the judge is up before the Rollout builds its rewards
+            self.genrm = RoleHandle(rt.deploy_role("genrm", cfg))
+            genrm_url = (await self.genrm.setup())["url"]
         self.actor = RoleHandle(rt.deploy_role("actor", cfg))
         self.rollout = RoleHandle(rt.deploy_role("rollout", cfg))
         if needs_reference(cfg):
@@ -87,7 +93,7 @@ class Controller:
             self.stages.append(RoleHandle(rt.deploy_role("advantages", cfg)))
             self.dcs = rt.deploy_role("dcs")
         self.start = (await self.actor.setup())["start_rollout_id"]
-        info = await self.rollout.setup(self.start)
+        info = await self.rollout.setup(self.start, genrm_url)
         for role in [self.reference, *self.stages]:
             if role is not None:
                 await role.setup()
@@ -182,7 +188,8 @@ class Controller:
 
     async def shutdown(self) -> None:
         # Actor first: it tears down its weight-sync group while the engines still answer.
-        for role in (getattr(self, "actor", None), self.reference, *self.stages, getattr(self, "rollout", None)):
+        for role in (getattr(self, "actor", None), self.reference, *self.stages, getattr(self, "rollout", None),
+                     self.genrm):
             if role is not None:
                 try:
                     await asyncio.wait_for(asyncio.ensure_future(role.shutdown()), timeout=60)

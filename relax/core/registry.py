@@ -8,4 +8,5 @@ ROLES: dict[str, str] = {
     "actor_fwd": "relax.components.actor_fwd.ActorFwd",
     "advantages": "relax.components.advantages.Advantages",
     "dcs": "relax.distributed.checkpoint_service.coordinator.Coordinator",
+    "genrm": "relax.components.genrm.GenRM",
 }

@@ -10,6 +10,7 @@ child exits, so launch from a long-lived thread (the main thread or the event lo
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 import signal
 import subprocess
@@ -17,11 +18,13 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import httpx
 
 from relax.utils.net import free_port
+
+logger = logging.getLogger(__name__)
 
 PR_SET_PDEATHSIG = 1
 API_KEY_ENV = "RELAX_HF_API_KEY"  # the key travels by environment, not argv (argv is world-readable)
@@ -89,11 +92,41 @@ class EngineProcess:
         self.terminate()
 
 
+# Engine options (`--genrm-engine-config`, the rollout's context limit) -> server flags.
+# `context_length` is SGLang's ServerArgs name for the same limit.
+ENGINE_OPTIONS: dict[str, str] = {
+    "max_context_len": "--max-context-len", "context_length": "--max-context-len",
+    "max_running_requests": "--max-running-requests", "dtype": "--dtype", "batch_wait_ms": "--batch-wait-ms",
+    "random_seed": "--random-seed", "served_model_name": "--served-model-name",
+}
+# SGLang-only options (parallelism, memory pools) that mean nothing to this engine: accepted so
+# one config serves both backends, and logged as ignored.
+SGLANG_ONLY_OPTIONS = frozenset({"dp_size", "tp_size", "pp_size", "ep_size", "max_total_tokens", "mem_fraction_static",
+                                 "chunked_prefill_size", "max_prefill_tokens", "cuda_graph_max_bs",
+                                 "disable_cuda_graph", "attention_backend", "kv_cache_dtype", "quantization"})
+
+
+def engine_option_args(options: Mapping[str, Any] | None) -> list[str]:
+    """Server flags for engine `options`; ValueError naming an unknown option and the known ones."""
+    args: list[str] = []
+    for key, value in (options or {}).items():
+        if key in SGLANG_ONLY_OPTIONS:
+            logger.warning("engine option %r applies to SGLang only; the hf engine ignores it", key)
+            continue
+        if key not in ENGINE_OPTIONS:
+            raise ValueError(f"unknown engine option {key!r}; the hf engine takes {sorted(ENGINE_OPTIONS)} "
+                             f"(SGLang-only options ignored here: {sorted(SGLANG_ONLY_OPTIONS)})")
+        if value is not None:
+            args += [ENGINE_OPTIONS[key], str(value)]
+    return args
+
+
 def launch_hf_engine(model_path: str, *, host: str = "127.0.0.1", port: int | None = None,
                      api_key: str | None = None, device: str = "cpu", extra_args: Sequence[str] = (),
                      env: Mapping[str, str] | None = None, log_path: str | None = None,
-                     num_threads: int | None = None) -> EngineProcess:
-    """Start the server (not yet ready: call `.wait_ready()`)."""
+                     num_threads: int | None = None, options: Mapping[str, Any] | None = None) -> EngineProcess:
+    """Start the server (not yet ready: call `.wait_ready()`). `options`: see `ENGINE_OPTIONS`."""
+    option_args = engine_option_args(options)
     port = port or free_port(host)
     if num_threads is None and device == "cpu":
         num_threads = 1
@@ -110,7 +143,7 @@ def launch_hf_engine(model_path: str, *, host: str = "127.0.0.1", port: int | No
     child_env.pop(API_KEY_ENV, None)
     if api_key:
         child_env[API_KEY_ENV] = api_key
-    cmd += list(extra_args)
+    cmd += option_args + list(extra_args)
     with open(log_path, "ab") as log:
         process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                    env=child_env, preexec_fn=_die_with_parent)

@@ -6,7 +6,7 @@ Dispatch, in order: a `--custom-rm-path` plugin wins (per sample, or per call wi
 Where code runs (measured, see docs/rewards.md): a built-in's string-only fast path runs inline
 (microseconds); what it cannot decide (math-verify) and sync custom rewards run in worker
 processes (Ray actors inside a Ray job, else spawned processes); async rewards (`remote_rm`,
-async plugins) run in the event loop. Every call is bounded by `--reward-timeout`; a reward
+`genrm`, async plugins) run in the event loop. Every call is bounded by `--reward-timeout`; a reward
 that times out (its worker is killed and replaced) or raises gets `--reward-failure-value`,
 is logged with the sample index and the error, and is counted in `stats()`.
 Concurrency across all calls is capped by `--reward-max-concurrency`.
@@ -24,6 +24,7 @@ import time
 from collections import Counter
 from typing import Any, Awaitable, Callable
 
+from relax.engine.rewards.genrm import judge_spec
 from relax.engine.rewards.registry import fast_grade, full_grade, resolve
 from relax.engine.rewards.worker import WorkerPool, process_pool, ray_pool
 from relax.types import Sample
@@ -53,7 +54,8 @@ class RewardExecutor:
 
     `args` is the flat run namespace (the plugin boundary): rm_type, custom_rm_path,
     reward_key, group_rm, rm_url, reward_timeout, reward_num_workers,
-    reward_max_concurrency, reward_failure_value.
+    reward_max_concurrency, reward_failure_value; genrm_url, genrm_model_path,
+    genrm_sampling_config (the GenRM judge, set by the Rollout when the role is deployed).
     """
 
     def __init__(self, args: Any):
@@ -62,6 +64,7 @@ class RewardExecutor:
         self.reward_key: str | None = getattr(args, "reward_key", None)
         self.group_rm = bool(getattr(args, "group_rm", False))
         self.rm_url: str | None = getattr(args, "rm_url", None)
+        self.judge = judge_spec(args)  # the GenRM judge for rm_type genrm (None: no GenRM deployed)
         self.timeout = float(getattr(args, "reward_timeout", 60.0))
         self.num_workers = int(getattr(args, "reward_num_workers", 2))
         self.max_concurrency = int(getattr(args, "reward_max_concurrency", 64))
@@ -158,7 +161,7 @@ class RewardExecutor:
             return decided
         if resolve(rm_type).is_async:
             coro = full_grade(rm_type, sample.response, sample.label, metadata,
-                              prompt=sample.prompt, url=self.rm_url, timeout=self.timeout)
+                              prompt=sample.prompt, url=self.rm_url, judge=self.judge, timeout=self.timeout)
             return await asyncio.wait_for(coro, self.timeout)
         self._counters["reward/pool"] += 1
         task = ("builtin", rm_type, sample.response, sample.label, metadata)

@@ -1,7 +1,8 @@
 """The reward hub: every built-in reward type by name, and `grade()`, the one way to run one.
 
 A built-in scorer is `score(response, label, metadata) -> float | dict` (sync), or async for
-`remote_rm`, which also takes keyword-only request context (`prompt`, `url`, `timeout`).
+`remote_rm` and `genrm`, which also take keyword-only request context (`prompt`, `url`,
+`judge`, `timeout`).
 `FAST_PATHS` holds, per type, a cheap string-only function returning the result when it can
 decide without math-verify and None when it cannot; for pure-string types it is the scorer
 itself. The executor runs fast paths inline and sends only undecided rows to worker
@@ -23,6 +24,7 @@ from relax.engine.rewards import (
     dapo,
     deepscaler,
     f1,
+    genrm,
     gpqa,
     ifbench,
     math_rm,
@@ -45,6 +47,7 @@ REWARD_TYPES: dict[str, Callable[..., Any]] = {
     "openr1mm": openr1mm.score,
     "ifbench": ifbench.score,
     "remote_rm": remote_rm.score,
+    "genrm": genrm.score,
 }
 
 FAST_PATHS: dict[str, Callable[..., RewardResult | None]] = {
@@ -101,14 +104,14 @@ def fast_grade(rm_type: str, response: str, label: Any, metadata: dict | None = 
 
 def full_grade(rm_type: str, response: str, label: Any, metadata: dict | None = None, **context: Any) -> Any:
     """Run the full scorer (sync result, or a coroutine for async types). Context keywords
-    (`prompt`, `url`, `timeout`) are passed only to scorers that take them."""
+    (`prompt`, `url`, `judge`, `timeout`) are passed only to scorers that take them."""
     reward = resolve(rm_type)
     kwargs = {key: value for key, value in context.items() if accepts_keyword(reward.score, key)}
     return reward.score(response, label, metadata or {}, **kwargs)
 
 
 def grade(rm_type: str, response: str, label: Any, metadata: dict | None = None, *, prompt: Any = "",
-          rm_url: str | None = None, timeout: float = 60.0) -> RewardResult:
+          rm_url: str | None = None, judge: Any = None, timeout: float = 60.0) -> RewardResult:
     """Score one response with a built-in reward type, synchronously.
 
     The same two steps the reward executor runs: the fast path, then the full scorer (async
@@ -117,5 +120,5 @@ def grade(rm_type: str, response: str, label: Any, metadata: dict | None = None,
     decided = fast_grade(rm_type, response, label, metadata)
     if decided is not None:
         return decided
-    result = full_grade(rm_type, response, label, metadata, prompt=prompt, url=rm_url, timeout=timeout)
+    result = full_grade(rm_type, response, label, metadata, prompt=prompt, url=rm_url, judge=judge, timeout=timeout)
     return asyncio.run(result) if inspect.isawaitable(result) else result

@@ -117,6 +117,9 @@ def build_prompt_dataset(args: Any, tokenizer: Any) -> PromptDataset | Streaming
         return StreamingPromptDataset(
             args.prompt_data, tokenizer, buffer_size=int(getattr(args, "streaming_buffer_size", 10000)),
             shuffle=bool(getattr(args, "rollout_shuffle", False)), seed=int(getattr(args, "rollout_seed", 42)),
+            prefetch_chunk_size=int(getattr(args, "prefetch_chunk_size", 32)),
+            prefetch_max_cached=int(getattr(args, "prefetch_max_cached", 256)),
+            prefetch_num_workers=int(getattr(args, "prefetch_num_workers", 1)),
             **common,
         )
     return PromptDataset(args.prompt_data, tokenizer, **common)

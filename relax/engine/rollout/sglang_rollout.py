@@ -28,6 +28,8 @@ logger = logging.getLogger(__name__)
 # not on batching or scheduling: reruns reproduce, and async equals sync at staleness 0.
 _SEED_MODULUS = 2**31 - 1
 MAX_SAMPLING_ROUNDS = 32
+# The flags that pick how a sample is scored; an eval dataset overriding one gets its own executor.
+_EXECUTOR_FLAGS = ("rm_type", "custom_rm_path", "reward_key", "group_rm")
 
 
 class GenerateState:
@@ -61,6 +63,8 @@ class GenerateState:
             self.dynamic_filter = load_plugin(
                 args.dynamic_sampling_filter_path, flag="--dynamic-sampling-filter-path", positional=2,
                 expected="filter(args, samples, **kwargs) -> bool | DynamicFilterOutput")
+        self._generate_functions: dict[str, Any] = {}
+        self._executors: dict[tuple, Any] = {}
         self.filter_stats: Counter[str] = Counter()
         self.done = 0
         self.total = 0
@@ -68,10 +72,36 @@ class GenerateState:
         # group is final, so downstream roles start on it while the step is still generating.
         self.group_sink: Any = None
 
+    def generate_function(self, args: Any) -> Any:
+        """The custom generate function `args` names (the run's, or an eval dataset's), or None."""
+        path = args.custom_generate_function_path
+        if not path:
+            return None
+        if path == self.args.custom_generate_function_path:
+            return self.custom_generate
+        if path not in self._generate_functions:
+            self._generate_functions[path] = load_plugin(
+                path, flag="custom_generate_function_path", positional=3,
+                expected="generate(args, sample, sampling_params[, evaluation])")
+        return self._generate_functions[path]
+
+    def executor_for(self, args: Any) -> Any:
+        """The reward executor for `args`: the run's, or (an eval dataset with its own rm_type or
+        reward key) one made for those settings and kept for the next evaluation."""
+        key = tuple(getattr(args, name, None) for name in _EXECUTOR_FLAGS)
+        if key == tuple(getattr(self.args, name, None) for name in _EXECUTOR_FLAGS):
+            return self.reward_executor
+        if key not in self._executors:
+            from relax.engine.rewards.executor import RewardExecutor
+
+            self._executors[key] = RewardExecutor(args)
+        return self._executors[key]
+
     @classmethod
     def reset(cls) -> None:
         if cls._instance is not None:
-            cls._instance.reward_executor.close()
+            for executor in [cls._instance.reward_executor, *cls._instance._executors.values()]:
+                executor.close()
         cls._instance = None
 
 
@@ -95,6 +125,34 @@ def sampling_params(args: Any, *, evaluation: bool = False) -> dict[str, Any]:
     if evaluation and args.eval_min_new_tokens:
         params["min_new_tokens"] = args.eval_min_new_tokens
     return params
+
+
+def max_context_len(args: Any, *, evaluation: bool = False) -> int | None:
+    """Prompt + response token limit: `--eval-max-context-len` (eval, default the rollout one) or
+    `--rollout-max-context-len`; None = the engine's own limit."""
+    if evaluation and args.eval_max_context_len is not None:
+        return args.eval_max_context_len
+    return args.rollout_max_context_len
+
+
+def fit_to_context(params: dict[str, Any], prompt_len: int, context_len: int | None) -> dict[str, Any] | None:
+    """`params` with `max_new_tokens` cut so prompt + response <= `context_len`; None when the
+    prompt alone fills the context (nothing may be generated)."""
+    if context_len is None:
+        return params
+    room = context_len - prompt_len
+    if room <= 0:
+        return None
+    wanted = params.get("max_new_tokens")
+    return dict(params, max_new_tokens=room if wanted is None else min(int(wanted), room))
+
+
+def no_room(sample: Sample, prompt_ids: list[int]) -> Sample:
+    """A prompt that leaves no room for a response: an empty, truncated response (as slime does)."""
+    sample.tokens, sample.response, sample.response_length = list(prompt_ids), "", 0
+    sample.loss_mask, sample.rollout_log_probs = [], []
+    sample.status = Sample.Status.TRUNCATED
+    return sample
 
 
 def sample_seed(args: Any, sample: Sample, *, evaluation: bool) -> int:
@@ -137,11 +195,15 @@ def apply_output(sample: Sample, prompt_ids: list[int], out: dict[str, Any]) -> 
     return sample
 
 
-async def generate(args: Any, sample: Sample, sampling_params: dict[str, Any]) -> Sample:
-    """Default single-turn generate: prompt -> one response, with per-token log-probs."""
+async def generate(args: Any, sample: Sample, sampling_params: dict[str, Any], evaluation: bool = False) -> Sample:
+    """Default single-turn generate: prompt -> one response, with per-token log-probs; the
+    response is cut to fit the context limit (`max_context_len`)."""
     state = GenerateState(args)
     prompt_ids = _prompt_ids(state, sample)
-    payload = {"input_ids": prompt_ids, "sampling_params": sampling_params, "return_logprob": True}
+    params = fit_to_context(sampling_params, len(prompt_ids), max_context_len(args, evaluation=evaluation))
+    if params is None:
+        return no_room(sample, prompt_ids)
+    payload = {"input_ids": prompt_ids, "sampling_params": params, "return_logprob": True}
     out = await post(router_url(args), payload, timeout=args.http_timeout)
     return apply_output(sample, prompt_ids, out)
 
@@ -154,7 +216,11 @@ async def generate_group_default(args: Any, group: list[Sample], *, evaluation: 
     """
     state = GenerateState(args)
     prompt_ids = _prompt_ids(state, group[0])
-    base = sampling_params(args, evaluation=evaluation)
+    base = fit_to_context(sampling_params(args, evaluation=evaluation), len(prompt_ids),
+                          max_context_len(args, evaluation=evaluation))
+    if base is None:
+        state.done += len(group)
+        return [no_room(s, prompt_ids) for s in group]
     params = [dict(base, sampling_seed=sample_seed(args, s, evaluation=evaluation)) for s in group]
     payload = {"input_ids": [prompt_ids] * len(group), "sampling_params": params, "return_logprob": True}
     outs = await post(router_url(args), payload, timeout=args.http_timeout)
@@ -167,8 +233,9 @@ async def generate_one(args: Any, sample: Sample, *, evaluation: bool = False) -
     state = GenerateState(args)
     params = dict(sampling_params(args, evaluation=evaluation))
     params["sampling_seed"] = sample_seed(args, sample, evaluation=evaluation)
-    fn = state.custom_generate or generate
-    if state.custom_generate is not None and accepts_keyword(fn, "evaluation"):
+    custom = state.generate_function(args)
+    fn = custom or generate
+    if custom is None or accepts_keyword(fn, "evaluation"):
         result = await call_maybe_async(fn, args, sample, params, evaluation=evaluation)
     else:
         result = await call_maybe_async(fn, args, sample, params)
@@ -183,11 +250,11 @@ def _same_prompt(group: list[Sample]) -> bool:
 async def generate_group(args: Any, group: list[Sample], *, evaluation: bool = False) -> list[Sample]:
     """Generate every sample of a group (batched when the default generate applies), then score."""
     state = GenerateState(args)
-    if state.custom_generate is None and len(group) > 1 and _same_prompt(group):
+    if state.generate_function(args) is None and len(group) > 1 and _same_prompt(group):
         group = await generate_group_default(args, group, evaluation=evaluation)
     else:
         group = list(await asyncio.gather(*(generate_one(args, s, evaluation=evaluation) for s in group)))
-    await state.reward_executor.score(group)
+    await state.executor_for(args).score(group)
     return group
 
 

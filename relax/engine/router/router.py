@@ -26,6 +26,7 @@ class Router:
             raise ValueError("Router needs at least one engine URL")
         self.engine_urls = list(engine_urls)
         self.in_flight = {url: 0 for url in self.engine_urls}
+        self.served = 0  # requests routed so far
         self.host, self.port = host, 0
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
@@ -70,6 +71,7 @@ class Router:
             return web.json_response({"error": "request body is not valid JSON"}, status=400)
         url = self.pick()
         self.in_flight[url] += 1
+        self.served += 1
         try:
             assert self._session is not None
             async with self._session.post(f"{url}/generate", json=payload, headers=self._headers) as resp:

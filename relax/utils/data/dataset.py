@@ -5,7 +5,10 @@ slime's `Dataset`). `StreamingPromptDataset` (`--use-streaming-dataset`) reads r
 for datasets larger than memory: rows pass through a shuffle buffer of
 `--streaming-buffer-size` rows (seeded by `seed + epoch`), and its position (epoch, rows
 consumed) can be saved and restored; restoring re-reads the epoch's rows up to the position
-without formatting them.
+without formatting them. With `--multimodal-keys` it loads each row's media (images decoded),
+ahead of use in a background prefetch buffer (`relax.utils.data.prefetch`,
+`--prefetch-chunk-size/-max-cached/-num-workers`), or when the row is taken with
+`--prefetch-max-cached 0`.
 
 Both turn rows into samples with `relax.utils.data.formatting.build_sample` and drop prompts
 longer than `--rollout-max-prompt-len` tokens. A malformed row raises `DataError` naming the
@@ -21,6 +24,7 @@ from typing import Any, Callable, Iterator
 
 from relax.types import Sample
 from relax.utils.data.formatting import PromptFormat, build_sample, prompt_token_length
+from relax.utils.data.prefetch import PrefetchBuffer, load_row_media
 from relax.utils.data.readers import (
     DataError,
     RowLocation,
@@ -174,9 +178,16 @@ class StreamingPromptDataset:
                  apply_chat_template: bool = False, apply_chat_template_kwargs: dict | None = None,
                  system_prompt: str | None = None, max_prompt_len: int | None = None,
                  multimodal_keys: dict[str, str] | None = None,
-                 custom_prompt_fn: Callable[[Any, dict], Any] | None = None, skip_malformed: bool = False) -> None:
+                 custom_prompt_fn: Callable[[Any, dict], Any] | None = None, skip_malformed: bool = False,
+                 prefetch_chunk_size: int = 32, prefetch_max_cached: int = 256, prefetch_num_workers: int = 1) -> None:
         if buffer_size < 1:
             raise ValueError(f"--streaming-buffer-size must be >= 1, got {buffer_size}")
+        if prefetch_max_cached < 0:
+            raise ValueError(f"--prefetch-max-cached must be >= 0 (0 = no prefetching), got {prefetch_max_cached}")
+        self.multimodal_keys = dict(multimodal_keys or {})
+        self.prefetch = dict(chunk_size=prefetch_chunk_size, max_cached=prefetch_max_cached,
+                             num_workers=prefetch_num_workers)
+        self._prefetcher: PrefetchBuffer | None = None
         self.paths = resolve_prompt_paths(paths)
         for path in self.paths:
             check_data_file(path)
@@ -207,14 +218,44 @@ class StreamingPromptDataset:
         return _shuffle_buffer(records, self.buffer_size, random.Random(self.seed + epoch))
 
     def _start_epoch(self, epoch: int, *, position: int) -> None:
+        self.close()
         self.epoch, self.position = epoch, 0
-        self._records = self._epoch_records(epoch)
+        records = self._epoch_records(epoch)
         self._produced_in_epoch = position > 0
-        for _ in itertools.islice(self._records, position):  # replay without formatting
+        for _ in itertools.islice(records, position):  # replay without formatting
             self.position += 1
         if self.position != position:
             raise ValueError(f"streaming dataset position {position} is past the end of epoch {epoch} "
                              f"({self.position} rows); the checkpoint was written for a different dataset")
+        if self.multimodal_keys and self.prefetch["max_cached"] > 0:
+            self._prefetcher = PrefetchBuffer(records, self._load, **self.prefetch)
+            self._records = self._prefetcher
+        else:
+            self._records = map(self._load, records)
+
+    def _load(self, record: tuple[RowLocation, str | dict]) -> tuple[RowLocation, dict | DataError]:
+        """Decode a raw record and, with multimodal keys, load its media (see `prefetch`)."""
+        location, payload = record
+        row = decode_record(location, payload)
+        if self.multimodal_keys and not isinstance(row, DataError):
+            try:
+                row = load_row_media(row, self.multimodal_keys)
+            except ValueError as exc:
+                row = DataError(f"{location}: {exc}; fix the row or the file it names")
+        return location, row
+
+    @property
+    def prefetch_stats(self) -> dict[str, int]:
+        """Rows loaded ahead, rows cached now and the peak (zeros without prefetching)."""
+        p = self._prefetcher
+        return {"loaded": p.loaded, "cached": p.cached(), "peak_cached": p.peak_cached} if p else \
+            {"loaded": 0, "cached": 0, "peak_cached": 0}
+
+    def close(self) -> None:
+        """Stop the current epoch's prefetch thread (a new one starts with the next epoch)."""
+        if getattr(self, "_prefetcher", None) is not None:
+            self._prefetcher.close()
+            self._prefetcher = None
 
     def take(self, count: int) -> list[Sample]:
         """The next `count` prompt samples, crossing into the next epoch when the files run out."""
@@ -225,8 +266,7 @@ class StreamingPromptDataset:
                 self._finish_epoch()
                 continue
             self.position += 1
-            location, payload = record
-            sample = self._pipeline(location, decode_record(location, payload))
+            sample = self._pipeline(*record)
             if sample is not None:
                 samples.append(sample)
                 self._produced_in_epoch = True

@@ -58,7 +58,7 @@ def test_row_without_any_reward_type_fails_that_row_only():
 
 
 def test_custom_sync_reward_hang_and_raise_fail_without_blocking_others(caplog):
-    executor = RewardExecutor(make_args(custom_rm_path=f"{PLUGINS}.sync_reward", reward_timeout=1.0,
+    executor = RewardExecutor(make_args(custom_rm_path=f"{PLUGINS}.sync_reward", reward_timeout=3.0,
                                         reward_num_workers=2))
     samples = samples_for([("x", "x"), ("x", "hang"), ("y", "y"), ("x", "boom"), ("x", "z")])
     assert run_score(executor, samples) == [1.0, -7.0, 1.0, -7.0, 0.0]
@@ -70,7 +70,7 @@ def test_custom_sync_reward_hang_and_raise_fail_without_blocking_others(caplog):
 
 
 def test_hung_worker_is_replaced_and_the_pool_keeps_working():
-    executor = RewardExecutor(make_args(custom_rm_path=f"{PLUGINS}.sync_reward", reward_timeout=1.0,
+    executor = RewardExecutor(make_args(custom_rm_path=f"{PLUGINS}.sync_reward", reward_timeout=3.0,
                                         reward_num_workers=1))
     try:
         first, second = samples_for([("x", "hang")]), samples_for([("x", "x"), ("y", "y")])

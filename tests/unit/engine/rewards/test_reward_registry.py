@@ -6,7 +6,7 @@ from relax.engine.rewards import registry
 
 def test_every_documented_type_is_registered():
     assert set(REWARD_TYPES) == {"math", "deepscaler", "dapo", "gpqa", "f1", "multiple_choice", "openr1mm",
-                                 "ifbench", "remote_rm"}
+                                 "ifbench", "remote_rm", "genrm"}
 
 
 def test_unknown_type_raises_listing_known_types():

@@ -1,0 +1,27 @@
+"""Engine options (`--genrm-engine-config`, context limits) -> hf server flags."""
+
+from __future__ import annotations
+
+import pytest
+
+from relax.backends.hf import launcher
+from relax.backends.hf.launcher import engine_option_args
+
+
+def test_known_options_become_server_flags():
+    assert engine_option_args({"max_context_len": 128, "dtype": "float32"}) == [
+        "--max-context-len", "128", "--dtype", "float32"]
+    assert engine_option_args({"context_length": 64}) == ["--max-context-len", "64"]
+    assert engine_option_args(None) == []
+
+
+def test_sglang_only_options_are_ignored_with_a_warning(monkeypatch):
+    warned = []
+    monkeypatch.setattr(launcher.logger, "warning", lambda msg, *args: warned.append(msg % args))
+    assert engine_option_args({"dp_size": 1, "max_total_tokens": 8192}) == []
+    assert len(warned) == 2 and "'dp_size' applies to SGLang only" in warned[0]
+
+
+def test_unknown_option_is_an_error_listing_the_known_ones():
+    with pytest.raises(ValueError, match="unknown engine option 'max_len'.*max_context_len"):
+        engine_option_args({"max_len": 1})
