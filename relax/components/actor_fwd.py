@@ -89,7 +89,7 @@ class ActorFwd:
         fields = ["tokens", "response_lengths", "weight_versions"]
         for step in range(start, end):
             done = 0
-            while not self.stopping:
+            while not self.stopping and self.group is not None:
                 total = await tq.step_rows(step)
                 want = chunk if total is None else max(1, min(chunk, total - done))
                 keys, cols = await tq.fetch_ready(step, fields, task=self.role, chunk=want)
