@@ -29,6 +29,7 @@ class TrainerSpec:
     timeout_minutes: int = 10
     bucket_bytes: int = 512 << 20
     sync_timeout_s: float = 120.0
+    weight_sync_backend: str = "nccl"  # --checkpoint-engine-backend; CPU ranks always use gloo
     # Dotted paths of loss plugins, loaded in each rank (see docs/algorithms.md "Plugins").
     custom_loss_path: str | None = None
     pg_loss_reducer_path: str | None = None

@@ -58,7 +58,7 @@ def make_worker_group(cfg: RelaxConfig, role: str, model_path: str, n_workers: i
         loss=policy_loss_config(cfg) if role == "actor" else None, temperature=cfg.rollout.rollout_temperature,
         total_steps=total_steps, threads=threads or cfg.cluster.engine_threads,
         timeout_minutes=cfg.cluster.distributed_timeout_minutes, bucket_bytes=cfg.rollout.update_weight_buffer_size,
-        sync_timeout_s=cfg.rollout.weight_sync_timeout, custom_loss_path=cfg.algo.custom_loss_function_path,
+        sync_timeout_s=cfg.rollout.weight_sync_timeout, weight_sync_backend=cfg.ckpt.checkpoint_engine_backend, custom_loss_path=cfg.algo.custom_loss_function_path,
         pg_loss_reducer_path=cfg.algo.custom_pg_loss_reducer_function_path, tis_path=cfg.algo.custom_tis_function_path,
     )
     gpus = 1.0 if torch.cuda.is_available() else 0.0

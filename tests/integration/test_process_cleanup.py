@@ -44,7 +44,7 @@ def wait_until_gone(marker: str, timeout: float = 60.0) -> list[int]:
     return [(pid, Path(f"/proc/{pid}/cmdline").read_bytes()[:120]) for pid in marked_processes(marker)]
 
 
-def start_run(tiny_setup, tmp_path, num_rollout: int, marker: str) -> subprocess.Popen:
+def start_run(tiny_setup, tmp_path, num_rollout: int, marker: str, mode: tuple[str, ...] = ()) -> subprocess.Popen:
     root = tiny_setup
     env = dict(os.environ, RELAX_TEST_MARKER=marker, PYTHONUNBUFFERED="1")
     env.pop("RAY_ADDRESS", None)
@@ -52,7 +52,7 @@ def start_run(tiny_setup, tmp_path, num_rollout: int, marker: str) -> subprocess
            "--prompt-data", str(root / "train.jsonl"), "--input-key", "prompt", "--label-key", "label",
            "--apply-chat-template", "--rm-type", "math", "--rollout-batch-size", "4", "--n-samples-per-prompt", "2",
            "--rollout-max-response-len", "8", "--num-rollout", str(num_rollout), "--progress-bar", "false",
-           "--ray-num-cpus", "8", "--exp-dir", str(tmp_path)]
+           "--ray-num-cpus", "8", "--exp-dir", str(tmp_path), *mode]
     return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             cwd=Path(__file__).resolve().parents[2])
 
@@ -66,9 +66,15 @@ def test_normal_exit_leaves_no_process(tiny_setup, tmp_path):
     assert wait_until_gone(marker) == []
 
 
-def test_ctrl_c_leaves_no_process(tiny_setup, tmp_path):
+FULLY_ASYNC = ("--fully-async", "--max-staleness", "1", "--resource",
+               '{"actor": [1, 1], "rollout": [1, 1], "actor_fwd": [1, 1], "advantages": [1, 0]}')
+
+
+@pytest.mark.parametrize("mode", [(), FULLY_ASYNC], ids=["colocate", "fully_async"])
+def test_ctrl_c_leaves_no_process(tiny_setup, tmp_path, mode):
+    """Fully async adds role loops in flight (rollout ahead, ActorFwd mid-forward) at the signal."""
     marker = uuid.uuid4().hex
-    proc = start_run(tiny_setup, tmp_path, 1000, marker)
+    proc = start_run(tiny_setup, tmp_path, 1000, marker, mode)
     lines = []
     deadline = time.time() + 300
     for line in proc.stdout:  # wait until training is really under way

@@ -271,12 +271,16 @@ class FSDPTrainWorker:
             threading.Thread(target=self._loop.run_forever, daemon=True, name="weight-sync").start()
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
+    def _weight_backend(self) -> str:
+        """`--checkpoint-engine-backend` on GPU; gloo for CPU tensors (NCCL cannot carry them)."""
+        return self.spec.weight_sync_backend if self.device.type == "cuda" else "gloo"
+
     def connect_engines(self, engine_urls: list[str], api_key: str | None) -> None:
         if self.rank != 0:
             return
         from relax.distributed.weight_sync import WeightSender
 
-        backend = "nccl" if self.device.type == "cuda" else "gloo"
+        backend = self._weight_backend()
         if self._sender is not None:
             self._run_async(self._sender.close())
         self._sender = WeightSender(engine_urls, api_key=api_key, backend=backend,
@@ -301,7 +305,7 @@ class FSDPTrainWorker:
 
         if self._sender is not None:
             self._run_async(self._sender.close())
-        self._sender = WeightSender(endpoints, api_key=api_key, backend="nccl" if self.device.type == "cuda" else "gloo",
+        self._sender = WeightSender(endpoints, api_key=api_key, backend=self._weight_backend(),
                                     bucket_bytes=self.spec.bucket_bytes, timeout_s=self.spec.sync_timeout_s,
                                     device=self.device, pause_mode=pause_mode)
         self._run_async(self._sender.connect())

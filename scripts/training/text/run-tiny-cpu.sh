@@ -7,7 +7,8 @@
 #    SFT warm start (cached in ${MODEL_DIR} / ${DATA_DIR}; no model hub involved).
 # 2. Colocate GRPO: 2 hf engines + 1 FSDP worker, the built-in math reward on \boxed{} answers.
 # 3. Prints `eval accuracy: before=<x> after=<y>` on held-out prompts.
-# Environment overrides: EXP_DIR (default outputs/tiny-cpu), MODEL_DIR, DATA_DIR (default EXP_DIR),
+# Environment overrides: MODE (colocate | async; run-tiny-cpu-async.sh sets async),
+# MAX_STALENESS (async only, default 2), EXP_DIR (default outputs/tiny-cpu), MODEL_DIR, DATA_DIR (default EXP_DIR),
 # NUM_ROLLOUT, EVAL_INTERVAL (0 = no eval), SAVE_INTERVAL (0 = no checkpoints), SEED,
 # PREPARE_ARGS (extra flags for examples/tiny_math/prepare.py, e.g. "--hidden-size 128").
 set -euo pipefail
@@ -26,6 +27,19 @@ EVAL_INTERVAL="${EVAL_INTERVAL:-20}"
 SAVE_INTERVAL="${SAVE_INTERVAL:-40}"
 SEED="${SEED:-1234}"
 RUN_DIR="${EXP_DIR}/run"
+MODE="${MODE:-colocate}"
+
+case "${MODE}" in
+  colocate)
+    # Phases take turns on both cores: 2 engines generate, then the trainer ranks run.
+    MODE_ARGS=(--colocate --resource '{"actor": [1, 1], "rollout": [1, 2], "reference": [1, 1]}') ;;
+  async)
+    # Roles run at once: 1 engine keeps generating while Actor, ActorFwd, Reference and
+    # Advantages train and score behind it, at most MAX_STALENESS steps behind the rollout.
+    MODE_ARGS=(--fully-async --max-staleness "${MAX_STALENESS:-2}"
+               --resource '{"actor": [1, 1], "rollout": [1, 1], "reference": [1, 1], "actor_fwd": [1, 1], "advantages": [1, 0]}') ;;
+  *) echo "MODE must be colocate or async, got '${MODE}'" >&2; exit 2 ;;
+esac
 
 # shellcheck disable=SC2086  # PREPARE_ARGS is a list of extra flags for prepare.py
 python3 -m examples.tiny_math.prepare --out-dir "${MODEL_DIR}" --seed "${SEED}" ${PREPARE_ARGS:-}
@@ -101,8 +115,7 @@ LOG_ARGS=(
 )
 
 python3 relax/entrypoints/train.py \
-  --resource '{"actor": [1, 1], "rollout": [1, 2], "reference": [1, 1]}' \
-  --colocate \
+  "${MODE_ARGS[@]}" \
   --exp-dir "${RUN_DIR}" \
   "${MODEL_ARGS[@]}" "${CKPT_ARGS[@]}" "${ROLLOUT_ARGS[@]}" "${EVAL_ARGS[@]}" \
   "${GRPO_ARGS[@]}" "${OPTIMIZER_ARGS[@]}" "${PERF_ARGS[@]}" "${LOG_ARGS[@]}"
