@@ -26,6 +26,8 @@ Submodules:
                    TIS weights, OPSM mask; ``POLICY_LOSSES`` registry.
     reducers       per-sample-mean and per-token reductions normalised by GLOBAL batch size,
                    so sums over micro-batches and data-parallel ranks give the global mean.
+    logprobs       one-row response log-probs shared by the hf engine and the fsdp trainer
+                   (the numerics contract of ``--true-on-policy-mode``).
     policy_loss    ``compute_policy_loss(PolicyLossInputs, PolicyLossConfig) -> PolicyLossOutput``:
                    the single entry point a training backend calls per micro-batch.
 """

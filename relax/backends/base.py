@@ -26,6 +26,9 @@ class TrainerSpec:
     temperature: float = 1.0
     total_steps: int = 1
     threads: int = 0
+    # --true-on-policy-mode: score every row alone through relax.algorithms.logprobs (as the
+    # engine does), so trainer log-probs equal the engine's bitwise (docs/true-on-policy.md).
+    true_on_policy: bool = False
     timeout_minutes: int = 10
     bucket_bytes: int = 512 << 20
     sync_timeout_s: float = 120.0

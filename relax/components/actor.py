@@ -60,6 +60,7 @@ def make_worker_group(cfg: RelaxConfig, role: str, model_path: str, n_workers: i
         timeout_minutes=cfg.cluster.distributed_timeout_minutes, bucket_bytes=cfg.rollout.update_weight_buffer_size,
         sync_timeout_s=cfg.rollout.weight_sync_timeout, weight_sync_backend=cfg.ckpt.checkpoint_engine_backend, custom_loss_path=cfg.algo.custom_loss_function_path,
         pg_loss_reducer_path=cfg.algo.custom_pg_loss_reducer_function_path, tis_path=cfg.algo.custom_tis_function_path,
+        true_on_policy=cfg.cluster.true_on_policy_mode,
     )
     gpus = 1.0 if torch.cuda.is_available() else 0.0
     return RayActorGroup(worker_cls, n_workers, spec, num_cpus=1, num_gpus=gpus, name=name or role,

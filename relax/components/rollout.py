@@ -107,7 +107,7 @@ class Rollout:
         context = engine_context_len(self.cfg.rollout.rollout_max_context_len, eval_datasets(self.args))
         return [launch(self.cfg.ckpt.hf_checkpoint, api_key=self.token, num_threads=threads,
                        log_path=os.path.join(self.cfg.misc.exp_dir or ".", f"engine_{i}.log"),
-                       options={"max_context_len": context} if context else None)
+                       options=engine_options(self.cfg, context))
                 for i in range(n)]
 
     def _load_eval_sets(self) -> dict[str, tuple[EvalDataset, list[Sample]]]:
@@ -291,6 +291,17 @@ class Rollout:
             self.data_source.load_state_dict(current)
         for step in [s for s in self.snapshots if s <= rollout_id]:
             del self.snapshots[step]
+
+
+def engine_options(cfg: RelaxConfig, context_len: int | None) -> dict[str, Any] | None:
+    """Launch options of the rollout engines (SGLang `ServerArgs` names; see ENGINE_OPTIONS)."""
+    options: dict[str, Any] = {}
+    if context_len:
+        options["max_context_len"] = context_len
+    if cfg.cluster.true_on_policy_mode:
+        # Report log-probs with the fsdp trainer's numerics, on the trainer's float32 weights.
+        options.update(rl_on_policy_target="fsdp", dtype="float32")
+    return options or None
 
 
 def engine_context_len(rollout_limit: int | None, datasets: list[EvalDataset]) -> int | None:

@@ -53,7 +53,10 @@ class ClusterConfig:
                                choices=ROLLOUT_BACKENDS)
     qkv_format: str = opt("thd", "QKV layout for Megatron.", choices=("thd", "bshd"))
     megatron_to_hf_mode: str = opt("raw", "Megatron<->HF weight conversion.", choices=("raw", "bridge"))
-    true_on_policy_mode: bool = opt(False, "Bitwise-identical rollout/training numerics.", supported=False)
+    true_on_policy_mode: bool = opt(False, "True on-policy: rollout log-probs are bitwise equal to the trainer's "
+                                    "(the engine rescores each finished response as the trainer does: one unpadded "
+                                    "float32 row), so on-policy the PPO ratio is exactly 1. fsdp + hf only; costs one "
+                                    "extra forward per response (docs/true-on-policy.md).")
     ray_address: str | None = opt(None, "Ray cluster to join (default: $RAY_ADDRESS, else start a local one).")
     ray_num_cpus: int | None = opt(None, "Logical CPUs for a locally started Ray (default: max(8, cores)).")
     engine_threads: int = opt(1, "Torch threads per CPU engine/train worker process (CPU runs only).")

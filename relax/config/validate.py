@@ -316,6 +316,38 @@ def ignored_backend_flags(cfg: RelaxConfig) -> list[str]:
     return out
 
 
+def check_true_on_policy(cfg: RelaxConfig) -> None:
+    """--true-on-policy-mode needs the same numerics on both sides (docs/true-on-policy.md).
+
+    Independent of --max-staleness: it removes the numerics gap between engine and trainer;
+    staleness adds a policy lag on top, which the mismatch metrics then show on purpose.
+    Runs before backend resolution so an explicit megatron/sglang gets this message;
+    `auto` resolves to fsdp/hf in this build."""
+    c = cfg.cluster
+    if not c.true_on_policy_mode:
+        return
+    if c.train_backend == "megatron" or c.rollout_backend == "sglang":
+        raise ConfigError(
+            "--true-on-policy-mode is implemented for --train-backend fsdp with --rollout-backend hf. With sglang/"
+            "megatron it needs batch-invariant deterministic kernels on both sides with identical attention and "
+            "reductions (SGLang: --sglang-enable-deterministic-inference --sglang-rl-on-policy-target fsdp "
+            "--sglang-attention-backend fa3; trainer: deterministic mode with the matching attention kernel; env "
+            "NCCL_ALGO=allreduce:tree, CUBLAS_WORKSPACE_CONFIG=:4096:8), which this build does not wire; "
+            "use --train-backend fsdp --rollout-backend hf or drop --true-on-policy-mode")
+    if cfg.optim.bf16:
+        raise ConfigError("--true-on-policy-mode compares float32 numerics (the engine is launched in float32 like "
+                          "the fsdp trainer); drop --bf16")
+    if c.engine_threads < 1:
+        raise ConfigError("--true-on-policy-mode needs the same torch thread count in engines and trainers (float "
+                          "reductions may split by thread); set --engine-threads N >= 1, got "
+                          f"{c.engine_threads}")
+    fwd_threads = (c.ref_actor_config or {}).get("threads")
+    if fwd_threads is not None and fwd_threads != c.engine_threads:
+        raise ConfigError(f"--true-on-policy-mode: --ref-actor-config threads={fwd_threads} differs from "
+                          f"--engine-threads {c.engine_threads}; the old-policy/reference log-probs must use the "
+                          "engines' thread count: drop the override or make them equal")
+
+
 def check_plugins(cfg: RelaxConfig) -> None:
     specs = [
         (cfg.reward.custom_rm_path, "--custom-rm-path", 2, "reward_func(args, sample, **kwargs)"),
@@ -349,6 +381,7 @@ def _check_plugin(path: str, flag: str, positional: int, expected: str) -> None:
 
 def validate_config(cfg: RelaxConfig) -> RelaxConfig:
     for check in (check_unsupported, check_mode, check_debug, check_resource, check_batches, check_algorithm, check_paths,
-                  check_eval, check_context, check_prefetch, check_genrm, check_backends, check_plugins):
+                  check_eval, check_context, check_prefetch, check_genrm, check_true_on_policy, check_backends,
+                  check_plugins):
         check(cfg)
     return cfg

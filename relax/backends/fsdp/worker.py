@@ -4,6 +4,10 @@ HF `AutoModelForCausalLM` sharded with FSDP2 `fully_shard` per decoder layer, Ad
 clipping, micro-batches (fixed or token-budgeted), log-prob passes for the old policy and
 the reference, DCP checkpoints, HF export, and the weight push to inference engines. gloo on
 CPU, NCCL on GPU. The loss itself is `relax.algorithms.policy_loss` — never re-implemented here.
+
+With `spec.true_on_policy` every forward (log-prob passes and training) scores its rows one at
+a time, unpadded, through `relax.algorithms.logprobs` — the function the `hf` engine reports
+its log-probs with under `--rl-on-policy-target fsdp` — so both sides agree bitwise.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from relax.algorithms.logprobs import row_response_logits, token_log_probs
 from relax.algorithms.losses import entropy_from_logits
 from relax.algorithms.policy_loss import PolicyLossInputs, PolicyLossOutput, compute_policy_loss
 from relax.backends.base import TrainerSpec
@@ -144,6 +149,8 @@ class FSDPTrainWorker:
     # ---- forward passes ----------------------------------------------------------------
     def _forward(self, tokens: list[list[int]], response_lengths: list[int], *, entropy: bool = False):
         """Response-aligned `logp_BT`, `mask_BT` (and `entropy_BT`) at the rollout temperature."""
+        if self.spec.true_on_policy:
+            return self._forward_rows(tokens, response_lengths, entropy=entropy)
         ids_BL, attn_BL = pad_inputs(tokens, self.pad_id)
         ids_BL, attn_BL = ids_BL.to(self.device), attn_BL.to(self.device)
         logits_BLV = self.model(input_ids=ids_BL, attention_mask=attn_BL, use_cache=False).logits.float()
@@ -157,6 +164,30 @@ class FSDPTrainWorker:
         logp_BT = torch.log_softmax(logits_BTV, dim=-1).gather(-1, targets_BT[:, :, None]).squeeze(-1)
         ent_BT = entropy_from_logits(logits_BTV) if entropy else None
         return logp_BT * mask_BT, mask_BT, ent_BT
+
+    def _forward_rows(self, tokens: list[list[int]], response_lengths: list[int], *, entropy: bool = False):
+        """`_forward` for true on-policy: one unpadded forward per row (the engine's computation),
+        right-padded afterwards to `[B, T]` (padding after the fact changes no value)."""
+        width = max(max(response_lengths), 1)
+        logps, ents = [], []
+        for toks, n in zip(tokens, response_lengths):
+            logits_RV = row_response_logits(self.model, toks, n, self.spec.temperature, self.device)
+            logps.append(torch.nn.functional.pad(token_log_probs(logits_RV, toks[len(toks) - n:]), (0, width - n)))
+            if entropy:
+                ents.append(torch.nn.functional.pad(entropy_from_logits(logits_RV), (0, width - n)))
+        _, mask_BT = response_positions([len(t) for t in tokens], response_lengths)
+        return torch.stack(logps), mask_BT.to(self.device), torch.stack(ents) if entropy else None
+
+    def _balance_row_forwards(self, num_rows: int) -> None:
+        """True on-policy, several ranks: every FSDP forward is a collective (parameter
+        all-gathers), so a rank with fewer rows runs throwaway one-token forwards until all ranks
+        have run as many as the busiest one."""
+        if self.world_size == 1:
+            return
+        most = torch.tensor([num_rows], device=self.device)
+        dist.all_reduce(most, op=dist.ReduceOp.MAX)
+        for _ in range(int(most) - num_rows):
+            self.model(input_ids=torch.zeros((1, 1), dtype=torch.long, device=self.device), use_cache=False)
 
     def _micro_batches(self, tokens: list[list[int]], max_tokens: int | None) -> list[list[int]]:
         b = self.spec.batch
@@ -175,6 +206,8 @@ class FSDPTrainWorker:
             logp_BT, _, _ = self._forward([tokens[i] for i in idx], [lengths[i] for i in idx])
             for row, i in enumerate(idx):
                 out[i] = logp_BT[row, : lengths[i]].cpu().tolist()
+        if self.spec.true_on_policy:
+            self._balance_row_forwards(len(tokens))
         self.compute_seconds += time.perf_counter() - start
         return out
 

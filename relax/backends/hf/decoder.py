@@ -19,6 +19,13 @@ and the KV cache, and cache columns that are padding for every remaining row are
 is a separate forward from the running rows' decode forward (simplification: no packed
 prefill+decode forward), so a step with a join costs two forwards.
 
+True on-policy (`true_on_policy=True`, the server's `--rl-on-policy-target fsdp`): tokens are
+still sampled from the decoding logits above, but when a row finishes its reported log-probs
+are recomputed by one full forward of that row alone (prompt + output, no padding, no cache)
+through `relax.algorithms.logprobs` — the function the fsdp trainer scores rows with in
+`--true-on-policy-mode` — so engine and trainer log-probs are bitwise equal. Cost: one extra
+forward per finished row. The recompute uses the weights loaded when the row finishes.
+
 Joining needs plain `DynamicLayer` cache layers; for models whose cache has other layer kinds
 (sliding window, linear attention) `can_join` is False and `admit` is never called: new
 requests then wait for the next batch.
@@ -40,6 +47,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from relax.algorithms.logprobs import row_response_log_probs
 from relax.backends.hf.sampling import SamplingBatch, SamplingParams, sample_next_tokens
 
 ABORT_MESSAGE = "request aborted"
@@ -241,8 +249,9 @@ class BatchDecoder:
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any, *, device: torch.device | str,
                  eos_token_ids: Sequence[int], max_context_len: int, pad_token_id: int = 0,
-                 step_lock: threading.Lock | None = None, seed: int | None = None):
+                 step_lock: threading.Lock | None = None, seed: int | None = None, true_on_policy: bool = False):
         self.model, self.tokenizer = model, tokenizer
+        self.true_on_policy = true_on_policy
         self.device = torch.device(device)
         self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
         self.max_context_len = max_context_len
@@ -271,6 +280,8 @@ class BatchDecoder:
 
         def finish(i: int, reason: dict[str, Any]) -> None:
             results[i] = states[i].result(reason)
+            if self.true_on_policy and results[i].output_ids:
+                results[i].output_logprobs = self._rescore(states[i])
             if on_finish is not None:
                 on_finish(i, results[i])
 
@@ -360,6 +371,16 @@ class BatchDecoder:
             else:
                 finish(i, reason)
         return tokens_B, keep
+
+    def _rescore(self, state: _RowState) -> list[float]:
+        """The row's output log-probs from one unpadded full forward (true on-policy; module doc)."""
+        params = state.params
+        with self.step_lock, torch.inference_mode():
+            logp_R = row_response_log_probs(self.model, state.row.prompt_ids + state.output_ids,
+                                            len(state.output_ids), 1.0 if params.is_greedy else params.temperature,
+                                            self.device)
+        self.stats.forward_calls += 1
+        return logp_R.tolist()
 
     def _mask_early_stops(self, logits_BV: torch.Tensor, states: list[_RowState]) -> None:
         """Stop tokens cannot be sampled before min_new_tokens (SGLang's min-new-tokens penalizer)."""

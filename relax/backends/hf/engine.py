@@ -28,6 +28,9 @@ logger = logging.getLogger(__name__)
 
 DTYPE_CHOICES = {"auto": "auto", "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 MEMORY_TAGS = ("weights", "kv_cache")
+# SGLang's `--rl-on-policy-target`: the trainer whose log-prob numerics the engine reproduces.
+# "fsdp": report log-probs recomputed by `relax.algorithms.logprobs` (see decoder.py).
+RL_ON_POLICY_TARGETS = (None, "fsdp")
 
 
 class EngineUnavailable(RuntimeError):
@@ -52,11 +55,16 @@ class HFEngine:
     def __init__(self, model_path: str, *, device: str = "cpu", dtype: str = "auto",
                  max_running_requests: int = 256, max_context_len: int | None = None,
                  served_model_name: str | None = None, tokenizer_path: str | None = None,
-                 seed: int | None = None, weight_sync_timeout_s: float = 600.0, batch_wait_s: float = 0.02):
+                 seed: int | None = None, weight_sync_timeout_s: float = 600.0, batch_wait_s: float = 0.02,
+                 rl_on_policy_target: str | None = None):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         if dtype not in DTYPE_CHOICES:
             raise ValueError(f"--dtype must be one of {sorted(DTYPE_CHOICES)}, got {dtype!r}")
+        if rl_on_policy_target not in RL_ON_POLICY_TARGETS:
+            raise ValueError(f"--rl-on-policy-target must be one of {sorted(t for t in RL_ON_POLICY_TARGETS if t)} "
+                             f"or unset, got {rl_on_policy_target!r}")
+        self.rl_on_policy_target = rl_on_policy_target
         self.model_path, self.tokenizer_path = model_path, tokenizer_path or model_path
         self.served_model_name = served_model_name or model_path
         self.device = torch.device(device)
@@ -70,7 +78,8 @@ class HFEngine:
         self.decoder = BatchDecoder(self.model, self.tokenizer, device=self.device,
                                     eos_token_ids=eos_token_ids(self.model, self.tokenizer),
                                     max_context_len=self.max_context_len, pad_token_id=pad if pad is not None else 0,
-                                    step_lock=self.step_lock, seed=seed)
+                                    step_lock=self.step_lock, seed=seed,
+                                    true_on_policy=rl_on_policy_target is not None)
         self.scheduler = Scheduler(self.decoder, max_running_requests=max_running_requests,
                                    batch_wait_s=batch_wait_s)
         self.receiver = WeightReceiver(self.model, step_lock=self.step_lock, timeout_s=weight_sync_timeout_s,
@@ -141,5 +150,5 @@ class HFEngine:
             "preferred_sampling_params": None, "weight_version": self.weight_version,
             "served_model_name": self.served_model_name, "max_context_len": self.max_context_len,
             "device": str(self.device), "dtype": str(self.model.dtype).replace("torch.", ""),
-            "backend": "hf",
+            "backend": "hf", "rl_on_policy_target": self.rl_on_policy_target,
         }

@@ -3,7 +3,7 @@
 Run: `python -m relax.backends.hf.server --model-path DIR [--host 127.0.0.1] [--port 30000]
 [--api-key KEY] [--device cpu|cuda[:i]] [--dtype auto|float32|bfloat16] [--max-running-requests 256]
 [--max-context-len L] [--served-model-name NAME] [--batch-wait-ms 20] [--num-threads N]
-[--log-level info]`.
+[--rl-on-policy-target fsdp] [--log-level info]`.
 
 Endpoints (field names as SGLang's): POST /generate; GET /health, /health_generate,
 /get_model_info, /get_weight_version, /get_server_info; /flush_cache; POST /pause_generation,
@@ -249,6 +249,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--random-seed", type=int, default=None, help="seed of unseeded sampling")
     parser.add_argument("--num-threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument("--weight-sync-timeout", type=float, default=600.0, help="seconds for group ops")
+    parser.add_argument("--rl-on-policy-target", default=None, choices=["fsdp"],
+                        help="true on-policy: report log-probs recomputed exactly as the fsdp trainer computes them "
+                             "(one unpadded row, float32; SGLang's option of the same name)")
     parser.add_argument("--log-level", default="info")
     return parser.parse_args(argv)
 
@@ -271,7 +274,7 @@ def main(argv: list[str] | None = None) -> None:
                       max_running_requests=args.max_running_requests, max_context_len=args.max_context_len,
                       served_model_name=args.served_model_name, tokenizer_path=args.tokenizer_path,
                       seed=args.random_seed, weight_sync_timeout_s=args.weight_sync_timeout,
-                      batch_wait_s=args.batch_wait_ms / 1000)
+                      batch_wait_s=args.batch_wait_ms / 1000, rl_on_policy_target=args.rl_on_policy_target)
     holder: dict[str, Any] = {}
     app = create_app(engine, api_key=args.api_key,
                      on_started=lambda: _announce_when_bound(holder["server"], args.host, args.port))

@@ -126,3 +126,21 @@ def test_megatron_only_flags_are_reported_as_ignored_under_fsdp(base):
 def test_unimplemented_flags_fail_instead_of_being_ignored(base, flag):
     with pytest.raises(ConfigError, match="not implemented"):
         parse_config(base + flag)
+
+
+def test_true_on_policy_mode_is_accepted_with_cpu_backends(base):
+    cfg = parse_config(base + ["--true-on-policy-mode", "--fully-async", "--max-staleness", "1"])
+    assert cfg.cluster.true_on_policy_mode and (cfg.cluster.train_backend, cfg.cluster.rollout_backend) == ("fsdp", "hf")
+
+
+@pytest.mark.parametrize("extra, needle", [
+    (["--train-backend", "megatron"], "--sglang-enable-deterministic-inference"),
+    (["--rollout-backend", "sglang"], "--sglang-rl-on-policy-target fsdp"),
+    (["--bf16"], "drop --bf16"),
+    (["--engine-threads", "0"], "--engine-threads"),
+    (["--ref-actor-config", '{"threads": 2}'], "--ref-actor-config threads=2"),
+])
+def test_true_on_policy_mode_rejects_mismatched_numerics(base, extra, needle):
+    with pytest.raises(ConfigError, match="--true-on-policy-mode") as err:
+        parse_config(base + ["--true-on-policy-mode"] + extra)
+    assert needle in str(err.value)

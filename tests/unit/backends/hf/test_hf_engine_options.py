@@ -25,3 +25,14 @@ def test_sglang_only_options_are_ignored_with_a_warning(monkeypatch):
 def test_unknown_option_is_an_error_listing_the_known_ones():
     with pytest.raises(ValueError, match="unknown engine option 'max_len'.*max_context_len"):
         engine_option_args({"max_len": 1})
+
+
+def test_rl_on_policy_target_becomes_the_server_flag():
+    assert engine_option_args({"rl_on_policy_target": "fsdp"}) == ["--rl-on-policy-target", "fsdp"]
+
+
+def test_engine_rejects_an_unknown_rl_on_policy_target(tiny_model_dir):
+    from relax.backends.hf.engine import HFEngine
+
+    with pytest.raises(ValueError, match="--rl-on-policy-target must be one of \\['fsdp'\\]"):
+        HFEngine(str(tiny_model_dir), rl_on_policy_target="megatron")
