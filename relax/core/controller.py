@@ -132,7 +132,7 @@ class Controller:
         try:
             for step in range(self.start, self.num_rollout):
                 t0 = time.perf_counter()
-                metrics = await watched(self.with_progress(self.rollout.wait_step(step), step), background)
+                metrics = await watched(self.rollout.wait_step(step), background)  # generated ahead: no bar
                 metrics |= await watched(self.actor.train(step), background)
                 metrics |= await self.actor.update_weights(step + 1)
                 await self.after_step(step, metrics, t0)
