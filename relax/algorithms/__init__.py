@@ -28,4 +28,6 @@ Submodules:
                    so sums over micro-batches and data-parallel ranks give the global mean.
     policy_loss    ``compute_policy_loss(PolicyLossInputs, PolicyLossConfig) -> PolicyLossOutput``:
                    the single entry point a training backend calls per micro-batch.
+    value_loss     ``compute_value_loss(ValueLossInputs, value_clip=...)``: the critic's clipped
+                   value loss per micro-batch, reduced like the policy loss.
 """

@@ -2,27 +2,66 @@
 
 As Reference it loads `--ref-load` (default `--hf-checkpoint`) once and writes
 `ref_log_probs` for every row of partition `train_{step}`, which the Actor reads for the KL
-loss. The same class serves as ActorFwd (old-policy log-probs) in fully-async mode.
+loss. With `--ref-update-interval N` it takes the actor's weights before scoring every N-th
+step (the Actor saves them to `reference_sync_dir` after training the step before; on a
+resumed run the reference starts from `--ref-load` again until its next refresh). The same
+class serves as ActorFwd (old-policy log-probs) in fully-async mode.
+
+`read_rows` and `score_rows` are shared with the Critic (values) and the OPD Teacher.
 """
 
 from __future__ import annotations
 
+import logging
 import time
+from pathlib import Path
 from typing import Any
 
-import torch
-
-from relax.components.actor import make_worker_group, shard_rows
+from relax.components.actor import jagged, make_worker_group, ref_update_due, reference_sync_dir, shard_rows
 from relax.config.schema import RelaxConfig
 from relax.distributed import transfer_queue as tq
+from relax.distributed.ray.actor_group import RayActorGroup
 from relax.utils.logging import setup_logging
+
+logger = logging.getLogger(__name__)
+
+# role -> the column it writes
+COLUMNS = {"reference": "ref_log_probs", "actor_fwd": "log_probs"}
+
+
+async def read_rows(rollout_id: int) -> tuple[list[str], list[list[int]], list[int]]:
+    """Keys, token lists and response lengths of every row of step `rollout_id`, in key order."""
+    keys = await tq.list_keys(rollout_id)
+    cols = await tq.get_columns(rollout_id, keys, ["tokens", "response_lengths"])
+    return keys, [t.tolist() for t in cols["tokens"]], cols["response_lengths"].tolist()
+
+
+async def score_rows(group: RayActorGroup, tokens: list[list[int]], lengths: list[int],
+                     method: str) -> tuple[list[list[float]], float]:
+    """Run the forward-only `method` (compute_log_probs / compute_values) of every rank on its share
+    of the rows; returns per-row response-aligned results in row order and the slowest rank's
+    compute seconds."""
+    world = group.world_size
+    shards_idx = shard_rows(len(tokens) - len(tokens) % world, 1, world)
+    shards_idx[-1].extend(range(sum(map(len, shards_idx)), len(tokens)))
+    shards = [{"tokens": [tokens[i] for i in idx], "response_lengths": [lengths[i] for i in idx]}
+              for idx in shards_idx]
+    results = await group.call_sharded(method, shards)
+    compute = max(await group.call("pop_compute_seconds"))
+    out: list[list[float]] = [[] for _ in tokens]
+    for idx, res in zip(shards_idx, results):
+        for i, values in zip(idx, res):
+            out[i] = values
+    return out, compute
 
 
 class ActorFwd:
     def __init__(self, cfg: RelaxConfig, role: str = "reference") -> None:
         setup_logging()
+        if role not in COLUMNS:
+            raise ValueError(f"ActorFwd role must be one of {sorted(COLUMNS)}, got {role!r}")
         self.cfg, self.role = cfg, role
-        self.column = "ref_log_probs" if role == "reference" else "log_probs"
+        self.column = COLUMNS[role]
         self.group = None
 
     async def setup(self) -> dict[str, Any]:
@@ -34,25 +73,24 @@ class ActorFwd:
 
     async def forward(self, rollout_id: int) -> dict[str, float]:
         start = time.perf_counter()
-        keys = await tq.list_keys(rollout_id)
-        cols = await tq.get_columns(rollout_id, keys, ["tokens", "response_lengths"])
-        tokens = [t.tolist() for t in cols["tokens"]]
-        lengths = cols["response_lengths"].tolist()
-        world = self.group.world_size
-        shards_idx = shard_rows(len(tokens) - len(tokens) % world, 1, world)
-        shards_idx[-1].extend(range(sum(map(len, shards_idx)), len(tokens)))
-        shards = [{"tokens": [tokens[i] for i in idx], "response_lengths": [lengths[i] for i in idx]}
-                  for idx in shards_idx]
-        results = await self.group.call_sharded("compute_log_probs", shards)
-        compute = max(await self.group.call("pop_compute_seconds"))
-        logps: list[list[float]] = [[] for _ in tokens]
-        for idx, res in zip(shards_idx, results):
-            for i, lp in zip(idx, res):
-                logps[i] = lp
-        column = torch.nested.nested_tensor([torch.tensor(lp, dtype=torch.float32) for lp in logps],
-                                            layout=torch.jagged)
-        await tq.put_columns(rollout_id, keys, {self.column: column})
-        return {f"time/{self.role}": time.perf_counter() - start, f"compute/{self.role}_seconds": compute}
+        metrics: dict[str, float] = {}
+        if self.role == "reference" and ref_update_due(self.cfg, rollout_id):
+            metrics |= await self._take_actor_weights(rollout_id)
+        keys, tokens, lengths = await read_rows(rollout_id)
+        logps, compute = await score_rows(self.group, tokens, lengths, "compute_log_probs")
+        await tq.put_columns(rollout_id, keys, {self.column: jagged(logps)})
+        return metrics | {f"time/{self.role}": time.perf_counter() - start, f"compute/{self.role}_seconds": compute}
+
+    async def _take_actor_weights(self, rollout_id: int) -> dict[str, float]:
+        path = Path(reference_sync_dir(self.cfg))
+        marker = path / "for_step.txt"
+        if not marker.is_file() or int(marker.read_text()) != rollout_id:
+            logger.warning("step %d: no actor weights saved for the reference in %s (a resumed run?); the "
+                           "reference keeps its current weights until the next refresh", rollout_id, path)
+            return {}
+        await self.group.call("load_weights", str(path))
+        logger.info("step %d: the reference took the actor's weights", rollout_id)
+        return {"reference/updated": 1.0}
 
     async def shutdown(self) -> None:
         if self.group is not None:

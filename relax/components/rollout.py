@@ -67,6 +67,11 @@ class Rollout:
             self.reward_post_process = load_plugin(
                 self.args.custom_reward_post_process_path, flag="--custom-reward-post-process-path", positional=2,
                 expected="fn(args, samples) -> (raw_rewards, rewards)")
+        self.convert_samples = None
+        if self.args.custom_convert_samples_to_train_data_path:
+            self.convert_samples = load_plugin(
+                self.args.custom_convert_samples_to_train_data_path, flag="--custom-convert-samples-to-train-data-path",
+                positional=2, expected="convert_samples_to_train_data(args, samples) -> dict")
         self.eval_sets = await asyncio.to_thread(self._load_eval_sets)
         return {"engine_urls": [e.url for e in self.engines], "num_prompts": len(self.data_source)}
 
@@ -140,7 +145,10 @@ class Rollout:
         if self.reward_post_process is not None:
             _, rewards = await call_maybe_async(self.reward_post_process, self.args, samples)
             rewards = [float(r) for r in rewards]
-        await tq.put_samples(rollout_id, samples, rewards)
+        train_data = None
+        if self.convert_samples is not None:  # the step's training rows, built by the plugin
+            train_data = await call_maybe_async(self.convert_samples, self.args, samples)
+        await tq.put_samples(rollout_id, samples, rewards, train_data)
         if self.cfg.debug.dump_details:
             await asyncio.to_thread(dump_rollout_details, self.cfg.debug.dump_details, rollout_id, groups, rewards)
         filter_stats = {k: float(v) for k, v in state.filter_stats.items()}

@@ -5,4 +5,6 @@ ROLES: dict[str, str] = {
     "actor": "relax.components.actor.Actor",
     "rollout": "relax.components.rollout.Rollout",
     "reference": "relax.components.actor_fwd.ActorFwd",
+    "critic": "relax.components.critic.Critic",
+    "teacher": "relax.components.teacher.Teacher",
 }
