@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from relax.algorithms.advantages import AdvantageInputs, apply_opd_penalty, compute_advantages
+from relax.algorithms.advantages import AdvantageInputs, apply_opd_penalty, compute_advantages, normalize_advantages
 from relax.algorithms.kl import approx_kl
 from relax.algorithms.policy_loss import PolicyLossConfig
 from relax.backends.base import TrainerSpec
@@ -295,12 +295,14 @@ class Actor:
             normalize_rewards=not (a.disable_rewards_normalization or self.cfg.reward.custom_reward_post_process_path),
             values_BT=padded(batch["values"]) if "values" in batch else None,
         )
-        adv_BT, returns_BT = compute_advantages(a.advantage_estimator, inputs, normalize=a.normalize_advantages)
+        adv_BT, returns_BT = compute_advantages(a.advantage_estimator, inputs)
         metrics: dict[str, float] = {}
         if a.use_opd:  # the student's own (old) log-probs against the teacher's, per token
             student_BT, teacher_BT = padded(batch["old_log_probs"]), padded(batch["teacher_log_probs"])
             adv_BT = apply_opd_penalty(adv_BT, student_BT, teacher_BT, mask_BT, coef=a.opd_kl_coef)
             metrics = opd_metrics(student_BT, teacher_BT, mask_BT)
+        if a.normalize_advantages:  # after the OPD penalty, as slime does: whiten the final advantage
+            adv_BT = normalize_advantages(adv_BT, mask_BT)
         rows = [len(m) for m in batch["loss_masks"]]
         return ([adv_BT[i, :n].tolist() for i, n in enumerate(rows)],
                 [returns_BT[i, :n].tolist() for i, n in enumerate(rows)], metrics)
