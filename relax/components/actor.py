@@ -148,6 +148,38 @@ def opd_metrics(student_BT: torch.Tensor, teacher_BT: torch.Tensor, mask_BT: tor
             "opd/teacher_log_prob_mean": float((teacher_BT * mask_BT).sum() / tokens)}
 
 
+def batch_advantages(cfg: RelaxConfig, batch: dict[str, Any]) -> tuple[list[list[float]], list[list[float]], dict[str, float]]:
+    """Per-row advantages and returns (response-aligned) of a step's batch, and the OPD metrics.
+
+    The estimator (`--advantage-estimator`; GAE on `values` for ppo), then the OPD penalty on
+    the old log-probs against `teacher_log_probs` (--use-opd), then --normalize-advantages.
+    """
+    a = cfg.algo
+    mask_BT = padded(batch["loss_masks"])
+    kl_BT = None
+    if a.kl_coef != 0:  # reward shaping: k1 KL of the behaviour policy to the reference
+        kl_BT = approx_kl(padded(batch["old_log_probs"]), padded(batch["ref_log_probs"]), "k1") * mask_BT
+    inputs = AdvantageInputs(
+        rewards_B=torch.tensor(batch["rewards"], dtype=torch.float32),
+        n_samples_per_prompt=cfg.rollout.n_samples_per_prompt, mask_BT=mask_BT, kl_BT=kl_BT,
+        kl_coef=a.kl_coef, gamma=a.gamma, lambd=a.lambd, std_normalization=not a.disable_grpo_std_normalization,
+        # A custom reward post-process has already shaped the rewards: use them as they are.
+        normalize_rewards=not (a.disable_rewards_normalization or cfg.reward.custom_reward_post_process_path),
+        values_BT=padded(batch["values"]) if "values" in batch else None,
+    )
+    adv_BT, returns_BT = compute_advantages(a.advantage_estimator, inputs)
+    metrics: dict[str, float] = {}
+    if a.use_opd:  # the student's own (old) log-probs against the teacher's, per token
+        student_BT, teacher_BT = padded(batch["old_log_probs"]), padded(batch["teacher_log_probs"])
+        adv_BT = apply_opd_penalty(adv_BT, student_BT, teacher_BT, mask_BT, coef=a.opd_kl_coef)
+        metrics = opd_metrics(student_BT, teacher_BT, mask_BT)
+    if a.normalize_advantages:  # after the OPD penalty, as slime does: whiten the final advantage
+        adv_BT = normalize_advantages(adv_BT, mask_BT)
+    rows = [len(m) for m in batch["loss_masks"]]
+    return ([adv_BT[i, :n].tolist() for i, n in enumerate(rows)],
+            [returns_BT[i, :n].tolist() for i, n in enumerate(rows)], metrics)
+
+
 class Actor:
     def __init__(self, cfg: RelaxConfig) -> None:
         setup_logging()
@@ -202,7 +234,7 @@ class Actor:
         t0 = time.perf_counter()
         batch["old_log_probs"] = await self._old_log_probs(batch, shards_idx)
         metrics["time/old_log_probs"] = time.perf_counter() - t0
-        batch["advantages"], returns, adv_metrics = self._advantages(batch)
+        batch["advantages"], returns, adv_metrics = batch_advantages(self.cfg, batch)
         metrics |= adv_metrics
         self._save_batch(rollout_id, batch)
         if trains_actor(self.cfg, rollout_id):
@@ -279,33 +311,6 @@ class Actor:
             if name in cols:
                 batch[name] = [v.tolist() for v in cols[name]]
         return keys, batch, metrics
-
-    def _advantages(self, batch: dict[str, Any]) -> tuple[list[list[float]], list[list[float]], dict[str, float]]:
-        """Per-row advantages and returns (response-aligned), and the OPD metrics."""
-        a = self.cfg.algo
-        mask_BT = padded(batch["loss_masks"])
-        kl_BT = None
-        if a.kl_coef != 0:  # reward shaping: k1 KL of the behaviour policy to the reference
-            kl_BT = approx_kl(padded(batch["old_log_probs"]), padded(batch["ref_log_probs"]), "k1") * mask_BT
-        inputs = AdvantageInputs(
-            rewards_B=torch.tensor(batch["rewards"], dtype=torch.float32),
-            n_samples_per_prompt=self.cfg.rollout.n_samples_per_prompt, mask_BT=mask_BT, kl_BT=kl_BT,
-            kl_coef=a.kl_coef, gamma=a.gamma, lambd=a.lambd, std_normalization=not a.disable_grpo_std_normalization,
-            # A custom reward post-process has already shaped the rewards: use them as they are.
-            normalize_rewards=not (a.disable_rewards_normalization or self.cfg.reward.custom_reward_post_process_path),
-            values_BT=padded(batch["values"]) if "values" in batch else None,
-        )
-        adv_BT, returns_BT = compute_advantages(a.advantage_estimator, inputs)
-        metrics: dict[str, float] = {}
-        if a.use_opd:  # the student's own (old) log-probs against the teacher's, per token
-            student_BT, teacher_BT = padded(batch["old_log_probs"]), padded(batch["teacher_log_probs"])
-            adv_BT = apply_opd_penalty(adv_BT, student_BT, teacher_BT, mask_BT, coef=a.opd_kl_coef)
-            metrics = opd_metrics(student_BT, teacher_BT, mask_BT)
-        if a.normalize_advantages:  # after the OPD penalty, as slime does: whiten the final advantage
-            adv_BT = normalize_advantages(adv_BT, mask_BT)
-        rows = [len(m) for m in batch["loss_masks"]]
-        return ([adv_BT[i, :n].tolist() for i, n in enumerate(rows)],
-                [returns_BT[i, :n].tolist() for i, n in enumerate(rows)], metrics)
 
     async def save(self, rollout_id: int) -> str | None:
         if self.group is None:
