@@ -86,6 +86,8 @@ class Critic:
         """Value-loss steps on the rows' values and returns; clears the partition."""
         start = time.perf_counter()
         keys = await tq.list_keys(rollout_id)
+        if not keys:  # --debug-rollout-only: the actor consumed the step untrained
+            return {}
         fields = ["tokens", "response_lengths", "loss_masks", "values", "returns"]
         cols = await tq.get_columns(rollout_id, keys, fields)
         batch = {name: [v.tolist() for v in cols[name]] for name in fields}

@@ -79,6 +79,10 @@ class EngineTeacher:
 
     def __init__(self, cfg: RelaxConfig) -> None:
         self.cfg, self.engine = cfg, None
+        if cfg.rollout.rollout_temperature != 1.0:
+            logger.warning("--opd-type sglang: the engine's input-token logprobs are at temperature 1, the "
+                           "student's at --rollout-temperature %s; the KL compares different temperatures",
+                           cfg.rollout.rollout_temperature)
         api_key = None
         if cfg.algo.opd_teacher_load:  # launch our own engine from the teacher checkpoint
             launch = import_object(INFERENCE_BACKENDS[cfg.cluster.rollout_backend], flag="--rollout-backend")
