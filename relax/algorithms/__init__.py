@@ -30,4 +30,6 @@ Submodules:
                    (the numerics contract of ``--true-on-policy-mode``).
     policy_loss    ``compute_policy_loss(PolicyLossInputs, PolicyLossConfig) -> PolicyLossOutput``:
                    the single entry point a training backend calls per micro-batch.
+    value_loss     ``compute_value_loss(ValueLossInputs, value_clip=...)``: the critic's clipped
+                   value loss per micro-batch, reduced like the policy loss.
 """

@@ -19,7 +19,7 @@ class TrainerSpec:
     """What one rank needs: its own config, not the whole run's."""
 
     model_path: str
-    role: str = "actor"  # "actor" trains; "reference" only computes log-probs
+    role: str = "actor"  # "actor" trains the policy, "critic" a value model; "reference" only scores
     optim: OptimizerConfig = field(default_factory=OptimizerConfig)
     batch: BatchConfig = field(default_factory=BatchConfig)
     loss: PolicyLossConfig | None = None
@@ -33,22 +33,24 @@ class TrainerSpec:
     bucket_bytes: int = 512 << 20
     sync_timeout_s: float = 120.0
     weight_sync_backend: str = "nccl"  # --checkpoint-engine-backend; CPU ranks always use gloo
+    value_clip: float = 0.2  # --value-clip (critic only)
     # Dotted paths of loss plugins, loaded in each rank (see docs/algorithms.md "Plugins").
     custom_loss_path: str | None = None
     pg_loss_reducer_path: str | None = None
     tis_path: str | None = None
 
 
-
 class TrainWorker(Protocol):
     """One data-parallel rank. Batches are dicts of per-sample, response-aligned lists."""
 
     def compute_log_probs(self, batch: dict[str, Any]) -> list[list[float]]: ...
+    def compute_values(self, batch: dict[str, Any]) -> list[list[float]]: ...  # critic
     def train(self, batch: dict[str, Any], num_steps: int, global_tokens_per_step: list[int]) -> dict[str, float]: ...
     def connect_engines(self, engine_urls: list[str], api_key: str | None) -> None: ...
     def push_weights(self, version: int) -> dict[str, float]: ...
     def save(self, ckpt_dir: str, rollout_id: int, save_optim: bool = True) -> None: ...
     def load(self, ckpt_dir: str) -> dict[str, Any]: ...
+    def load_weights(self, ckpt_dir: str) -> None: ...  # model weights only (reference refresh)
     def export_hf(self, out_dir: str, tokenizer_path: str) -> None: ...
     def shutdown(self) -> None: ...
 

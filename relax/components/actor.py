@@ -1,10 +1,17 @@
 """Actor role: trains the policy on each step's TransferQueue partition and pushes weights.
 
 Per step: read the partition (in sample order, so groups are contiguous), reject rows whose
-weight version lags more than `--max-staleness`, compute advantages (pure functions from
-`relax.algorithms`), recompute old log-probs on the current weights, run
+weight version lags more than `--max-staleness`, recompute old log-probs on the current
+weights, compute advantages (pure functions from `relax.algorithms`; GAE on the critic's
+`values` for ppo, minus the OPD teacher penalty with --use-opd), run
 `rollout_batch / global_batch` optimizer steps over the data-parallel workers, clear the
 partition. The training backend is a Ray actor group resolved through the backend registry.
+
+With a critic (ppo) the Actor writes the GAE `returns` onto the rows and leaves the partition
+to the critic, which trains on them and clears it (the last consumer clears). During
+--num-critic-only-steps / --critic-train-only it computes advantages and returns but takes no
+optimizer step. With --ref-update-interval N it saves its weights for the reference after every
+N-th step (see `reference_sync_dir`).
 """
 
 from __future__ import annotations
@@ -19,12 +26,12 @@ from typing import Any
 
 import torch
 
-from relax.algorithms.advantages import AdvantageInputs, compute_advantages
+from relax.algorithms.advantages import AdvantageInputs, apply_opd_penalty, compute_advantages, normalize_advantages
 from relax.algorithms.kl import approx_kl
 from relax.algorithms.policy_loss import PolicyLossConfig
 from relax.backends.base import TrainerSpec
 from relax.backends.registry import TRAIN_BACKENDS
-from relax.config.schema import RelaxConfig
+from relax.config.schema import OptimizerConfig, RelaxConfig
 from relax.distributed import transfer_queue as tq
 from relax.distributed.ray.actor_group import RayActorGroup
 from relax.utils.logging import run_token, setup_logging
@@ -50,15 +57,17 @@ def policy_loss_config(cfg: RelaxConfig) -> PolicyLossConfig:
 
 
 def make_worker_group(cfg: RelaxConfig, role: str, model_path: str, n_workers: int, *, total_steps: int = 1,
-                      threads: int | None = None, name: str | None = None) -> RayActorGroup:
-    """The training-backend worker group for `role` ("actor" trains, "reference" only scores)."""
+                      threads: int | None = None, name: str | None = None,
+                      optim: OptimizerConfig | None = None) -> RayActorGroup:
+    """The training-backend worker group for `role` ("actor" / "critic" train, "reference" only scores)."""
     worker_cls = import_object(TRAIN_BACKENDS[cfg.cluster.train_backend], flag="--train-backend")
     spec = TrainerSpec(
-        model_path=model_path, role=role, optim=cfg.optim, batch=cfg.batch,
+        model_path=model_path, role=role, optim=optim or cfg.optim, batch=cfg.batch, value_clip=cfg.algo.value_clip,
         loss=policy_loss_config(cfg) if role == "actor" else None, temperature=cfg.rollout.rollout_temperature,
         total_steps=total_steps, threads=threads or cfg.cluster.engine_threads,
         timeout_minutes=cfg.cluster.distributed_timeout_minutes, bucket_bytes=cfg.rollout.update_weight_buffer_size,
-        sync_timeout_s=cfg.rollout.weight_sync_timeout, weight_sync_backend=cfg.ckpt.checkpoint_engine_backend, custom_loss_path=cfg.algo.custom_loss_function_path,
+        sync_timeout_s=cfg.rollout.weight_sync_timeout, weight_sync_backend=cfg.ckpt.checkpoint_engine_backend,
+        custom_loss_path=cfg.algo.custom_loss_function_path,
         pg_loss_reducer_path=cfg.algo.custom_pg_loss_reducer_function_path, tis_path=cfg.algo.custom_tis_function_path,
         true_on_policy=cfg.cluster.true_on_policy_mode,
     )
@@ -72,23 +81,41 @@ def needs_reference(cfg: RelaxConfig) -> bool:
     return cfg.algo.use_kl_loss or cfg.algo.kl_coef != 0
 
 
-def batch_advantages(cfg: RelaxConfig, batch: dict[str, Any]) -> list[list[float]]:
-    """Per-sample advantages for one step's rows (shared by the Actor in colocate mode and the
-    Advantages role in fully-async mode, so both modes train on identical numbers)."""
-    a = cfg.algo
-    mask_BT = padded(batch["loss_masks"])
-    kl_BT = None
-    if a.kl_coef != 0:  # reward shaping: k1 KL of the behaviour policy to the reference
-        kl_BT = approx_kl(padded(batch["old_log_probs"]), padded(batch["ref_log_probs"]), "k1") * mask_BT
-    inputs = AdvantageInputs(
-        rewards_B=torch.tensor(batch["rewards"], dtype=torch.float32),
-        n_samples_per_prompt=cfg.rollout.n_samples_per_prompt, mask_BT=mask_BT, kl_BT=kl_BT,
-        kl_coef=a.kl_coef, gamma=a.gamma, lambd=a.lambd, std_normalization=not a.disable_grpo_std_normalization,
-        # A custom reward post-process has already shaped the rewards: use them as they are.
-        normalize_rewards=not (a.disable_rewards_normalization or cfg.reward.custom_reward_post_process_path),
-    )
-    adv_BT, _ = compute_advantages(a.advantage_estimator, inputs, normalize=a.normalize_advantages)
-    return [adv_BT[i, : len(m)].tolist() for i, m in enumerate(batch["loss_masks"])]
+def uses_critic(cfg: RelaxConfig) -> bool:
+    """A critic (value model) is deployed for GAE advantages."""
+    return cfg.algo.advantage_estimator == "ppo"
+
+
+def needs_teacher(cfg: RelaxConfig) -> bool:
+    """An OPD teacher scores every step's rows."""
+    return cfg.algo.use_opd
+
+
+def trains_actor(cfg: RelaxConfig, rollout_id: int) -> bool:
+    """False while only the critic trains (--num-critic-only-steps, --critic-train-only)."""
+    return not (cfg.algo.critic_train_only or rollout_id < cfg.algo.num_critic_only_steps)
+
+
+def reference_sync_dir(cfg: RelaxConfig) -> str:
+    """Where the Actor leaves its weights for the reference (--ref-update-interval)."""
+    return os.path.join(cfg.misc.exp_dir or ".", "reference_sync")
+
+
+def ref_update_due(cfg: RelaxConfig, rollout_id: int) -> bool:
+    """The reference takes the actor's weights before scoring step `rollout_id` (every N steps)."""
+    n = cfg.algo.ref_update_interval
+    return bool(n) and rollout_id > 0 and rollout_id % n == 0
+
+
+def optimizer_steps_total(cfg: RelaxConfig) -> int:
+    """Optimizer steps of the whole run (the length of the LR schedule)."""
+    per_rollout = cfg.rollout.rollout_batch_size * cfg.rollout.n_samples_per_prompt // cfg.batch.global_batch_size
+    return per_rollout * (cfg.rollout.num_rollout or 1)
+
+
+def jagged(rows: list[list[float]]) -> torch.Tensor:
+    """Per-row float lists -> a jagged nested tensor column for TransferQueue."""
+    return torch.nested.nested_tensor([torch.tensor(r, dtype=torch.float32) for r in rows], layout=torch.jagged)
 
 
 def padded(rows: list[list[float]]) -> torch.Tensor:
@@ -102,6 +129,59 @@ def shard_rows(num_rows: int, num_steps: int, world_size: int) -> list[list[int]
     per_rank = per_step // world_size
     return [[s * per_step + r * per_rank + i for s in range(num_steps) for i in range(per_rank)]
             for r in range(world_size)]
+
+
+async def train_on_rows(group: RayActorGroup, batch: dict[str, Any], global_batch_size: int) -> list[dict[str, float]]:
+    """`len(rows) / global_batch_size` optimizer steps of `group` over `batch` (per-row lists),
+    sharded over its ranks; returns each rank's metrics."""
+    n_rows = len(batch["tokens"])
+    num_steps = max(1, n_rows // global_batch_size)
+    shards_idx = shard_rows(n_rows, num_steps, group.world_size)
+    shards = [{k: [v[i] for i in idx] for k, v in batch.items() if isinstance(v, list)} for idx in shards_idx]
+    per_step = n_rows // num_steps
+    tokens_per_step = [int(sum(sum(batch["loss_masks"][i]) for i in range(s * per_step, (s + 1) * per_step)))
+                       for s in range(num_steps)]
+    return await group.call_sharded("train", shards, num_steps, tokens_per_step)
+
+
+def opd_metrics(student_BT: torch.Tensor, teacher_BT: torch.Tensor, mask_BT: torch.Tensor) -> dict[str, float]:
+    """The student's KL to the teacher: token mean of logp_student - logp_teacher on the student's
+    own samples (a k1 estimate of KL(student || teacher) per token)."""
+    tokens = mask_BT.sum().clamp(min=1)
+    return {"opd/kl_to_teacher": float(((student_BT - teacher_BT) * mask_BT).sum() / tokens),
+            "opd/teacher_log_prob_mean": float((teacher_BT * mask_BT).sum() / tokens)}
+
+
+def batch_advantages(cfg: RelaxConfig, batch: dict[str, Any]) -> tuple[list[list[float]], list[list[float]], dict[str, float]]:
+    """Per-row advantages and returns (response-aligned) of a step's batch, and the OPD metrics.
+
+    The estimator (`--advantage-estimator`; GAE on `values` for ppo), then the OPD penalty on
+    the old log-probs against `teacher_log_probs` (--use-opd), then --normalize-advantages.
+    """
+    a = cfg.algo
+    mask_BT = padded(batch["loss_masks"])
+    kl_BT = None
+    if a.kl_coef != 0:  # reward shaping: k1 KL of the behaviour policy to the reference
+        kl_BT = approx_kl(padded(batch["old_log_probs"]), padded(batch["ref_log_probs"]), "k1") * mask_BT
+    inputs = AdvantageInputs(
+        rewards_B=torch.tensor(batch["rewards"], dtype=torch.float32),
+        n_samples_per_prompt=cfg.rollout.n_samples_per_prompt, mask_BT=mask_BT, kl_BT=kl_BT,
+        kl_coef=a.kl_coef, gamma=a.gamma, lambd=a.lambd, std_normalization=not a.disable_grpo_std_normalization,
+        # A custom reward post-process has already shaped the rewards: use them as they are.
+        normalize_rewards=not (a.disable_rewards_normalization or cfg.reward.custom_reward_post_process_path),
+        values_BT=padded(batch["values"]) if "values" in batch else None,
+    )
+    adv_BT, returns_BT = compute_advantages(a.advantage_estimator, inputs)
+    metrics: dict[str, float] = {}
+    if a.use_opd:  # the student's own (old) log-probs against the teacher's, per token
+        student_BT, teacher_BT = padded(batch["old_log_probs"]), padded(batch["teacher_log_probs"])
+        adv_BT = apply_opd_penalty(adv_BT, student_BT, teacher_BT, mask_BT, coef=a.opd_kl_coef)
+        metrics = opd_metrics(student_BT, teacher_BT, mask_BT)
+    if a.normalize_advantages:  # after the OPD penalty, as slime does: whiten the final advantage
+        adv_BT = normalize_advantages(adv_BT, mask_BT)
+    rows = [len(m) for m in batch["loss_masks"]]
+    return ([adv_BT[i, :n].tolist() for i, n in enumerate(rows)],
+            [returns_BT[i, :n].tolist() for i, n in enumerate(rows)], metrics)
 
 
 class Actor:
@@ -120,8 +200,7 @@ class Actor:
         first rollout id to run."""
         tq.attach()
         cfg = self.cfg
-        steps_per_rollout = cfg.rollout.rollout_batch_size * cfg.rollout.n_samples_per_prompt // cfg.batch.global_batch_size
-        total = steps_per_rollout * (cfg.rollout.num_rollout or 1)
+        total = optimizer_steps_total(cfg)
         start = 0
         if cfg.debug.debug_rollout_only:  # no training: no workers; engines keep their weights
             self.version = start = cfg.data.start_rollout_id or 0
@@ -179,11 +258,10 @@ class Actor:
         start = time.perf_counter()
         if self.cfg.cluster.fully_async:
             await self._wait_rows(rollout_id)
-        batch, metrics = await self._read_batch(rollout_id)
+        keys, batch, metrics = await self._read_batch(rollout_id)
         metrics["time/wait_rows"] = time.perf_counter() - start
         n_rows = len(batch["tokens"])
-        num_steps = max(1, n_rows // self.cfg.batch.global_batch_size)
-        shards_idx = shard_rows(n_rows, num_steps, self.group.world_size)
+        shards_idx = shard_rows(n_rows, max(1, n_rows // self.cfg.batch.global_batch_size), self.group.world_size)
         t0 = time.perf_counter()
         if "log_probs" in batch:  # fully async: ActorFwd wrote them
             batch["old_log_probs"] = batch.pop("log_probs")
@@ -191,23 +269,35 @@ class Actor:
             batch["old_log_probs"] = await self._old_log_probs(batch, shards_idx)
         metrics["time/old_log_probs"] = time.perf_counter() - t0
         if "advantages" not in batch:  # fully async: the Advantages role wrote them
-            batch["advantages"] = self._advantages(batch)
+            batch["advantages"], returns, adv_metrics = batch_advantages(self.cfg, batch)
+            metrics |= adv_metrics
         self._save_batch(rollout_id, batch)
-        shards = [{k: [v[i] for i in idx] for k, v in batch.items() if isinstance(v, list)} for idx in shards_idx]
-        per_step = n_rows // num_steps
-        tokens_per_step = [int(sum(sum(batch["loss_masks"][i]) for i in range(s * per_step, (s + 1) * per_step)))
-                           for s in range(num_steps)]
-        t0 = time.perf_counter()
-        iters = self.cfg.cluster.num_iters_per_train_update if self.cfg.cluster.fully_async else 1
-        for _ in range(iters):  # --num-iters-per-train-update: passes over the step's data
-            results = await self.group.call_sharded("train", shards, num_steps, tokens_per_step)
-        metrics["time/train_step"] = time.perf_counter() - t0
-        # Ranks run in parallel: the slowest one's forward/backward/optimizer time is the compute.
-        metrics["compute/train_seconds"] = max(r.pop("compute_seconds") for r in results)
-        metrics.update(mean_over_ranks(results, prefix="train"))
-        await tq.clear(rollout_id)
+        if trains_actor(self.cfg, rollout_id):
+            t0 = time.perf_counter()
+            iters = self.cfg.cluster.num_iters_per_train_update if self.cfg.cluster.fully_async else 1
+            for _ in range(iters):  # --num-iters-per-train-update: passes over the step's data
+                results = await train_on_rows(self.group, batch, self.cfg.batch.global_batch_size)
+            metrics["time/train_step"] = time.perf_counter() - t0
+            # Ranks run in parallel: the slowest one's forward/backward/optimizer time is the compute.
+            metrics["compute/train_seconds"] = max(r.pop("compute_seconds") for r in results)
+            metrics.update(mean_over_ranks(results, prefix="train"))
+        else:
+            metrics["train/critic_only_step"] = 1.0
+        if ref_update_due(self.cfg, rollout_id + 1):  # the reference scores step rollout_id + 1 with these
+            await self._save_for_reference(rollout_id)
+        if uses_critic(self.cfg):  # the critic trains on these returns and clears the partition
+            await tq.put_columns(rollout_id, keys, {"returns": jagged(returns)})
+        else:
+            await tq.clear(rollout_id)
         metrics["time/train"] = time.perf_counter() - start
         return metrics
+
+    async def _save_for_reference(self, rollout_id: int) -> None:
+        path = Path(reference_sync_dir(self.cfg))
+        shutil.rmtree(path, ignore_errors=True)
+        path.mkdir(parents=True)
+        await self.group.call("save", str(path), rollout_id, False)
+        (path / "for_step.txt").write_text(str(rollout_id + 1))
 
     async def _wait_rows(self, rollout_id: int, poll_s: float = 0.02) -> None:
         """Fully async: until Rollout marked the step done and every row has its advantages."""
@@ -247,11 +337,13 @@ class Actor:
                 old[i] = lp
         return old
 
-    async def _read_batch(self, rollout_id: int) -> tuple[dict[str, Any], dict[str, float]]:
+    async def _read_batch(self, rollout_id: int) -> tuple[list[str], dict[str, Any], dict[str, float]]:
         keys = await tq.list_keys(rollout_id)
-        fields = list(tq.ROLLOUT_COLUMNS) + (["ref_log_probs"] if needs_reference(self.cfg) else [])
-        if self.cfg.cluster.fully_async:
-            fields += ["advantages"] + ([] if self.cfg.algo.use_rollout_logprobs else ["log_probs"])
+        extra = {"ref_log_probs": needs_reference(self.cfg), "values": uses_critic(self.cfg),
+                 "teacher_log_probs": needs_teacher(self.cfg)}
+        if self.cfg.cluster.fully_async:  # written by the Advantages and ActorFwd roles
+            extra |= {"advantages": True, "log_probs": not self.cfg.algo.use_rollout_logprobs}
+        fields = list(tq.ROLLOUT_COLUMNS) + [name for name, wanted in extra.items() if wanted]
         cols = await tq.get_columns(rollout_id, keys, fields)
         lags = [self.version - v for v in cols["weight_versions"].tolist()]
         stale = [i for i, lag in enumerate(lags) if lag > self.cfg.cluster.max_staleness]
@@ -267,26 +359,19 @@ class Actor:
             "rollout_log_probs": [lp.tolist() for lp in cols["rollout_log_probs"]],
             "rewards": cols["rewards"].tolist(),
         }
-        for name in ("ref_log_probs", "log_probs", "advantages"):
+        for name in ("ref_log_probs", "values", "teacher_log_probs", "log_probs", "advantages"):
             if name in cols:
-                batch[name] = [x.tolist() for x in cols[name]]
+                batch[name] = [v.tolist() for v in cols[name]]
         if self.cfg.cluster.fully_async and self.cfg.algo.use_rollout_logprobs:
             batch["log_probs"] = batch["rollout_log_probs"]
-        return batch, metrics
-
-    def _advantages(self, batch: dict[str, Any]) -> list[list[float]]:
-        return batch_advantages(self.cfg, batch)
+        return keys, batch, metrics
 
     async def save(self, rollout_id: int) -> str | None:
         if self.group is None:
             return None
         cfg = self.cfg.ckpt
-        path = Path(cfg.save) / f"iter_{rollout_id:07d}"
-        path.mkdir(parents=True, exist_ok=True)
-        await self.group.call("save", str(path), rollout_id, not cfg.no_save_optim)
-        (Path(cfg.save) / "latest_checkpointed_iteration.txt").write_text(str(rollout_id))
-        prune_checkpoints(Path(cfg.save), cfg.max_actor_ckpt_to_keep)
-        return str(path)
+        return await save_checkpoint(self.group, cfg.save, rollout_id, save_optim=not cfg.no_save_optim,
+                                     keep=cfg.max_actor_ckpt_to_keep)
 
     async def export_hf(self, rollout_id: int) -> str | None:
         if self.group is None:
@@ -315,6 +400,17 @@ def mean_over_ranks(results: list[dict[str, float]], *, prefix: str) -> dict[str
         else:
             out[f"{prefix}/{key}"] = sum(values) / len(values)
     return out
+
+
+async def save_checkpoint(group: RayActorGroup, save_dir: str, rollout_id: int, *, save_optim: bool,
+                          keep: int | None) -> str:
+    """`save_dir/iter_<rollout_id>` (DCP) plus the latest-iteration marker; prunes to `keep`."""
+    path = Path(save_dir) / f"iter_{rollout_id:07d}"
+    path.mkdir(parents=True, exist_ok=True)
+    await group.call("save", str(path), rollout_id, save_optim)
+    (Path(save_dir) / "latest_checkpointed_iteration.txt").write_text(str(rollout_id))
+    prune_checkpoints(Path(save_dir), keep)
+    return str(path)
 
 
 def latest_checkpoint(load_dir: str) -> Path | None:

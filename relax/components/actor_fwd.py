@@ -1,48 +1,74 @@
 """ActorFwd / Reference role: forward-only log-probs written back onto the step's rows.
 
 As Reference it loads `--ref-load` (default `--hf-checkpoint`) once and writes
-`ref_log_probs`; in colocate mode the Controller calls `forward(step)` for the whole step.
-In fully-async mode both roles run `run(start, end)`: they stream over each step's partition,
-scoring rows as soon as Rollout has written them. ActorFwd writes `log_probs` (the old-policy
-log-probs the Actor's PPO ratio divides by) with the actor's weights, which it receives over
-the same broadcast group as the engines; it scores a row only once it holds weights at least
-as new as the ones that generated the row.
+`ref_log_probs` for every row of partition `train_{step}`, which the Actor reads for the KL
+loss. With `--ref-update-interval N` it takes the actor's weights before scoring every N-th
+step (the Actor saves them to `reference_sync_dir` after training the step before; on a
+resumed run the reference starts from `--ref-load` again until its next refresh). 
+`read_rows` and `score_rows` are shared with the Critic (values) and the OPD Teacher.
+
+In fully-async mode Reference and ActorFwd run `run(start, end)`: they stream over each step's
+partition, scoring rows as soon as Rollout has written them. ActorFwd writes `log_probs` (the
+old-policy log-probs the Actor's PPO ratio divides by) with the actor's weights, which it
+receives over the same broadcast group as the engines; it scores a row only once it holds
+weights at least as new as the ones that generated the row.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
+from pathlib import Path
 from typing import Any
 
-from relax.components.actor import make_worker_group, shard_rows
+from relax.components.actor import jagged, make_worker_group, ref_update_due, reference_sync_dir, shard_rows
 from relax.config.schema import RelaxConfig
 from relax.distributed import transfer_queue as tq
 from relax.distributed.checkpoint_service.transports import RayEndpoint
+from relax.distributed.ray.actor_group import RayActorGroup
 from relax.utils.logging import setup_logging
 
-COLUMN = {"reference": "ref_log_probs", "actor_fwd": "log_probs"}
+logger = logging.getLogger(__name__)
+
+# role -> the column it writes
+COLUMNS = {"reference": "ref_log_probs", "actor_fwd": "log_probs"}
 POLL_SECONDS = 0.02
 
 
-def balanced_shards(n: int, world: int) -> list[list[int]]:
-    """Row indices per rank, contiguous, sizes differing by at most one."""
-    base, extra = divmod(n, world)
-    out, start = [], 0
-    for r in range(world):
-        size = base + (1 if r < extra else 0)
-        out.append(list(range(start, start + size)))
-        start += size
-    return out
+async def read_rows(rollout_id: int) -> tuple[list[str], list[list[int]], list[int]]:
+    """Keys, token lists and response lengths of every row of step `rollout_id`, in key order."""
+    keys = await tq.list_keys(rollout_id)
+    cols = await tq.get_columns(rollout_id, keys, ["tokens", "response_lengths"])
+    return keys, [t.tolist() for t in cols["tokens"]], cols["response_lengths"].tolist()
+
+
+async def score_rows(group: RayActorGroup, tokens: list[list[int]], lengths: list[int],
+                     method: str) -> tuple[list[list[float]], float]:
+    """Run the forward-only `method` (compute_log_probs / compute_values) of every rank on its share
+    of the rows; returns per-row response-aligned results in row order and the slowest rank's
+    compute seconds."""
+    world = group.world_size
+    shards_idx = shard_rows(len(tokens) - len(tokens) % world, 1, world)
+    shards_idx[-1].extend(range(sum(map(len, shards_idx)), len(tokens)))
+    shards = [{"tokens": [tokens[i] for i in idx], "response_lengths": [lengths[i] for i in idx]}
+              for idx in shards_idx]
+    results = await group.call_sharded(method, shards)
+    compute = max(await group.call("pop_compute_seconds"))
+    out: list[list[float]] = [[] for _ in tokens]
+    for idx, res in zip(shards_idx, results):
+        for i, values in zip(idx, res):
+            out[i] = values
+    return out, compute
 
 
 class ActorFwd:
     def __init__(self, cfg: RelaxConfig, role: str = "reference") -> None:
         setup_logging()
-        if role not in COLUMN:
-            raise ValueError(f"ActorFwd role must be one of {sorted(COLUMN)}, got {role!r}")
+        if role not in COLUMNS:
+            raise ValueError(f"ActorFwd role must be one of {sorted(COLUMNS)}, got {role!r}")
         self.cfg, self.role = cfg, role
-        self.column = COLUMN[role]
+        self.column = COLUMNS[role]
         self.group = None
         self.stopping = False
         self.compute_seconds = 0.0
@@ -61,26 +87,30 @@ class ActorFwd:
         return [RayEndpoint(w, f"{self.role}[{r}]") for r, w in enumerate(self.group.workers)]
 
     async def _log_probs(self, tokens: list[list[int]], lengths: list[int]) -> list[list[float]]:
-        shards_idx = [idx for idx in balanced_shards(len(tokens), self.group.world_size)]
-        shards = [{"tokens": [tokens[i] for i in idx], "response_lengths": [lengths[i] for i in idx]}
-                  for idx in shards_idx]
-        results = await self.group.call_sharded("compute_log_probs", shards)
-        self.compute_seconds += max(await self.group.call("pop_compute_seconds"))
-        logps: list[list[float]] = [[] for _ in tokens]
-        for idx, res in zip(shards_idx, results):
-            for i, lp in zip(idx, res):
-                logps[i] = lp
+        logps, compute = await score_rows(self.group, tokens, lengths, "compute_log_probs")
+        self.compute_seconds += compute
         return logps
 
     async def forward(self, rollout_id: int) -> dict[str, float]:
-        """Colocate: score every row of the step at once."""
         start = time.perf_counter()
-        keys = await tq.list_keys(rollout_id)
-        cols = await tq.get_columns(rollout_id, keys, ["tokens", "response_lengths"])
-        logps = await self._log_probs([t.tolist() for t in cols["tokens"]], cols["response_lengths"].tolist())
-        await tq.put_columns(rollout_id, keys, {self.column: tq.sequence_column(logps)})
-        compute, self.compute_seconds = self.compute_seconds, 0.0
-        return {f"time/{self.role}": time.perf_counter() - start, f"compute/{self.role}_seconds": compute}
+        metrics: dict[str, float] = {}
+        if self.role == "reference" and ref_update_due(self.cfg, rollout_id):
+            metrics |= await self._take_actor_weights(rollout_id)
+        keys, tokens, lengths = await read_rows(rollout_id)
+        logps, compute = await score_rows(self.group, tokens, lengths, "compute_log_probs")
+        await tq.put_columns(rollout_id, keys, {self.column: jagged(logps)})
+        return metrics | {f"time/{self.role}": time.perf_counter() - start, f"compute/{self.role}_seconds": compute}
+
+    async def _take_actor_weights(self, rollout_id: int) -> dict[str, float]:
+        path = Path(reference_sync_dir(self.cfg))
+        marker = path / "for_step.txt"
+        if not marker.is_file() or int(marker.read_text()) != rollout_id:
+            logger.warning("step %d: no actor weights saved for the reference in %s (a resumed run?); the "
+                           "reference keeps its current weights until the next refresh", rollout_id, path)
+            return {}
+        await self.group.call("load_weights", str(path))
+        logger.info("step %d: the reference took the actor's weights", rollout_id)
+        return {"reference/updated": 1.0}
 
     # ---- fully async -------------------------------------------------------------------
     async def run(self, start: int, end: int) -> None:

@@ -79,7 +79,7 @@ class Advantages:
                 batch["old_log_probs"] = [t.tolist() for t in got["rollout_log_probs"]]
             else:
                 batch["old_log_probs"] = [tolist(rows[k][source]) for k in keys]
-        advantages = batch_advantages(self.cfg, batch)
+        advantages, _, _ = batch_advantages(self.cfg, batch)
         await tq.put_columns(step, keys, {"advantages": tq.sequence_column(advantages)})
 
     def pop_seconds(self, step: int) -> float:

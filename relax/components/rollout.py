@@ -83,6 +83,11 @@ class Rollout:
             self.reward_post_process = load_plugin(
                 self.args.custom_reward_post_process_path, flag="--custom-reward-post-process-path", positional=2,
                 expected="fn(args, samples) -> (raw_rewards, rewards)")
+        self.convert_samples = None
+        if self.args.custom_convert_samples_to_train_data_path:
+            self.convert_samples = load_plugin(
+                self.args.custom_convert_samples_to_train_data_path, flag="--custom-convert-samples-to-train-data-path",
+                positional=2, expected="convert_samples_to_train_data(args, samples) -> dict")
         self.eval_sets = await asyncio.to_thread(self._load_eval_sets)
         return {"engine_urls": [e.url for e in self.engines], "num_prompts": len(self.data_source)}
 
@@ -196,7 +201,8 @@ class Rollout:
         busy_before = await self._engine_busy_seconds()
         state = sglang_rollout.GenerateState(self.args)
         streamed: set[int] = set()
-        if self.cfg.cluster.fully_async and self.reward_post_process is None:
+        # A reward post-process or a custom train-data conversion needs the whole step: no streaming.
+        if self.cfg.cluster.fully_async and self.reward_post_process is None and self.convert_samples is None:
             async def sink(group: list[Sample]) -> None:
                 await tq.put_samples(rollout_id, group, [state.reward_executor.reward_value(s) for s in group],
                                      started_at=self.started_at)
@@ -217,8 +223,13 @@ class Rollout:
         if self.reward_post_process is not None:
             _, rewards = await call_maybe_async(self.reward_post_process, self.args, samples)
             rewards = [float(r) for r in rewards]
+        train_data = None
+        if self.convert_samples is not None:  # the step's training rows, built by the plugin
+            train_data = await call_maybe_async(self.convert_samples, self.args, samples)
         rest = [i for i, s in enumerate(samples) if s.index not in streamed]
-        if rest:
+        if train_data is not None:
+            await tq.put_samples(rollout_id, samples, rewards, train_data, started_at=self.started_at)
+        elif rest:
             await tq.put_samples(rollout_id, [samples[i] for i in rest], [rewards[i] for i in rest],
                                  started_at=self.started_at)
         await tq.mark_step_done(rollout_id, len(samples))

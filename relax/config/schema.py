@@ -76,8 +76,11 @@ class CheckpointConfig:
     rotate_ckpt: bool = opt(False, "Rotate checkpoints.", supported=False)
     max_actor_ckpt_to_keep: int | None = opt(None, "Keep at most N actor checkpoints (oldest deleted).")
     checkpoint_engine_backend: str = opt("nccl", "Weight-sync transport backend (gloo is used on CPU).")
-    critic_load: str | None = opt(None, "Critic checkpoint.", supported=False)
-    critic_save: str | None = opt(None, "Critic save path.", supported=False)
+    critic_load: str | None = opt(None, "Critic checkpoint directory to resume from (ppo); default <--load>/critic. "
+                                  "Without a checkpoint there the critic starts from --hf-checkpoint plus a new "
+                                  "value head.")
+    critic_save: str | None = opt(None, "Directory for critic checkpoints (ppo), saved with the actor's; "
+                                  "default <--save>/critic.")
 
 
 @dataclass
@@ -223,7 +226,8 @@ class AlgorithmConfig:
     kl_loss_coef: float = opt(0.0, "KL loss coefficient.")
     kl_loss_type: str = opt("k1", "KL estimator.", choices=KL_TYPES)
     use_unbiased_kl: bool = opt(False, "Importance-weighted KL estimate.")
-    ref_update_interval: int | None = opt(None, "Refresh the reference every N steps.", supported=False)
+    ref_update_interval: int | None = opt(None, "Every N rollout steps the reference model takes the actor's current "
+                                          "weights (None: the reference stays fixed).")
     sapo_tau_pos: float = opt(1.0, "SAPO temperature for A > 0.")
     sapo_tau_neg: float = opt(1.05, "SAPO temperature for A < 0.")
     gamma: float = opt(1.0, "Discount (PPO/REINFORCE++).")
@@ -243,15 +247,20 @@ class AlgorithmConfig:
     use_rollout_routing_replay: bool = opt(False, "Rollout routing replay (MoE).", supported=False)
     use_rollout_entropy: bool = opt(False, "Entropy during log-prob passes.", supported=False)
     get_mismatch_metrics: bool = opt(False, "Mismatch metrics (always on in this build).")
-    use_opd: bool = opt(False, "On-policy distillation.", supported=False)
-    opd_type: str | None = opt(None, "OPD teacher type.", choices=("sglang", "megatron"), supported=False)
+    use_opd: bool = opt(False, "On-policy distillation: advantages get -opd_kl_coef * (logp_student - "
+                        "logp_teacher) per token, on top of any estimator. Needs --opd-type.")
+    opd_type: str | None = opt(None, "Where the teacher runs: sglang = an inference engine (launched from "
+                               "--opd-teacher-load with --rollout-backend, or an external server at --rm-url); "
+                               "megatron = the training backend, loading --opd-teacher-load.",
+                               choices=("sglang", "megatron"))
     opd_kl_coef: float = opt(1.0, "OPD KL coefficient.")
-    opd_teacher_load: str | None = opt(None, "OPD teacher checkpoint.", supported=False)
+    opd_teacher_load: str | None = opt(None, "OPD teacher checkpoint (HF directory; same tokenizer as the student).")
     opd_teacher_ckpt_step: int | None = opt(None, "OPD teacher step.", supported=False)
-    num_critic_only_steps: int = opt(0, "Critic-only steps.", supported=False)
-    critic_train_only: bool = opt(False, "Train only the critic.", supported=False)
-    critic_lr: float | None = opt(None, "Critic learning rate.", supported=False)
-    critic_lr_warmup_iters: int = opt(0, "Critic warm-up.", supported=False)
+    num_critic_only_steps: int = opt(0, "ppo: the first N rollout steps train only the critic (actor weights "
+                                     "unchanged).")
+    critic_train_only: bool = opt(False, "ppo: train only the critic, never the actor.")
+    critic_lr: float | None = opt(None, "Critic learning rate (default --lr).")
+    critic_lr_warmup_iters: int = opt(0, "Linear warm-up steps of the critic's learning rate.")
 
 
 @dataclass
@@ -287,7 +296,9 @@ class RewardConfig:
     rm_url: str | None = opt(None, "Remote reward service URL (--rm-type remote_rm).")
     custom_reward_post_process_path: str | None = opt(None, "fn(args, samples) -> (raw_rewards, rewards); the "
                                                       "returned rewards are used as-is (no group normalisation).")
-    custom_convert_samples_to_train_data_path: str | None = opt(None, "Samples -> train data.", supported=False)
+    custom_convert_samples_to_train_data_path: str | None = opt(
+        None, "fn(args, samples) -> dict of per-sample lists (tokens, response_lengths, rewards, loss_masks, "
+        "rollout_log_probs, ...) that become the step's training rows; missing keys keep the default conversion.")
     reward_timeout: float = opt(60.0, "Per-call reward timeout, seconds (a timeout scores --reward-failure-value).")
     reward_num_workers: int = opt(2, "Worker processes for synchronous rewards.")
     reward_max_concurrency: int = opt(64, "Concurrent reward calls.")

@@ -18,7 +18,7 @@ from relax.config.schema import GENRM_SAMPLING_DEFAULTS, GROUPS, RelaxConfig
 
 logger = logging.getLogger(__name__)
 
-KNOWN_ROLES = ("actor", "rollout", "reference", "actor_fwd", "advantages", "critic", "genrm")
+KNOWN_ROLES = ("actor", "rollout", "reference", "actor_fwd", "advantages", "critic", "teacher", "genrm")
 
 # Megatron flag -> HF config.json key, for the fsdp contradiction check.
 ARCH_TO_HF = {
@@ -71,8 +71,12 @@ def check_fully_async(cfg: RelaxConfig) -> None:
     if d.debug_train_only or d.load_debug_rollout_data or d.debug_rollout_only:
         raise ConfigError("--fully-async runs rollout and training concurrently; the debug modes (--debug-train-only, "
                           "--load-debug-rollout-data, --debug-rollout-only) run in colocate mode: drop --fully-async")
-    if cfg.algo.advantage_estimator == "ppo":
-        raise ConfigError("--advantage-estimator ppo (Critic) is not wired into --fully-async yet; use --colocate")
+    unsupported = {"--advantage-estimator ppo (the Critic)": cfg.algo.advantage_estimator == "ppo",
+                   "--use-opd (the Teacher)": cfg.algo.use_opd,
+                   "--ref-update-interval": bool(cfg.algo.ref_update_interval)}
+    for what, used in unsupported.items():
+        if used:
+            raise ConfigError(f"{what} is not wired into --fully-async yet; use --colocate")
 
 
 def check_debug(cfg: RelaxConfig) -> None:
@@ -126,10 +130,11 @@ def check_batches(cfg: RelaxConfig) -> None:
     if b.global_batch_size < 1 or total % b.global_batch_size:
         raise ConfigError(f"--global-batch-size {b.global_batch_size} must divide rollout_batch_size * "
                           f"n_samples_per_prompt = {r.rollout_batch_size} * {r.n_samples_per_prompt} = {total}")
-    n_workers = cfg.cluster.resource["actor"][1]
-    if b.global_batch_size % n_workers:
-        raise ConfigError(f"--global-batch-size {b.global_batch_size} must be divisible by the actor's "
-                          f"{n_workers} data-parallel workers (--resource actor)")
+    for role in ("actor", "critic"):
+        n_workers = (cfg.cluster.resource.get(role) or [1, 1])[1] or 1
+        if b.global_batch_size % n_workers:
+            raise ConfigError(f"--global-batch-size {b.global_batch_size} must be divisible by the {role}'s "
+                              f"{n_workers} data-parallel workers (--resource {role})")
     if b.use_dynamic_batch_size and not b.max_tokens_per_gpu:
         raise ConfigError("--use-dynamic-batch-size needs --max-tokens-per-gpu (token budget per micro-batch)")
     if b.micro_batch_size < 1:
@@ -155,11 +160,67 @@ def check_algorithm(cfg: RelaxConfig) -> None:
         raise ConfigError("--custom-tis-function-path needs --use-tis (it replaces the TIS weights)")
     if a.eps_clip_c is not None and a.eps_clip_c <= 1.0:
         raise ConfigError(f"--eps-clip-c must be > 1 (dual-clip lower bound), got {a.eps_clip_c}")
-    if a.advantage_estimator in ("ppo", "on_policy_distillation"):
-        raise ConfigError(f"--advantage-estimator {a.advantage_estimator} is not available in this build yet; "
-                          "use grpo, gspo, sapo, reinforce_plus_plus or reinforce_plus_plus_baseline")
     if (a.use_kl_loss or a.kl_coef) and not (cfg.ckpt.ref_load or cfg.ckpt.hf_checkpoint):
         raise ConfigError("--use-kl-loss / --kl-coef need a reference model: set --ref-load (or --hf-checkpoint)")
+    if a.ref_update_interval is not None:
+        if a.ref_update_interval < 1:
+            raise ConfigError(f"--ref-update-interval must be >= 1 (rollout steps), got {a.ref_update_interval}")
+        if not (a.use_kl_loss or a.kl_coef):
+            raise ConfigError("--ref-update-interval refreshes the reference model, which only runs with "
+                              "--use-kl-loss or --kl-coef; add one of them or drop --ref-update-interval")
+    check_critic(cfg)
+    check_opd(cfg)
+
+
+# Critic flags, which only mean something when a critic is deployed (--advantage-estimator ppo).
+CRITIC_FLAGS = ("num_critic_only_steps", "critic_train_only", "critic_lr", "critic_lr_warmup_iters")
+
+
+def check_critic(cfg: RelaxConfig) -> None:
+    a, defaults = cfg.algo, type(cfg.algo)()
+    if a.advantage_estimator != "ppo":
+        set_flags = [_flag(n) for n in CRITIC_FLAGS if getattr(a, n) != getattr(defaults, n)]
+        set_flags += [_flag(n) for n in ("critic_load", "critic_save") if getattr(cfg.ckpt, n)]
+        if set_flags or "critic" in (cfg.cluster.resource or {}):
+            raise ConfigError(f"{', '.join(set_flags) or '--resource critic'} configure the critic, which only "
+                              "--advantage-estimator ppo deploys; add it or drop these flags")
+        return
+    if a.num_critic_only_steps < 0 or a.critic_lr_warmup_iters < 0:
+        raise ConfigError("--num-critic-only-steps and --critic-lr-warmup-iters must be >= 0")
+    if a.critic_lr is not None and a.critic_lr <= 0:
+        raise ConfigError(f"--critic-lr must be > 0, got {a.critic_lr}")
+    if cfg.ckpt.critic_save and not cfg.ckpt.save:
+        raise ConfigError("--critic-save: critic checkpoints are written with the actor's; add --save DIR (and "
+                          "--save-interval N)")
+    if a.value_clip <= 0:
+        raise ConfigError(f"--value-clip must be > 0 (the clip range of the value update), got {a.value_clip}")
+
+
+def check_opd(cfg: RelaxConfig) -> None:
+    a = cfg.algo
+    if a.advantage_estimator == "on_policy_distillation" and not a.use_opd:
+        raise ConfigError("--advantage-estimator on_policy_distillation needs --use-opd --opd-type sglang|megatron "
+                          "(OPD now works with any estimator: add --use-opd to grpo, ppo, ...)")
+    if not a.use_opd:
+        if a.opd_type or a.opd_teacher_load:
+            raise ConfigError("--opd-type / --opd-teacher-load need --use-opd; add it or drop them")
+        return
+    if a.opd_type is None:
+        raise ConfigError("--use-opd needs --opd-type: sglang (teacher on an inference engine) or megatron "
+                          "(teacher in the training backend)")
+    if a.opd_kl_coef <= 0:
+        raise ConfigError(f"--opd-kl-coef must be > 0 with --use-opd (it weighs the teacher KL), got {a.opd_kl_coef}")
+    if a.opd_type == "megatron" and not a.opd_teacher_load:
+        raise ConfigError("--opd-type megatron loads the teacher in the training backend: set --opd-teacher-load DIR")
+    if a.opd_type == "sglang" and not (a.opd_teacher_load or cfg.reward.rm_url):
+        raise ConfigError("--opd-type sglang needs a teacher engine: --opd-teacher-load DIR (Relax launches one) or "
+                          "--rm-url http://HOST:PORT/generate (an external SGLang server)")
+    if a.opd_type == "sglang" and not a.opd_teacher_load and cfg.reward.rm_type == "remote_rm":
+        raise ConfigError("--rm-url is the reward service of --rm-type remote_rm, so it cannot also be the OPD "
+                          "teacher: launch the teacher with --opd-teacher-load DIR instead")
+    if a.opd_teacher_load and not (Path(a.opd_teacher_load) / "config.json").is_file():
+        raise ConfigError(f"--opd-teacher-load {a.opd_teacher_load}: no config.json there; point it at an HF model "
+                          "directory that uses the student's tokenizer")
 
 
 def _hf_config(path: str) -> dict:
@@ -364,6 +425,8 @@ def check_plugins(cfg: RelaxConfig) -> None:
          "custom_loss(inputs: PolicyLossInputs, cfg: PolicyLossConfig)"),
         (cfg.rollout.dynamic_sampling_filter_path, "--dynamic-sampling-filter-path", 2,
          "filter(args, samples, **kwargs) -> bool | DynamicFilterOutput"),
+        (cfg.reward.custom_convert_samples_to_train_data_path, "--custom-convert-samples-to-train-data-path", 2,
+         "convert_samples_to_train_data(args, samples) -> dict"),
     ]
     for path, flag, positional, expected in specs:
         if path:

@@ -2,8 +2,10 @@
 
 Colocate, one rollout step per iteration (roles take turns on the same devices):
     rollout.generate(k)  -> samples in TransferQueue partition train_{k}, weight version k
-    reference.forward(k) -> ref_log_probs on the same rows (only with a KL term)
+    scorers .forward(k)  -> columns on the same rows: reference ref_log_probs (--use-kl-loss),
+                            teacher teacher_log_probs (--use-opd), critic values (ppo)
     actor.train(k)       -> advantages, old log-probs, optimizer steps, partition cleared
+                            (with a critic: returns written, critic.train(k) clears it)
     actor.update_weights(k+1) -> engines hold version k+1
 Fully async: Rollout, ActorFwd, Reference and Advantages each run their own loop over the
 steps (`run()`), streaming through the step partitions; Rollout starts step k only once the
@@ -25,7 +27,7 @@ import sys
 import time
 from typing import Any
 
-from relax.components.actor import needs_reference
+from relax.components.actor import needs_reference, needs_teacher, uses_critic
 from relax.components.genrm import needs_genrm
 from relax.config.schema import RelaxConfig
 from relax.core.service import Runtime
@@ -75,6 +77,8 @@ class Controller:
         self.stages: list[RoleHandle] = []  # fully async: ActorFwd, Advantages
         self.dcs: Any = None  # fully async: the DCS coordinator's Serve handle
         self.genrm: RoleHandle | None = None
+        self.teacher: RoleHandle | None = None
+        self.critic: RoleHandle | None = None
         self.eval_history: dict[str, list[tuple[int, float]]] = {}
 
     async def deploy(self) -> None:
@@ -87,6 +91,10 @@ class Controller:
         self.rollout = RoleHandle(rt.deploy_role("rollout", cfg))
         if needs_reference(cfg):
             self.reference = RoleHandle(rt.deploy_role("reference", cfg, "reference"))
+        if needs_teacher(cfg):
+            self.teacher = RoleHandle(rt.deploy_role("teacher", cfg))
+        if uses_critic(cfg):
+            self.critic = RoleHandle(rt.deploy_role("critic", cfg))
         if cfg.cluster.fully_async:
             if not cfg.algo.use_rollout_logprobs:
                 self.stages.append(RoleHandle(rt.deploy_role("actor_fwd", cfg, "actor_fwd")))
@@ -94,9 +102,8 @@ class Controller:
             self.dcs = rt.deploy_role("dcs")
         self.start = (await self.actor.setup())["start_rollout_id"]
         info = await self.rollout.setup(self.start, genrm_url)
-        for role in [self.reference, *self.stages]:
-            if role is not None:
-                await role.setup()
+        for role in [*self.scorers, *self.stages]:
+            await role.setup()
         self.num_rollout = cfg.rollout.num_rollout or math.ceil(
             info["num_prompts"] * cfg.rollout.num_epoch / cfg.rollout.rollout_batch_size)
         if self.dcs is not None:  # receivers register; the Actor builds its group from the topology
@@ -119,9 +126,11 @@ class Controller:
             t0 = time.perf_counter()
             metrics = await self.with_progress(self.rollout.generate(step), step)
             await self.rollout.release_memory()
-            if self.reference is not None:
-                metrics |= await self.reference.forward(step)
+            for scorer in self.scorers:
+                metrics |= await scorer.forward(step)
             metrics |= await self.actor.train(step)
+            if self.critic is not None:  # fits the returns the actor wrote, clears the partition
+                metrics |= await self.critic.train(step)
             await self.rollout.resume_memory()
             metrics |= await self.actor.update_weights(step + 1)
             await self.after_step(step, metrics, t0)
@@ -150,11 +159,18 @@ class Controller:
         if cfg.ckpt.save and (due(step + 1, cfg.ckpt.save_interval) or last):
             await self.actor.save(step)
             await self.rollout.save(step)
+            if self.critic is not None:
+                await self.critic.save(step)
         if cfg.ckpt.save_hf and last:
             metrics["export/hf_path"] = await self.actor.export_hf(step)
         metrics["time/step"] = time.perf_counter() - t0
         self.tracker.log(step, metrics)
         print(format_step_summary(step, self.num_rollout, metrics), flush=True)
+
+    @property
+    def scorers(self) -> list[RoleHandle]:
+        """Roles that write columns onto a step's rows before the actor trains on them."""
+        return [r for r in (self.reference, self.teacher, self.critic) if r is not None]
 
     async def with_progress(self, call: Any, step: int) -> dict[str, float]:
         """Await the rollout while drawing a progress bar from its counters."""
@@ -188,7 +204,7 @@ class Controller:
 
     async def shutdown(self) -> None:
         # Actor first: it tears down its weight-sync group while the engines still answer.
-        for role in (getattr(self, "actor", None), self.reference, *self.stages, getattr(self, "rollout", None),
+        for role in (getattr(self, "actor", None), *self.scorers, *self.stages, getattr(self, "rollout", None),
                      self.genrm):
             if role is not None:
                 try:

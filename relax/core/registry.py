@@ -9,4 +9,6 @@ ROLES: dict[str, str] = {
     "advantages": "relax.components.advantages.Advantages",
     "dcs": "relax.distributed.checkpoint_service.coordinator.Coordinator",
     "genrm": "relax.components.genrm.GenRM",
+    "critic": "relax.components.critic.Critic",
+    "teacher": "relax.components.teacher.Teacher",
 }

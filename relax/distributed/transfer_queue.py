@@ -100,6 +100,35 @@ def samples_to_columns(samples: Sequence[Sample], reward_values: Sequence[float]
     return {name: _column(columns[name], *ROLLOUT_COLUMNS[name]) for name in ROLLOUT_COLUMNS}
 
 
+def train_data_to_columns(data: Any, samples: Sequence[Sample], reward_values: Sequence[float], *,
+                          started_at: int | None = None) -> dict[str, torch.Tensor]:
+    """Rows from a `--custom-convert-samples-to-train-data-path` result: its per-sample lists
+    (slime's train-data keys: tokens, response_lengths, rewards, loss_masks, rollout_log_probs,
+    truncated, sample_indices, ...) replace the default conversion's columns; keys it leaves
+    out keep the default. Keys no role here reads (raw_reward, metadata, ...) are dropped."""
+    flag = "--custom-convert-samples-to-train-data-path"
+    if not isinstance(data, dict):
+        raise TypeError(f"{flag}: the function must return a dict of per-sample lists, got {type(data).__name__}")
+    unused = sorted(set(data) - set(ROLLOUT_COLUMNS))
+    if unused:
+        logger.debug("%s: keys without a consumer here, dropped: %s", flag, unused)
+    columns = {name: list(values) for name, values in data.items() if name in ROLLOUT_COLUMNS}
+    for name, values in columns.items():
+        if len(values) != len(samples):
+            raise ValueError(f"{flag}: '{name}' has {len(values)} entries for {len(samples)} samples; return one "
+                             "entry per sample, in the samples' order")
+    out = samples_to_columns(samples, reward_values, started_at=started_at)
+    out.update({name: _column(values, *ROLLOUT_COLUMNS[name]) for name, values in columns.items()})
+    lengths = out["response_lengths"].tolist()
+    for i, n in enumerate(lengths):
+        if len(out["tokens"][i]) < n or len(out["loss_masks"][i]) != n or len(out["rollout_log_probs"][i]) != n:
+            raise ValueError(f"{flag}: row {i} has {len(out['tokens'][i])} tokens, response_length {n}, "
+                             f"{len(out['loss_masks'][i])} loss_masks and {len(out['rollout_log_probs'][i])} "
+                             "rollout_log_probs; keep len(loss_masks) == len(rollout_log_probs) == response_length "
+                             "<= len(tokens)")
+    return out
+
+
 async def put_columns(step: int, keys: Sequence[str], columns: dict[str, torch.Tensor]) -> None:
     """Write `columns` for rows `keys` (new rows, or new columns on existing rows)."""
     import transfer_queue as tq
@@ -114,12 +143,18 @@ def sequence_column(values: Sequence[Sequence[float]], dtype: torch.dtype = torc
     return _column(values, dtype, True)
 
 
-async def put_samples(step: int, samples: Sequence[Sample], reward_values: Sequence[float], *,
-                      started_at: int | None = None) -> list[str]:
+async def put_samples(step: int, samples: Sequence[Sample], reward_values: Sequence[float],
+                      train_data: dict[str, Any] | None = None, *, started_at: int | None = None) -> list[str]:
+    """One row per sample (key = Sample.index); `train_data` is a custom conversion's result;
+    `started_at`: the engine version the step started at (fully async, see `row_version`)."""
     keys = [str(s.index) for s in samples]
     if len(set(keys)) != len(keys):
         raise ValueError(f"step {step}: duplicate sample indices; every sample needs a unique Sample.index")
-    await put_columns(step, keys, samples_to_columns(samples, reward_values, started_at=started_at))
+    if train_data is None:
+        columns = samples_to_columns(samples, reward_values, started_at=started_at)
+    else:
+        columns = train_data_to_columns(train_data, samples, reward_values, started_at=started_at)
+    await put_columns(step, keys, columns)
     return keys
 
 

@@ -73,3 +73,21 @@ def test_rollout_function_signature():
     cfg = RelaxConfig()
     cfg.rollout.rollout_function_path = f"{__name__}.generate_rollout"
     check_plugins(cfg)
+
+
+def convert_samples_to_train_data(args, samples):
+    return {"tokens": [s.tokens for s in samples]}
+
+
+def convert_without_args(samples):
+    return {}
+
+
+def test_convert_samples_to_train_data_signature_from_the_seeds_loads():
+    cfg = RelaxConfig()
+    cfg.reward.custom_convert_samples_to_train_data_path = f"{__name__}.convert_samples_to_train_data"
+    check_plugins(cfg)
+    cfg.reward.custom_convert_samples_to_train_data_path = f"{__name__}.convert_without_args"
+    with pytest.raises(ConfigError, match=r"--custom-convert-samples-to-train-data-path: .*"
+                                          r"convert_samples_to_train_data\(args, samples\)"):
+        check_plugins(cfg)

@@ -8,6 +8,11 @@ CPU, NCCL on GPU. The loss itself is `relax.algorithms.policy_loss` — never re
 With `spec.true_on_policy` every forward (log-prob passes and training) scores its rows one at
 a time, unpadded, through `relax.algorithms.logprobs` — the function the `hf` engine reports
 its log-probs with under `--rl-on-policy-target fsdp` — so both sides agree bitwise.
+Role "critic" builds a value model instead: the same causal-LM body with a scalar head
+(`AutoModelForTokenClassification`, `num_labels=1`, no dropout; the head is newly initialised
+when the checkpoint is a causal LM). Its value for response token t is read at the position
+that predicts t, the same position as that token's log-prob, and it trains on
+`relax.algorithms.value_loss`.
 """
 
 from __future__ import annotations
@@ -31,12 +36,15 @@ import torch.distributed as dist
 from relax.algorithms.logprobs import row_response_logits, token_log_probs
 from relax.algorithms.losses import entropy_from_logits
 from relax.algorithms.policy_loss import PolicyLossInputs, PolicyLossOutput, compute_policy_loss
+from relax.algorithms.value_loss import ValueLossInputs, compute_value_loss
 from relax.backends.base import TrainerSpec
 from relax.backends.fsdp.batching import pad_inputs, pad_response, response_positions, split_micro_batches
 from relax.config.schema import OptimizerConfig
 from relax.utils.plugins import load_plugin
 
 logger = logging.getLogger(__name__)
+
+TRAINABLE_ROLES = ("actor", "critic")
 
 
 def lr_lambda(optim: OptimizerConfig, total_steps: int):
@@ -96,7 +104,7 @@ class FSDPTrainWorker:
         self._seed(spec.optim.seed + rank)
         self.model = self._build_model(spec.model_path)
         self.optimizer = self.scheduler = None
-        if spec.role == "actor":
+        if spec.role in TRAINABLE_ROLES:
             self._build_optimizer()
         self.loss_fn, self.reducer_factory = load_loss_plugins(spec)
         self._sender = None
@@ -112,13 +120,19 @@ class FSDPTrainWorker:
 
     def _build_model(self, path: str) -> torch.nn.Module:
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-        from transformers import AutoModelForCausalLM
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
 
         dtype = torch.float32
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(self.device)
+        if self.spec.role == "critic":
+            config = AutoConfig.from_pretrained(path, num_labels=1)
+            config.classifier_dropout = 0.0  # a value head is a regression: no dropout
+            model = AutoModelForTokenClassification.from_pretrained(path, config=config, dtype=dtype)
+        else:
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+        model = model.to(self.device)
         self.hf_config = model.config
         self.pad_id = model.config.pad_token_id or 0
-        if self.spec.role != "actor":
+        if self.spec.role not in TRAINABLE_ROLES:
             model.requires_grad_(False)
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if self.spec.optim.bf16 else None)
         for layer in model.model.layers:
@@ -188,6 +202,15 @@ class FSDPTrainWorker:
         dist.all_reduce(most, op=dist.ReduceOp.MAX)
         for _ in range(int(most) - num_rows):
             self.model(input_ids=torch.zeros((1, 1), dtype=torch.long, device=self.device), use_cache=False)
+    def _values(self, tokens: list[list[int]], response_lengths: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Critic: response-aligned `values_BT` and `mask_BT` (value of the state each token is chosen in)."""
+        ids_BL, attn_BL = pad_inputs(tokens, self.pad_id)
+        values_BL = self.model(input_ids=ids_BL.to(self.device), attention_mask=attn_BL.to(self.device),
+                               use_cache=False).logits[..., 0].float()
+        index_BT, mask_BT = response_positions([len(t) for t in tokens], response_lengths)
+        index_BT = index_BT.clamp(max=values_BL.shape[1] - 1).to(self.device)
+        mask_BT = mask_BT.to(self.device)
+        return values_BL.gather(1, index_BT) * mask_BT, mask_BT
 
     def _micro_batches(self, tokens: list[list[int]], max_tokens: int | None) -> list[list[int]]:
         b = self.spec.batch
@@ -211,6 +234,21 @@ class FSDPTrainWorker:
         self.compute_seconds += time.perf_counter() - start
         return out
 
+    @torch.no_grad()
+    def compute_values(self, batch: dict[str, Any]) -> list[list[float]]:
+        """Critic: per-sample response values under the current weights."""
+        self.model.eval()
+        start = time.perf_counter()
+        tokens, lengths = batch["tokens"], batch["response_lengths"]
+        budget = self.spec.batch.log_probs_max_tokens_per_gpu or self.spec.batch.max_tokens_per_gpu
+        out: list[list[float]] = [[] for _ in tokens]
+        for idx in self._micro_batches(tokens, budget):
+            values_BT, _ = self._values([tokens[i] for i in idx], [lengths[i] for i in idx])
+            for row, i in enumerate(idx):
+                out[i] = values_BT[row, : lengths[i]].cpu().tolist()
+        self.compute_seconds += time.perf_counter() - start
+        return out
+
     def pop_compute_seconds(self) -> float:
         """Seconds spent in forward/backward/optimizer since the last call (for overhead accounting)."""
         value, self.compute_seconds = self.compute_seconds, 0.0
@@ -221,7 +259,8 @@ class FSDPTrainWorker:
         """`num_steps` optimizer steps over this rank's shard (split evenly, in order).
 
         batch: tokens, response_lengths, loss_masks, advantages, old_log_probs, and optionally
-        ref_log_probs / rollout_log_probs — all per sample, response-aligned.
+        ref_log_probs / rollout_log_probs — all per sample, response-aligned. A critic's batch
+        has values (the old values) and returns instead of advantages and log-probs.
         """
         self.model.train()
         start = time.perf_counter()
@@ -239,7 +278,7 @@ class FSDPTrainWorker:
         return totals
 
     def _optimizer_step(self, batch: dict[str, Any], rows: list[int], global_tokens: int) -> dict[str, float]:
-        assert self.optimizer is not None, "reference workers do not train"
+        assert self.optimizer is not None, f"{self.spec.role} workers do not train"
         self.optimizer.zero_grad(set_to_none=True)
         tokens = [batch["tokens"][i] for i in rows]
         micro = self._micro_batches(tokens, self.spec.batch.max_tokens_per_gpu)
@@ -265,6 +304,8 @@ class FSDPTrainWorker:
         return sums
 
     def _micro_loss(self, batch: dict[str, Any], rows: list[int], *, num_samples: int, num_tokens: float):
+        if self.spec.role == "critic":
+            return self._value_micro_loss(batch, rows, num_samples=num_samples, num_tokens=num_tokens)
         cfg = self.spec.loss
         lengths = [batch["response_lengths"][i] for i in rows]
         logp_BT, mask_BT, ent_BT = self._forward([batch["tokens"][i] for i in rows], lengths,
@@ -290,6 +331,21 @@ class FSDPTrainWorker:
         if isinstance(out, tuple):  # custom losses may return (loss, metrics)
             out = PolicyLossOutput(loss=out[0], metrics=dict(out[1]))
         return out
+
+    def _value_micro_loss(self, batch: dict[str, Any], rows: list[int], *, num_samples: int,
+                          num_tokens: float) -> PolicyLossOutput:
+        values_BT, mask_BT = self._values([batch["tokens"][i] for i in rows],
+                                          [batch["response_lengths"][i] for i in rows])
+        width = values_BT.shape[1]
+
+        def col(name: str) -> torch.Tensor:
+            return pad_response([batch[name][i] for i in rows], width).to(self.device)
+
+        inputs = ValueLossInputs(values=values_BT, old_values=col("values"), returns=col("returns"),
+                                 mask_BT=col("loss_masks") * mask_BT, num_global_samples=num_samples,
+                                 num_global_tokens=num_tokens)
+        return compute_value_loss(inputs, value_clip=self.spec.value_clip,
+                                  per_token_loss=self.spec.optim.calculate_per_token_loss)
 
     # ---- weights out -------------------------------------------------------------------
     def _full_state(self):
@@ -412,6 +468,15 @@ class FSDPTrainWorker:
                 torch.cuda.set_rng_state_all(rng["cuda"])
         self.step = meta["train_step"]
         return meta
+
+    def load_weights(self, ckpt_dir: str) -> None:
+        """Load only the model weights of a checkpoint written by `save` (any world size)."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+
+        state = {"model": get_model_state_dict(self.model)}
+        dcp.load(state, checkpoint_id=str(Path(ckpt_dir) / "model"))
+        set_model_state_dict(self.model, state["model"])
 
     def export_hf(self, out_dir: str, tokenizer_path: str) -> None:
         """Write an HF checkpoint loadable by `AutoModelForCausalLM.from_pretrained`."""

@@ -71,6 +71,7 @@ class RowResult:
     output_logprobs: list[float]
     finish_reason: dict[str, Any]
     text: str
+    input_logprobs: list[float | None] | None = None  # per prompt token (None at position 0), when asked
 
 
 @dataclass
@@ -269,6 +270,27 @@ class BatchDecoder:
         room = self.max_context_len - len(row.prompt_ids)
         wanted = row.params.max_new_tokens
         return max(0, room if wanted is None else min(wanted, room))
+
+    def prompt_logprobs(self, prompts: Sequence[Sequence[int]], *, rows_per_forward: int = 16
+                        ) -> list[list[float | None]]:
+        """Log-prob of every prompt token given the tokens before it (raw logits, no temperature):
+        `[None, logp(t1 | t0), logp(t2 | t0 t1), ...]` per prompt. Right-padded forwards without a
+        cache, `rows_per_forward` prompts at a time, each under `step_lock`."""
+        out: list[list[float | None]] = []
+        for start in range(0, len(prompts), rows_per_forward):
+            chunk = [list(p) for p in prompts[start:start + rows_per_forward]]
+            width = max(len(p) for p in chunk)
+            ids_BL = torch.full((len(chunk), width), self.pad_token_id, dtype=torch.long)
+            mask_BL = torch.zeros((len(chunk), width), dtype=torch.long)
+            for b, p in enumerate(chunk):
+                ids_BL[b, :len(p)], mask_BL[b, :len(p)] = torch.tensor(p, dtype=torch.long), 1
+            ids_BL, mask_BL = ids_BL.to(self.device), mask_BL.to(self.device)
+            with torch.inference_mode(), self.step_lock:
+                logits_BLV = self.model(input_ids=ids_BL, attention_mask=mask_BL, use_cache=False).logits
+                logp_BL = torch.log_softmax(logits_BLV[:, :-1].float(), dim=-1).gather(-1, ids_BL[:, 1:, None])
+            for b, p in enumerate(chunk):
+                out.append([None] + logp_BL[b, :len(p) - 1, 0].cpu().tolist())
+        return out
 
     def run(self, rows: Sequence[DecodeRow], *, on_finish: Callable[[int, RowResult], None] | None = None,
             before_step: Callable[[], None] | None = None,

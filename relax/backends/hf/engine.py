@@ -100,8 +100,15 @@ class HFEngine:
         if self.released_tags:
             raise EngineUnavailable(f"engine memory is released (tags {sorted(self.released_tags)}); "
                                     "call /resume_memory_occupation before generating")
-        return list(await asyncio.gather(*(
+        results = list(await asyncio.gather(*(
             self.scheduler.generate(item.rid, DecodeRow(item.input_ids, item.params)) for item in items)))
+        scored = [i for i, item in enumerate(items)
+                  if item.logprob_start_len is not None and results[i].finish_reason.get("type") != "abort"]
+        if scored:  # input-token logprobs: one cache-free forward per chunk, off the event loop
+            logprobs = await asyncio.to_thread(self.decoder.prompt_logprobs, [items[i].input_ids for i in scored])
+            for i, lp in zip(scored, logprobs):
+                results[i].input_logprobs = lp
+        return results
 
     async def health_generate(self, timeout_s: float = 20.0) -> bool:
         """A 1-token greedy generation; True when the model answers in time (or is deliberately paused)."""

@@ -7,6 +7,13 @@ SGLang's many optional fields would be; unknown *sampling* keys are rejected (se
 Reply shapes: `{"text", "output_ids", "meta_info": {"id", "finish_reason", "prompt_tokens",
 "completion_tokens", "cached_tokens", "weight_version", "e2e_latency",
 "output_token_logprobs": [[logprob, token_id, text_or_None], ...]}}`.
+
+Input-token log-probs: with `return_logprob` and `logprob_start_len` k >= 0 the reply also has
+`meta_info.input_token_logprobs`, one `[logprob, token_id, text_or_None]` per prompt token from
+position k on; position 0 has no context, so its logprob is None (SGLang's convention; -1, the
+default, returns output-token logprobs only). They are log-softmax of the raw logits (no
+temperature). `max_new_tokens: 0` scores a sequence without generating: the way a teacher
+engine serves on-policy distillation. `top_logprobs_num` is not supported.
 """
 
 from __future__ import annotations
@@ -87,6 +94,7 @@ class GenerateItem:
     input_ids: list[int]
     params: SamplingParams
     return_logprob: bool
+    logprob_start_len: int | None = None  # input-token logprobs from this position (None: none)
 
 
 def _per_item(value: Any, n: int, field: str, default: Any) -> list[Any]:
@@ -131,17 +139,18 @@ def normalize_generate(req: GenerateRequest, tokenizer: Any, *, vocab_size: int,
     """Expand a /generate request into items; raises ValueError with a message for a 400."""
     if req.stream:
         raise ValueError("stream=true is not supported by the hf engine; send stream=false")
-    for field in ("top_logprobs_num", "logprob_start_len"):
-        values = getattr(req, field)
-        values = values if isinstance(values, list) else [values]
-        if any(v not in (None, 0, -1) for v in values):
-            raise ValueError(f"{field} is not supported by the hf engine (only output-token logprobs are returned)")
+    top = req.top_logprobs_num if isinstance(req.top_logprobs_num, list) else [req.top_logprobs_num]
+    if any(v not in (None, 0) for v in top):
+        raise ValueError("top_logprobs_num is not supported by the hf engine (output- and input-token logprobs are)")
     prompts, batched = _prompts(req, tokenizer)
     n = len(prompts)
     if not 1 <= n <= MAX_BATCH_ITEMS:
         raise ValueError(f"a batch must have 1 to {MAX_BATCH_ITEMS} prompts, got {n}")
     params = [parse_sampling_params(p) for p in _per_item(req.sampling_params, n, "sampling_params", None)]
     logprob = [bool(v) for v in _per_item(req.return_logprob, n, "return_logprob", False)]
+    starts = [_logprob_start(i, v, len(ids)) if lp else None
+              for i, (v, ids, lp) in enumerate(zip(_per_item(req.logprob_start_len, n, "logprob_start_len", None),
+                                                   prompts, logprob))]
     if isinstance(req.rid, str):
         rids = [req.rid] if not batched else [f"{req.rid}_{i}" for i in range(n)]
     else:
@@ -149,8 +158,18 @@ def normalize_generate(req: GenerateRequest, tokenizer: Any, *, vocab_size: int,
         rids = [r if r is not None else uuid.uuid4().hex for r in rids]
     for i, (ids, p) in enumerate(zip(prompts, params)):
         _check_prompt(i, ids, p, vocab_size, max_context_len)
-    items = [GenerateItem(r, ids, p, lp) for r, ids, p, lp in zip(rids, prompts, params, logprob)]
+    items = [GenerateItem(r, ids, p, lp, k) for r, ids, p, lp, k in zip(rids, prompts, params, logprob, starts)]
     return items, batched
+
+
+def _logprob_start(i: int, value: int | None, prompt_len: int) -> int | None:
+    """`logprob_start_len` of prompt i: None/-1 -> no input logprobs, else a position in the prompt."""
+    if value is None or value == -1:
+        return None
+    if not 0 <= value < prompt_len:
+        raise ValueError(f"prompt {i}: logprob_start_len must be -1 or in [0, {prompt_len}) (the prompt has "
+                         f"{prompt_len} tokens), got {value}")
+    return value
 
 
 def build_output(item: GenerateItem, result: RowResult, *, weight_version: str, e2e_latency: float,
@@ -166,4 +185,10 @@ def build_output(item: GenerateItem, result: RowResult, *, weight_version: str, 
             [lp, tok, tokenizer.decode([tok]) if tokenizer is not None else None]
             for lp, tok in zip(result.output_logprobs, result.output_ids)
         ]
+        if item.logprob_start_len is not None and result.input_logprobs is not None:
+            start = item.logprob_start_len
+            meta["input_token_logprobs"] = [
+                [lp, tok, tokenizer.decode([tok]) if tokenizer is not None else None]
+                for lp, tok in zip(result.input_logprobs[start:], item.input_ids[start:])
+            ]
     return {"text": result.text, "output_ids": list(result.output_ids), "meta_info": meta}

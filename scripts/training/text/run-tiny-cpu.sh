@@ -1,7 +1,8 @@
 #!/bin/bash
-# CPU quickstart: GRPO on a tiny Qwen3 that visibly learns, in about 10 minutes on 2 cores.
+# CPU quickstart: GRPO (or another estimator) on a tiny Qwen3 that visibly learns, in about 10 minutes on 2 cores.
 #
-#   bash scripts/training/text/run-tiny-cpu.sh
+#   bash scripts/training/text/run-tiny-cpu.sh [EXTRA RELAX FLAGS...]
+#   ESTIMATOR=ppo bash scripts/training/text/run-tiny-cpu.sh     # PPO with a critic instead of GRPO
 #
 # 1. examples/tiny_math/prepare.py builds the tokenizer, a tiny Qwen3, the task data and a short
 #    SFT warm start (cached in ${MODEL_DIR} / ${DATA_DIR}; no model hub involved).
@@ -10,7 +11,10 @@
 # Environment overrides: MODE (colocate | async; run-tiny-cpu-async.sh sets async),
 # MAX_STALENESS (async only, default 2), EXP_DIR (default outputs/tiny-cpu), MODEL_DIR, DATA_DIR (default EXP_DIR),
 # NUM_ROLLOUT, EVAL_INTERVAL (0 = no eval), SAVE_INTERVAL (0 = no checkpoints), SEED,
-# PREPARE_ARGS (extra flags for examples/tiny_math/prepare.py, e.g. "--hidden-size 128").
+# PREPARE_ARGS (extra flags for examples/tiny_math/prepare.py, e.g. "--hidden-size 128"),
+# ESTIMATOR (--advantage-estimator: grpo (default), gspo, sapo, reinforce_plus_plus,
+# reinforce_plus_plus_baseline, ppo). Arguments after the script name are appended to the
+# train.py flags (later flags win), e.g. `... run-tiny-cpu.sh --lr 5e-4`.
 set -euo pipefail
 
 SCRIPT_DIR="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" &>/dev/null && pwd)"
@@ -26,18 +30,20 @@ NUM_ROLLOUT="${NUM_ROLLOUT:-80}"
 EVAL_INTERVAL="${EVAL_INTERVAL:-20}"
 SAVE_INTERVAL="${SAVE_INTERVAL:-40}"
 SEED="${SEED:-1234}"
+ESTIMATOR="${ESTIMATOR:-grpo}"
 RUN_DIR="${EXP_DIR}/run"
 MODE="${MODE:-colocate}"
 
 case "${MODE}" in
   colocate)
     # Phases take turns on both cores: 2 engines generate, then the trainer ranks run.
-    MODE_ARGS=(--colocate --resource '{"actor": [1, 1], "rollout": [1, 2], "reference": [1, 1]}') ;;
+    MODE_ARGS=(--colocate)
+    RESOURCE='{"actor": [1, 1], "rollout": [1, 2], "reference": [1, 1]}' ;;
   async)
     # Roles run at once: 1 engine keeps generating while Actor, ActorFwd, Reference and
     # Advantages train and score behind it, at most MAX_STALENESS steps behind the rollout.
-    MODE_ARGS=(--fully-async --max-staleness "${MAX_STALENESS:-2}"
-               --resource '{"actor": [1, 1], "rollout": [1, 1], "reference": [1, 1], "actor_fwd": [1, 1], "advantages": [1, 0]}') ;;
+    MODE_ARGS=(--fully-async --max-staleness "${MAX_STALENESS:-2}")
+    RESOURCE='{"actor": [1, 1], "rollout": [1, 1], "reference": [1, 1], "actor_fwd": [1, 1], "advantages": [1, 0]}' ;;
   *) echo "MODE must be colocate or async, got '${MODE}'" >&2; exit 2 ;;
 esac
 
@@ -82,8 +88,8 @@ if [ "${EVAL_INTERVAL}" != "0" ]; then
   )
 fi
 
-GRPO_ARGS=(
-  --advantage-estimator grpo
+ALGO_ARGS=(
+  --advantage-estimator "${ESTIMATOR}"
   --eps-clip 0.2
   --entropy-coef 0
   # A small KL to the SFT policy keeps the response format (eos) intact as accuracy climbs.
@@ -91,6 +97,18 @@ GRPO_ARGS=(
   --kl-loss-coef 0.05
   --kl-loss-type low_var_kl
 )
+if [ "${ESTIMATOR}" = "ppo" ]; then
+  # PPO: a critic (the policy's body + a value head) gives GAE advantages. Its value head starts
+  # random, so it trains alone for a few steps before the policy moves.
+  RESOURCE='{"actor": [1, 1], "rollout": [1, 2], "reference": [1, 1], "critic": [1, 1]}'
+  ALGO_ARGS+=(
+    --gamma 1.0
+    --lambd 0.95
+    --value-clip 0.2
+    --critic-lr 1e-3
+    --num-critic-only-steps 3
+  )
+fi
 
 OPTIMIZER_ARGS=(
   --optimizer adam
@@ -115,10 +133,10 @@ LOG_ARGS=(
 )
 
 python3 relax/entrypoints/train.py \
-  "${MODE_ARGS[@]}" \
+  "${MODE_ARGS[@]}" --resource "${RESOURCE}" \
   --exp-dir "${RUN_DIR}" \
   "${MODEL_ARGS[@]}" "${CKPT_ARGS[@]}" "${ROLLOUT_ARGS[@]}" "${EVAL_ARGS[@]}" \
-  "${GRPO_ARGS[@]}" "${OPTIMIZER_ARGS[@]}" "${PERF_ARGS[@]}" "${LOG_ARGS[@]}"
+  "${ALGO_ARGS[@]}" "${OPTIMIZER_ARGS[@]}" "${PERF_ARGS[@]}" "${LOG_ARGS[@]}" "$@"
 
 if [ "${EVAL_INTERVAL}" != "0" ]; then
   python3 - "${RUN_DIR}/summary.json" <<'PY'

@@ -62,6 +62,31 @@ def test_generate_reply_has_sglang_fields_and_matches_in_process_decoding(engine
     assert reply["text"] == local.text
 
 
+def test_input_token_logprobs_score_a_sequence_without_generating(engine, tiny_model_and_tokenizer):
+    import torch
+
+    model, _ = tiny_model_and_tokenizer
+    prompts = [[5, 6, 7, 8, 9], [11, 12, 13]]
+
+    async def go():
+        async with EngineClient(engine.url, API_KEY) as client:
+            return await client.generate({"input_ids": prompts, "return_logprob": True, "logprob_start_len": [0, 1],
+                                          "sampling_params": {"temperature": 0, "max_new_tokens": 0}})
+    replies = run(go())
+    for reply, prompt, start in zip(replies, prompts, [0, 1]):
+        meta = reply["meta_info"]
+        assert reply["output_ids"] == [] and meta["finish_reason"]["type"] == "length"
+        entries = meta["input_token_logprobs"]
+        assert [tok for _, tok, _ in entries] == prompt[start:]
+        with torch.no_grad():
+            logp = torch.log_softmax(model(torch.tensor([prompt])).logits[0, :-1].float(), -1)
+        expected = [None] + logp[torch.arange(len(prompt) - 1), torch.tensor(prompt[1:])].tolist()
+        got = [lp for lp, _, _ in entries]
+        assert (got[0] is None) == (start == 0)
+        assert [x for x in got if x is not None] == pytest.approx([x for x in expected[start:] if x is not None],
+                                                                  abs=1e-4)
+
+
 def test_batched_text_request_returns_a_list(engine):
     async def go():
         async with EngineClient(engine.url, API_KEY) as client:
@@ -111,6 +136,8 @@ def test_state_changing_endpoints_need_the_api_key(engine):
     ({"input_ids": [5], "sampling_params": {"top_k": 0}}, "top_k"),
     ({"input_ids": [5], "sampling_params": {"max_new_tokens": 600}}, "context length"),
     ({"input_ids": [[5], [6]], "sampling_params": [{}]}, "sampling_params has 1 entries"),
+    ({"input_ids": [5, 6], "return_logprob": True, "logprob_start_len": 2}, "logprob_start_len"),
+    ({"input_ids": [5], "top_logprobs_num": 3}, "top_logprobs_num"),
 ])
 def test_bad_generate_payload_is_400_and_engine_keeps_serving(engine, payload, needle):
     response = httpx.post(engine.url + "/generate", json=payload, headers=AUTH)

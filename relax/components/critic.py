@@ -1,0 +1,112 @@
+"""Critic role (PPO): a value model, trained on the GAE returns of every step.
+
+Data flow of one colocate step (`--advantage-estimator ppo`):
+
+    critic.forward(k)  values (response-aligned, current critic) onto every row of train_{k}
+    actor.train(k)     reads them, runs GAE (`relax.algorithms.advantages.gae`, reward at the
+                       last response token, --gamma/--lambd), trains the policy on the
+                       advantages (not during --num-critic-only-steps / --critic-train-only) and
+                       writes the `returns` onto the rows
+    critic.train(k)    clipped value loss (--value-clip around the forward's values) on
+                       values/returns, then clears the partition: it is the step's last consumer
+
+GAE runs once, in the Actor, because the returns need what only the Actor holds (old and
+reference log-probs for --kl-coef shaping); the critic therefore fits exactly the returns the
+policy's advantages came from. The model is the fsdp backend's "critic" role: the causal-LM
+body of --hf-checkpoint with a new scalar head, or a critic checkpoint from --critic-load
+(default <--load>/critic). It has its own AdamW with --critic-lr (default --lr) and
+--critic-lr-warmup-iters, and saves to --critic-save (default <--save>/critic) with the actor.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import time
+from typing import Any
+
+from relax.components.actor import (
+    jagged, latest_checkpoint, make_worker_group, mean_over_ranks, optimizer_steps_total, save_checkpoint,
+    train_on_rows,
+)
+from relax.components.actor_fwd import read_rows, score_rows
+from relax.config.schema import OptimizerConfig, RelaxConfig
+from relax.distributed import transfer_queue as tq
+from relax.utils.logging import setup_logging
+
+logger = logging.getLogger(__name__)
+
+
+def critic_optim(cfg: RelaxConfig) -> OptimizerConfig:
+    """The actor's optimizer settings with the critic's learning rate and warm-up."""
+    lr = cfg.algo.critic_lr if cfg.algo.critic_lr is not None else cfg.optim.lr
+    return dataclasses.replace(cfg.optim, lr=lr, lr_warmup_iters=cfg.algo.critic_lr_warmup_iters)
+
+
+def critic_dirs(cfg: RelaxConfig) -> tuple[str | None, str | None]:
+    """(load, save) directories of critic checkpoints: the flags, else a `critic/` folder under
+    --load / --save (the actor's own checkpoints live next to it)."""
+    c = cfg.ckpt
+    load = c.critic_load or (os.path.join(c.load, "critic") if c.load else None)
+    save = c.critic_save or (os.path.join(c.save, "critic") if c.save else None)
+    return load, save
+
+
+class Critic:
+    def __init__(self, cfg: RelaxConfig) -> None:
+        setup_logging()
+        self.cfg = cfg
+        self.group = None
+
+    async def setup(self) -> dict[str, Any]:
+        """Start the workers; load the latest critic checkpoint when there is one."""
+        tq.attach()
+        cfg = self.cfg
+        n = (cfg.cluster.resource.get("critic") or [1, 1])[1] or 1
+        self.group = make_worker_group(cfg, "critic", cfg.ckpt.hf_checkpoint, n,
+                                       total_steps=optimizer_steps_total(cfg), optim=critic_optim(cfg))
+        load_dir, _ = critic_dirs(cfg)
+        ckpt = latest_checkpoint(load_dir) if load_dir else None
+        if ckpt is None:
+            return {"loaded_rollout_id": None}
+        meta = (await self.group.call("load", str(ckpt)))[0]
+        logger.info("critic loaded %s (rollout %d)", ckpt, meta["rollout_id"])
+        return {"loaded_rollout_id": meta["rollout_id"]}
+
+    async def forward(self, rollout_id: int) -> dict[str, float]:
+        """Write `values` onto every row of the step."""
+        start = time.perf_counter()
+        keys, tokens, lengths = await read_rows(rollout_id)
+        values, compute = await score_rows(self.group, tokens, lengths, "compute_values")
+        await tq.put_columns(rollout_id, keys, {"values": jagged(values)})
+        return {"time/critic_forward": time.perf_counter() - start, "compute/critic_forward_seconds": compute}
+
+    async def train(self, rollout_id: int) -> dict[str, float]:
+        """Value-loss steps on the rows' values and returns; clears the partition."""
+        start = time.perf_counter()
+        keys = await tq.list_keys(rollout_id)
+        if not keys:  # --debug-rollout-only: the actor consumed the step untrained
+            return {}
+        fields = ["tokens", "response_lengths", "loss_masks", "values", "returns"]
+        cols = await tq.get_columns(rollout_id, keys, fields)
+        batch = {name: [v.tolist() for v in cols[name]] for name in fields}
+        results = await train_on_rows(self.group, batch, self.cfg.batch.global_batch_size)
+        metrics = {"compute/critic_train_seconds": max(r.pop("compute_seconds") for r in results)}
+        metrics |= mean_over_ranks(results, prefix="critic")
+        await tq.clear(rollout_id)
+        return metrics | {"time/critic_train": time.perf_counter() - start}
+
+    async def save(self, rollout_id: int) -> str | None:
+        _, save_dir = critic_dirs(self.cfg)
+        if save_dir is None:
+            return None
+        c = self.cfg.ckpt
+        return await save_checkpoint(self.group, save_dir, rollout_id, save_optim=not c.no_save_optim,
+                                     keep=c.max_actor_ckpt_to_keep)
+
+    async def shutdown(self) -> None:
+        if self.group is not None:
+            await self.group.call("shutdown")
+            self.group.kill()
+            self.group = None

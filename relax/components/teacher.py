@@ -1,0 +1,147 @@
+"""OPD teacher role (`--use-opd`): writes `teacher_log_probs` onto every row of a step.
+
+The Actor subtracts `--opd-kl-coef * (logp_student - logp_teacher)` from each response
+token's advantage (`relax.algorithms.advantages.apply_opd_penalty`) and reports the student's
+KL to the teacher as `opd/kl_to_teacher`. Where the teacher runs is `--opd-type`, one entry
+of `TEACHERS`:
+
+    megatron  the training backend loads --opd-teacher-load as a forward-only worker group
+              (like the Reference) and scores at the rollout temperature;
+    sglang    an inference engine scores the rows over SGLang's /generate protocol
+              (`input_ids`, `max_new_tokens: 0`, `return_logprob`, `logprob_start_len: 0`,
+              reading `meta_info.input_token_logprobs`, i.e. raw logits at temperature 1). The
+              engine is launched from --opd-teacher-load with --rollout-backend, or is an
+              external SGLang server at --rm-url (slime's convention).
+
+The teacher must share the student's tokenizer: rows are scored token for token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from typing import Any, Protocol
+
+from relax.backends.registry import INFERENCE_BACKENDS
+from relax.components.actor import jagged, make_worker_group
+from relax.components.actor_fwd import read_rows, score_rows
+from relax.config.schema import RelaxConfig
+from relax.distributed import transfer_queue as tq
+from relax.utils.logging import run_token, setup_logging
+from relax.utils.plugins import import_object
+
+logger = logging.getLogger(__name__)
+
+ROWS_PER_REQUEST = 64
+
+
+class TeacherScorer(Protocol):
+    async def wait_ready(self) -> None: ...
+    async def score(self, tokens: list[list[int]], lengths: list[int]) -> list[list[float]]: ...
+    async def close(self) -> None: ...
+
+
+class WorkerTeacher:
+    """`--opd-type megatron`: the teacher checkpoint in the training backend, forward only."""
+
+    def __init__(self, cfg: RelaxConfig) -> None:
+        n = (cfg.cluster.resource.get("teacher") or [1, 1])[1] or 1
+        self.group = make_worker_group(cfg, "reference", cfg.algo.opd_teacher_load, n)
+
+    async def wait_ready(self) -> None:
+        """The workers load the checkpoint in their constructors: nothing to wait for."""
+
+    async def score(self, tokens: list[list[int]], lengths: list[int]) -> list[list[float]]:
+        logps, _ = await score_rows(self.group, tokens, lengths, "compute_log_probs")
+        return logps
+
+    async def close(self) -> None:
+        await self.group.call("shutdown")
+        self.group.kill()
+
+
+def response_logprobs(reply: dict[str, Any], response_length: int) -> list[float]:
+    """The last `response_length` input-token logprobs of a /generate reply (SGLang's
+    `meta_info.input_token_logprobs`: `[logprob, token_id, text]`, logprob None at position 0)."""
+    if response_length == 0:
+        return []
+    entries = (reply.get("meta_info") or {}).get("input_token_logprobs")
+    if not entries or len(entries) <= response_length:
+        raise ValueError(f"the OPD teacher engine returned {len(entries or [])} input-token logprobs for a response "
+                         f"of {response_length} tokens; it must support return_logprob with logprob_start_len 0")
+    return [float(lp) for lp, _tok, *_ in entries[-response_length:]]
+
+
+class EngineTeacher:
+    """`--opd-type sglang`: the teacher on an inference engine, reached over HTTP."""
+
+    def __init__(self, cfg: RelaxConfig) -> None:
+        self.cfg, self.engine = cfg, None
+        if cfg.rollout.rollout_temperature != 1.0:
+            logger.warning("--opd-type sglang: the engine's input-token logprobs are at temperature 1, the "
+                           "student's at --rollout-temperature %s; the KL compares different temperatures",
+                           cfg.rollout.rollout_temperature)
+        api_key = None
+        if cfg.algo.opd_teacher_load:  # launch our own engine from the teacher checkpoint
+            launch = import_object(INFERENCE_BACKENDS[cfg.cluster.rollout_backend], flag="--rollout-backend")
+            api_key = run_token()
+            self.engine = launch(cfg.algo.opd_teacher_load, api_key=api_key,
+                                 num_threads=cfg.cluster.engine_threads or 1,
+                                 log_path=os.path.join(cfg.misc.exp_dir or ".", "teacher_engine.log"))
+            url = self.engine.url
+        else:
+            url = cfg.reward.rm_url.removesuffix("/generate")
+        from relax.backends.engine_client import EngineClient
+
+        self.client = EngineClient(url, api_key=api_key, timeout=cfg.rollout.http_timeout)
+
+    async def wait_ready(self) -> None:
+        if self.engine is not None:
+            await asyncio.to_thread(self.engine.wait_ready, self.cfg.rollout.engine_startup_timeout)
+
+    async def score(self, tokens: list[list[int]], lengths: list[int]) -> list[list[float]]:
+        out: list[list[float]] = []
+        for start in range(0, len(tokens), ROWS_PER_REQUEST):
+            chunk = tokens[start:start + ROWS_PER_REQUEST]
+            replies = await self.client.generate({
+                "input_ids": chunk, "return_logprob": True, "logprob_start_len": 0,
+                "sampling_params": {"temperature": 0.0, "max_new_tokens": 0}}, timeout=self.cfg.rollout.http_timeout)
+            out += [response_logprobs(r, n) for r, n in zip(replies, lengths[start:start + ROWS_PER_REQUEST])]
+        return out
+
+    async def close(self) -> None:
+        await self.client.close()
+        if self.engine is not None:
+            self.engine.terminate()
+
+
+TEACHERS: dict[str, type] = {"megatron": WorkerTeacher, "sglang": EngineTeacher}
+
+
+class Teacher:
+    def __init__(self, cfg: RelaxConfig) -> None:
+        setup_logging()
+        self.cfg = cfg
+        self.scorer: TeacherScorer | None = None
+
+    async def setup(self) -> dict[str, Any]:
+        tq.attach()
+        # Launched from this (the replica's long-lived event-loop) thread: an engine's
+        # parent-death signal fires when the launching thread exits.
+        self.scorer = TEACHERS[self.cfg.algo.opd_type](self.cfg)
+        await self.scorer.wait_ready()
+        return {}
+
+    async def forward(self, rollout_id: int) -> dict[str, float]:
+        start = time.perf_counter()
+        keys, tokens, lengths = await read_rows(rollout_id)
+        logps = await self.scorer.score(tokens, lengths)
+        await tq.put_columns(rollout_id, keys, {"teacher_log_probs": jagged(logps)})
+        return {"time/teacher": time.perf_counter() - start}
+
+    async def shutdown(self) -> None:
+        if self.scorer is not None:
+            await self.scorer.close()
+            self.scorer = None
