@@ -10,6 +10,7 @@ drive it directly.
 from __future__ import annotations
 
 import asyncio
+import copy
 import inspect
 import logging
 import os
