@@ -4,11 +4,13 @@ With --max-staleness 1 the Rollout generates step k+1 while the Actor trains ste
 push that follows aborts whatever is still generating. Decoding is sequential per token while
 training on the tiny model is not, so long responses (up to 512 tokens, on a copy of the tiny
 model with a longer context) and over-sampling (8 groups generated per step, 4 trained) make
-generation outlast a training step: the pushes land mid-generation. Checked: aborted samples were resumed and completed, their responses
-continue across the abort (weight versions rise, the tokens of the older weights are masked),
-the per-step metrics count at least the resumed samples and masked tokens that were trained on
-(they also count the surplus groups over-sampling generated and returned),
-no trained row lags more than the bound, and training completes.
+generation outlast a training step: the pushes land mid-generation.
+
+Checked: aborted samples were resumed and completed; their responses continue across the
+abort (weight versions rise, the tokens of the older weights are masked); the per-step
+metrics count at least the resumed samples and masked tokens that were trained on (they also
+count the surplus groups over-sampling generated and returned); no trained row lags more
+than the bound; training completes.
 """
 
 from __future__ import annotations
