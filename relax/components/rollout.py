@@ -25,6 +25,7 @@ from relax.distributed import transfer_queue as tq
 from relax.engine.router.router import Router
 from relax.engine.rollout import sglang_rollout
 from relax.engine.rollout.evaluation import EVAL_FUNCTION_SIGNATURE, EvalDataSource, eval_args, eval_groups
+from relax.engine.rollout.partial_rollout import partial_metrics
 from relax.engine.rollout.replay import dump_rollout_details, save_rollout
 from relax.types import Sample
 from relax.utils.http_utils import close_sessions
@@ -237,6 +238,8 @@ class Rollout:
             await asyncio.to_thread(dump_rollout_details, self.cfg.debug.dump_details, rollout_id, groups, rewards)
         filter_stats = {k: float(v) for k, v in state.filter_stats.items()}
         state.filter_stats.clear()
+        if self.cfg.rollout.partial_rollout:  # aborted by a weight push, resumed on the new weights
+            filter_stats |= partial_metrics(state.partial_stats)
         return rollout_metrics(samples, rewards, prefix="rollout") | {
             "time/rollout": time.perf_counter() - start, "compute/generate_seconds": max(busy, default=0.0),
             **executor.stats(reset=True), **filter_stats}

@@ -127,15 +127,20 @@ class RolloutConfig:
     rollout_stop: list | None = opt(None, "Stop strings.", nargs="+")
     rollout_stop_token_ids: list | None = opt(None, "Stop token ids.", nargs="+", type=int)
     rollout_skip_special_tokens: bool = opt(False, "Skip special tokens when decoding responses.")
-    over_sampling_batch_size: int | None = opt(None, "Groups drawn per sampling round with dynamic sampling "
-                                               "(>= --rollout-batch-size; default: the rollout batch size).")
+    over_sampling_batch_size: int | None = opt(None, "Groups drawn and generated per sampling round (>= "
+                                               "--rollout-batch-size; default: the rollout batch size); kept groups "
+                                               "beyond the batch go back to the data source as prompts.")
     dynamic_sampling_filter_path: str | None = opt(None, "Group filter fn(args, samples) -> bool | DynamicFilterOutput, "
                                                    "e.g. relax.engine.filters.dynamic_sampling_filters."
                                                    "check_reward_nonzero_std (DAPO).")
     buffer_filter_path: str | None = opt(None, "Buffer filter fn(args, rollout_id, buffer, num_samples).")
-    partial_rollout: bool = opt(False, "Recycle unfinished samples.", supported=False)
-    partial_rollout_max_aborted_count: int | None = opt(None, "Max aborts per sample.", supported=False)
-    mask_offpolicy_in_partial_rollout: bool = opt(False, "Mask earlier-policy tokens.", supported=False)
+    partial_rollout: bool = opt(False, "Fully async: requests a weight push aborts are resumed on the new weights "
+                                "from their partial response instead of being lost (docs/partial-rollout.md).")
+    partial_rollout_max_aborted_count: int | None = opt(None, "Aborts counted per sample (abort_count, seed); "
+                                                        "later aborts are still resumed, so the sample always "
+                                                        "completes (default: no cap).")
+    mask_offpolicy_in_partial_rollout: bool = opt(False, "Partial rollout: tokens generated before a sample's last "
+                                                  "abort (older weights) get loss_mask 0.")
     update_weight_buffer_size: int = opt(512 << 20, "Weight-sync bucket size in bytes (e.g. 512MB).",
                                          type=parse_bytes)
     update_weights_interval: int = opt(1, "Push weights to engines every N steps.", supported=False)

@@ -79,6 +79,26 @@ def check_fully_async(cfg: RelaxConfig) -> None:
             raise ConfigError(f"{what} is not wired into --fully-async yet; use --colocate")
 
 
+def check_partial_rollout(cfg: RelaxConfig) -> None:
+    r = cfg.rollout
+    if not r.partial_rollout:
+        for flag, value in (("--partial-rollout-max-aborted-count", r.partial_rollout_max_aborted_count is not None),
+                            ("--mask-offpolicy-in-partial-rollout", r.mask_offpolicy_in_partial_rollout)):
+            if value:
+                raise ConfigError(f"{flag} only applies with --partial-rollout; add --partial-rollout or drop {flag}")
+        return
+    if not cfg.cluster.fully_async:
+        raise ConfigError("--partial-rollout resumes requests that a weight update aborts mid-generation, which only "
+                          "happens with --fully-async (in colocate mode no request is in flight at an update); "
+                          "add --fully-async or drop --partial-rollout")
+    if r.partial_rollout_max_aborted_count is not None and r.partial_rollout_max_aborted_count < 0:
+        raise ConfigError(f"--partial-rollout-max-aborted-count must be >= 0 (or unset: no cap), "
+                          f"got {r.partial_rollout_max_aborted_count}")
+    if cfg.cluster.max_staleness == 0:
+        logger.warning("--partial-rollout with --max-staleness 0: no weight push lands while a step generates, so "
+                       "nothing is ever aborted; raise --max-staleness for rollout to overlap training")
+
+
 def check_debug(cfg: RelaxConfig) -> None:
     d = cfg.debug
     if d.load_debug_rollout_data:
@@ -443,8 +463,8 @@ def _check_plugin(path: str, flag: str, positional: int, expected: str) -> None:
 
 
 def validate_config(cfg: RelaxConfig) -> RelaxConfig:
-    for check in (check_unsupported, check_mode, check_debug, check_resource, check_batches, check_algorithm, check_paths,
-                  check_eval, check_context, check_prefetch, check_genrm, check_true_on_policy, check_backends,
-                  check_plugins):
+    for check in (check_unsupported, check_mode, check_partial_rollout, check_debug, check_resource, check_batches,
+                  check_algorithm, check_paths, check_eval, check_context, check_prefetch, check_genrm,
+                  check_true_on_policy, check_backends, check_plugins):
         check(cfg)
     return cfg

@@ -6,7 +6,9 @@ generates every sample concurrently (the engines batch them), scores them with t
 executor and returns the groups. `generate(args, sample, sampling_params)` is the default
 per-sample generate function; `--custom-generate-function-path` replaces it with the same
 signature (optionally with `evaluation`). Both speak SGLang's `/generate` protocol, so they
-run unchanged against SGLang or the `hf` engine.
+run unchanged against SGLang or the `hf` engine. With `--partial-rollout`, a sample a weight
+update aborted is resubmitted until it completes, continuing from its partial response
+(`partial_rollout.py`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from collections import Counter
 from typing import Any
 
 from relax.engine.filters.dynamic_sampling_filters import as_filter_output
+from relax.engine.rollout.partial_rollout import PartialRolloutConfig, is_resuming, resume_request, resume_until_done
 from relax.types import FINISH_REASON_STATUS, Sample
 from relax.utils.http_utils import post
 from relax.utils.plugins import accepts_keyword, call_maybe_async, load_plugin
@@ -66,6 +69,7 @@ class GenerateState:
         self._generate_functions: dict[str, Any] = {}
         self._executors: dict[tuple, Any] = {}
         self.filter_stats: Counter[str] = Counter()
+        self.partial_stats: Counter[str] = Counter()  # aborts resumed this step (partial_rollout.STAT_KEYS)
         self.done = 0
         self.total = 0
         # Set by the Rollout role in fully-async mode: `await group_sink(group)` as soon as a kept
@@ -179,15 +183,21 @@ def parse_weight_version(value: Any) -> int:
 
 
 def apply_output(sample: Sample, prompt_ids: list[int], out: dict[str, Any]) -> Sample:
-    """Fill a sample from one SGLang /generate reply (tokens, response, log-probs, status, version)."""
+    """Fill a sample from one SGLang /generate reply (tokens, response, log-probs, status, version).
+
+    A sample resumed after an abort (partial rollout) keeps what it had: the reply's tokens,
+    log-probs and loss-mask entries are appended to its response, its version to the others."""
     meta = out["meta_info"]
     pairs = meta.get("output_token_logprobs") or []
     response_ids = [int(tok) for _, tok, *_ in pairs]
-    sample.tokens = prompt_ids + response_ids
-    sample.response_length = len(response_ids)
-    sample.response = out.get("text", "")
-    sample.loss_mask = [1] * len(response_ids)
-    sample.rollout_log_probs = [float(lp) for lp, *_ in pairs]
+    if not is_resuming(sample):  # a fresh request: the response starts here
+        sample.tokens, sample.response, sample.response_length = list(prompt_ids), "", 0
+        sample.loss_mask, sample.rollout_log_probs = [], []
+    sample.tokens = list(sample.tokens) + response_ids
+    sample.response_length += len(response_ids)
+    sample.response += out.get("text", "")
+    sample.loss_mask = list(sample.loss_mask or []) + [1] * len(response_ids)
+    sample.rollout_log_probs = list(sample.rollout_log_probs or []) + [float(lp) for lp, *_ in pairs]
     if "weight_version" in meta:
         sample.weight_versions.append(parse_weight_version(meta["weight_version"]))
     finish = (meta.get("finish_reason") or {}).get("type", "stop")
@@ -197,48 +207,85 @@ def apply_output(sample: Sample, prompt_ids: list[int], out: dict[str, Any]) -> 
 
 async def generate(args: Any, sample: Sample, sampling_params: dict[str, Any], evaluation: bool = False) -> Sample:
     """Default single-turn generate: prompt -> one response, with per-token log-probs; the
-    response is cut to fit the context limit (`max_context_len`)."""
+    response is cut to fit the context limit (`max_context_len`). An aborted sample (partial
+    rollout) continues from its partial response with the budget it has left."""
     state = GenerateState(args)
     prompt_ids = _prompt_ids(state, sample)
-    params = fit_to_context(sampling_params, len(prompt_ids), max_context_len(args, evaluation=evaluation))
+    resuming = is_resuming(sample)
+    input_ids, params = resume_request(sample, prompt_ids, sampling_params)
+    if params is not None:
+        params = fit_to_context(params, len(input_ids), max_context_len(args, evaluation=evaluation))
     if params is None:
-        return no_room(sample, prompt_ids)
-    payload = {"input_ids": prompt_ids, "sampling_params": params, "return_logprob": True}
+        return out_of_budget(sample, prompt_ids)
+    payload = {"input_ids": input_ids, "sampling_params": params, "return_logprob": True}
     out = await post(router_url(args), payload, timeout=args.http_timeout)
-    return apply_output(sample, prompt_ids, out)
+    sample = apply_output(sample, prompt_ids, out)
+    if resuming:  # decoded whole: segment texts may split a multi-byte character
+        sample.response = state.tokenizer.decode(sample.tokens[len(sample.tokens) - sample.response_length:],
+                                                 skip_special_tokens=args.rollout_skip_special_tokens)
+    return sample
+
+
+def out_of_budget(sample: Sample, prompt_ids: list[int]) -> Sample:
+    """Nothing may be generated: a fresh sample gets an empty response (`no_room`); a resumed
+    one keeps its partial response and ends truncated (its budget or the context is used up)."""
+    if is_resuming(sample):
+        sample.status = Sample.Status.TRUNCATED
+        return sample
+    return no_room(sample, prompt_ids)
+
+
+def _seeded(args: Any, sample: Sample, params: dict[str, Any], *, evaluation: bool) -> dict[str, Any]:
+    return dict(params, sampling_seed=sample_seed(args, sample, evaluation=evaluation))
 
 
 async def generate_group_default(args: Any, group: list[Sample], *, evaluation: bool = False) -> list[Sample]:
     """The whole group as ONE batched /generate request (same prompt, a seed per sample).
 
     SGLang's batch form (`input_ids` as a list of lists, `sampling_params` as a list) returns
-    one reply per item; n times fewer HTTP round trips than one request per sample.
+    one reply per item; n times fewer HTTP round trips than one request per sample. Samples a
+    weight update aborted (partial rollout) are then resumed one by one.
     """
     state = GenerateState(args)
     prompt_ids = _prompt_ids(state, group[0])
-    base = fit_to_context(sampling_params(args, evaluation=evaluation), len(prompt_ids),
-                          max_context_len(args, evaluation=evaluation))
+    train_params = sampling_params(args, evaluation=evaluation)
+    base = fit_to_context(train_params, len(prompt_ids), max_context_len(args, evaluation=evaluation))
     if base is None:
         state.done += len(group)
         return [no_room(s, prompt_ids) for s in group]
-    params = [dict(base, sampling_seed=sample_seed(args, s, evaluation=evaluation)) for s in group]
+    params = [_seeded(args, s, base, evaluation=evaluation) for s in group]
     payload = {"input_ids": [prompt_ids] * len(group), "sampling_params": params, "return_logprob": True}
     outs = await post(router_url(args), payload, timeout=args.http_timeout)
+    group = [apply_output(s, list(prompt_ids), out) for s, out in zip(group, outs)]
+
+    async def resume(s: Sample) -> Sample:
+        return await generate(args, s, _seeded(args, s, train_params, evaluation=evaluation), evaluation)
+
+    cfg = PartialRolloutConfig.from_args(args)
+    group = list(await asyncio.gather(*(resume_until_done(s, resume, cfg, state.partial_stats) for s in group)))
     state.done += len(group)
-    return [apply_output(s, list(prompt_ids), out) for s, out in zip(group, outs)]
+    return group
 
 
 async def generate_one(args: Any, sample: Sample, *, evaluation: bool = False) -> Sample:
-    """Generate with the default or custom function (reward is scored by the caller)."""
+    """Generate with the default or custom function (reward is scored by the caller).
+
+    With `--partial-rollout` an aborted sample is handed back to the same function until it
+    completes; a custom generate function sees `sample.status == ABORTED` with the partial
+    response in `sample.tokens` / `loss_mask` / `rollout_log_probs` and should continue it."""
     state = GenerateState(args)
-    params = dict(sampling_params(args, evaluation=evaluation))
-    params["sampling_seed"] = sample_seed(args, sample, evaluation=evaluation)
+    params = sampling_params(args, evaluation=evaluation)
     custom = state.generate_function(args)
     fn = custom or generate
-    if custom is None or accepts_keyword(fn, "evaluation"):
-        result = await call_maybe_async(fn, args, sample, params, evaluation=evaluation)
-    else:
-        result = await call_maybe_async(fn, args, sample, params)
+
+    async def attempt(s: Sample) -> Sample:
+        seeded = _seeded(args, s, params, evaluation=evaluation)
+        if custom is None or accepts_keyword(fn, "evaluation"):
+            return await call_maybe_async(fn, args, s, seeded, evaluation=evaluation)
+        return await call_maybe_async(fn, args, s, seeded)
+
+    result = await resume_until_done(await attempt(sample), attempt, PartialRolloutConfig.from_args(args),
+                                     state.partial_stats)
     state.done += 1
     return result
 
@@ -264,7 +311,11 @@ async def generate_rollout(args: Any, rollout_id: int, data_source: Any, evaluat
     With `--dynamic-sampling-filter-path`, prompts are drawn `--over-sampling-batch-size` groups
     at a time and generated concurrently; groups the filter rejects are dropped (and counted),
     until enough groups are kept. Kept groups beyond the target go back to the data source as
-    prompts (their responses are discarded, so nothing stale is ever trained on).
+    prompts (their responses are discarded, so nothing stale is ever trained on). Without a
+    filter, `--over-sampling-batch-size` > `--rollout-batch-size` still draws that many groups
+    per round (the engines stay busy); the first `rollout_batch_size` in prompt order are kept.
+    With `--partial-rollout` every drawn group is generated to completion (aborted samples are
+    resumed), so a kept group is always whole.
     """
     state = GenerateState(args)
     target = args.rollout_batch_size
@@ -273,7 +324,8 @@ async def generate_rollout(args: Any, rollout_id: int, data_source: Any, evaluat
     kept: list[list[Sample]] = []
     for _ in range(MAX_SAMPLING_ROUNDS):
         prompts = data_source.get_samples(chunk)
-        originals = copy.deepcopy(prompts) if state.dynamic_filter else []
+        # Surplus groups go back as these untouched prompts: never with responses (or partial ones).
+        originals = copy.deepcopy(prompts) if state.dynamic_filter or chunk > target else []
         tasks = [asyncio.ensure_future(generate_group(args, g, evaluation=evaluation)) for g in prompts]
         state.filter_stats["rollout/sampling_rounds"] += 1
         surplus = []

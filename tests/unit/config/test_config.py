@@ -62,7 +62,10 @@ def test_bytes_flag_accepts_suffixes(base):
     (["--some-megatron-flag"], "--train-backend megatron"),
     (["--custom-rm-path", "no_such_module.fn"], "--custom-rm-path"),
     (["--custom-rm-path", "json.dumps"], "reward_func(args, sample"),
-    (["--partial-rollout"], "not implemented"),
+    (["--partial-rollout"], "--partial-rollout resumes requests that a weight update aborts"),
+    (["--fully-async", "--mask-offpolicy-in-partial-rollout"], "only applies with --partial-rollout"),
+    (["--fully-async", "--partial-rollout-max-aborted-count", "2"], "only applies with --partial-rollout"),
+    (["--fully-async", "--partial-rollout", "--partial-rollout-max-aborted-count", "-1"], "must be >= 0"),
     (["--train-backend", "megatron"], "--train-backend megatron"),
 ])
 def test_bad_combinations_fail_naming_the_flag(base, extra, needle):
@@ -70,6 +73,13 @@ def test_bad_combinations_fail_naming_the_flag(base, extra, needle):
         parse_config(base + extra)
     if err.type is ConfigError:
         assert needle in str(err.value)
+
+
+def test_partial_rollout_flags_are_accepted_in_fully_async_mode(base):
+    cfg = parse_config(base + ["--fully-async", "--max-staleness", "1", "--partial-rollout",
+                               "--partial-rollout-max-aborted-count", "2", "--mask-offpolicy-in-partial-rollout"])
+    assert cfg.rollout.partial_rollout and cfg.rollout.partial_rollout_max_aborted_count == 2
+    assert cfg.args.mask_offpolicy_in_partial_rollout
 
 
 def test_missing_prompt_file_is_named(base):
@@ -121,8 +131,7 @@ def test_megatron_only_flags_are_reported_as_ignored_under_fsdp(base):
     assert ignored_backend_flags(parse_config(base)) == []
 
 
-@pytest.mark.parametrize("flag", [["--rollout-external"], ["--update-weights-interval", "2"],
-                                  ["--partial-rollout"]])
+@pytest.mark.parametrize("flag", [["--rollout-external"], ["--update-weights-interval", "2"]])
 def test_unimplemented_flags_fail_instead_of_being_ignored(base, flag):
     with pytest.raises(ConfigError, match="not implemented"):
         parse_config(base + flag)
