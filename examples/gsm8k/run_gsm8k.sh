@@ -3,9 +3,9 @@
 #
 # Usage: bash examples/gsm8k/run_gsm8k.sh [sync|async]
 #   sync  (default): colocate GRPO; actor and rollout take turns on the same devices.
-#   async          : the fully async pipeline (--fully-async). Not implemented in this build yet
-#                    (it lands with issue 5): the branch is kept so the script need not change,
-#                    and train.py rejects the flag at startup with a message.
+#   async          : the fully async pipeline (--fully-async, docs/fully-async.md): rollout runs up
+#                    to 2 weight versions ahead while actor, actor_fwd, reference and advantages
+#                    train and score behind it.
 #
 # Prerequisites:
 #   1. Data. verl-format gsm8k parquet (what verl's examples/data_preprocess/gsm8k.py writes) is not
@@ -158,8 +158,6 @@ COMMON_ARGS=(
 mkdir -p "${EXP_DIR}/logs"
 LOG_FILE="${EXP_DIR}/logs/${EXP_NAME}.log"
 if [ "${MODE}" = "async" ]; then
-  echo "run_gsm8k.sh: note: --fully-async is not implemented in this build; it lands with issue 5." >&2
-  echo "run_gsm8k.sh: train.py will reject the flag at startup. Use 'sync' (colocate) meanwhile." >&2
   # Fully async: actor / rollout / reference / actor_fwd on separate devices, advantages on CPU.
   # 8-GPU example: NUM_GPUS=8 gives actor=4, rollout=2, reference=1, actor_fwd=1.
   python3 relax/entrypoints/train.py \
