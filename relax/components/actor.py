@@ -194,6 +194,7 @@ class Actor:
         self.engines_connected = False
         self.dcs: Any = None  # fully async: the DCS coordinator's handle
         self.topology_version = -1
+        self.pushed = False
 
     async def setup(self) -> dict[str, Any]:
         """Start the workers; resume from `--load` when it holds a checkpoint. Returns the
@@ -243,9 +244,14 @@ class Actor:
         the same as in a full run."""
         stats: dict[str, float] = {}
         if self.group is not None and self.dcs is not None:
+            # After the first push, broadcasts overlap the next training step (the Rollout's
+            # staleness gate and evaluation wait for the engines' version, not for this call).
+            background, self.pushed = self.pushed, True
             stats = await self._sync_topology()
-            stats |= (await self.group.call("push_weights", version))[0]
-            await self.dcs.publish.remote(version, {k.split("/")[-1]: v for k, v in stats.items()})
+            stats |= (await self.group.call("push_weights", version, background))[0]
+            if "weight_sync/version" in stats:  # the push that finished (the previous one when overlapped)
+                await self.dcs.publish.remote(int(stats["weight_sync/version"]),
+                                              {k.split("/")[-1]: v for k, v in stats.items()})
         elif self.engines_connected:
             stats = (await self.group.call("push_weights", version))[0]
         self.version = version

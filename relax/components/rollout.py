@@ -261,8 +261,13 @@ class Rollout:
         return state.done, state.total
 
     async def evaluate(self, rollout_id: int) -> dict[str, float]:
-        """Run the eval function on every eval set and report reward, length and pass-rate metrics."""
+        """Run the eval function on every eval set and report reward, length and pass-rate metrics.
+
+        Evaluation at step s runs on weights of version s: in fully-async mode the Actor's push
+        may still be in flight, so wait for the engines to hold it."""
         metrics: dict[str, float] = {}
+        if self.cfg.cluster.fully_async and not self.cfg.debug.debug_rollout_only:
+            await self._wait_engine_version(rollout_id)
         for name, (dataset, prompts) in self.eval_sets.items():
             start = time.perf_counter()
             groups = eval_groups(prompts, dataset)

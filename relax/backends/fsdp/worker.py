@@ -92,6 +92,12 @@ def reduce_metric(op: str, current: float | None, value: float) -> float:
     return {"max": max, "min": min}.get(op, lambda a, b: a + b)(current, value)
 
 
+def sync_metrics(stats: Any) -> dict[str, float]:
+    return {"weight_sync/bytes": float(stats.bytes), "weight_sync/seconds": float(stats.seconds),
+            "weight_sync/gbps": float(stats.gbps), "weight_sync/buckets": float(stats.num_buckets),
+            "weight_sync/version": float(stats.version)}
+
+
 class FSDPTrainWorker:
     def __init__(self, rank: int, world_size: int, master_addr: str, master_port: int, spec: TrainerSpec) -> None:
         self.rank, self.world_size, self.spec = rank, world_size, spec
@@ -108,6 +114,7 @@ class FSDPTrainWorker:
             self._build_optimizer()
         self.loss_fn, self.reducer_factory = load_loss_plugins(spec)
         self._sender = None
+        self._pending_push = None  # a background weight push in flight (fully async)
         self._receiver = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.step = 0
@@ -354,11 +361,20 @@ class FSDPTrainWorker:
             full = p.full_tensor() if hasattr(p, "full_tensor") else p
             yield name, full.detach()
 
-    def _run_async(self, coro):
+    def _submit(self, coro):
+        """Run `coro` on the weight-sync thread's loop; returns a concurrent future."""
         if self._loop is None:
             self._loop = asyncio.new_event_loop()
             threading.Thread(target=self._loop.run_forever, daemon=True, name="weight-sync").start()
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+        return asyncio.run_coroutine_threadsafe(coro, self._loop)
+
+    def _run_async(self, coro):
+        return self._submit(coro).result()
+
+    def _finish_pending_push(self) -> dict[str, float]:
+        """Wait for a background push (raising its error); its metrics, or {} if none was running."""
+        pending, self._pending_push = self._pending_push, None
+        return sync_metrics(pending.result()) if pending is not None else {}
 
     def _weight_backend(self) -> str:
         """`--checkpoint-engine-backend` on GPU; gloo for CPU tensors (NCCL cannot carry them)."""
@@ -377,14 +393,22 @@ class FSDPTrainWorker:
                                     device=self.device)
         self._run_async(self._sender.connect())
 
-    def push_weights(self, version: int) -> dict[str, float]:
-        """Gather full weights (all ranks) and broadcast them to the engines (rank 0)."""
+    def push_weights(self, version: int, background: bool = False) -> dict[str, float]:
+        """Gather full weights (all ranks) and broadcast them to every receiver (rank 0).
+
+        `background` (fully async): the broadcast of a snapshot runs on the weight-sync thread
+        while this rank goes on to the next training step; the next push, a topology change or
+        shutdown waits for it first (and raises its error). The metrics returned are then those
+        of the push that finished meanwhile (the previous one)."""
         state = list(self._full_state())
         if self.rank != 0:
             return {}
-        stats = self._run_async(self._sender.push(state, version=version))
-        return {"weight_sync/bytes": float(stats.bytes), "weight_sync/seconds": float(stats.seconds),
-                "weight_sync/gbps": float(stats.gbps), "weight_sync/buckets": float(stats.num_buckets)}
+        finished = self._finish_pending_push()
+        if not background:
+            return sync_metrics(self._run_async(self._sender.push(state, version=version)))
+        snapshot = [(name, t.clone()) for name, t in state]  # training must not change what is sent
+        self._pending_push = self._submit(self._sender.push(snapshot, version=version))
+        return finished
 
     def connect_receivers(self, endpoints: list[Any], api_key: str | None, pause_mode: str = "in_place") -> None:
         """(Re)build the weight group for a new topology: engine URLs and receiver endpoints."""
@@ -392,6 +416,7 @@ class FSDPTrainWorker:
             return
         from relax.distributed.weight_sync import WeightSender
 
+        self._finish_pending_push()
         if self._sender is not None:
             self._run_async(self._sender.close())
         self._sender = WeightSender(endpoints, api_key=api_key, backend=self._weight_backend(),
@@ -493,6 +518,10 @@ class FSDPTrainWorker:
         dist.barrier()
 
     def shutdown(self) -> None:
+        try:
+            self._finish_pending_push()
+        except Exception as err:  # noqa: BLE001 - shutting down regardless
+            logger.warning("the last background weight push failed: %s", err)
         if self._sender is not None:
             self._run_async(self._sender.close())
         if dist.is_initialized():
