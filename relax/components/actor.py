@@ -292,7 +292,8 @@ class Actor:
         if ref_update_due(self.cfg, rollout_id + 1):  # the reference scores step rollout_id + 1 with these
             await self._save_for_reference(rollout_id)
         if uses_critic(self.cfg):  # the critic trains on these returns and clears the partition
-            await tq.put_columns(rollout_id, keys, {"returns": jagged(returns)})
+            if not self.cfg.cluster.fully_async:  # (fully async: the Advantages role wrote them)
+                await tq.put_columns(rollout_id, keys, {"returns": jagged(returns)})
         else:
             await tq.clear(rollout_id)
         metrics["time/train"] = time.perf_counter() - start

@@ -20,7 +20,7 @@ import asyncio
 import logging
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 from relax.components.actor import jagged, make_worker_group, ref_update_due, reference_sync_dir, shard_rows
 from relax.config.schema import RelaxConfig
@@ -60,6 +60,27 @@ async def score_rows(group: RayActorGroup, tokens: list[list[int]], lengths: lis
         for i, values in zip(idx, res):
             out[i] = values
     return out, compute
+
+
+async def stream_steps(start: int, end: int, *, task: str, chunk: int, fields: list[str],
+                       score: Callable[[int, list[str], dict[str, Any]], Awaitable[None]],
+                       alive: Callable[[], bool]) -> None:
+    """Fully async: for each step, hand every row to `score` as soon as its `fields` are written
+    (in chunks of `chunk` rows, the last chunk smaller), until Rollout marked the step done and
+    all its rows were scored. Shared by ActorFwd, Reference and the Critic."""
+    for step in range(start, end):
+        done = 0
+        while alive():
+            total = await tq.step_rows(step)
+            want = chunk if total is None else max(1, min(chunk, total - done))
+            keys, cols = await tq.fetch_ready(step, fields, task=task, chunk=want)
+            if keys:
+                await score(step, keys, cols)
+                done += len(keys)
+                continue
+            if total is not None and done >= total:
+                break
+            await asyncio.sleep(POLL_SECONDS)
 
 
 class ActorFwd:
@@ -115,25 +136,16 @@ class ActorFwd:
     # ---- fully async -------------------------------------------------------------------
     async def run(self, start: int, end: int) -> None:
         """Stream over steps `start..end-1`: score rows as Rollout writes them."""
-        chunk = self.cfg.rollout.n_samples_per_prompt
-        fields = ["tokens", "response_lengths", "weight_versions"]
-        for step in range(start, end):
-            done = 0
-            while not self.stopping and self.group is not None:
-                total = await tq.step_rows(step)
-                want = chunk if total is None else max(1, min(chunk, total - done))
-                keys, cols = await tq.fetch_ready(step, fields, task=self.role, chunk=want)
-                if keys:
-                    if self.role == "actor_fwd":
-                        await self._wait_weights(max(int(v) for v in cols["weight_versions"]))
-                    logps = await self._log_probs([t.tolist() for t in cols["tokens"]],
-                                                  [int(x) for x in cols["response_lengths"]])
-                    await tq.put_columns(step, keys, {self.column: tq.sequence_column(logps)})
-                    done += len(keys)
-                    continue
-                if total is not None and done >= total:
-                    break
-                await asyncio.sleep(POLL_SECONDS)
+        async def score(step: int, keys: list[str], cols: dict[str, Any]) -> None:
+            if self.role == "actor_fwd":
+                await self._wait_weights(max(int(v) for v in cols["weight_versions"]))
+            logps = await self._log_probs([t.tolist() for t in cols["tokens"]],
+                                          [int(x) for x in cols["response_lengths"]])
+            await tq.put_columns(step, keys, {self.column: tq.sequence_column(logps)})
+
+        await stream_steps(start, end, task=self.role, chunk=self.cfg.rollout.n_samples_per_prompt,
+                           fields=["tokens", "response_lengths", "weight_versions"], score=score,
+                           alive=lambda: not self.stopping and self.group is not None)
 
     async def _wait_weights(self, version: int) -> None:
         while not self.stopping:

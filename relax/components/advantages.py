@@ -13,7 +13,7 @@ import asyncio
 import time
 from typing import Any
 
-from relax.components.actor import batch_advantages
+from relax.components.actor import batch_advantages, jagged, uses_critic
 from relax.config.schema import RelaxConfig
 from relax.distributed import transfer_queue as tq
 from relax.utils.logging import setup_logging
@@ -22,7 +22,7 @@ POLL_SECONDS = 0.02
 
 
 def needed_columns(cfg: RelaxConfig) -> list[str]:
-    cols = ["rewards", "loss_masks", "response_lengths"]
+    cols = ["rewards", "loss_masks", "response_lengths"] + (["values"] if uses_critic(cfg) else [])
     if cfg.algo.kl_coef != 0:
         cols += ["ref_log_probs"] + ([] if cfg.algo.use_rollout_logprobs else ["log_probs"])
     return cols
@@ -79,8 +79,11 @@ class Advantages:
                 batch["old_log_probs"] = [t.tolist() for t in got["rollout_log_probs"]]
             else:
                 batch["old_log_probs"] = [tolist(rows[k][source]) for k in keys]
-        advantages, _, _ = batch_advantages(self.cfg, batch)
-        await tq.put_columns(step, keys, {"advantages": tq.sequence_column(advantages)})
+        if "values" in rows[keys[0]]:  # PPO: GAE on the critic's values; the critic fits the returns
+            batch["values"] = [tolist(rows[k]["values"]) for k in keys]
+        advantages, returns, _ = batch_advantages(self.cfg, batch)
+        columns = {"advantages": jagged(advantages)} | ({"returns": jagged(returns)} if "values" in batch else {})
+        await tq.put_columns(step, keys, columns)
 
     def pop_seconds(self, step: int) -> float:
         return self.seconds.pop(step, 0.0)

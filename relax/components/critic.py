@@ -1,5 +1,8 @@
 """Critic role (PPO): a value model, trained on the GAE returns of every step.
 
+Fully async: `run()` streams values onto rows as Rollout writes them, the Advantages role
+computes GAE advantages and returns, and `train(k)` runs after the Actor trained step k.
+
 Data flow of one colocate step (`--advantage-estimator ppo`):
 
     critic.forward(k)  values (response-aligned, current critic) onto every row of train_{k}
@@ -30,7 +33,7 @@ from relax.components.actor import (
     jagged, latest_checkpoint, make_worker_group, mean_over_ranks, optimizer_steps_total, save_checkpoint,
     train_on_rows,
 )
-from relax.components.actor_fwd import read_rows, score_rows
+from relax.components.actor_fwd import read_rows, score_rows, stream_steps
 from relax.config.schema import OptimizerConfig, RelaxConfig
 from relax.distributed import transfer_queue as tq
 from relax.utils.logging import setup_logging
@@ -81,6 +84,18 @@ class Critic:
         values, compute = await score_rows(self.group, tokens, lengths, "compute_values")
         await tq.put_columns(rollout_id, keys, {"values": jagged(values)})
         return {"time/critic_forward": time.perf_counter() - start, "compute/critic_forward_seconds": compute}
+
+    async def run(self, start: int, end: int) -> None:
+        """Fully async: write `values` onto rows as Rollout writes them (the critic's current
+        weights; it trains on step k after the Actor, while later steps are being scored)."""
+        async def score(step: int, keys: list[str], cols: dict[str, Any]) -> None:
+            values, _ = await score_rows(self.group, [t.tolist() for t in cols["tokens"]],
+                                         [int(x) for x in cols["response_lengths"]], "compute_values")
+            await tq.put_columns(step, keys, {"values": jagged(values)})
+
+        await stream_steps(start, end, task="critic", chunk=self.cfg.rollout.n_samples_per_prompt,
+                           fields=["tokens", "response_lengths"], score=score,
+                           alive=lambda: self.group is not None)
 
     async def train(self, rollout_id: int) -> dict[str, float]:
         """Value-loss steps on the rows' values and returns; clears the partition."""

@@ -71,8 +71,7 @@ def check_fully_async(cfg: RelaxConfig) -> None:
     if d.debug_train_only or d.load_debug_rollout_data or d.debug_rollout_only:
         raise ConfigError("--fully-async runs rollout and training concurrently; the debug modes (--debug-train-only, "
                           "--load-debug-rollout-data, --debug-rollout-only) run in colocate mode: drop --fully-async")
-    unsupported = {"--advantage-estimator ppo (the Critic)": cfg.algo.advantage_estimator == "ppo",
-                   "--use-opd (the Teacher)": cfg.algo.use_opd,
+    unsupported = {"--use-opd (the Teacher)": cfg.algo.use_opd,
                    "--ref-update-interval": bool(cfg.algo.ref_update_interval)}
     for what, used in unsupported.items():
         if used:

@@ -136,13 +136,15 @@ class Controller:
             await self.after_step(step, metrics, t0)
 
     async def fully_async_loop(self) -> None:
-        streams = [self.rollout, *([self.reference] if self.reference else []), *self.stages]
+        streams = [self.rollout, *[r for r in (self.reference, self.critic) if r is not None], *self.stages]
         background = [asyncio.ensure_future(role.run(self.start, self.num_rollout)) for role in streams]
         try:
             for step in range(self.start, self.num_rollout):
                 t0 = time.perf_counter()
                 metrics = await watched(self.rollout.wait_step(step), background)  # generated ahead: no bar
                 metrics |= await watched(self.actor.train(step), background)
+                if self.critic is not None:  # fits the step's returns, clears the partition
+                    metrics |= await watched(self.critic.train(step), background)
                 metrics |= await self.actor.update_weights(step + 1)
                 await self.after_step(step, metrics, t0)
             await asyncio.gather(*background)

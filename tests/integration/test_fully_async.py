@@ -59,3 +59,19 @@ def test_staleness_bound_holds(ray_cluster, tiny_setup, tmp_path):
     assert max(lags) <= 2
     assert max(lags) >= 1, f"rollout never ran ahead of training (lags {lags}); the pipeline is not overlapping"
     assert all(rows[s]["train/rejected_stale_rows"] == 0 for s in rows)
+
+
+def test_ppo_critic_streams_in_fully_async_mode(ray_cluster, tiny_setup, tmp_path):
+    """The Critic scores rows as they stream in, the Advantages role runs GAE on them, and the
+    critic fits the returns after the Actor trained each step."""
+    root = tiny_setup
+    run(common(root, 3) + ["--exp-dir", str(tmp_path / "ppo"), "--fully-async", "--max-staleness", "1",
+                           "--advantage-estimator", "ppo", "--gamma", "1.0", "--lambd", "0.95",
+                           "--resource", '{"actor": [1, 1], "rollout": [1, 1], "reference": [1, 1], '
+                                         '"actor_fwd": [1, 1], "advantages": [1, 0], "critic": [1, 1]}'])
+    rows = by_step(tmp_path / "ppo")
+    assert sorted(rows) == [0, 1, 2]
+    for step, row in rows.items():
+        assert row["train/max_version_lag"] <= 1
+        assert row["critic/value_loss"] >= 0
+        assert row["compute/critic_train_seconds"] > 0

@@ -192,3 +192,20 @@ def test_opd_teacher_as_external_engine_or_checkpoint(base, tmp_path):
     cfg = parse_config(base + ["--use-opd", "--opd-type", "megatron", "--opd-teacher-load", str(teacher),
                                "--advantage-estimator", "on_policy_distillation"])
     assert cfg.algo.opd_type == "megatron"
+
+
+@pytest.mark.parametrize("extra, needle", [
+    (["--debug-rollout-only"], "drop --fully-async"),
+    (["--use-opd", "--opd-type", "sglang", "--rm-url", "http://x"], "--use-opd (the Teacher) is not wired"),
+    (["--max-staleness", "-1"], "--max-staleness must be >= 0"),
+    (["--num-iters-per-train-update", "0"], "--num-iters-per-train-update must be >= 1"),
+])
+def test_fully_async_rejects_what_it_does_not_combine_with(base, extra, needle):
+    with pytest.raises(ConfigError) as err:
+        parse_config(base + ["--fully-async"] + extra)
+    assert needle in str(err.value)
+
+
+def test_fully_async_accepts_ppo_with_a_critic(base):
+    cfg = parse_config(base + ["--fully-async", "--max-staleness", "1", "--advantage-estimator", "ppo"])
+    assert cfg.cluster.fully_async and not cfg.cluster.colocate
