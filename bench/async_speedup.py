@@ -5,8 +5,8 @@ checkpoint (examples/tiny_math/prepare.py) with the same seed; eval and checkpoi
 The CPU budget is the same machine for both:
   colocate   - phases take turns, each gets every core: 2 engines during rollout, then 2
                training ranks (reference forward, old log-probs, optimizer) while they sleep;
-  fully async - roles run at once and split the cores: 1 engine keeps generating while the
-               actor (1 rank), ActorFwd and Reference (1 rank each) train and score behind it,
+  fully async - roles run at once and share the cores: 2 engines keep generating while the
+               actor (1 rank), ActorFwd and Reference (1 rank each) train and score behind them,
                at most --staleness steps ahead.
 Every torch process uses one thread (`--engine-threads 1`), so "cores" means processes.
 Wall time is the training loop (sum of `time/step`); deployment is reported but not compared.
@@ -33,15 +33,29 @@ MODES = {
     "colocate": ["--colocate", "--resource",
                  '{"actor": [1, 2], "rollout": [1, 2], "reference": [1, 2]}'],
     "fully_async": ["--fully-async", "--resource",
-                    '{"actor": [1, 1], "rollout": [1, 1], "reference": [1, 1], "actor_fwd": [1, 1], '
+                    '{"actor": [1, 1], "rollout": [1, 2], "reference": [1, 1], "actor_fwd": [1, 1], '
                     '"advantages": [1, 0]}'],
 }
 
 
-def workload(model_dir: str, steps: int, seed: int) -> list[str]:
-    """Rollout-heavy, as in real RL: long-ish responses, one optimizer step per rollout."""
+def untrained_policy(model_dir: str) -> str:
+    """The quickstart architecture, freshly initialised: it rarely emits EOS, so every response
+    runs to --rollout-max-response-len and decoding dominates, as it does in real RL."""
+    from transformers import AutoTokenizer
+
+    from relax.utils.tiny_model import build_tiny_qwen3, save_tiny_model
+
+    out = os.path.join(model_dir, "models", "tiny-qwen3-untrained")
+    if not os.path.exists(os.path.join(out, "config.json")):
+        tokenizer = AutoTokenizer.from_pretrained(os.path.join(model_dir, "models", "tiny-qwen3-sft"))
+        save_tiny_model(build_tiny_qwen3(tokenizer, hidden_size=128, num_layers=4), tokenizer, out)
+    return out
+
+
+def workload(model_dir: str, policy: str, steps: int, seed: int) -> list[str]:
+    """Rollout-heavy, as in real RL: responses of up to 48 tokens, one optimizer step per rollout."""
     return [
-        "--hf-checkpoint", f"{model_dir}/models/tiny-qwen3-sft", "--ref-load", f"{model_dir}/models/tiny-qwen3-sft",
+        "--hf-checkpoint", policy, "--ref-load", policy,
         "--prompt-data", f"{model_dir}/data/train.jsonl", "--input-key", "prompt", "--label-key", "label",
         "--apply-chat-template", "--rm-type", "math", "--rollout-shuffle", "--rollout-seed", str(seed),
         "--num-rollout", str(steps), "--rollout-batch-size", "16", "--n-samples-per-prompt", "8",
@@ -49,6 +63,9 @@ def workload(model_dir: str, steps: int, seed: int) -> list[str]:
         "--advantage-estimator", "grpo", "--use-kl-loss", "--kl-loss-coef", "0.05", "--kl-loss-type", "low_var_kl",
         "--lr", "1e-4", "--seed", str(seed), "--use-dynamic-batch-size", "--max-tokens-per-gpu", "8192",
         "--engine-threads", "1", "--progress-bar", "false",
+        # Few requests in flight per engine: decoding runs in many small waves, as long
+        # generations do on a GPU engine, and the engines' time dominates the step.
+        "--sglang-max-running-requests", "4",
     ]
 
 
@@ -99,11 +116,15 @@ def main() -> int:
     parser.add_argument("--model-dir", help="a prepared examples/tiny_math dir (default: prepare under --exp-dir)")
     parser.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "async_speedup.json"))
     parser.add_argument("--quiet", action="store_true", help="hide the runs' own output")
+    parser.add_argument("--policy", choices=("untrained", "sft"), default="untrained",
+                        help="untrained: long responses, rollout-heavy (default); sft: the quickstart policy, "
+                             "~10-token answers, training-heavy")
     args = parser.parse_args()
     model_dir = args.model_dir or args.exp_dir
     subprocess.run([sys.executable, "-m", "examples.tiny_math.prepare", "--out-dir", model_dir, "--seed",
                     str(args.seed)], cwd=ROOT, check=True)
-    common = workload(model_dir, args.steps, args.seed)
+    policy = untrained_policy(model_dir) if args.policy == "untrained" else f"{model_dir}/models/tiny-qwen3-sft"
+    common = workload(model_dir, policy, args.steps, args.seed)
     results = [run_mode(mode, args, common) for mode in ("colocate", "fully_async")]
     print_table(results)
     colocate, fully_async = results
@@ -113,7 +134,7 @@ def main() -> int:
     staleness_seen = int(fully_async["max_lag"])
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
-        json.dump({"results": results, "async_speedup": speedup, "max_staleness_seen": staleness_seen,
+        json.dump({"results": results, "policy": args.policy, "async_speedup": speedup, "max_staleness_seen": staleness_seen,
                    "bound": args.staleness, "cpu_count": os.cpu_count(),
                    "affinity": sorted(os.sched_getaffinity(0))}, f, indent=2)
     print(f"async_speedup={speedup:.2f} max_staleness_seen={staleness_seen} bound={args.staleness}")

@@ -10,7 +10,6 @@ uses (`relax.components.actor.batch_advantages`). Whole steps, not groups: REINF
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Any
 
 from relax.components.actor import batch_advantages, jagged, uses_critic
@@ -19,6 +18,11 @@ from relax.distributed import transfer_queue as tq
 from relax.utils.logging import setup_logging
 
 POLL_SECONDS = 0.02
+
+
+def as_list(value: Any) -> Any:
+    """A fetched cell (tensor or plain value) as Python data."""
+    return value.tolist() if hasattr(value, "tolist") else value
 
 
 def needed_columns(cfg: RelaxConfig) -> list[str]:
@@ -33,7 +37,6 @@ class Advantages:
         setup_logging()
         self.cfg = cfg
         self.stopping = False
-        self.seconds: dict[int, float] = {}
 
     async def setup(self) -> dict[str, Any]:
         tq.attach()
@@ -59,34 +62,28 @@ class Advantages:
                     await asyncio.sleep(POLL_SECONDS)
             if self.stopping:
                 return
-            t0 = time.perf_counter()
             await self.compute(step, rows)
-            self.seconds[step] = time.perf_counter() - t0
 
     async def compute(self, step: int, rows: dict[str, dict[str, Any]]) -> None:
         keys = sorted(rows, key=int)  # sample order, as the Actor reads them: groups contiguous
-        tolist = lambda v: v.tolist() if hasattr(v, "tolist") else v  # noqa: E731
         batch = {
-            "rewards": [float(tolist(rows[k]["rewards"])) for k in keys],
-            "loss_masks": [tolist(rows[k]["loss_masks"]) for k in keys],
+            "rewards": [float(as_list(rows[k]["rewards"])) for k in keys],
+            "loss_masks": [as_list(rows[k]["loss_masks"]) for k in keys],
         }
         if "ref_log_probs" in rows[keys[0]]:
-            batch["ref_log_probs"] = [tolist(rows[k]["ref_log_probs"]) for k in keys]
+            batch["ref_log_probs"] = [as_list(rows[k]["ref_log_probs"]) for k in keys]
             # Shaping uses the behaviour policy: ActorFwd's log-probs (or the engine's).
             source = "log_probs" if "log_probs" in rows[keys[0]] else None
             if source is None:
                 got = await tq.get_columns(step, keys, ["rollout_log_probs"])
                 batch["old_log_probs"] = [t.tolist() for t in got["rollout_log_probs"]]
             else:
-                batch["old_log_probs"] = [tolist(rows[k][source]) for k in keys]
+                batch["old_log_probs"] = [as_list(rows[k][source]) for k in keys]
         if "values" in rows[keys[0]]:  # PPO: GAE on the critic's values; the critic fits the returns
-            batch["values"] = [tolist(rows[k]["values"]) for k in keys]
+            batch["values"] = [as_list(rows[k]["values"]) for k in keys]
         advantages, returns, _ = batch_advantages(self.cfg, batch)
         columns = {"advantages": jagged(advantages)} | ({"returns": jagged(returns)} if "values" in batch else {})
         await tq.put_columns(step, keys, columns)
-
-    def pop_seconds(self, step: int) -> float:
-        return self.seconds.pop(step, 0.0)
 
     async def shutdown(self) -> None:
         self.stopping = True

@@ -165,6 +165,9 @@ class Rollout:
             metrics["rollout/started_at_version"] = float(self.started_at)
             if hasattr(self.data_source, "state_dict"):
                 self.snapshots[step] = copy.deepcopy(self.data_source.state_dict())
+                # The Actor trains (and checkpoints) at most `bound + 1` steps behind this one.
+                for old in [s for s in self.snapshots if s < step - bound - 1]:
+                    del self.snapshots[old]
             self.finished[step] = metrics
             self._event(step).set()
 
@@ -314,7 +317,13 @@ class Rollout:
 
 def engine_options(cfg: RelaxConfig, context_len: int | None) -> dict[str, Any] | None:
     """Launch options of the rollout engines (SGLang `ServerArgs` names; see ENGINE_OPTIONS)."""
-    options: dict[str, Any] = {}
+    # --sglang-<option> passthrough: what this backend understands goes to the engines.
+    known = import_object("relax.backends.hf.launcher.ENGINE_OPTIONS", flag="--rollout-backend") \
+        if cfg.cluster.rollout_backend == "hf" else None
+    options: dict[str, Any] = {k: v for k, v in cfg.sglang.items() if known is None or k in known}
+    ignored = sorted(set(cfg.sglang) - set(options))
+    if ignored:
+        logger.info("--sglang-* options the %s engine does not use: %s", cfg.cluster.rollout_backend, ignored)
     if context_len:
         options["max_context_len"] = context_len
     if cfg.cluster.true_on_policy_mode:
