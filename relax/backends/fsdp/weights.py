@@ -10,73 +10,35 @@ received in full; names or shapes the model does not have reject the bucket (not
 
 from __future__ import annotations
 
-import math
-
 import torch
 
-from relax.distributed.weight_sync import TensorSpec, WeightGroup, create_weight_group, parse_specs
+from relax.distributed.weight_sync import TensorSpec, WeightReceiver, parse_specs
 
 
-class ShardedWeightReceiver:
+class ShardedWeightReceiver(WeightReceiver):
+    """The engine's receiver (`relax.distributed.weight_sync.WeightReceiver`), loading each
+    received full tensor as this rank's shard; remembers the last complete version."""
+
     def __init__(self, model: torch.nn.Module, *, device: torch.device, timeout_s: float = 600.0) -> None:
-        self.model, self.device, self.timeout_s = model, device, timeout_s
-        self.groups: dict[str, WeightGroup] = {}
+        super().__init__(model, timeout_s=timeout_s, device=device)
         self.version: int | None = None
 
-    def init_group(self, *, master_address: str, master_port: int, rank_offset: int, world_size: int,
-                   group_name: str, backend: str) -> str:
-        if group_name in self.groups:
-            raise ValueError(f"weight update group {group_name!r} already exists; destroy it first")
-        self.groups[group_name] = create_weight_group(
-            master_address=master_address, master_port=master_port, rank=rank_offset, world_size=world_size,
-            group_name=group_name, backend=backend, timeout_s=self.timeout_s,
-            device=self.device if backend == "nccl" else None)
-        return f"joined weight update group {group_name!r} as rank {rank_offset} of {world_size}"
-
-    def destroy_group(self, group_name: str) -> str:
-        group = self.groups.pop(group_name, None)
-        if group is None:
-            raise ValueError(f"no weight update group named {group_name!r}; known: {sorted(self.groups)}")
-        group.destroy()
-        return f"destroyed weight update group {group_name!r}"
-
-    def problems(self, specs: list[TensorSpec]) -> list[str]:
-        params, found = dict(self.model.named_parameters(remove_duplicate=False)), []
-        for spec in specs:
-            p = params.get(spec.name)
-            if p is None:
-                found.append(f"{spec.name!r} is not a parameter of the model")
-            elif tuple(p.shape) != spec.shape:
-                found.append(f"{spec.name!r} has shape {list(spec.shape)}, the model has {list(p.shape)}")
-        return found
+    def _targets(self) -> dict[str, torch.Tensor]:
+        return dict(self.model.named_parameters(remove_duplicate=False))
 
     def update(self, payload: dict) -> tuple[bool, str]:
         """Blocking: receive one bucket from rank 0 and load this rank's shard of each tensor."""
-        name = payload.get("group_name")
-        if name not in self.groups:
-            raise ValueError(f"no weight update group named {name!r}; init it first (known: {sorted(self.groups)})")
         specs = parse_specs(payload["names"], payload["dtypes"], payload["shapes"])
-        group = self.groups[name]
-        tensors = []
-        for spec in specs:
-            tensor = torch.empty(spec.shape, dtype=spec.dtype, device=group.device)
-            group.broadcast(tensor, src=0)
-            tensors.append(tensor)
-        group.synchronize()
-        problems = self.problems(specs)
-        if problems:
-            return False, f"rejected the bucket of {len(specs)} tensors, nothing loaded: " + "; ".join(problems)
-        self.load(specs, tensors)
-        if payload.get("weight_version") is not None:
+        success, message = self.receive_and_load(specs, payload.get("group_name"))
+        if success and payload.get("weight_version") is not None:
             self.version = int(payload["weight_version"])
-        nbytes = sum(math.prod(s.shape) * t.element_size() for s, t in zip(specs, tensors))
-        return True, f"loaded {len(specs)} tensors ({nbytes} bytes)"
+        return success, message
 
     @torch.no_grad()
     def load(self, specs: list[TensorSpec], tensors: list[torch.Tensor]) -> None:
         from torch.distributed.tensor import DTensor, distribute_tensor
 
-        params = dict(self.model.named_parameters(remove_duplicate=False))
+        params = self._targets()
         for spec, full in zip(specs, tensors):
             p = params[spec.name]
             full = full.to(device=self.device, dtype=p.dtype)
