@@ -342,6 +342,10 @@ ESTIMATORS: dict[str, Callable[[AdvantageInputs], tuple[torch.Tensor, torch.Tens
 }
 
 
+# Estimators that whiten over the whole batch: a group's advantages depend on every other row.
+BATCH_ESTIMATORS = frozenset({"reinforce_plus_plus", "reinforce_plus_plus_baseline"})
+
+
 def compute_advantages(
     estimator: str,
     inputs: AdvantageInputs,

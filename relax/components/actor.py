@@ -36,8 +36,12 @@ from relax.distributed import transfer_queue as tq
 from relax.distributed.ray.actor_group import RayActorGroup
 from relax.utils.logging import run_token, setup_logging
 from relax.utils.plugins import import_object
+from relax.utils.poll import Backoff
 
 logger = logging.getLogger(__name__)
+
+# TransferQueue column -> the name the training workers read it by.
+_TRAIN_NAMES = {"log_probs": "old_log_probs"}
 
 # --advantage-estimator -> the policy loss it trains with.
 ESTIMATOR_LOSS = {"gspo": "gspo", "sapo": "sapo"}
@@ -131,16 +135,22 @@ def shard_rows(num_rows: int, num_steps: int, world_size: int) -> list[list[int]
             for r in range(world_size)]
 
 
+def step_plan(loss_masks: list[list[int]], global_batch_size: int,
+              world_size: int) -> tuple[int, list[list[int]], list[int]]:
+    """How a step's rows train: (optimizer steps, row indices per rank, loss tokens per step)."""
+    n_rows = len(loss_masks)
+    num_steps = max(1, n_rows // global_batch_size)
+    per_step = n_rows // num_steps
+    tokens_per_step = [int(sum(sum(loss_masks[i]) for i in range(s * per_step, (s + 1) * per_step)))
+                       for s in range(num_steps)]
+    return num_steps, shard_rows(n_rows, num_steps, world_size), tokens_per_step
+
+
 async def train_on_rows(group: RayActorGroup, batch: dict[str, Any], global_batch_size: int) -> list[dict[str, float]]:
     """`len(rows) / global_batch_size` optimizer steps of `group` over `batch` (per-row lists),
     sharded over its ranks; returns each rank's metrics."""
-    n_rows = len(batch["tokens"])
-    num_steps = max(1, n_rows // global_batch_size)
-    shards_idx = shard_rows(n_rows, num_steps, group.world_size)
+    num_steps, shards_idx, tokens_per_step = step_plan(batch["loss_masks"], global_batch_size, group.world_size)
     shards = [{k: [v[i] for i in idx] for k, v in batch.items() if isinstance(v, list)} for idx in shards_idx]
-    per_step = n_rows // num_steps
-    tokens_per_step = [int(sum(sum(batch["loss_masks"][i]) for i in range(s * per_step, (s + 1) * per_step)))
-                       for s in range(num_steps)]
     return await group.call_sharded("train", shards, num_steps, tokens_per_step)
 
 
@@ -262,30 +272,36 @@ class Actor:
             await tq.clear(rollout_id)
             return {}
         start = time.perf_counter()
-        if self.cfg.cluster.fully_async:
-            await self._wait_rows(rollout_id)
-        keys, batch, metrics = await self._read_batch(rollout_id)
-        metrics["time/wait_rows"] = time.perf_counter() - start
-        n_rows = len(batch["tokens"])
-        shards_idx = shard_rows(n_rows, max(1, n_rows // self.cfg.batch.global_batch_size), self.group.world_size)
-        t0 = time.perf_counter()
-        if "log_probs" in batch:  # fully async: ActorFwd wrote them
-            batch["old_log_probs"] = batch.pop("log_probs")
+        trains = trains_actor(self.cfg, rollout_id)
+        passes = self.cfg.cluster.num_iters_per_train_update if self.cfg.cluster.fully_async else 1
+        results: list[dict[str, float]] = []
+        if self.cfg.cluster.fully_async and trains:  # the first pass streams rows as they complete
+            keys, batch, metrics, results = await self._stream_pass(rollout_id)
+            passes -= 1
         else:
-            batch["old_log_probs"] = await self._old_log_probs(batch, shards_idx)
-        metrics["time/old_log_probs"] = time.perf_counter() - t0
+            if self.cfg.cluster.fully_async:
+                await self._wait_rows(rollout_id)
+            keys, batch, metrics = await self._read_batch(rollout_id)
+            metrics["time/wait_rows"] = time.perf_counter() - start
+            t0 = time.perf_counter()
+            if "log_probs" in batch:  # fully async: ActorFwd wrote them
+                batch["old_log_probs"] = batch.pop("log_probs")
+            else:
+                batch["old_log_probs"] = await self._old_log_probs(batch)
+            metrics["time/old_log_probs"] = time.perf_counter() - t0
         if "advantages" not in batch:  # fully async: the Advantages role wrote them
             batch["advantages"], returns, adv_metrics = batch_advantages(self.cfg, batch)
             metrics |= adv_metrics
         self._save_batch(rollout_id, batch)
-        if trains_actor(self.cfg, rollout_id):
+        if trains:
             t0 = time.perf_counter()
-            iters = self.cfg.cluster.num_iters_per_train_update if self.cfg.cluster.fully_async else 1
-            for _ in range(iters):  # --num-iters-per-train-update: passes over the step's data
+            compute = max((r.pop("compute_seconds") for r in results), default=0.0)
+            for _ in range(passes):  # --num-iters-per-train-update: passes over the step's data
                 results = await train_on_rows(self.group, batch, self.cfg.batch.global_batch_size)
-            metrics["time/train_step"] = time.perf_counter() - t0
+                compute += max(r.pop("compute_seconds") for r in results)
+            metrics["time/train_step"] = metrics.get("time/train_step", 0.0) + time.perf_counter() - t0
             # Ranks run in parallel: the slowest one's forward/backward/optimizer time is the compute.
-            metrics["compute/train_seconds"] = max(r.pop("compute_seconds") for r in results)
+            metrics["compute/train_seconds"] = compute
             metrics.update(mean_over_ranks(results, prefix="train"))
         else:
             metrics["train/critic_only_step"] = 1.0
@@ -299,6 +315,65 @@ class Actor:
         metrics["time/train"] = time.perf_counter() - start
         return metrics
 
+    async def _stream_pass(self, rollout_id: int) -> tuple[list[str], dict[str, Any], dict[str, float],
+                                                            list[dict[str, float]]]:
+        """Fully async streaming loader: the first training pass over step `rollout_id`.
+
+        Once Rollout has written every row (the micro-batch plan and the loss normalisers need
+        all rows' lengths and masks), the ranks plan the pass (`train_begin`) and are fed each
+        row as soon as ActorFwd, Reference and Advantages have completed it (`train_rows`); a
+        micro-batch runs when all its rows are in, in the plan's order, so the pass computes
+        exactly what a whole-step pass does. Returns the assembled batch and each rank's metrics."""
+        start, backoff = time.perf_counter(), Backoff()
+        while await tq.step_rows(rollout_id) is None:
+            await backoff.wait()
+        keys, batch, metrics = await self._read_batch(rollout_id, scored=False)
+        metrics["time/wait_rows"] = time.perf_counter() - start
+        t0 = time.perf_counter()
+        fields = self._scored_fields()
+        for name in fields:
+            batch[name] = [None] * len(keys)
+        num_steps, shards_idx, tokens_per_step = step_plan(batch["loss_masks"], self.cfg.batch.global_batch_size,
+                                                           self.group.world_size)
+        await self.group.call_sharded("train_begin", [[len(batch["tokens"][i]) for i in idx] for idx in shards_idx],
+                                      num_steps, tokens_per_step)
+        where = {i: (rank, pos) for rank, idx in enumerate(shards_idx) for pos, i in enumerate(idx)}
+        index = {key: i for i, key in enumerate(keys)}
+        pending: list[tuple[int, Any]] = []  # (rank, ObjectRef of its train_rows call)
+
+        async def feed(ready: list[str], cols: dict[str, Any]) -> None:
+            rows = [index[k] for k in ready]
+            for name in fields:
+                for j, i in enumerate(rows):
+                    value = cols[name][j]
+                    batch[name][i] = value.tolist() if hasattr(value, "tolist") else value
+            per_rank: dict[int, list[tuple[int, int]]] = {}
+            for i in rows:
+                if i in where:  # rows past the last full optimizer step are not trained
+                    per_rank.setdefault(where[i][0], []).append((where[i][1], i))
+            for rank, items in per_rank.items():
+                columns = {_TRAIN_NAMES.get(name, name): [batch[name][i] for _, i in items]
+                           for name in batch if isinstance(batch[name], list)}
+                columns.setdefault("old_log_probs", columns["rollout_log_probs"])  # --use-rollout-logprobs
+                pending.append((rank, self.group.submit(rank, "train_rows", [pos for pos, _ in items], columns)))
+
+        await tq.stream_step(rollout_id, task="actor", chunk=self.cfg.rollout.n_samples_per_prompt, fields=fields,
+                             score=feed, alive=lambda: True)
+        ran = await asyncio.gather(*(ref for _, ref in pending))
+        results = await self.group.call("train_end")
+        # Micro-batches a rank ran before its last rows arrived: training overlapped with scoring.
+        last = {rank: i for i, (rank, _) in enumerate(pending)}
+        metrics["train/early_micro_batches"] = float(sum(n for i, n in enumerate(ran) if i != last[pending[i][0]]))
+        batch["old_log_probs"] = batch.pop("log_probs", None) or batch["rollout_log_probs"]
+        metrics["time/train_step"] = time.perf_counter() - t0
+        metrics["time/old_log_probs"] = 0.0  # ActorFwd's job in fully-async mode
+        return keys, batch, metrics, results
+
+    def _scored_fields(self) -> list[str]:
+        """The columns other fully-async roles add to a row before the Actor can train on it."""
+        fields = ["advantages"] + (["ref_log_probs"] if needs_reference(self.cfg) else [])
+        return fields + ([] if self.cfg.algo.use_rollout_logprobs else ["log_probs"])
+
     async def _save_for_reference(self, rollout_id: int) -> None:
         path = Path(reference_sync_dir(self.cfg))
         shutil.rmtree(path, ignore_errors=True)
@@ -306,19 +381,13 @@ class Actor:
         await self.group.call("save", str(path), rollout_id, False)
         (path / "for_step.txt").write_text(str(rollout_id + 1))
 
-    async def _wait_rows(self, rollout_id: int, poll_s: float = 0.02) -> None:
-        """Fully async: until Rollout marked the step done and every row has its advantages."""
-        fields = ["advantages"] + (["ref_log_probs"] if needs_reference(self.cfg) else [])
-        fields += [] if self.cfg.algo.use_rollout_logprobs else ["log_probs"]
-        done = 0
-        while True:
-            total = await tq.step_rows(rollout_id)
-            keys, _ = await tq.fetch_ready(rollout_id, fields, task="actor",
-                                           chunk=max(1, (total or 1) - done) if total else 1 << 30)
-            done += len(keys)
-            if total is not None and done >= total:
-                return
-            await asyncio.sleep(poll_s)
+    async def _wait_rows(self, rollout_id: int) -> None:
+        """Fully async, no training this step: until every row of the step is complete."""
+        async def skip(keys: list[str], cols: dict[str, Any]) -> None:
+            pass
+
+        await tq.stream_step(rollout_id, task="actor", chunk=self.cfg.rollout.n_samples_per_prompt,
+                             fields=self._scored_fields(), score=skip, alive=lambda: True)
 
     def _save_batch(self, rollout_id: int, batch: dict[str, Any]) -> None:
         """`--save-debug-train-data` / `--dump-details`: the exact batch the optimizer steps see."""
@@ -330,11 +399,12 @@ class Actor:
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
             torch.save({"rollout_id": rollout_id, **batch}, path)
 
-    async def _old_log_probs(self, batch: dict[str, Any], shards_idx: list[list[int]]) -> list[list[float]]:
+    async def _old_log_probs(self, batch: dict[str, Any]) -> list[list[float]]:
         """The behaviour policy's log-probs: recomputed on the current weights (default) or the
         engine's (`--use-rollout-logprobs`)."""
         if self.cfg.algo.use_rollout_logprobs:
             return batch["rollout_log_probs"]
+        _, shards_idx, _ = step_plan(batch["loss_masks"], self.cfg.batch.global_batch_size, self.group.world_size)
         shards = [{"tokens": [batch["tokens"][i] for i in idx],
                    "response_lengths": [batch["response_lengths"][i] for i in idx]} for idx in shards_idx]
         results = await self.group.call_sharded("compute_log_probs", shards)
@@ -344,11 +414,16 @@ class Actor:
                 old[i] = lp
         return old
 
-    async def _read_batch(self, rollout_id: int) -> tuple[list[str], dict[str, Any], dict[str, float]]:
+    async def _read_batch(self, rollout_id: int, *, scored: bool = True) -> tuple[list[str], dict[str, Any],
+                                                                                dict[str, float]]:
+        """The step's rows in key order, after the staleness check. `scored=False`: Rollout's
+        columns only (the streaming loader reads the others as they are written)."""
         keys = await tq.list_keys(rollout_id)
         extra = {"ref_log_probs": needs_reference(self.cfg), "values": uses_critic(self.cfg),
                  "teacher_log_probs": needs_teacher(self.cfg)}
-        if self.cfg.cluster.fully_async:  # written by the Advantages and ActorFwd roles
+        if not scored:
+            extra = {}
+        elif self.cfg.cluster.fully_async:  # written by the Advantages and ActorFwd roles
             extra |= {"advantages": True, "log_probs": not self.cfg.algo.use_rollout_logprobs}
         fields = list(tq.ROLLOUT_COLUMNS) + [name for name, wanted in extra.items() if wanted]
         cols = await tq.get_columns(rollout_id, keys, fields)
@@ -369,7 +444,7 @@ class Actor:
         for name in ("ref_log_probs", "values", "teacher_log_probs", "log_probs", "advantages"):
             if name in cols:
                 batch[name] = [v.tolist() for v in cols[name]]
-        if self.cfg.cluster.fully_async and self.cfg.algo.use_rollout_logprobs:
+        if scored and self.cfg.cluster.fully_async and self.cfg.algo.use_rollout_logprobs:
             batch["log_probs"] = batch["rollout_log_probs"]
         return keys, batch, metrics
 

@@ -16,7 +16,6 @@ weights at least as new as the ones that generated the row.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from pathlib import Path
@@ -28,12 +27,12 @@ from relax.distributed import transfer_queue as tq
 from relax.distributed.checkpoint_service.transports import RayEndpoint
 from relax.distributed.ray.actor_group import RayActorGroup
 from relax.utils.logging import setup_logging
+from relax.utils.poll import Backoff
 
 logger = logging.getLogger(__name__)
 
 # role -> the column it writes
 COLUMNS = {"reference": "ref_log_probs", "actor_fwd": "log_probs"}
-POLL_SECONDS = 0.02
 
 
 async def read_rows(rollout_id: int) -> tuple[list[str], list[list[int]], list[int]]:
@@ -65,22 +64,13 @@ async def score_rows(group: RayActorGroup, tokens: list[list[int]], lengths: lis
 async def stream_steps(start: int, end: int, *, task: str, chunk: int, fields: list[str],
                        score: Callable[[int, list[str], dict[str, Any]], Awaitable[None]],
                        alive: Callable[[], bool]) -> None:
-    """Fully async: for each step, hand every row to `score` as soon as its `fields` are written
-    (in chunks of `chunk` rows, the last chunk smaller), until Rollout marked the step done and
-    all its rows were scored. Shared by ActorFwd, Reference and the Critic."""
+    """Fully async: `tq.stream_step` over steps `start..end-1`, handing `score(step, keys, cols)`
+    every row as soon as its `fields` are written. Shared by ActorFwd, Reference and the Critic."""
     for step in range(start, end):
-        done = 0
-        while alive():
-            total = await tq.step_rows(step)
-            want = chunk if total is None else max(1, min(chunk, total - done))
-            keys, cols = await tq.fetch_ready(step, fields, task=task, chunk=want)
-            if keys:
-                await score(step, keys, cols)
-                done += len(keys)
-                continue
-            if total is not None and done >= total:
-                break
-            await asyncio.sleep(POLL_SECONDS)
+        if not alive():
+            return
+        await tq.stream_step(step, task=task, chunk=chunk, fields=fields, alive=alive,
+                             score=lambda keys, cols, step=step: score(step, keys, cols))
 
 
 class ActorFwd:
@@ -101,6 +91,7 @@ class ActorFwd:
         overrides = self.cfg.cluster.ref_actor_config or {}
         self.group = make_worker_group(self.cfg, "reference", model_path, n,
                                        threads=overrides.get("threads"), name=self.role)
+        await self.group.ready()  # receivers() hands out these ranks: they must be the final ones
         return {}
 
     def receivers(self) -> list[RayEndpoint]:
@@ -148,11 +139,12 @@ class ActorFwd:
                            alive=lambda: not self.stopping and self.group is not None)
 
     async def _wait_weights(self, version: int) -> None:
+        backoff = Backoff(max_s=0.05)
         while not self.stopping:
             held = await self.group.call_rank0("weight_version")
             if held is not None and held >= version:
                 return
-            await asyncio.sleep(POLL_SECONDS)
+            await backoff.wait()
 
     def pop_compute_seconds(self) -> float:
         value, self.compute_seconds = self.compute_seconds, 0.0

@@ -1,23 +1,23 @@
 """Advantages role (fully async, CPU): writes `advantages` onto each step's rows.
 
-It waits until every row of a step has the columns its estimator needs (rewards and masks
-from Rollout; `log_probs` from ActorFwd and `ref_log_probs` from Reference when KL reward
-shaping is on), then computes the step's advantages with the same function the colocate Actor
-uses (`relax.components.actor.batch_advantages`). Whole steps, not groups: REINFORCE++ and
-`--normalize-advantages` whiten over the batch, and the step is cheap next to a forward pass.
+It reads rows as they get the columns its estimator needs (rewards and masks from Rollout;
+`log_probs` from ActorFwd and `ref_log_probs` from Reference when KL reward shaping is on) and
+computes advantages with the same function the colocate Actor uses
+(`relax.components.actor.batch_advantages`). When a group's advantages depend on that group
+alone (GRPO-family estimators, GAE) each group is written as soon as its rows are in, so the
+Actor's streaming loader can start on it; REINFORCE++(-baseline) and `--normalize-advantages`
+whiten over the batch, so they wait for the whole step.
 """
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
+from relax.algorithms.advantages import BATCH_ESTIMATORS
 from relax.components.actor import batch_advantages, jagged, uses_critic
 from relax.config.schema import RelaxConfig
 from relax.distributed import transfer_queue as tq
 from relax.utils.logging import setup_logging
-
-POLL_SECONDS = 0.02
 
 
 def as_list(value: Any) -> Any:
@@ -25,8 +25,24 @@ def as_list(value: Any) -> Any:
     return value.tolist() if hasattr(value, "tolist") else value
 
 
+def per_group(cfg: RelaxConfig) -> bool:
+    """Whether a group's advantages depend on its own rows only (no batch whitening)."""
+    return cfg.algo.advantage_estimator not in BATCH_ESTIMATORS and not cfg.algo.normalize_advantages
+
+
+def complete_groups(rows: dict[str, dict[str, Any]], group_size: int) -> list[list[str]]:
+    """Keys of every group with all `group_size` rows present (by `group_indices`), in key order.
+    Rows without a group (index -1, e.g. from a custom conversion) never form one."""
+    groups: dict[int, list[str]] = {}
+    for key, row in rows.items():
+        g = int(as_list(row["group_indices"]))
+        if g >= 0:
+            groups.setdefault(g, []).append(key)
+    return [sorted(keys, key=int) for _, keys in sorted(groups.items()) if len(keys) == group_size]
+
+
 def needed_columns(cfg: RelaxConfig) -> list[str]:
-    cols = ["rewards", "loss_masks", "response_lengths"] + (["values"] if uses_critic(cfg) else [])
+    cols = ["rewards", "loss_masks", "response_lengths", "group_indices"] + (["values"] if uses_critic(cfg) else [])
     if cfg.algo.kl_coef != 0:
         cols += ["ref_log_probs"] + ([] if cfg.algo.use_rollout_logprobs else ["log_probs"])
     return cols
@@ -43,26 +59,23 @@ class Advantages:
         return {}
 
     async def run(self, start: int, end: int) -> None:
-        fields = needed_columns(self.cfg)
+        fields, n = needed_columns(self.cfg), self.cfg.rollout.n_samples_per_prompt
+        local = per_group(self.cfg)
         for step in range(start, end):
-            rows: dict[str, dict[str, Any]] = {}
-            while not self.stopping:
-                total = await tq.step_rows(step)
-                keys, cols = await tq.fetch_ready(step, fields, task="advantages",
-                                                  chunk=max(1, self.cfg.rollout.n_samples_per_prompt))
+            rows: dict[str, dict[str, Any]] = {}  # read, advantages not yet written
+
+            async def take(keys: list[str], cols: dict[str, Any], step: int = step) -> None:
                 for i, key in enumerate(keys):
                     rows[key] = {name: cols[name][i] for name in fields}
-                if total is not None and len(rows) < total and total - len(rows) < self.cfg.rollout.n_samples_per_prompt:
-                    keys, cols = await tq.fetch_ready(step, fields, task="advantages", chunk=total - len(rows))
-                    for i, key in enumerate(keys):
-                        rows[key] = {name: cols[name][i] for name in fields}
-                if total is not None and len(rows) >= total:
-                    break
-                if not keys:
-                    await asyncio.sleep(POLL_SECONDS)
+                for group in complete_groups(rows, n) if local else []:
+                    await self.compute(step, {k: rows.pop(k) for k in group})
+
+            await tq.stream_step(step, task="advantages", chunk=n, fields=fields, score=take,
+                                 alive=lambda: not self.stopping)
             if self.stopping:
                 return
-            await self.compute(step, rows)
+            if rows:  # the whole step (batch estimators), or rows outside any full group
+                await self.compute(step, rows)
 
     async def compute(self, step: int, rows: dict[str, dict[str, Any]]) -> None:
         keys = sorted(rows, key=int)  # sample order, as the Actor reads them: groups contiguous

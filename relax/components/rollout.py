@@ -32,6 +32,7 @@ from relax.utils.http_utils import close_sessions
 from relax.utils.metrics import pass_rates
 from relax.utils.logging import run_token, setup_logging
 from relax.utils.plugins import call_maybe_async, import_object, load_plugin
+from relax.utils.poll import Backoff
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +56,8 @@ class Rollout:
         self.finished: dict[int, dict[str, float]] = {}
         self.step_events: dict[int, asyncio.Event] = {}
         self.snapshots: dict[int, dict[str, Any]] = {}
-        self.started_at: int | None = None
+        self.failed: dict[int, BaseException] = {}
+        self._busy_mark: list[float] = []  # engines' busy seconds when the last async step reported
         self.stopping = False
 
     # ---- lifecycle ---------------------------------------------------------------------
@@ -152,24 +154,59 @@ class Rollout:
 
         Step s may start only when every engine holds weights of version >= s - max_staleness;
         the Actor trains step s at version s, so no row it trains lags more than the bound.
-        Groups stream into the step's partition as they finish."""
+        Groups stream into the step's partition as they finish. Once a step has drawn its prompts
+        (`StepState.prompts_drawn`) the next one may start while its slowest samples finish, so
+        the engines' batches stay full instead of draining to the longest response."""
         bound = self.cfg.cluster.max_staleness
-        for step in range(start, end):
-            wait_start = time.perf_counter()
-            self.started_at = await self._wait_engine_version(step - bound)
-            waited = time.perf_counter() - wait_start
-            if self.stopping:
-                return
-            metrics = await self.generate(step)
-            metrics["rollout/staleness_wait_seconds"] = waited
-            metrics["rollout/started_at_version"] = float(self.started_at)
-            if hasattr(self.data_source, "state_dict"):
-                self.snapshots[step] = copy.deepcopy(self.data_source.state_dict())
-                # The Actor trains (and checkpoints) at most `bound + 1` steps behind this one.
-                for old in [s for s in self.snapshots if s < step - bound - 1]:
-                    del self.snapshots[old]
-            self.finished[step] = metrics
+        self._busy_mark = await self._engine_busy_seconds()
+        running: list[asyncio.Task] = []
+        try:
+            for step in range(start, end):
+                wait_start = time.perf_counter()
+                started_at = await self._wait_engine_version(step - bound)
+                if self.stopping:
+                    return
+                state = sglang_rollout.StepState()
+                task = asyncio.create_task(self._run_step(step, state, started_at, time.perf_counter() - wait_start))
+                running.append(task)
+                # The next step draws from the data source only after this one is done with it.
+                drawn = asyncio.create_task(state.prompts_drawn.wait())
+                await asyncio.wait([task, drawn], return_when=asyncio.FIRST_COMPLETED)
+                drawn.cancel()
+                if task.done():
+                    task.result()  # a failed step fails the run
+                self._snapshot(step, bound)
+                for t in [t for t in running if t.done()]:
+                    t.result()
+                running = [t for t in running if not t.done()]
+            await asyncio.gather(*running)
+        finally:
+            for t in running:
+                t.cancel()
+
+    async def _run_step(self, step: int, state: Any, started_at: int, waited: float) -> None:
+        """One fully-async step in its own task (its own `StepState`), then announce it."""
+        sglang_rollout.enter_step(state)
+        try:
+            metrics = await self.generate(step, started_at=started_at)
+        except BaseException as exc:  # the Actor waiting for this step hears of it
+            self.failed[step] = exc
             self._event(step).set()
+            raise
+        metrics["rollout/staleness_wait_seconds"] = waited
+        metrics["rollout/started_at_version"] = float(started_at)
+        self.finished[step] = metrics
+        self._event(step).set()
+
+    def _snapshot(self, step: int, bound: int) -> None:
+        """The data position right after step `step` drew its prompts (what a checkpoint of
+        that step must resume from, even though later steps have drawn since)."""
+        if not hasattr(self.data_source, "state_dict"):
+            return
+        self.snapshots[step] = copy.deepcopy(self.data_source.state_dict())
+        # The Actor trains (and checkpoints) at most `bound + 1` steps behind this one.
+        for old in [s for s in self.snapshots if s < step - bound - 1]:
+            del self.snapshots[old]
 
     def _event(self, step: int) -> asyncio.Event:
         return self.step_events.setdefault(step, asyncio.Event())
@@ -178,6 +215,9 @@ class Rollout:
         """Fully async: wait until step `step` is generated; its rollout metrics."""
         await self._event(step).wait()
         self.step_events.pop(step, None)
+        if step in self.failed:
+            exc = self.failed.pop(step)
+            raise RuntimeError(f"rollout step {step} failed: {type(exc).__name__}: {exc}") from exc
         return self.finished.pop(step)
 
     async def engine_version(self) -> int:
@@ -185,38 +225,44 @@ class Rollout:
         versions = await asyncio.gather(*(c.get_weight_version() for c in self.clients))
         return min(sglang_rollout.parse_weight_version(v) for v in versions)
 
-    async def _wait_engine_version(self, minimum: int, poll_s: float = 0.02) -> int:
+    async def _wait_engine_version(self, minimum: int) -> int:
         if not self.clients:  # replay: no engines; the Actor's version stands for theirs
             return max(minimum, 0)
+        backoff = Backoff(max_s=0.05)  # each poll is an HTTP call to every engine
         while not self.stopping:
             version = await self.engine_version()
             if version >= minimum:
                 return version
-            await asyncio.sleep(poll_s)
+            await backoff.wait()
         return minimum
 
     # ---- per step ----------------------------------------------------------------------
-    async def generate(self, rollout_id: int) -> dict[str, float]:
+    async def generate(self, rollout_id: int, *, started_at: int | None = None) -> dict[str, float]:
         """Run one rollout step and write its samples to partition `train_{rollout_id}`.
 
         In fully-async mode kept groups are written as soon as they are final (the remaining
-        ones, e.g. from a custom rollout function, at the end); then the step is marked done."""
+        ones, e.g. from a custom rollout function, at the end), stamped with `started_at` (the
+        engines' weight version when the step started); then the step is marked done."""
         start = time.perf_counter()
-        busy_before = await self._engine_busy_seconds()
+        busy_before = [] if self.cfg.cluster.fully_async else await self._engine_busy_seconds()
         state = sglang_rollout.GenerateState(self.args)
+        step = state.step
         streamed: set[int] = set()
         # A reward post-process or a custom train-data conversion needs the whole step: no streaming.
         if self.cfg.cluster.fully_async and self.reward_post_process is None and self.convert_samples is None:
             async def sink(group: list[Sample]) -> None:
                 await tq.put_samples(rollout_id, group, [state.reward_executor.reward_value(s) for s in group],
-                                     started_at=self.started_at)
+                                     started_at=started_at)
                 streamed.update(s.index for s in group)
-            state.group_sink = sink
+            step.group_sink = sink
         try:
             groups = await self._call_rollout_fn(rollout_id)
         finally:
-            state.group_sink = None
-        busy = [after - before for before, after in zip(busy_before, await self._engine_busy_seconds())]
+            step.group_sink = None
+        busy_after = await self._engine_busy_seconds()
+        if self.cfg.cluster.fully_async:  # steps overlap: each reports the engine time since the last report
+            busy_before, self._busy_mark = self._busy_mark, busy_after
+        busy = [after - before for before, after in zip(busy_before, busy_after)]
         if self.cfg.debug.save_debug_rollout_data:
             await asyncio.to_thread(save_rollout, self.cfg.debug.save_debug_rollout_data, rollout_id, groups)
         samples = [s for g in groups for s in g]
@@ -232,17 +278,17 @@ class Rollout:
             train_data = await call_maybe_async(self.convert_samples, self.args, samples)
         rest = [i for i, s in enumerate(samples) if s.index not in streamed]
         if train_data is not None:
-            await tq.put_samples(rollout_id, samples, rewards, train_data, started_at=self.started_at)
+            await tq.put_samples(rollout_id, samples, rewards, train_data, started_at=started_at)
         elif rest:
             await tq.put_samples(rollout_id, [samples[i] for i in rest], [rewards[i] for i in rest],
-                                 started_at=self.started_at)
+                                 started_at=started_at)
         await tq.mark_step_done(rollout_id, len(samples))
         if self.cfg.debug.dump_details:
             await asyncio.to_thread(dump_rollout_details, self.cfg.debug.dump_details, rollout_id, groups, rewards)
-        filter_stats = {k: float(v) for k, v in state.filter_stats.items()}
-        state.filter_stats.clear()
+        filter_stats = {k: float(v) for k, v in step.filter_stats.items()}
+        step.filter_stats.clear()
         if self.cfg.rollout.partial_rollout:  # aborted by a weight push, resumed on the new weights
-            filter_stats |= partial_metrics(state.partial_stats)
+            filter_stats |= partial_metrics(step.partial_stats)
         return rollout_metrics(samples, rewards, prefix="rollout") | {
             "time/rollout": time.perf_counter() - start, "compute/generate_seconds": max(busy, default=0.0),
             **executor.stats(reset=True), **filter_stats}
@@ -260,8 +306,8 @@ class Rollout:
         return await asyncio.to_thread(self.rollout_fn, self.args, rollout_id, self.data_source)
 
     def progress(self) -> tuple[int, int]:
-        state = sglang_rollout.GenerateState(self.args)
-        return state.done, state.total
+        step = sglang_rollout.GenerateState(self.args).step  # colocate: one step at a time, the default
+        return step.done, step.total
 
     async def evaluate(self, rollout_id: int) -> dict[str, float]:
         """Run the eval function on every eval set and report reward, length and pass-rate metrics.

@@ -9,11 +9,12 @@ columns travel as jagged nested tensors and come back as lists of 1-D tensors.
 from __future__ import annotations
 
 import logging
-from typing import Any, Sequence
+from typing import Any, Awaitable, Callable, Sequence
 
 import torch
 
 from relax.types import Sample
+from relax.utils.poll import Backoff
 
 logger = logging.getLogger(__name__)
 
@@ -201,6 +202,29 @@ async def fetch_ready(step: int, fields: Sequence[str], task: str, chunk: int) -
             value = _unpack(data[name])
             columns[name].extend(value if isinstance(value, list) else value.tolist())
     return keys, columns
+
+
+async def stream_step(step: int, *, task: str, chunk: int, fields: Sequence[str],
+                      score: Callable[[list[str], dict[str, Any]], Awaitable[None]],
+                      alive: Callable[[], bool]) -> int:
+    """Hand every row of `step` to `await score(keys, columns)` as soon as its `fields` are
+    written (in chunks of `chunk` rows, the last one smaller), until Rollout marked the step done
+    and every row was handed over; returns how many. Polls with backoff while nothing is ready.
+    The fully-async consumers (ActorFwd, Reference, Critic, Advantages, the Actor) read this way."""
+    done, backoff = 0, Backoff()
+    while alive():
+        total = await step_rows(step)
+        want = chunk if total is None else max(1, min(chunk, total - done))
+        keys, cols = await fetch_ready(step, fields, task=task, chunk=want)
+        if keys:
+            await score(keys, cols)
+            done += len(keys)
+            backoff.reset()
+            continue
+        if total is not None and done >= total:
+            break
+        await backoff.wait()
+    return done
 
 
 async def mark_step_done(step: int, num_rows: int) -> None:

@@ -98,6 +98,22 @@ def sync_metrics(stats: Any) -> dict[str, float]:
             "weight_sync/version": float(stats.version)}
 
 
+@dataclasses.dataclass
+class _TrainPass:
+    """One pass over a shard (see `FSDPTrainWorker.train_begin`): the micro-batch plan per
+    optimizer step (row positions), the rows arrived so far and where the pass stands."""
+
+    plan: list[list[list[int]]]
+    global_tokens: list[int]
+    num_rows: int
+    batch: dict[str, list[Any]] = dataclasses.field(default_factory=dict)
+    arrived: set[int] = dataclasses.field(default_factory=set)
+    step: int = 0
+    micro: int = 0
+    sums: dict[str, float] = dataclasses.field(default_factory=dict)
+    totals: dict[str, float] = dataclasses.field(default_factory=dict)
+
+
 class FSDPTrainWorker:
     def __init__(self, rank: int, world_size: int, master_addr: str, master_port: int, spec: TrainerSpec) -> None:
         self.rank, self.world_size, self.spec = rank, world_size, spec
@@ -119,6 +135,7 @@ class FSDPTrainWorker:
         self._loop: asyncio.AbstractEventLoop | None = None
         self.step = 0
         self.compute_seconds = 0.0
+        self._pass: _TrainPass | None = None
 
     # ---- setup -------------------------------------------------------------------------
     def _seed(self, seed: int) -> None:
@@ -219,9 +236,9 @@ class FSDPTrainWorker:
         mask_BT = mask_BT.to(self.device)
         return values_BL.gather(1, index_BT) * mask_BT, mask_BT
 
-    def _micro_batches(self, tokens: list[list[int]], max_tokens: int | None) -> list[list[int]]:
+    def _micro_batches(self, lengths: list[int], max_tokens: int | None) -> list[list[int]]:
         b = self.spec.batch
-        return split_micro_batches([len(t) for t in tokens], micro_batch_size=b.micro_batch_size,
+        return split_micro_batches(lengths, micro_batch_size=b.micro_batch_size,
                                    max_tokens=max_tokens if b.use_dynamic_batch_size else None)
 
     @torch.no_grad()
@@ -232,7 +249,7 @@ class FSDPTrainWorker:
         tokens, lengths = batch["tokens"], batch["response_lengths"]
         budget = self.spec.batch.log_probs_max_tokens_per_gpu or self.spec.batch.max_tokens_per_gpu
         out: list[list[float]] = [[] for _ in tokens]
-        for idx in self._micro_batches(tokens, budget):
+        for idx in self._micro_batches([len(t) for t in tokens], budget):
             logp_BT, _, _ = self._forward([tokens[i] for i in idx], [lengths[i] for i in idx])
             for row, i in enumerate(idx):
                 out[i] = logp_BT[row, : lengths[i]].cpu().tolist()
@@ -249,7 +266,7 @@ class FSDPTrainWorker:
         tokens, lengths = batch["tokens"], batch["response_lengths"]
         budget = self.spec.batch.log_probs_max_tokens_per_gpu or self.spec.batch.max_tokens_per_gpu
         out: list[list[float]] = [[] for _ in tokens]
-        for idx in self._micro_batches(tokens, budget):
+        for idx in self._micro_batches([len(t) for t in tokens], budget):
             values_BT, _ = self._values([tokens[i] for i in idx], [lengths[i] for i in idx])
             for row, i in enumerate(idx):
                 out[i] = values_BT[row, : lengths[i]].cpu().tolist()
@@ -268,35 +285,73 @@ class FSDPTrainWorker:
         batch: tokens, response_lengths, loss_masks, advantages, old_log_probs, and optionally
         ref_log_probs / rollout_log_probs — all per sample, response-aligned. A critic's batch
         has values (the old values) and returns instead of advantages and log-probs.
+        The whole shard at once: `train_begin`, `train_rows` with every row, `train_end`.
         """
-        self.model.train()
-        start = time.perf_counter()
-        n = len(batch["tokens"])
-        per_step = n // num_steps
-        totals: dict[str, float] = {}
+        self.train_begin([len(t) for t in batch["tokens"]], num_steps, global_tokens_per_step)
+        self.train_rows(list(range(len(batch["tokens"]))), batch)
+        return self.train_end()
+
+    def train_begin(self, lengths: list[int], num_steps: int, global_tokens_per_step: list[int]) -> None:
+        """Start a pass over a shard of `len(lengths)` rows (token counts `lengths`) whose rows
+        arrive later, in any order, through `train_rows` (the fully-async streaming loader).
+        The micro-batch plan is fixed now from the lengths, as `train` would make it, so a
+        streamed pass computes exactly what a whole-shard pass does."""
+        if self.optimizer is None:
+            raise RuntimeError(f"{self.spec.role} workers do not train")
+        per_step = len(lengths) // num_steps
+        plan = []
         for s in range(num_steps):
             rows = list(range(s * per_step, (s + 1) * per_step))
-            metrics = self._optimizer_step(batch, rows, global_tokens_per_step[s])
-            for k, v in metrics.items():
-                op = "max" if k.endswith("_max") else "min" if k.endswith("_min") else "sum"
-                totals[k] = reduce_metric(op, totals.get(k), v if op != "sum" else v / num_steps)
-        self.compute_seconds += time.perf_counter() - start
-        totals["compute_seconds"] = self.pop_compute_seconds()
-        return totals
+            micro = self._micro_batches([lengths[i] for i in rows], self.spec.batch.max_tokens_per_gpu)
+            plan.append([[rows[i] for i in idx] for idx in micro])
+        self._pass = _TrainPass(plan=plan, global_tokens=list(global_tokens_per_step), num_rows=len(lengths))
+        self.model.train()
 
-    def _optimizer_step(self, batch: dict[str, Any], rows: list[int], global_tokens: int) -> dict[str, float]:
-        assert self.optimizer is not None, f"{self.spec.role} workers do not train"
-        self.optimizer.zero_grad(set_to_none=True)
-        tokens = [batch["tokens"][i] for i in rows]
-        micro = self._micro_batches(tokens, self.spec.batch.max_tokens_per_gpu)
-        sums: dict[str, float] = {}
-        for m, idx in enumerate(micro):
-            rows_m = [rows[i] for i in idx]
-            self.model.set_requires_gradient_sync(m == len(micro) - 1)
-            out = self._micro_loss(batch, rows_m, num_samples=len(rows), num_tokens=global_tokens / self.world_size)
+    def train_rows(self, positions: list[int], columns: dict[str, list[Any]]) -> int:
+        """Rows `positions` of the shard (values per column, in that order) have arrived: run
+        every micro-batch whose rows are all in, in plan order, stepping the optimizer after
+        each step's last one. Returns how many micro-batches ran."""
+        p = self._pass
+        if p is None:
+            raise RuntimeError("train_rows before train_begin")
+        for name, values in columns.items():
+            column = p.batch.setdefault(name, [None] * p.num_rows)
+            for pos, value in zip(positions, values):
+                column[pos] = value
+        p.arrived.update(positions)
+        start, ran = time.perf_counter(), 0
+        while p.step < len(p.plan) and all(i in p.arrived for i in p.plan[p.step][p.micro]):
+            micro = p.plan[p.step]
+            if p.micro == 0:
+                self.optimizer.zero_grad(set_to_none=True)
+            rows = [r for m in micro for r in m]
+            self.model.set_requires_gradient_sync(p.micro == len(micro) - 1)
+            out = self._micro_loss(p.batch, micro[p.micro], num_samples=len(rows),
+                                   num_tokens=p.global_tokens[p.step] / self.world_size)
             out.loss.backward()
             for k, v in out.metrics.items():
-                sums[k] = reduce_metric(out.reduce_ops.get(k, "sum"), sums.get(k), float(v))
+                p.sums[k] = reduce_metric(out.reduce_ops.get(k, "sum"), p.sums.get(k), float(v))
+            p.micro, ran = p.micro + 1, ran + 1
+            if p.micro == len(micro):
+                metrics = self._optimizer_step(p.sums)
+                for k, v in metrics.items():
+                    op = "max" if k.endswith("_max") else "min" if k.endswith("_min") else "sum"
+                    p.totals[k] = reduce_metric(op, p.totals.get(k), v if op != "sum" else v / len(p.plan))
+                p.step, p.micro, p.sums = p.step + 1, 0, {}
+        self.compute_seconds += time.perf_counter() - start
+        return ran
+
+    def train_end(self) -> dict[str, float]:
+        """Finish the pass: every optimizer step must have run. Metrics averaged over steps."""
+        p, self._pass = self._pass, None
+        if p is None or p.step < len(p.plan):
+            missing = 0 if p is None else p.num_rows - len(p.arrived)
+            raise RuntimeError(f"{self.spec.role} rank {self.rank}: train_end with {missing} row(s) of the pass "
+                               "never sent; every row of the shard must arrive through train_rows")
+        p.totals["compute_seconds"] = self.pop_compute_seconds()
+        return p.totals
+
+    def _optimizer_step(self, sums: dict[str, float]) -> dict[str, float]:
         clip = self.spec.optim.clip_grad
         params = [p for p in self.model.parameters() if p.requires_grad]
         grad_norm = torch.nn.utils.clip_grad_norm_(params, clip if clip > 0 else float("inf"))
@@ -307,8 +362,7 @@ class FSDPTrainWorker:
             logger.warning("step %d: non-finite grad norm %s; optimizer step skipped", self.step, grad_norm)
         self.scheduler.step()
         self.step += 1
-        sums.update(grad_norm=grad_norm, lr=self.scheduler.get_last_lr()[0])
-        return sums
+        return {**sums, "grad_norm": grad_norm, "lr": self.scheduler.get_last_lr()[0]}
 
     def _micro_loss(self, batch: dict[str, Any], rows: list[int], *, num_samples: int, num_tokens: float):
         if self.spec.role == "critic":

@@ -9,6 +9,10 @@ signature (optionally with `evaluation`). Both speak SGLang's `/generate` protoc
 run unchanged against SGLang or the `hf` engine. With `--partial-rollout`, a sample a weight
 update aborted is resubmitted until it completes, continuing from its partial response
 (`partial_rollout.py`).
+
+Each rollout call keeps its bookkeeping (progress, filter and partial-rollout counts, the
+fully-async group sink) in a `StepState` held by a context variable: the Rollout role runs each
+fully-async step in its own asyncio task, so steps that overlap keep theirs apart.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ import asyncio
 import copy
 import logging
 from collections import Counter
+from contextvars import ContextVar
+from dataclasses import dataclass, field
 from typing import Any
 
 from relax.engine.filters.dynamic_sampling_filters import as_filter_output
@@ -33,6 +39,35 @@ _SEED_MODULUS = 2**31 - 1
 MAX_SAMPLING_ROUNDS = 32
 # The flags that pick how a sample is scored; an eval dataset overriding one gets its own executor.
 _EXECUTOR_FLAGS = ("rm_type", "custom_rm_path", "reward_key", "group_rm")
+
+
+@dataclass(eq=False)
+class StepState:
+    """One rollout step's bookkeeping, shared by the generate calls of that step.
+
+    `group_sink`: set by the Rollout role in fully-async mode; `await group_sink(group)` runs as
+    soon as a kept group is final, so downstream roles start on it while the step generates.
+    `prompts_drawn`: set by the rollout function once it will not touch the data source again
+    for this step; the Rollout role then snapshots the data position and may start the next
+    step while this one's slowest samples finish (a rollout function that never sets it makes
+    steps run one after another)."""
+
+    done: int = 0
+    total: int = 0
+    filter_stats: Counter = field(default_factory=Counter)
+    partial_stats: Counter = field(default_factory=Counter)  # aborts resumed (partial_rollout.STAT_KEYS)
+    group_sink: Any = None
+    prompts_drawn: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+# The step the current asyncio task works for; None outside a Rollout step task (colocate,
+# evaluation, tests), where the process-wide `GenerateState.default_step` applies.
+_CURRENT_STEP: ContextVar[StepState | None] = ContextVar("relax_rollout_step", default=None)
+
+
+def enter_step(step: StepState) -> None:
+    """Make `step` the current one for this asyncio task (and the tasks it creates)."""
+    _CURRENT_STEP.set(step)
 
 
 class GenerateState:
@@ -68,13 +103,12 @@ class GenerateState:
                 expected="filter(args, samples, **kwargs) -> bool | DynamicFilterOutput")
         self._generate_functions: dict[str, Any] = {}
         self._executors: dict[tuple, Any] = {}
-        self.filter_stats: Counter[str] = Counter()
-        self.partial_stats: Counter[str] = Counter()  # aborts resumed this step (partial_rollout.STAT_KEYS)
-        self.done = 0
-        self.total = 0
-        # Set by the Rollout role in fully-async mode: `await group_sink(group)` as soon as a kept
-        # group is final, so downstream roles start on it while the step is still generating.
-        self.group_sink: Any = None
+        self.default_step = StepState()
+
+    @property
+    def step(self) -> StepState:
+        """The current step's bookkeeping (see `StepState`)."""
+        return _CURRENT_STEP.get() or self.default_step
 
     def generate_function(self, args: Any) -> Any:
         """The custom generate function `args` names (the run's, or an eval dataset's), or None."""
@@ -251,7 +285,7 @@ async def generate_group_default(args: Any, group: list[Sample], *, evaluation: 
     train_params = sampling_params(args, evaluation=evaluation)
     base = fit_to_context(train_params, len(prompt_ids), max_context_len(args, evaluation=evaluation))
     if base is None:
-        state.done += len(group)
+        state.step.done += len(group)
         return [no_room(s, prompt_ids) for s in group]
     params = [_seeded(args, s, base, evaluation=evaluation) for s in group]
     payload = {"input_ids": [prompt_ids] * len(group), "sampling_params": params, "return_logprob": True}
@@ -262,8 +296,8 @@ async def generate_group_default(args: Any, group: list[Sample], *, evaluation: 
         return await generate(args, s, _seeded(args, s, train_params, evaluation=evaluation), evaluation)
 
     cfg = PartialRolloutConfig.from_args(args)
-    group = list(await asyncio.gather(*(resume_until_done(s, resume, cfg, state.partial_stats) for s in group)))
-    state.done += len(group)
+    group = list(await asyncio.gather(*(resume_until_done(s, resume, cfg, state.step.partial_stats) for s in group)))
+    state.step.done += len(group)
     return group
 
 
@@ -285,8 +319,8 @@ async def generate_one(args: Any, sample: Sample, *, evaluation: bool = False) -
         return await call_maybe_async(fn, args, s, seeded)
 
     result = await resume_until_done(await attempt(sample), attempt, PartialRolloutConfig.from_args(args),
-                                     state.partial_stats)
-    state.done += 1
+                                     state.step.partial_stats)
+    state.step.done += 1
     return result
 
 
@@ -318,16 +352,32 @@ async def generate_rollout(args: Any, rollout_id: int, data_source: Any, evaluat
     resumed), so a kept group is always whole.
     """
     state = GenerateState(args)
+    step = state.step
     target = args.rollout_batch_size
     chunk = args.over_sampling_batch_size or target
-    state.done, state.total = 0, target * args.n_samples_per_prompt
+    step.done, step.total = 0, target * args.n_samples_per_prompt
+    # One round that keeps every group never returns prompts to the data source: it is free
+    # for the next step as soon as this round is drawn.
+    single_round = state.dynamic_filter is None and chunk == target
+    try:
+        return await _sampling_rounds(args, rollout_id, data_source, chunk, single_round, evaluation)
+    finally:
+        step.prompts_drawn.set()
+
+
+async def _sampling_rounds(args: Any, rollout_id: int, data_source: Any, chunk: int, single_round: bool,
+                           evaluation: bool) -> list[list[Sample]]:
+    state = GenerateState(args)
+    step, target = state.step, args.rollout_batch_size
     kept: list[list[Sample]] = []
     for _ in range(MAX_SAMPLING_ROUNDS):
         prompts = data_source.get_samples(chunk)
+        if single_round:
+            step.prompts_drawn.set()
         # Surplus groups go back as these untouched prompts: never with responses (or partial ones).
         originals = copy.deepcopy(prompts) if state.dynamic_filter or chunk > target else []
         tasks = [asyncio.ensure_future(generate_group(args, g, evaluation=evaluation)) for g in prompts]
-        state.filter_stats["rollout/sampling_rounds"] += 1
+        step.filter_stats["rollout/sampling_rounds"] += 1
         surplus = []
         # Decided in prompt order (not completion order), so which groups are kept never depends
         # on timing; each kept group is handed to the sink as soon as it and those before it are done.
@@ -337,8 +387,8 @@ async def generate_rollout(args: Any, rollout_id: int, data_source: Any, evaluat
                 continue
             if len(kept) < target:
                 kept.append(group)
-                if state.group_sink is not None and not evaluation:
-                    await state.group_sink(group)
+                if step.group_sink is not None and not evaluation:
+                    await step.group_sink(group)
             else:
                 surplus.append(originals[i])
         if surplus:
@@ -355,6 +405,6 @@ def keep_group(args: Any, state: GenerateState, group: list[Sample]) -> bool:
         return True
     verdict = as_filter_output(state.dynamic_filter(args, group))
     if not verdict.keep:
-        state.filter_stats["rollout/filter_dropped_groups"] += 1
-        state.filter_stats[f"rollout/filter_drop/{verdict.reason or 'filtered'}"] += 1
+        state.step.filter_stats["rollout/filter_dropped_groups"] += 1
+        state.step.filter_stats[f"rollout/filter_drop/{verdict.reason or 'filtered'}"] += 1
     return verdict.keep

@@ -10,4 +10,4 @@ set -euo pipefail
 SCRIPT_DIR="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" &>/dev/null && pwd)"
 export MODE=async
 export EXP_DIR="${EXP_DIR:-${RELAX_ROOT:-$(pwd)}/outputs/tiny-cpu-async}"
-exec bash "${SCRIPT_DIR}/run-tiny-cpu.sh"
+exec bash "${SCRIPT_DIR}/run-tiny-cpu.sh" "$@"

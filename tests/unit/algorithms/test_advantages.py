@@ -249,3 +249,29 @@ def test_normalize_flag_whitens_estimator_output():
     adv, _ = compute_advantages("grpo", inputs, normalize=True)
     assert adv.mean().item() == pytest.approx(0.0, abs=1e-6)
     assert adv.std(unbiased=True).item() == pytest.approx(1.0, abs=1e-4)
+
+
+@pytest.mark.parametrize("estimator", sorted(ESTIMATORS))
+def test_batch_estimators_are_exactly_those_that_need_the_whole_batch(estimator):
+    """Fully async writes a group's advantages as soon as it is complete unless its estimator is
+    in BATCH_ESTIMATORS: per group must equal the whole batch for every other estimator."""
+    from relax.algorithms.advantages import BATCH_ESTIMATORS
+
+    torch.manual_seed(0)
+    n, groups, width = 4, 3, 6
+    lengths = torch.randint(2, width + 1, (groups * n,))
+    mask_BT = (torch.arange(width)[None, :] < lengths[:, None]).float()
+
+    def inputs(rows):
+        m = mask_BT[rows][:, : int(lengths[rows].max())]
+        return AdvantageInputs(rewards_B=rewards_B[rows], n_samples_per_prompt=n, mask_BT=m,
+                               kl_BT=kl_BT[rows][:, : m.shape[1]] * m, kl_coef=0.1, gamma=0.99, lambd=0.95,
+                               values_BT=values_BT[rows][:, : m.shape[1]] * m)
+
+    rewards_B = torch.randn(groups * n)
+    kl_BT, values_BT = torch.rand(groups * n, width) * 0.1, torch.randn(groups * n, width)
+    whole, _ = compute_advantages(estimator, inputs(list(range(groups * n))))
+    per_group = [compute_advantages(estimator, inputs(list(range(g * n, (g + 1) * n))))[0] for g in range(groups)]
+    same = all(torch.allclose(whole[g * n:(g + 1) * n, : pg.shape[1]], pg, atol=1e-6)
+               for g, pg in enumerate(per_group))
+    assert same == (estimator not in BATCH_ESTIMATORS)

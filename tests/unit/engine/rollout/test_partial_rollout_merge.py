@@ -18,7 +18,7 @@ from relax.engine.rollout import sglang_rollout
 from relax.engine.rollout.partial_rollout import (
     PartialRolloutConfig, partial_metrics, record_abort, resume_request, resume_until_done,
 )
-from relax.engine.rollout.sglang_rollout import GenerateState, generate_group, generate_rollout, sample_seed
+from relax.engine.rollout.sglang_rollout import GenerateState, StepState, generate_group, generate_rollout, sample_seed
 from relax.types import Sample
 
 PROMPT = "ab"
@@ -97,10 +97,9 @@ def use(monkeypatch):
     def install(args: Any, router: FakeRouter) -> GenerateState:
         state = object.__new__(GenerateState)
         state.args, state.tokenizer, state.reward_executor = args, FakeTokenizer(), FakeRewards()
-        state.custom_generate = state.dynamic_filter = state.group_sink = None
+        state.custom_generate = state.dynamic_filter = None
         state._generate_functions, state._executors = {}, {}
-        state.filter_stats, state.partial_stats = Counter(), Counter()
-        state.done = state.total = 0
+        state.default_step = StepState()
         monkeypatch.setattr(GenerateState, "_instance", state)
         monkeypatch.setattr(sglang_rollout, "post", router)
         return state
@@ -178,8 +177,8 @@ def test_aborted_sample_resumes_on_the_new_weights_from_its_partial_response(tmp
     assert row_version(sample, started_at=0) == 0  # the row stays stamped with its oldest version
     columns = samples_to_columns([sample], [1.0], started_at=0)
     assert columns["loss_masks"][0].tolist() == [1] * 5 and columns["rollout_log_probs"][0].numel() == 5
-    assert state.partial_stats["rollout/partial_resumed_samples"] == 1
-    assert state.partial_stats["rollout/partial_resumed_tokens"] == 3 and state.done == 1
+    assert state.step.partial_stats["rollout/partial_resumed_samples"] == 1
+    assert state.step.partial_stats["rollout/partial_resumed_tokens"] == 3 and state.step.done == 1
 
 
 def test_mask_offpolicy_trains_only_the_tokens_of_the_final_weights(tmp_path, use):
@@ -187,7 +186,7 @@ def test_mask_offpolicy_trains_only_the_tokens_of_the_final_weights(tmp_path, us
     state = use(args, FakeRouter.scripted([reply(3, "abort", 0), reply(2, "length", 1)]))
     sample = asyncio.run(sglang_rollout.generate_one(args, Sample(index=0, prompt=PROMPT)))
     assert sample.loss_mask == [0, 0, 0, 1, 1] and sample.status == Sample.Status.TRUNCATED
-    assert state.partial_stats["rollout/partial_offpolicy_masked_tokens"] == 3
+    assert state.step.partial_stats["rollout/partial_offpolicy_masked_tokens"] == 3
 
 
 def test_batched_group_resumes_only_its_aborted_samples(tmp_path, use):
@@ -218,8 +217,8 @@ def test_after_the_cap_aborts_stop_counting_and_the_sample_still_completes(tmp_p
     assert [p["sampling_params"]["max_new_tokens"] for p in router.payloads] == [8, 7, 6, 5]
     seeds = [p["sampling_params"]["sampling_seed"] for p in router.payloads]
     assert seeds[0] != seeds[1] == seeds[2] == seeds[3]  # abort_count (and so the seed) stops at the cap
-    assert state.partial_stats["rollout/partial_aborts"] == 3
-    assert state.partial_stats["rollout/partial_aborts_over_cap"] == 2
+    assert state.step.partial_stats["rollout/partial_aborts"] == 3
+    assert state.step.partial_stats["rollout/partial_aborts_over_cap"] == 2
 
 
 def test_without_partial_rollout_an_aborted_sample_is_not_resubmitted(tmp_path, use):

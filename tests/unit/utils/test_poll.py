@@ -1,0 +1,30 @@
+import asyncio
+
+import pytest
+
+from relax.utils.poll import Backoff
+
+
+def test_backoff_doubles_to_the_cap_and_resets(monkeypatch):
+    slept = []
+
+    async def fake_sleep(seconds):
+        slept.append(seconds)
+
+    monkeypatch.setattr(asyncio, "sleep", fake_sleep)
+    backoff = Backoff(first_s=0.01, max_s=0.05)
+
+    async def waits(n):
+        for _ in range(n):
+            await backoff.wait()
+
+    asyncio.run(waits(5))
+    assert slept == [0.01, 0.02, 0.04, 0.05, 0.05]
+    backoff.reset()
+    asyncio.run(waits(1))
+    assert slept[-1] == 0.01
+
+
+def test_backoff_rejects_bad_bounds():
+    with pytest.raises(ValueError, match="first_s"):
+        Backoff(first_s=0.5, max_s=0.1)
