@@ -292,6 +292,9 @@ class Actor:
         if "advantages" not in batch:  # fully async: the Advantages role wrote them
             batch["advantages"], returns, adv_metrics = batch_advantages(self.cfg, batch)
             metrics |= adv_metrics
+        elif needs_teacher(self.cfg):  # (and applied the OPD penalty); the KL is reported here
+            metrics |= opd_metrics(padded(batch["old_log_probs"]), padded(batch["teacher_log_probs"]),
+                                   padded(batch["loss_masks"]))
         self._save_batch(rollout_id, batch)
         if trains:
             t0 = time.perf_counter()
@@ -372,6 +375,7 @@ class Actor:
     def _scored_fields(self) -> list[str]:
         """The columns other fully-async roles add to a row before the Actor can train on it."""
         fields = ["advantages"] + (["ref_log_probs"] if needs_reference(self.cfg) else [])
+        fields += ["teacher_log_probs"] if needs_teacher(self.cfg) else []  # for opd/* metrics
         return fields + ([] if self.cfg.algo.use_rollout_logprobs else ["log_probs"])
 
     async def _save_for_reference(self, rollout_id: int) -> None:

@@ -134,9 +134,26 @@ class ActorFwd:
                                           [int(x) for x in cols["response_lengths"]])
             await tq.put_columns(step, keys, {self.column: tq.sequence_column(logps)})
 
-        await stream_steps(start, end, task=self.role, chunk=self.cfg.rollout.n_samples_per_prompt,
-                           fields=["tokens", "response_lengths", "weight_versions"], score=score,
-                           alive=lambda: not self.stopping and self.group is not None)
+        alive = lambda: not self.stopping and self.group is not None  # noqa: E731
+        for step in range(start, end):
+            if not alive():
+                return
+            # --ref-update-interval: the Actor saves its weights for this step after training the
+            # one before (on a resumed run the first step keeps the reference's current weights).
+            if self.role == "reference" and step > start and ref_update_due(self.cfg, step):
+                await self._wait_actor_weights(step)
+            await tq.stream_step(step, task=self.role, chunk=self.cfg.rollout.n_samples_per_prompt,
+                                 fields=["tokens", "response_lengths", "weight_versions"], alive=alive,
+                                 score=lambda keys, cols, step=step: score(step, keys, cols))
+
+    async def _wait_actor_weights(self, step: int) -> None:
+        """Fully async: wait for the Actor's save for `step` (its marker), then load it."""
+        marker, backoff = Path(reference_sync_dir(self.cfg)) / "for_step.txt", Backoff(max_s=0.2)
+        while not self.stopping:
+            if marker.is_file() and marker.read_text() == str(step):
+                await self._take_actor_weights(step)
+                return
+            await backoff.wait()
 
     async def _wait_weights(self, version: int) -> None:
         backoff = Backoff(max_s=0.05)

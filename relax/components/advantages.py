@@ -43,9 +43,12 @@ def complete_groups(rows: dict[str, dict[str, Any]], group_size: int) -> list[li
 
 def needed_columns(cfg: RelaxConfig) -> list[str]:
     cols = ["rewards", "loss_masks", "response_lengths", "group_indices"] + (["values"] if uses_critic(cfg) else [])
-    if cfg.algo.kl_coef != 0:
-        cols += ["ref_log_probs"] + ([] if cfg.algo.use_rollout_logprobs else ["log_probs"])
-    return cols
+    old_policy = [] if cfg.algo.use_rollout_logprobs else ["log_probs"]
+    if cfg.algo.kl_coef != 0:  # KL reward shaping: behaviour policy against the reference
+        cols += ["ref_log_probs"] + old_policy
+    if cfg.algo.use_opd:  # the OPD penalty: behaviour policy against the teacher
+        cols += ["teacher_log_probs"] + old_policy
+    return list(dict.fromkeys(cols))
 
 
 class Advantages:
@@ -83,15 +86,16 @@ class Advantages:
             "rewards": [float(as_list(rows[k]["rewards"])) for k in keys],
             "loss_masks": [as_list(rows[k]["loss_masks"]) for k in keys],
         }
-        if "ref_log_probs" in rows[keys[0]]:
-            batch["ref_log_probs"] = [as_list(rows[k]["ref_log_probs"]) for k in keys]
-            # Shaping uses the behaviour policy: ActorFwd's log-probs (or the engine's).
-            source = "log_probs" if "log_probs" in rows[keys[0]] else None
-            if source is None:
-                got = await tq.get_columns(step, keys, ["rollout_log_probs"])
-                batch["old_log_probs"] = [t.tolist() for t in got["rollout_log_probs"]]
-            else:
-                batch["old_log_probs"] = [as_list(rows[k][source]) for k in keys]
+        first = rows[keys[0]]
+        for name in ("ref_log_probs", "teacher_log_probs"):
+            if name in first:
+                batch[name] = [as_list(rows[k][name]) for k in keys]
+        # KL shaping and the OPD penalty use the behaviour policy: ActorFwd's log-probs (or the engine's).
+        if "log_probs" in first:
+            batch["old_log_probs"] = [as_list(rows[k]["log_probs"]) for k in keys]
+        elif "ref_log_probs" in first or "teacher_log_probs" in first:
+            got = await tq.get_columns(step, keys, ["rollout_log_probs"])
+            batch["old_log_probs"] = [t.tolist() for t in got["rollout_log_probs"]]
         if "values" in rows[keys[0]]:  # PPO: GAE on the critic's values; the critic fits the returns
             batch["values"] = [as_list(rows[k]["values"]) for k in keys]
         advantages, returns, _ = batch_advantages(self.cfg, batch)

@@ -13,7 +13,8 @@ of `TEACHERS`:
               engine is launched from --opd-teacher-load with --rollout-backend, or is an
               external SGLang server at --rm-url (slime's convention).
 
-The teacher must share the student's tokenizer: rows are scored token for token.
+The teacher must share the student's tokenizer: rows are scored token for token. In
+fully-async mode `run` streams over each step's rows as Rollout writes them, like the Reference.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import Any, Protocol
 
 from relax.backends.registry import INFERENCE_BACKENDS
 from relax.components.actor import jagged, make_worker_group
-from relax.components.actor_fwd import read_rows, score_rows
+from relax.components.actor_fwd import read_rows, score_rows, stream_steps
 from relax.config.schema import RelaxConfig
 from relax.distributed import transfer_queue as tq
 from relax.utils.logging import run_token, setup_logging
@@ -140,6 +141,16 @@ class Teacher:
         logps = await self.scorer.score(tokens, lengths)
         await tq.put_columns(rollout_id, keys, {"teacher_log_probs": jagged(logps)})
         return {"time/teacher": time.perf_counter() - start}
+
+    async def run(self, start: int, end: int) -> None:
+        """Fully async: score rows of steps `start..end-1` as Rollout writes them."""
+        async def score(step: int, keys: list[str], cols: dict[str, Any]) -> None:
+            logps = await self.scorer.score([t.tolist() for t in cols["tokens"]],
+                                            [int(x) for x in cols["response_lengths"]])
+            await tq.put_columns(step, keys, {"teacher_log_probs": tq.sequence_column(logps)})
+
+        await stream_steps(start, end, task="teacher", chunk=self.cfg.rollout.n_samples_per_prompt,
+                           fields=["tokens", "response_lengths"], score=score, alive=lambda: self.scorer is not None)
 
     async def shutdown(self) -> None:
         if self.scorer is not None:

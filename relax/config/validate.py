@@ -71,11 +71,6 @@ def check_fully_async(cfg: RelaxConfig) -> None:
     if d.debug_train_only or d.load_debug_rollout_data or d.debug_rollout_only:
         raise ConfigError("--fully-async runs rollout and training concurrently; the debug modes (--debug-train-only, "
                           "--load-debug-rollout-data, --debug-rollout-only) run in colocate mode: drop --fully-async")
-    unsupported = {"--use-opd (the Teacher)": cfg.algo.use_opd,
-                   "--ref-update-interval": bool(cfg.algo.ref_update_interval)}
-    for what, used in unsupported.items():
-        if used:
-            raise ConfigError(f"{what} is not wired into --fully-async yet; use --colocate")
 
 
 def check_partial_rollout(cfg: RelaxConfig) -> None:

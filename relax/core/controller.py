@@ -136,7 +136,7 @@ class Controller:
             await self.after_step(step, metrics, t0)
 
     async def fully_async_loop(self) -> None:
-        streams = [self.rollout, *[r for r in (self.reference, self.critic) if r is not None], *self.stages]
+        streams = [self.rollout, *self.scorers, *self.stages]
         background = [asyncio.ensure_future(role.run(self.start, self.num_rollout)) for role in streams]
         try:
             for step in range(self.start, self.num_rollout):

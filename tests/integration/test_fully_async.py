@@ -29,12 +29,15 @@ def by_step(exp_dir) -> dict[int, dict]:
 
 
 def test_staleness_zero_equals_colocate(ray_cluster, tiny_setup, tmp_path):
+    """Also with --ref-update-interval 2: the reference takes the actor's weights before step 2
+    in both modes (in fully-async mode it waits for the Actor's save), so the KL is 0 there."""
     root = tiny_setup
-    run(common(root, 3) + ["--exp-dir", str(tmp_path / "sync"), "--colocate",
-                           "--resource", '{"actor": [1, 1], "rollout": [1, 1], "reference": [1, 1]}'])
-    run(common(root, 3) + ["--exp-dir", str(tmp_path / "async"), "--fully-async", "--max-staleness", "0",
-                           "--resource", '{"actor": [1, 1], "rollout": [1, 1], "reference": [1, 1], '
-                                         '"actor_fwd": [1, 1], "advantages": [1, 0]}'])
+    refresh = ["--ref-update-interval", "2"]
+    run(common(root, 3) + refresh + ["--exp-dir", str(tmp_path / "sync"), "--colocate",
+                                     "--resource", '{"actor": [1, 1], "rollout": [1, 1], "reference": [1, 1]}'])
+    run(common(root, 3) + refresh + ["--exp-dir", str(tmp_path / "async"), "--fully-async", "--max-staleness", "0",
+                                     "--resource", '{"actor": [1, 1], "rollout": [1, 1], "reference": [1, 1], '
+                                                   '"actor_fwd": [1, 1], "advantages": [1, 0]}'])
     sync, fully_async = by_step(tmp_path / "sync"), by_step(tmp_path / "async")
     assert sorted(sync) == sorted(fully_async) == [0, 1, 2]
     for step in sync:
@@ -43,6 +46,7 @@ def test_staleness_zero_equals_colocate(ray_cluster, tiny_setup, tmp_path):
         assert fully_async[step]["rollout/response_len_mean"] == sync[step]["rollout/response_len_mean"], step
         for key in ("train/pg_loss", "train/kl_loss", "train/grad_norm"):
             assert fully_async[step][key] == pytest.approx(sync[step][key], rel=1e-4, abs=1e-6), (step, key)
+    assert fully_async[1]["train/kl_loss"] > 0 and fully_async[2]["train/kl_loss"] == pytest.approx(0, abs=1e-7)
     # Pushes overlap the next step: step k reports the push that finished during it (version k).
     assert [fully_async[s].get("weight_sync/version") for s in (0, 1, 2)] == [None, 1, 2]
     assert all(fully_async[s]["weight_sync/bytes"] > 0 for s in (1, 2))

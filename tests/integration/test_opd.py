@@ -1,7 +1,7 @@
 """On-policy distillation through the real graph: with a zero task reward the teacher's KL
 penalty is the only signal, and the student's KL to the teacher must fall within a few steps,
 whether the teacher runs on an inference engine (sglang type, here the hf engine scoring over
-/generate) or in the training backend (megatron type)."""
+/generate, in fully-async mode) or in the training backend (megatron type, colocate)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,14 @@ def models(tiny_setup, tmp_path_factory):
     return student, teacher
 
 
-def opd_args(root, models, exp_dir, opd_type: str) -> list[str]:
+MODES = {
+    "colocate": ["--resource", '{"actor": [1, 1], "rollout": [1, 1]}'],
+    "fully_async": ["--fully-async", "--max-staleness", "1", "--resource",
+                    '{"actor": [1, 1], "rollout": [1, 1], "teacher": [1, 1], "actor_fwd": [1, 1], "advantages": [1, 0]}'],
+}
+
+
+def opd_args(root, models, exp_dir, opd_type: str, mode: str) -> list[str]:
     student, teacher = models
     return [
         "--hf-checkpoint", student, "--prompt-data", str(root / "train.jsonl"),
@@ -33,13 +40,14 @@ def opd_args(root, models, exp_dir, opd_type: str) -> list[str]:
         "--use-opd", "--opd-type", opd_type, "--opd-teacher-load", str(teacher), "--opd-kl-coef", "1.0",
         "--normalize-advantages", "--rollout-batch-size", "8", "--n-samples-per-prompt", "2",
         "--rollout-max-response-len", "12", "--num-rollout", "6", "--lr", "1e-2", "--rollout-shuffle", "--progress-bar", "false",
-        "--exp-dir", str(exp_dir), "--resource", '{"actor": [1, 1], "rollout": [1, 1]}',
+        "--exp-dir", str(exp_dir), *MODES[mode],
     ]
 
 
-@pytest.mark.parametrize("opd_type", ["sglang", "megatron"])
-def test_student_kl_to_the_teacher_falls(ray_cluster, tiny_setup, models, tmp_path, opd_type):
-    run_relax(opd_args(tiny_setup, models, tmp_path, opd_type))
+# Each teacher type once; the engine teacher streams in fully-async mode (the Teacher role's run).
+@pytest.mark.parametrize("opd_type, mode", [("sglang", "fully_async"), ("megatron", "colocate")])
+def test_student_kl_to_the_teacher_falls(ray_cluster, tiny_setup, models, tmp_path, opd_type, mode):
+    run_relax(opd_args(tiny_setup, models, tmp_path, opd_type, mode))
     kls = [r["opd/kl_to_teacher"] for r in step_rows(tmp_path)]
     assert len(kls) == 6
     assert kls[0] > 1.0, kls  # the student starts far from the teacher

@@ -1,10 +1,16 @@
 """Start an `hf` engine server as a child process that dies with its parent.
 
 `launch_hf_engine(model_path, ...)` runs `python -m relax.backends.hf.server` with the output
-going to a log file, sets `PR_SET_PDEATHSIG=SIGKILL` in the child (Linux) so a crashed trainer
-never leaves an orphaned engine, and limits CPU threads (default 1 on CPU: these engines share
-small machines with trainers). Note the death signal fires when the *thread* that started the
-child exits, so launch from a long-lived thread (the main thread or the event loop's).
+going to a log file, and limits CPU threads (default 1 on CPU: these engines share small
+machines with trainers). The server's first act is `die_with_parent` (`PR_SET_PDEATHSIG=SIGKILL`
+on Linux), so a crashed trainer never leaves an orphaned engine. Note the death signal fires
+when the *thread* that started the child exits, so launch from a long-lived thread (the main
+thread or the event loop's).
+
+No `preexec_fn`: Python code between fork and exec runs the parent's `pthread_atfork` handlers,
+and in a Ray process gRPC's handler can abort the child (seen: "epoll_wait error: Bad file
+descriptor", SIGABRT, before the engine started). Without it the child is started with vfork
+and the handlers never run.
 """
 
 from __future__ import annotations
@@ -31,11 +37,17 @@ API_KEY_ENV = "RELAX_HF_API_KEY"  # the key travels by environment, not argv (ar
 _REPO_ROOT = str(Path(__file__).resolve().parents[3])
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
+PARENT_PID_ENV = "RELAX_ENGINE_PARENT_PID"
+
+
+def die_with_parent() -> None:
+    """Called first thing in the engine process: SIGKILL when the launching thread exits. If the
+    parent already died (we were re-parented before prctl took effect), exit now."""
+    expected = os.environ.get(PARENT_PID_ENV)
     if sys.platform.startswith("linux"):
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() == 1:  # the parent already died before prctl took effect
+    if expected is not None and os.getppid() != int(expected):
         os._exit(1)
 
 
@@ -146,7 +158,8 @@ def launch_hf_engine(model_path: str, *, host: str = "127.0.0.1", port: int | No
         child_env[API_KEY_ENV] = api_key
     cmd += option_args + list(extra_args)
     with open(log_path, "ab") as log:
+        child_env[PARENT_PID_ENV] = str(os.getpid())
         process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                   env=child_env, preexec_fn=_die_with_parent)
+                                   env=child_env)
     url_host = f"[{host}]" if ":" in host else host
     return EngineProcess(process, f"http://{url_host}:{port}", log_path, api_key)

@@ -263,6 +263,9 @@ async def _announce_when_bound(server: Any, host: str, port: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    from relax.backends.hf.launcher import die_with_parent
+
+    die_with_parent()  # before the slow imports: a launcher that dies meanwhile takes us along
     import torch
     import uvicorn
 

@@ -196,7 +196,6 @@ def test_opd_teacher_as_external_engine_or_checkpoint(base, tmp_path):
 
 @pytest.mark.parametrize("extra, needle", [
     (["--debug-rollout-only"], "drop --fully-async"),
-    (["--use-opd", "--opd-type", "sglang", "--rm-url", "http://x"], "--use-opd (the Teacher) is not wired"),
     (["--max-staleness", "-1"], "--max-staleness must be >= 0"),
     (["--num-iters-per-train-update", "0"], "--num-iters-per-train-update must be >= 1"),
 ])
@@ -204,6 +203,13 @@ def test_fully_async_rejects_what_it_does_not_combine_with(base, extra, needle):
     with pytest.raises(ConfigError) as err:
         parse_config(base + ["--fully-async"] + extra)
     assert needle in str(err.value)
+
+
+def test_fully_async_accepts_ref_update_interval_and_opd(base):
+    cfg = parse_config(base + ["--fully-async", "--use-kl-loss", "--ref-update-interval", "2"])
+    assert cfg.algo.ref_update_interval == 2
+    cfg = parse_config(base + ["--fully-async", "--use-opd", "--opd-type", "sglang", "--rm-url", "http://x"])
+    assert cfg.algo.use_opd and cfg.cluster.fully_async
 
 
 def test_fully_async_accepts_ppo_with_a_critic(base):

@@ -4,14 +4,18 @@ on a new port instead of failing the run (seen in CI as EADDRINUSE from a critic
 from __future__ import annotations
 
 import asyncio
-import os
 import socket
+import sys
 
 import pytest
 import ray
 
 from relax.distributed.ray import actor_group
 from relax.distributed.ray.actor_group import RayActorGroup
+
+# The workers below travel by value: Ray workers (of this test's cluster or of an integration
+# session's) cannot import a test module by name.
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
 class GlooWorker:
@@ -38,11 +42,12 @@ class FailingWorker:
 
 @pytest.fixture(scope="module")
 def ray_local():
-    # The workers import this module by name: put its directory on their path.
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": os.path.dirname(os.path.abspath(__file__))}})
+    started_here = not ray.is_initialized()  # a whole-suite run has the integration cluster up
+    if started_here:
+        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
     yield
-    ray.shutdown()
+    if started_here:
+        ray.shutdown()
 
 
 def test_taken_port_restarts_group_on_a_new_port(ray_local, monkeypatch):
