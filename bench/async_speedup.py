@@ -58,7 +58,7 @@ def thinking_policy(model_dir: str, *, mean_think: int, hidden_size: int, num_la
     import torch
     from transformers import AutoTokenizer
 
-    from examples.tiny_math.sft import prompt_ids, response_ids, sft_batch
+    from examples.tiny_math.sft import prompt_ids, response_ids, sft_step
     from examples.tiny_math.task import response_text
     from relax.utils.tiny_model import build_tiny_qwen3, save_tiny_model
 
@@ -75,12 +75,7 @@ def thinking_policy(model_dir: str, *, mean_think: int, hidden_size: int, num_la
         for row in rng.sample(rows, 32):
             think = " ".join(str(rng.randint(0, 9)) for _ in range(int(rng.expovariate(1 / mean_think))))
             examples.append((prompt_ids(tokenizer, row), response_ids(tokenizer, f"{think} {response_text(row['label'])}")))
-        input_ids_BT, attention_mask_BT, labels_BT = sft_batch(examples, tokenizer.pad_token_id)
-        loss = model(input_ids=input_ids_BT, attention_mask=attention_mask_BT, labels=labels_BT).loss
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
+        sft_step(model, optimizer, examples, tokenizer.pad_token_id)
     model.eval()
     save_tiny_model(model, tokenizer, out)
     return out

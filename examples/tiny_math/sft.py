@@ -47,6 +47,20 @@ def sft_batch(examples: Sequence[tuple[list[int], list[int]]], pad_id: int) -> t
     return input_ids_BT, attention_mask_BT, labels_BT
 
 
+def sft_step(model: Any, optimizer: Any, examples: Sequence[tuple[list[int], list[int]]], pad_id: int) -> float:
+    """One optimizer step on (prompt ids, response ids) pairs: response-token cross-entropy,
+    grad clip 1.0. Returns the loss."""
+    import torch
+
+    input_ids_BT, attention_mask_BT, labels_BT = sft_batch(examples, pad_id)
+    loss = model(input_ids=input_ids_BT, attention_mask=attention_mask_BT, labels=labels_BT).loss
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    return loss.item()
+
+
 def sft_train(
     model: Any,
     tokenizer: Any,
@@ -80,14 +94,8 @@ def sft_train(
              response_ids(tokenizer, format_target(nums, rng, correct_frac=correct_frac)))
             for nums in batch
         ]
-        input_ids_BT, attention_mask_BT, labels_BT = sft_batch(examples, tokenizer.pad_token_id)
-        loss = model(input_ids=input_ids_BT, attention_mask=attention_mask_BT, labels=labels_BT).loss
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
+        losses.append(sft_step(model, optimizer, examples, tokenizer.pad_token_id))
         schedule.step()
-        losses.append(loss.item())
         if callback is not None and callback(len(losses)):
             break
     model.eval()
