@@ -230,8 +230,9 @@ class Actor:
 
     async def connect_engines(self, engine_urls: list[str]) -> None:
         if self.group is not None and engine_urls:
-            await self.group.call("connect_engines", engine_urls, self.token)
+            backend = (await self.group.call("connect_engines", engine_urls, self.token))[0]
             self.engines_connected = True
+            logger.info("weight group with %d engine(s) over %s", len(engine_urls), backend)
 
     async def connect_dcs(self, coordinator: Any) -> None:
         """Fully async: weights go to whatever the DCS coordinator lists (engines, ActorFwd ranks)."""
@@ -243,9 +244,10 @@ class Actor:
         if topology["version"] == self.topology_version:
             return {}
         mode = "abort" if self.cfg.rollout.partial_rollout else "in_place"
-        await self.group.call("connect_receivers", topology["endpoints"], self.token, mode)
+        backend = (await self.group.call("connect_receivers", topology["endpoints"], self.token, mode))[0]
         self.topology_version = topology["version"]
-        logger.info("weight group rebuilt for topology v%d: %s", topology["version"], topology["roles"])
+        logger.info("weight group rebuilt for topology v%d over %s: %s", topology["version"], backend,
+                    topology["roles"])
         return {"weight_sync/topology_version": float(topology["version"])}
 
     async def update_weights(self, version: int) -> dict[str, float]:

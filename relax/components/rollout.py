@@ -115,7 +115,7 @@ class Rollout:
         context = engine_context_len(self.cfg.rollout.rollout_max_context_len, eval_datasets(self.args))
         return [launch(self.cfg.ckpt.hf_checkpoint, api_key=self.token, num_threads=threads,
                        log_path=os.path.join(self.cfg.misc.exp_dir or ".", f"engine_{i}.log"),
-                       options=engine_options(self.cfg, context))
+                       options=engine_options(self.cfg, context), device=engine_device(i))
                 for i in range(n)]
 
     def _load_eval_sets(self) -> dict[str, tuple[EvalDataset, list[Sample]]]:
@@ -359,6 +359,20 @@ class Rollout:
             self.data_source.load_state_dict(current)
         for step in [s for s in self.snapshots if s <= rollout_id]:
             del self.snapshots[step]
+
+
+def engine_device(index: int) -> str:
+    """Engine `index`'s device: on a GPU cluster the Rollout replica holds one GPU per engine
+    (`rollout_gpus`; Ray sets its CUDA_VISIBLE_DEVICES, which the engine processes inherit)."""
+    import torch
+
+    return f"cuda:{index}" if torch.cuda.is_available() else "cpu"
+
+
+def rollout_gpus(cfg: RelaxConfig, cluster_gpus: float) -> int:
+    """GPUs the Rollout replica reserves for its engines: one per engine (`--resource`'s rollout
+    entry) on a cluster with GPUs, none on a CPU cluster."""
+    return cfg.cluster.resource["rollout"][1] if cluster_gpus > 0 else 0
 
 
 def engine_options(cfg: RelaxConfig, context_len: int | None) -> dict[str, Any] | None:

@@ -29,6 +29,7 @@ from typing import Any
 
 from relax.components.actor import needs_reference, needs_teacher, uses_critic
 from relax.components.genrm import needs_genrm
+from relax.components.rollout import rollout_gpus
 from relax.config.schema import RelaxConfig
 from relax.core.service import Runtime
 from relax.utils.metrics import MetricsTracker, format_step_summary
@@ -88,7 +89,7 @@ class Controller:
             self.genrm = RoleHandle(rt.deploy_role("genrm", cfg))
             genrm_url = (await self.genrm.setup())["url"]
         self.actor = RoleHandle(rt.deploy_role("actor", cfg))
-        self.rollout = RoleHandle(rt.deploy_role("rollout", cfg))
+        self.rollout = RoleHandle(rt.deploy_role("rollout", cfg, num_gpus=rollout_gpus(cfg, rt.cluster_gpus())))
         if needs_reference(cfg):
             self.reference = RoleHandle(rt.deploy_role("reference", cfg, "reference"))
         if needs_teacher(cfg):

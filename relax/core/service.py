@@ -96,6 +96,12 @@ class Runtime:
         tq.init_data_system(self.cfg.cluster.num_data_storage_units)
         return self
 
+    def cluster_gpus(self) -> float:
+        """GPUs in the Ray cluster (0 on a CPU machine)."""
+        import ray
+
+        return float(ray.cluster_resources().get("GPU", 0.0))
+
     def deploy_role(self, role: str, *init_args: Any, num_cpus: float = 0.1, num_gpus: float = 0.0) -> Any:
         from ray import serve
 

@@ -444,17 +444,18 @@ class WeightSender:
                 logger.warning("continue_generation on %s failed: %s", url, result)
 
     async def close(self) -> None:
-        """Destroy the group on the engines and here; safe to call twice."""
+        """Destroy the group on the engines and here, at the same time (an NCCL group's shutdown
+        waits for every rank's: destroying here only after the engines answered deadlocked until
+        the 30 s timeout); safe to call twice."""
         if self._group is not None:
+            group, self._group = self._group, None
+            local = [] if self._broken else [run_in_daemon_thread(group.destroy)]
             results = await asyncio.gather(*(self._http.post(u, "/destroy_weights_update_group",
                                                              {"group_name": self.group_name}, 30.0)
-                                             for u in self.engine_urls), return_exceptions=True)
-            for url, result in zip(self.engine_urls, results):
+                                             for u in self.engine_urls), *local, return_exceptions=True)
+            for url, result in zip([*self.engine_urls, "this rank"], results):
                 if isinstance(result, Exception):
                     logger.warning("destroy_weights_update_group on %s failed: %s", url, result)
-            group, self._group = self._group, None
-            if not self._broken:
-                group.destroy()
         if self._http is not None:
             http, self._http = self._http, None
             await http.close()

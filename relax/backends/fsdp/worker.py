@@ -434,9 +434,10 @@ class FSDPTrainWorker:
         """`--checkpoint-engine-backend` on GPU; gloo for CPU tensors (NCCL cannot carry them)."""
         return self.spec.weight_sync_backend if self.device.type == "cuda" else "gloo"
 
-    def connect_engines(self, engine_urls: list[str], api_key: str | None) -> None:
+    def connect_engines(self, engine_urls: list[str], api_key: str | None) -> str | None:
+        """Rank 0 joins the engines' weight-update group; returns the backend (nccl / gloo)."""
         if self.rank != 0:
-            return
+            return None
         from relax.distributed.weight_sync import WeightSender
 
         backend = self._weight_backend()
@@ -446,6 +447,7 @@ class FSDPTrainWorker:
                                     bucket_bytes=self.spec.bucket_bytes, timeout_s=self.spec.sync_timeout_s,
                                     device=self.device)
         self._run_async(self._sender.connect())
+        return backend
 
     def push_weights(self, version: int, background: bool = False) -> dict[str, float]:
         """Gather full weights (all ranks) and broadcast them to every receiver (rank 0).
@@ -464,10 +466,11 @@ class FSDPTrainWorker:
         self._pending_push = self._submit(self._sender.push(snapshot, version=version))
         return finished
 
-    def connect_receivers(self, endpoints: list[Any], api_key: str | None, pause_mode: str = "in_place") -> None:
-        """(Re)build the weight group for a new topology: engine URLs and receiver endpoints."""
+    def connect_receivers(self, endpoints: list[Any], api_key: str | None, pause_mode: str = "in_place") -> str | None:
+        """(Re)build the weight group for a new topology: engine URLs and receiver endpoints.
+        Returns the backend (rank 0; None on the other ranks)."""
         if self.rank != 0:
-            return
+            return None
         from relax.distributed.weight_sync import WeightSender
 
         self._finish_pending_push()
@@ -477,6 +480,7 @@ class FSDPTrainWorker:
                                     bucket_bytes=self.spec.bucket_bytes, timeout_s=self.spec.sync_timeout_s,
                                     device=self.device, pause_mode=pause_mode)
         self._run_async(self._sender.connect())
+        return self._sender.backend
 
     # ---- weights in (fully async: ActorFwd takes the actor's weights) ------------------
     def receive_weights(self, path: str, payload: dict) -> dict[str, Any]:

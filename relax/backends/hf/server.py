@@ -172,7 +172,10 @@ def add_weight_routes(app: FastAPI, engine: HFEngine) -> None:
     @app.post("/destroy_weights_update_group")
     async def destroy_weights_update_group(req: GroupNameRequest | None = None):
         try:
-            return _result(True, receiver.destroy_group((req or GroupNameRequest()).group_name))
+            # In a thread: an NCCL group's shutdown waits for the sender's, and the server must
+            # keep answering meanwhile.
+            name = (req or GroupNameRequest()).group_name
+            return _result(True, await run_in_daemon_thread(receiver.destroy_group, name))
         except ValueError as exc:
             return _result(False, str(exc))
 

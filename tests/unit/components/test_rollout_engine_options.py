@@ -1,11 +1,12 @@
-"""The Rollout role's engine launch options: the context limit and the true on-policy target."""
+"""The Rollout role's engine launch options: the context limit, the true on-policy target, and
+where the engines run (one GPU each on a GPU cluster, reserved by the Rollout replica)."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 
 from relax.backends.hf.launcher import engine_option_args
-from relax.components.rollout import engine_options
+from relax.components.rollout import engine_device, engine_options, rollout_gpus
 
 
 def _cfg(true_on_policy: bool, sglang: dict | None = None):
@@ -27,3 +28,18 @@ def test_true_on_policy_launches_float32_engines_with_the_fsdp_target():
 def test_sglang_passthrough_reaches_the_engines_only_for_options_they_have():
     options = engine_options(_cfg(False, {"max_running_requests": "4", "mem_fraction_static": "0.8"}), None)
     assert options == {"max_running_requests": "4"}  # SGLang's memory pool means nothing to hf
+
+
+def test_the_rollout_replica_reserves_one_gpu_per_engine_only_on_a_gpu_cluster():
+    cfg = SimpleNamespace(cluster=SimpleNamespace(resource={"rollout": [1, 3]}))
+    assert rollout_gpus(cfg, cluster_gpus=8.0) == 3
+    assert rollout_gpus(cfg, cluster_gpus=0.0) == 0
+
+
+def test_engines_take_the_replicas_gpus_in_order_or_the_cpu(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert [engine_device(i) for i in range(2)] == ["cuda:0", "cuda:1"]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert engine_device(1) == "cpu"

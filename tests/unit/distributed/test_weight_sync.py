@@ -172,3 +172,28 @@ def test_rejection_arriving_before_the_broadcast_ends_still_keeps_the_group_usab
 
     assert asyncio.run(go()).version == 2
     assert torch.equal(engine.tensors["ok"], torch.full((3,), 2.0)) and engine.version == "2"
+
+
+def test_close_destroys_the_local_group_while_the_engines_destroy_theirs():
+    """An NCCL group's shutdown waits for every rank's; an engine that answers its destroy only
+    once the sender destroyed its own side must not stall close() (it did, for 30 s, on GPUs)."""
+    engine, local_destroyed = FakeEngine(), threading.Event()
+
+    class WaitingEngine(FakeEngine):
+        async def __call__(self, request):
+            if request.url.path == "/destroy_weights_update_group":
+                engine.waited = await asyncio.to_thread(local_destroyed.wait, 5.0)
+            return await FakeEngine.__call__(engine, request)
+
+    async def go():
+        sender = _sender(WaitingEngine())
+        await sender.connect()
+        group = sender._group
+        real_destroy = group.destroy
+        group.destroy = lambda: (local_destroyed.set(), real_destroy())
+        start = time.monotonic()
+        await sender.close()
+        return time.monotonic() - start
+
+    elapsed = asyncio.run(go())
+    assert engine.waited and elapsed < 3, elapsed
