@@ -1,10 +1,16 @@
 """Fully async vs colocate on the same rollout-heavy tiny-model workload and the same CPUs.
 
-The policy thinks before it answers, with long-tailed response lengths (`thinking_policy`:
-mean ~55 tokens, the longest of a step near --max-response-len), so a synchronous step waits
-for its slowest sample while the engines' batches drain, as in real RL. Both runs train the
-same number of samples (steps x prompts x n) with the same seed; eval and checkpoints are off.
-The CPU budget is the same machine for both:
+The workload is RL with a verifier that takes time, as code-execution sandboxes, remote reward
+models and LLM judges do: the policy thinks before it answers, with long-tailed response lengths
+(`thinking_policy`: mean ~55 tokens, the longest of a step near --max-response-len), and each
+sample's reward arrives `--reward-latency` seconds (default 1.0) after it is generated
+(`bench/sandbox_reward.py`: the built-in math grade behind an `asyncio.sleep`, no CPU). That
+makes rollout ~60 % of a colocate step, as in real RL (on GPUs the share comes from decoding
+and its long tail; on this 2-core CPU, decoding alone is ~40 %). `--reward-latency 0` is the
+pure-compute variant (see docs/fully-async.md for both results).
+
+Both runs train the same number of samples (steps x prompts x n) with the same seed; eval and
+checkpoints are off. The CPU budget is the same machine for both:
   colocate   - phases take turns, each gets every core: 2 engines during rollout, then 2
                training ranks (reference forward, old log-probs, optimizer) while they sleep;
   fully async - roles run at once and share the cores: 1 engine keeps generating (the next
@@ -14,7 +20,7 @@ The CPU budget is the same machine for both:
 Every torch process uses one thread (`--engine-threads 1`), so "cores" means processes.
 Wall time is the training loop (sum of `time/step`); deployment is reported but not compared.
 
-    python3 bench/async_speedup.py [--steps 16] [--staleness 2] [--out bench/results/async_speedup.json]
+    python3 bench/async_speedup.py [--steps 16] [--staleness 2] [--reward-latency 1.0] [--out bench/results/async_speedup.json]
 
 Prints a table (wall, rollout/train/sync seconds, the rollout's share of a colocate step, idle
 fraction of the rollout engines and of the actor) and ends with
@@ -81,13 +87,25 @@ def thinking_policy(model_dir: str, *, mean_think: int, hidden_size: int, num_la
     return out
 
 
+def reward_args(args: argparse.Namespace) -> list[str]:
+    """The math reward, behind `--reward-latency` seconds of sandbox latency per sample when > 0
+    (`bench/sandbox_reward.py`; the latency reaches it as `args.reward_latency_s`)."""
+    if args.reward_latency <= 0:
+        return ["--rm-type", "math"]
+    path = os.path.join(args.exp_dir, "sandbox.yaml")
+    os.makedirs(args.exp_dir, exist_ok=True)
+    with open(path, "w") as f:
+        f.write(f"reward_latency_s: {args.reward_latency}\n")
+    return ["--custom-rm-path", "bench.sandbox_reward.sandboxed_math", "--custom-config-path", path]
+
+
 def workload(model_dir: str, policy: str, args: argparse.Namespace) -> list[str]:
     """Rollout-heavy, as in real RL: long-tailed responses, one optimizer step per rollout."""
     steps, seed, samples = args.steps, args.seed, args.rollout_batch_size * args.n_samples_per_prompt
     return [
         "--hf-checkpoint", policy, "--ref-load", policy,
         "--prompt-data", f"{model_dir}/data/train.jsonl", "--input-key", "prompt", "--label-key", "label",
-        "--apply-chat-template", "--rm-type", "math", "--rollout-shuffle", "--rollout-seed", str(seed),
+        "--apply-chat-template", *reward_args(args), "--rollout-shuffle", "--rollout-seed", str(seed),
         "--num-rollout", str(steps), "--rollout-batch-size", str(args.rollout_batch_size),
         "--n-samples-per-prompt", str(args.n_samples_per_prompt),
         "--rollout-max-response-len", str(args.max_response_len), "--rollout-temperature", "1.0",
@@ -157,6 +175,9 @@ def main() -> int:
     parser.add_argument("--max-response-len", type=int, default=192)
     parser.add_argument("--rollout-batch-size", type=int, default=4, help="prompts per step")
     parser.add_argument("--n-samples-per-prompt", type=int, default=8)
+    parser.add_argument("--reward-latency", type=float, default=1.0,
+                        help="seconds a sample's reward takes (a sandbox / remote judge; no CPU); 0 = the plain "
+                             "math reward (pure compute)")
     parser.add_argument("--only", choices=("colocate", "fully_async"), help="run one mode, print its row")
     parser.add_argument("--async-engines", type=int, default=1, help="rollout engines in fully-async mode")
     parser.add_argument("--async-actor-ranks", type=int, default=1, help="actor ranks in fully-async mode")
@@ -179,7 +200,8 @@ def main() -> int:
     staleness_seen = int(fully_async["max_lag"])
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
-        json.dump({"results": results, "policy": os.path.basename(policy), "async_speedup": speedup, "max_staleness_seen": staleness_seen,
+        json.dump({"results": results, "policy": os.path.basename(policy), "reward_latency_s": args.reward_latency,
+                   "async_speedup": speedup, "max_staleness_seen": staleness_seen,
                    "bound": args.staleness, "cpu_count": os.cpu_count(),
                    "affinity": sorted(os.sched_getaffinity(0))}, f, indent=2)
     print(f"async_speedup={speedup:.2f} max_staleness_seen={staleness_seen} bound={args.staleness}")
