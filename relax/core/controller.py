@@ -42,6 +42,7 @@ class RoleHandle:
 
     def __init__(self, handle: Any) -> None:
         self._handle = handle
+        self.app_name: str = handle.app_name
 
     def __getattr__(self, name: str) -> Any:
         # options(method_name=...) rather than getattr: the handle has methods of its own (shutdown).
@@ -88,19 +89,22 @@ class Controller:
         if needs_genrm(cfg):  # the judge is up before the Rollout builds its rewards
             self.genrm = RoleHandle(rt.deploy_role("genrm", cfg))
             genrm_url = (await self.genrm.setup())["url"]
-        self.actor = RoleHandle(rt.deploy_role("actor", cfg))
-        self.rollout = RoleHandle(rt.deploy_role("rollout", cfg, num_gpus=rollout_gpus(cfg, rt.cluster_gpus())))
+        # The roles' replicas start side by side; wait_running raises a constructor's error.
+        self.actor = RoleHandle(rt.deploy_role("actor", cfg, wait=False))
+        self.rollout = RoleHandle(rt.deploy_role("rollout", cfg, num_gpus=rollout_gpus(cfg, rt.cluster_gpus()),
+                                                 wait=False))
         if needs_reference(cfg):
-            self.reference = RoleHandle(rt.deploy_role("reference", cfg, "reference"))
+            self.reference = RoleHandle(rt.deploy_role("reference", cfg, "reference", wait=False))
         if needs_teacher(cfg):
-            self.teacher = RoleHandle(rt.deploy_role("teacher", cfg))
+            self.teacher = RoleHandle(rt.deploy_role("teacher", cfg, wait=False))
         if uses_critic(cfg):
-            self.critic = RoleHandle(rt.deploy_role("critic", cfg))
+            self.critic = RoleHandle(rt.deploy_role("critic", cfg, wait=False))
         if cfg.cluster.fully_async:
             if not cfg.algo.use_rollout_logprobs:
-                self.stages.append(RoleHandle(rt.deploy_role("actor_fwd", cfg, "actor_fwd")))
-            self.stages.append(RoleHandle(rt.deploy_role("advantages", cfg)))
-            self.dcs = rt.deploy_role("dcs")
+                self.stages.append(RoleHandle(rt.deploy_role("actor_fwd", cfg, "actor_fwd", wait=False)))
+            self.stages.append(RoleHandle(rt.deploy_role("advantages", cfg, wait=False)))
+            self.dcs = rt.deploy_role("dcs", wait=False)
+        await asyncio.to_thread(rt.wait_running)
         self.start = (await self.actor.setup())["start_rollout_id"]
         info = await self.rollout.setup(self.start, genrm_url)
         for role in [*self.scorers, *self.stages]:
@@ -209,7 +213,7 @@ class Controller:
         # Actor first: it tears down its weight-sync group while the engines still answer.
         for role in (getattr(self, "actor", None), *self.scorers, *self.stages, getattr(self, "rollout", None),
                      self.genrm):
-            if role is not None:
+            if role is not None and role.app_name not in self.runtime.failed_apps:  # no replica to ask
                 try:
                     await asyncio.wait_for(asyncio.ensure_future(role.shutdown()), timeout=60)
                 except Exception as err:  # noqa: BLE001 - shut down the other roles regardless

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import time
 import uuid
 from typing import Any
 
@@ -71,6 +72,7 @@ class Runtime:
         self.started_ray = False
         self.started_serve = False
         self.apps: list[str] = []
+        self.failed_apps: set[str] = set()  # apps whose replica could not start (wait_running)
 
     def __enter__(self) -> Runtime:
         import ray
@@ -102,7 +104,11 @@ class Runtime:
 
         return float(ray.cluster_resources().get("GPU", 0.0))
 
-    def deploy_role(self, role: str, *init_args: Any, num_cpus: float = 0.1, num_gpus: float = 0.0) -> Any:
+    def deploy_role(self, role: str, *init_args: Any, num_cpus: float = 0.1, num_gpus: float = 0.0,
+                    wait: bool = True) -> Any:
+        """Deploy `role` as a one-replica Serve app and return its handle. `wait=False` returns
+        once the app is created, while its replica still starts: deploy several, then
+        `wait_running()` (their processes start side by side instead of one after another)."""
         from ray import serve
 
         cls = import_object(ROLES[role], flag=f"role {role}")
@@ -112,10 +118,58 @@ class Runtime:
             health_check_timeout_s=600, logging_config={"enable_access_log": False}, ray_actor_options={"num_cpus": num_cpus, "num_gpus": num_gpus,
                                                            "runtime_env": {"env_vars": self.env}},
         )
-        handle = serve.run(deployment.bind(*init_args), name=app_name, route_prefix=None)
+        target = serve.RunTarget(deployment.bind(*init_args), name=app_name, route_prefix=None)
+        handle = serve.run_many([target], wait_for_applications_running=wait)[0]
         self.apps.append(app_name)
         logger.info("deployed %s as Serve app %s", role, app_name)
         return handle
+
+    def wait_running(self, timeout_s: float = 600.0) -> None:
+        """Block until every app deployed so far is running; a replica that failed to start
+        raises with Serve's message (the role's constructor error)."""
+        from ray import serve
+
+        deadline, backoff = time.monotonic() + timeout_s, 0.05
+        while True:
+            apps = serve.status().applications
+            pending = []
+            for name in self.apps:
+                status = apps.get(name)
+                state = str(getattr(status, "status", "NOT_STARTED"))
+                if state.endswith(("DEPLOY_FAILED", "UNHEALTHY")):
+                    self.failed_apps.add(name)
+                    details = "\n".join(d.message for d in status.deployments.values() if d.message)
+                    raise RuntimeError(f"Serve app {name} failed to start: {details or status.message}")
+                if not state.endswith("RUNNING"):
+                    pending.append(name)
+            if not pending:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"Serve apps not running after {timeout_s:.0f}s: {pending}")
+            time.sleep(backoff)
+            backoff = min(backoff * 2, 0.5)
+
+    def _delete_apps(self, timeout_s: float = 60.0) -> None:
+        """Delete every app of this run at once (the roles shut down before), then wait until
+        they are gone: one after another costs ~3 s per app."""
+        from ray import serve
+
+        for app in reversed(self.apps):
+            try:
+                serve.delete(app, _blocking=False)
+            except Exception as err:  # noqa: BLE001 - teardown continues whatever one app does
+                logger.warning("deleting Serve app %s failed: %s", app, err)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                left = [a for a in self.apps if a in serve.status().applications]
+            except Exception as err:  # noqa: BLE001 - the controller may already be gone
+                logger.warning("reading Serve status during teardown failed: %s", err)
+                return
+            if not left:
+                return
+            time.sleep(0.1)
+        logger.warning("Serve apps still deleting after %.0fs: %s", timeout_s, left)
 
     def __exit__(self, *exc: Any) -> None:
         import ray
@@ -123,11 +177,7 @@ class Runtime:
 
         from relax.distributed import transfer_queue as tq
 
-        for app in reversed(self.apps):
-            try:
-                serve.delete(app)
-            except Exception as err:  # noqa: BLE001 - teardown continues whatever one app does
-                logger.warning("deleting Serve app %s failed: %s", app, err)
+        self._delete_apps()
         try:
             tq.close_data_system()
         except Exception as err:  # noqa: BLE001 - teardown continues

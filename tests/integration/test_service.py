@@ -1,0 +1,26 @@
+"""The Runtime's Serve plumbing: roles deployed side by side, a role whose replica cannot start
+fails the run with its constructor's error, and teardown deletes every app of the run."""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+
+def test_a_role_that_cannot_start_raises_its_error_and_teardown_deletes_every_app(ray_cluster, tiny_setup):
+    from ray import serve
+
+    from relax.config.parser import parse_config
+    from relax.core.service import Runtime
+
+    cfg = parse_config(["--hf-checkpoint", str(tiny_setup / "model"), "--prompt-data", str(tiny_setup / "train.jsonl"),
+                        "--input-key", "prompt", "--label-key", "label"], validate=False)
+    with Runtime(cfg) as runtime:
+        runtime.deploy_role("advantages", cfg, wait=False)
+        runtime.deploy_role("actor_fwd", cfg, "not_a_role", wait=False)  # its constructor raises
+        with pytest.raises(RuntimeError, match="(?s)failed to start.*ActorFwd role must be one of"):
+            runtime.wait_running(timeout_s=120)
+        apps = list(runtime.apps)
+        assert len(apps) == 2 and runtime.failed_apps == {apps[1]}  # the controller skips its shutdown
+    assert not set(apps) & set(serve.status().applications)
