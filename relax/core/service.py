@@ -20,6 +20,7 @@ from relax.config.schema import RelaxConfig
 from relax.core.registry import ROLES
 from relax.utils.logging import TOKEN_ENV, new_run_token
 from relax.utils.plugins import import_object
+from relax.utils.poll import Backoff
 
 logger = logging.getLogger(__name__)
 
@@ -129,7 +130,7 @@ class Runtime:
         raises with Serve's message (the role's constructor error)."""
         from ray import serve
 
-        deadline, backoff = time.monotonic() + timeout_s, 0.05
+        deadline, backoff = time.monotonic() + timeout_s, Backoff(first_s=0.05, max_s=0.5)
         while True:
             apps = serve.status().applications
             pending = []
@@ -146,8 +147,7 @@ class Runtime:
                 return
             if time.monotonic() > deadline:
                 raise TimeoutError(f"Serve apps not running after {timeout_s:.0f}s: {pending}")
-            time.sleep(backoff)
-            backoff = min(backoff * 2, 0.5)
+            backoff.sleep()
 
     def _delete_apps(self, timeout_s: float = 60.0) -> None:
         """Delete every app of this run at once (the roles shut down before), then wait until

@@ -9,6 +9,7 @@ still reacts within milliseconds, an idle wait costs a few polls a second.
 from __future__ import annotations
 
 import asyncio
+import time
 
 
 class Backoff:
@@ -21,6 +22,11 @@ class Backoff:
     async def wait(self) -> None:
         """Sleep the current delay, then double it (up to `max_s`)."""
         await asyncio.sleep(self.delay)
+        self.delay = min(self.delay * 2, self.max_s)
+
+    def sleep(self) -> None:
+        """`wait` for a blocking caller (e.g. the driver waiting for Serve apps in a thread)."""
+        time.sleep(self.delay)
         self.delay = min(self.delay * 2, self.max_s)
 
     def reset(self) -> None:

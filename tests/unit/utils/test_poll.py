@@ -28,3 +28,14 @@ def test_backoff_doubles_to_the_cap_and_resets(monkeypatch):
 def test_backoff_rejects_bad_bounds():
     with pytest.raises(ValueError, match="first_s"):
         Backoff(first_s=0.5, max_s=0.1)
+
+
+def test_blocking_sleep_follows_the_same_schedule(monkeypatch):
+    import time
+
+    slept = []
+    monkeypatch.setattr(time, "sleep", slept.append)
+    backoff = Backoff(first_s=0.05, max_s=0.15)
+    for _ in range(3):
+        backoff.sleep()
+    assert slept == [0.05, 0.1, 0.15]
