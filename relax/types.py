@@ -98,3 +98,109 @@ FINISH_REASON_STATUS: dict[str, Sample.Status] = {
     "length": Sample.Status.TRUNCATED,
     "abort": Sample.Status.ABORTED,
 }
+
+
+# ---- the data plane's columns -------------------------------------------------------------
+#
+# Every TransferQueue column is declared once here: its dtype and its shape per row. Shape
+# letters: R = one value per row (sample); RT = one value per response token (row r has
+# `response_lengths[r]` of them, response-aligned); RL = one per prompt + response token. Who
+# writes and who reads a column depends on the run (mode, estimator, optional roles) and is
+# resolved once by the run plan (`relax.config.plan`), which `relax-train --dry-run` prints.
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    dtype: str  # "int64" | "float32" (torch dtype names; this module stays free of torch)
+    shape: str  # "R" | "RT" | "RL"
+    doc: str
+
+    @property
+    def ragged(self) -> bool:
+        """A variable-length list per row (a jagged nested tensor in TransferQueue)."""
+        return self.shape != "R"
+
+    @property
+    def field(self) -> str:
+        """The `TrainBatch` field holding this column: the name with its shape suffix."""
+        return f"{self.name}_{self.shape}"
+
+
+COLUMNS: dict[str, Column] = {c.name: c for c in (
+    Column("tokens", "int64", "RL", "prompt + response token ids"),
+    Column("response_lengths", "int64", "R", "response tokens at the end of `tokens`"),
+    Column("loss_masks", "int64", "RT", "1 = the token is trained on (0: padding, tool output, masked)"),
+    Column("rollout_log_probs", "float32", "RT", "the engine's log-prob of each response token"),
+    Column("rewards", "float32", "R", "the scalar reward (after --reward-key and any post-process)"),
+    Column("group_indices", "int64", "R", "the prompt group (-1: a row from a custom conversion)"),
+    Column("sample_indices", "int64", "R", "the sample's global index (the row's key)"),
+    Column("weight_versions", "int64", "R", "oldest weight version any token of the row may have seen"),
+    Column("truncated", "int64", "R", "1 = the response hit its length limit"),
+    Column("old_log_probs", "float32", "RT", "behaviour policy recomputed on the trainer's weights"),
+    Column("ref_log_probs", "float32", "RT", "the reference model's log-probs (KL loss / KL shaping)"),
+    Column("teacher_log_probs", "float32", "RT", "the OPD teacher's log-probs"),
+    Column("values", "float32", "RT", "the critic's value of the state each token is chosen in"),
+    Column("advantages", "float32", "RT", "per-token advantages (estimator, OPD penalty, whitening)"),
+    Column("returns", "float32", "RT", "GAE returns the critic is fitted to"),
+)}
+
+# What Rollout writes for every sample, in this order.
+ROLLOUT_COLUMNS = ("tokens", "loss_masks", "rollout_log_probs", "response_lengths", "rewards", "group_indices",
+                   "sample_indices", "weight_versions", "truncated")
+
+
+@dataclass
+class TrainBatch:
+    """One step's rows as the trainer sees them (R rows; see the shape letters above).
+
+    Ragged fields hold one Python list per row (response-aligned for `_RT`). The optional
+    fields are None when the run has no producer for them (no reference, no critic, ...).
+    Groups are contiguous: rows are in sample order."""
+
+    tokens_RL: list[list[int]]
+    response_lengths_R: list[int]
+    loss_masks_RT: list[list[int]]
+    rollout_log_probs_RT: list[list[float]] | None = None
+    rewards_R: list[float] | None = None
+    old_log_probs_RT: list[list[float]] | None = None
+    advantages_RT: list[list[float]] | None = None
+    ref_log_probs_RT: list[list[float]] | None = None
+    teacher_log_probs_RT: list[list[float]] | None = None
+    values_RT: list[list[float]] | None = None
+    returns_RT: list[list[float]] | None = None
+
+    def __len__(self) -> int:
+        return len(self.tokens_RL)
+
+    def present(self) -> list[str]:
+        """Names of the fields that hold data."""
+        return [f.name for f in dataclasses.fields(self) if getattr(self, f.name) is not None]
+
+    def rows(self, index: list[int]) -> TrainBatch:
+        """The rows `index`, in that order (every present field)."""
+        return TrainBatch(**{name: [getattr(self, name)[i] for i in index] for name in self.present()})
+
+    @classmethod
+    def empty(cls, num_rows: int, fields: list[str]) -> TrainBatch:
+        """A batch of `num_rows` rows whose `fields` are still to be filled (`put`)."""
+        holes = {name: [None] * num_rows for name in fields}
+        required = {f.name: [None] * num_rows for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING}
+        return cls(**(required | holes))
+
+    def put(self, positions: list[int], part: TrainBatch) -> None:
+        """Write `part`'s rows (in order) at `positions`, field by field."""
+        for name in part.present():
+            column = getattr(self, name)
+            if column is None:
+                column = [None] * len(self)
+                setattr(self, name, column)
+            for pos, value in zip(positions, getattr(part, name)):
+                column[pos] = value
+
+    @classmethod
+    def from_columns(cls, columns: dict[str, list[Any]]) -> TrainBatch:
+        """From TransferQueue column names (`COLUMNS`) to fields; columns the batch has no field
+        for (group_indices, ...) are left out."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{COLUMNS[c].field: v for c, v in columns.items() if COLUMNS[c].field in names})

@@ -12,6 +12,7 @@ from typing import Any, Protocol
 
 from relax.algorithms.policy_loss import PolicyLossConfig
 from relax.config.schema import BatchConfig, OptimizerConfig
+from relax.types import TrainBatch
 
 
 @dataclass
@@ -30,6 +31,7 @@ class TrainerSpec:
     # engine does), so trainer log-probs equal the engine's bitwise (docs/true-on-policy.md).
     true_on_policy: bool = False
     timeout_minutes: int = 10
+    dist_backend: str = "nccl"  # --distributed-backend of the training ranks on GPUs (gloo on CPU)
     bucket_bytes: int = 512 << 20
     sync_timeout_s: float = 120.0
     weight_sync_backend: str = "nccl"  # --checkpoint-engine-backend; CPU ranks always use gloo
@@ -41,15 +43,15 @@ class TrainerSpec:
 
 
 class TrainWorker(Protocol):
-    """One data-parallel rank. Batches are dicts of per-sample, response-aligned lists."""
+    """One data-parallel rank. Training data is a `relax.types.TrainBatch` (per-row lists)."""
 
-    def compute_log_probs(self, batch: dict[str, Any]) -> list[list[float]]: ...
-    def compute_values(self, batch: dict[str, Any]) -> list[list[float]]: ...  # critic
-    def train(self, batch: dict[str, Any], num_steps: int, global_tokens_per_step: list[int]) -> dict[str, float]: ...
-    # The fully-async streaming loader: plan a pass from the rows' lengths, feed rows as they are
-    # scored (micro-batches run in plan order once their rows are in), finish; `train` is the three.
+    def compute_log_probs(self, tokens: list[list[int]], lengths: list[int]) -> list[list[float]]: ...
+    def compute_values(self, tokens: list[list[int]], lengths: list[int]) -> list[list[float]]: ...  # critic
+    def train(self, batch: TrainBatch, num_steps: int, global_tokens_per_step: list[int]) -> dict[str, float]: ...
+    # The streaming loader: plan a pass from the rows' lengths, feed rows as they are scored
+    # (micro-batches run in plan order once their rows are in), finish; `train` is the three.
     def train_begin(self, lengths: list[int], num_steps: int, global_tokens_per_step: list[int]) -> None: ...
-    def train_rows(self, positions: list[int], columns: dict[str, list[Any]]) -> int: ...
+    def train_rows(self, positions: list[int], rows: TrainBatch) -> int: ...
     def train_end(self) -> dict[str, float]: ...
     # Rank 0 joins the receivers' weight-update group and returns its backend (nccl / gloo).
     def connect_engines(self, engine_urls: list[str], api_key: str | None) -> str | None: ...

@@ -4,14 +4,14 @@ As Reference it loads `--ref-load` (default `--hf-checkpoint`) once and writes
 `ref_log_probs` for every row of partition `train_{step}`, which the Actor reads for the KL
 loss. With `--ref-update-interval N` it takes the actor's weights before scoring every N-th
 step (the Actor saves them to `reference_sync_dir` after training the step before; on a
-resumed run the reference starts from `--ref-load` again until its next refresh). 
-`read_rows` and `score_rows` are shared with the Critic (values) and the OPD Teacher.
+resumed run the reference starts from `--ref-load` again until its next refresh).
 
-In fully-async mode Reference and ActorFwd run `run(start, end)`: they stream over each step's
-partition, scoring rows as soon as Rollout has written them. ActorFwd writes `log_probs` (the
-old-policy log-probs the Actor's PPO ratio divides by) with the actor's weights, which it
-receives over the same broadcast group as the engines; it scores a row only once it holds
-weights at least as new as the ones that generated the row.
+When the plan streams it (fully async), Reference and ActorFwd run `run(start, end)`: they
+stream over each step's partition, scoring rows as soon as Rollout has written them. ActorFwd
+writes `old_log_probs` (the old-policy log-probs the Actor's PPO ratio divides by) with the
+actor's weights, which it receives over the same broadcast group as the engines; it scores a
+row only once it holds weights at least as new as the ones that generated the row. Which
+column it writes and whether it receives weights is its part of the plan (`RolePlan`).
 """
 
 from __future__ import annotations
@@ -21,51 +21,23 @@ import time
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
-from relax.components.actor import jagged, make_worker_group, ref_update_due, reference_sync_dir, shard_rows
+from relax.components.step_advantages import jagged
+from relax.components.training import make_worker_group, read_rows, ref_update_due, reference_sync_dir, score_rows
+from relax.config.plan import RolePlan
 from relax.config.schema import RelaxConfig
 from relax.distributed import transfer_queue as tq
 from relax.distributed.checkpoint_service.transports import RayEndpoint
-from relax.distributed.ray.actor_group import RayActorGroup
 from relax.utils.logging import setup_logging
 from relax.utils.poll import Backoff
 
 logger = logging.getLogger(__name__)
-
-# role -> the column it writes
-COLUMNS = {"reference": "ref_log_probs", "actor_fwd": "log_probs"}
-
-
-async def read_rows(rollout_id: int) -> tuple[list[str], list[list[int]], list[int]]:
-    """Keys, token lists and response lengths of every row of step `rollout_id`, in key order."""
-    keys = await tq.list_keys(rollout_id)
-    cols = await tq.get_columns(rollout_id, keys, ["tokens", "response_lengths"])
-    return keys, [t.tolist() for t in cols["tokens"]], cols["response_lengths"].tolist()
-
-
-async def score_rows(group: RayActorGroup, tokens: list[list[int]], lengths: list[int],
-                     method: str) -> tuple[list[list[float]], float]:
-    """Run the forward-only `method` (compute_log_probs / compute_values) of every rank on its share
-    of the rows; returns per-row response-aligned results in row order and the slowest rank's
-    compute seconds."""
-    world = group.world_size
-    shards_idx = shard_rows(len(tokens) - len(tokens) % world, 1, world)
-    shards_idx[-1].extend(range(sum(map(len, shards_idx)), len(tokens)))
-    shards = [{"tokens": [tokens[i] for i in idx], "response_lengths": [lengths[i] for i in idx]}
-              for idx in shards_idx]
-    results = await group.call_sharded(method, shards)
-    compute = max(await group.call("pop_compute_seconds"))
-    out: list[list[float]] = [[] for _ in tokens]
-    for idx, res in zip(shards_idx, results):
-        for i, values in zip(idx, res):
-            out[i] = values
-    return out, compute
 
 
 async def stream_steps(start: int, end: int, *, task: str, chunk: int, fields: list[str],
                        score: Callable[[int, list[str], dict[str, Any]], Awaitable[None]],
                        alive: Callable[[], bool]) -> None:
     """Fully async: `tq.stream_step` over steps `start..end-1`, handing `score(step, keys, cols)`
-    every row as soon as its `fields` are written. Shared by ActorFwd, Reference and the Critic."""
+    every row as soon as its `fields` are written. Shared by ActorFwd, Reference, Teacher and Critic."""
     for step in range(start, end):
         if not alive():
             return
@@ -74,27 +46,25 @@ async def stream_steps(start: int, end: int, *, task: str, chunk: int, fields: l
 
 
 class ActorFwd:
-    def __init__(self, cfg: RelaxConfig, role: str = "reference") -> None:
+    def __init__(self, cfg: RelaxConfig, plan: RolePlan) -> None:
         setup_logging()
-        if role not in COLUMNS:
-            raise ValueError(f"ActorFwd role must be one of {sorted(COLUMNS)}, got {role!r}")
-        self.cfg, self.role = cfg, role
-        self.column = COLUMNS[role]
+        if len(plan.writes) != 1:
+            raise ValueError(f"{plan.name}: ActorFwd writes one log-prob column, the plan gives {plan.writes}")
+        self.cfg, self.plan, self.role = cfg, plan, plan.name
+        self.column = plan.writes[0]
         self.group = None
         self.stopping = False
         self.compute_seconds = 0.0
 
-    async def setup(self) -> dict[str, Any]:
+    async def setup(self, context: dict[str, Any]) -> dict[str, Any]:
         tq.attach()
         model_path = self.cfg.ckpt.ref_load or self.cfg.ckpt.hf_checkpoint
-        n = (self.cfg.cluster.resource.get(self.role) or [1, 1])[1] or 1
         overrides = self.cfg.cluster.ref_actor_config or {}
-        self.group = make_worker_group(self.cfg, "reference", model_path, n,
-                                       threads=overrides.get("threads"), name=self.role)
-        await self.group.ready()  # receivers() hands out these ranks: they must be the final ones
+        self.group = make_worker_group(self.cfg, self.plan, "reference", model_path, threads=overrides.get("threads"))
+        await self.group.ready()  # weight_receivers() hands out these ranks: they must be the final ones
         return {}
 
-    def receivers(self) -> list[RayEndpoint]:
+    def weight_receivers(self) -> list[RayEndpoint]:
         """This role's ranks as weight receivers (ActorFwd takes every actor update)."""
         return [RayEndpoint(w, f"{self.role}[{r}]") for r, w in enumerate(self.group.workers)]
 
@@ -128,7 +98,7 @@ class ActorFwd:
     async def run(self, start: int, end: int) -> None:
         """Stream over steps `start..end-1`: score rows as Rollout writes them."""
         async def score(step: int, keys: list[str], cols: dict[str, Any]) -> None:
-            if self.role == "actor_fwd":
+            if self.plan.receives_weights:  # old log-probs: on weights at least as new as the row's
                 await self._wait_weights(max(int(v) for v in cols["weight_versions"]))
             logps = await self._log_probs([t.tolist() for t in cols["tokens"]],
                                           [int(x) for x in cols["response_lengths"]])
@@ -143,7 +113,7 @@ class ActorFwd:
             if self.role == "reference" and step > start and ref_update_due(self.cfg, step):
                 await self._wait_actor_weights(step)
             await tq.stream_step(step, task=self.role, chunk=self.cfg.rollout.n_samples_per_prompt,
-                                 fields=["tokens", "response_lengths", "weight_versions"], alive=alive,
+                                 fields=[c for c in self.plan.reads if c != "sample_indices"], alive=alive,
                                  score=lambda keys, cols, step=step: score(step, keys, cols))
 
     async def _wait_actor_weights(self, step: int) -> None:

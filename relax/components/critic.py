@@ -1,7 +1,8 @@
 """Critic role (PPO): a value model, trained on the GAE returns of every step.
 
-Fully async: `run()` streams values onto rows as Rollout writes them, the Advantages role
-computes GAE advantages and returns, and `train(k)` runs after the Actor trained step k.
+When the plan streams it (fully async), `run()` writes values onto rows as Rollout writes
+them, the Advantages role computes GAE advantages and returns, and `train(k)` runs after the
+Actor trained step k.
 
 Data flow of one colocate step (`--advantage-estimator ppo`):
 
@@ -13,9 +14,9 @@ Data flow of one colocate step (`--advantage-estimator ppo`):
     critic.train(k)    clipped value loss (--value-clip around the forward's values) on
                        values/returns, then clears the partition: it is the step's last consumer
 
-GAE runs once, in the Actor, because the returns need what only the Actor holds (old and
-reference log-probs for --kl-coef shaping); the critic therefore fits exactly the returns the
-policy's advantages came from. The model is the fsdp backend's "critic" role: the causal-LM
+GAE runs once per step (in the Actor, or in the Advantages role when it streams), with the
+same function (`step_advantages`); the critic therefore fits exactly the returns the policy's
+advantages came from. The model is the fsdp backend's "critic" role: the causal-LM
 body of --hf-checkpoint with a new scalar head, or a critic checkpoint from --critic-load
 (default <--load>/critic). It has its own AdamW with --critic-lr (default --lr) and
 --critic-lr-warmup-iters, and saves to --critic-save (default <--save>/critic) with the actor.
@@ -29,13 +30,16 @@ import os
 import time
 from typing import Any
 
-from relax.components.actor import (
-    jagged, latest_checkpoint, make_worker_group, mean_over_ranks, optimizer_steps_total, save_checkpoint,
-    train_on_rows,
+from relax.components.actor_fwd import stream_steps
+from relax.components.step_advantages import jagged
+from relax.components.training import (
+    latest_checkpoint, make_worker_group, mean_over_ranks, optimizer_steps_total, read_rows, save_checkpoint,
+    score_rows, train_on_rows,
 )
-from relax.components.actor_fwd import read_rows, score_rows, stream_steps
+from relax.config.plan import RolePlan
 from relax.config.schema import OptimizerConfig, RelaxConfig
 from relax.distributed import transfer_queue as tq
+from relax.types import TrainBatch
 from relax.utils.logging import setup_logging
 
 logger = logging.getLogger(__name__)
@@ -57,17 +61,16 @@ def critic_dirs(cfg: RelaxConfig) -> tuple[str | None, str | None]:
 
 
 class Critic:
-    def __init__(self, cfg: RelaxConfig) -> None:
+    def __init__(self, cfg: RelaxConfig, plan: RolePlan) -> None:
         setup_logging()
-        self.cfg = cfg
+        self.cfg, self.plan = cfg, plan
         self.group = None
 
-    async def setup(self) -> dict[str, Any]:
+    async def setup(self, context: dict[str, Any]) -> dict[str, Any]:
         """Start the workers; load the latest critic checkpoint when there is one."""
         tq.attach()
         cfg = self.cfg
-        n = (cfg.cluster.resource.get("critic") or [1, 1])[1] or 1
-        self.group = make_worker_group(cfg, "critic", cfg.ckpt.hf_checkpoint, n,
+        self.group = make_worker_group(cfg, self.plan, "critic", cfg.ckpt.hf_checkpoint,
                                        total_steps=optimizer_steps_total(cfg), optim=critic_optim(cfg))
         load_dir, _ = critic_dirs(cfg)
         ckpt = latest_checkpoint(load_dir) if load_dir else None
@@ -105,7 +108,11 @@ class Critic:
             return {}
         fields = ["tokens", "response_lengths", "loss_masks", "values", "returns"]
         cols = await tq.get_columns(rollout_id, keys, fields)
-        batch = {name: [v.tolist() for v in cols[name]] for name in fields}
+        batch = TrainBatch(tokens_RL=[t.tolist() for t in cols["tokens"]],
+                           response_lengths_R=cols["response_lengths"].tolist(),
+                           loss_masks_RT=[m.tolist() for m in cols["loss_masks"]],
+                           values_RT=[v.tolist() for v in cols["values"]],
+                           returns_RT=[r.tolist() for r in cols["returns"]])
         results = await train_on_rows(self.group, batch, self.cfg.batch.global_batch_size)
         metrics = {"compute/critic_train_seconds": max(r.pop("compute_seconds") for r in results)}
         metrics |= mean_over_ranks(results, prefix="critic")

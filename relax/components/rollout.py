@@ -1,10 +1,14 @@
-"""Rollout role: owns the inference engines, the router, the data source and the rewards.
+"""Rollout role: owns the inference engines (an `EngineFleet` behind its router), the data
+source, the rewards and the default rollout (`Generator`).
 
 Each step it runs the rollout function and writes the scored samples into that step's
 TransferQueue partition. It also evaluates on held-out sets, releases/resumes engine memory
-around training in colocate mode, and saves its data position with checkpoints. A plain
-class with async methods: the Controller deploys it as a Ray Serve deployment, tests can
-drive it directly.
+around training when its plan says so (colocate), and saves its data position with
+checkpoints. Its plan part (`RolloutPlan`) says whether groups stream into the partition as
+they finish and whether steps overlap (fully async); `run()` is the streaming loop. Plugins
+get the seed's `args` (`plugin_args`), built once; nothing of the run is written on the config.
+A plain class with async methods: the Controller deploys it as a Ray Serve deployment, tests
+can drive it directly.
 """
 
 from __future__ import annotations
@@ -16,17 +20,22 @@ import logging
 import os
 import statistics
 import time
+from argparse import Namespace
 from typing import Any
 
-from relax.backends.registry import INFERENCE_BACKENDS
 from relax.config.eval_config import EvalDataset, eval_datasets
+from relax.config.plan import RolloutPlan
 from relax.config.schema import RelaxConfig
 from relax.distributed import transfer_queue as tq
-from relax.engine.router.router import Router
+from relax.engine.fleet import EngineFleet, FleetSpec
+from relax.engine.rewards.executor import RewardExecutor
+from relax.engine.rewards.genrm import judge_spec
 from relax.engine.rollout import sglang_rollout
 from relax.engine.rollout.evaluation import EVAL_FUNCTION_SIGNATURE, EvalDataSource, eval_args, eval_groups
+from relax.engine.rollout.generator import Generator, StepState
 from relax.engine.rollout.partial_rollout import partial_metrics
 from relax.engine.rollout.replay import dump_rollout_details, save_rollout
+from relax.engine.specs import RewardSpec, RolloutSpec
 from relax.types import Sample
 from relax.utils.http_utils import close_sessions
 from relax.utils.metrics import pass_rates
@@ -37,19 +46,30 @@ from relax.utils.poll import Backoff
 logger = logging.getLogger(__name__)
 
 
+DEFAULT_ROLLOUT = "relax.engine.rollout.sglang_rollout.generate_rollout"
 REPLAY_ROLLOUT = "relax.engine.rollout.replay.replay_rollout"
+ROLLOUT_SIGNATURE = "generate_rollout(args, rollout_id, data_source, evaluation=False)"
+
+
+def plugin_args(cfg: RelaxConfig, router_url: str | None) -> Namespace:
+    """The namespace user plugins are called with: every flag (seed names), the extra
+    `--custom-config-path` keys, and where the router listens (`sglang_router_ip`/`_port`, as
+    slime sets them). Built once; nothing of the run is written onto it later."""
+    args = cfg.args
+    host, _, port = (router_url or "").removeprefix("http://").rpartition(":")
+    args.sglang_router_ip, args.sglang_router_port = (host or None), (int(port) if port else None)
+    return args
 
 
 class Rollout:
-    def __init__(self, cfg: RelaxConfig) -> None:
+    def __init__(self, cfg: RelaxConfig, plan: RolloutPlan) -> None:
         setup_logging()
-        self.cfg = cfg
+        self.cfg, self.plan = cfg, plan
         self.token = run_token()
-        self.args = cfg.args
-        self.engines: list[Any] = []
-        self.clients: list[Any] = []
-        self.router: Router | None = None
+        self.fleet: EngineFleet | None = None
         self.eval_sets: dict[str, tuple[EvalDataset, list[Sample]]] = {}
+        self._evaluators: dict[str, tuple[Any, Any]] = {}  # dataset -> (plugin args, generator or None)
+        self.current: StepState = StepState()  # the step generating now (colocate: one at a time)
         # Fully async: finished steps' metrics (and an event per step), data-source snapshots
         # taken at step boundaries (checkpoints save the trained step's position, not the
         # generated one), and the engine version each step started at.
@@ -57,107 +77,122 @@ class Rollout:
         self.step_events: dict[int, asyncio.Event] = {}
         self.snapshots: dict[int, dict[str, Any]] = {}
         self.failed: dict[int, BaseException] = {}
-        self._busy_mark: list[float] = []  # engines' busy seconds when the last async step reported
+        self._busy_mark: list[float] = []  # engines' busy seconds when the last step reported
         self.stopping = False
 
     # ---- lifecycle ---------------------------------------------------------------------
-    async def setup(self, start_rollout_id: int, genrm_url: str | None = None) -> dict[str, Any]:
-        """Launch engines, start the router, build the data source (resuming its position).
-        `genrm_url`: the GenRM role's router, for `--rm-type genrm` (set before rewards are built)."""
+    async def setup(self, context: dict[str, Any]) -> dict[str, Any]:
+        """Launch the engines behind their router, build the rewards, the generator and the data
+        source (resuming its position). `context`: the first rollout id, the GenRM router."""
         tq.attach()
-        self.args.genrm_url = genrm_url
-        if not self.cfg.debug.debug_train_only:  # replaying saved rollouts needs no engines
-            await self._start_engines()
-        data_source_cls = import_object(self.args.data_source_path, flag="--data-source-path")
+        cfg = self.cfg
+        if self.plan.role.workers:  # replaying saved rollouts needs no engines
+            self.fleet = EngineFleet(self._fleet_spec())
+            await self.fleet.start(self.plan.role.workers)
+        self.args = plugin_args(cfg, self.fleet.router_url if self.fleet else None)
+        judge = await asyncio.to_thread(judge_spec, context.get("genrm_url"), cfg.reward.genrm_model_path,
+                                        cfg.reward.genrm_sampling_config, cfg.custom.get("genrm_prompt_template"))
+        self.rewards = RewardExecutor(RewardSpec.from_config(cfg.reward, judge), self.args)
+        tokenizer = await asyncio.to_thread(sglang_rollout.GenerateState, self.args)
+        self.generator = Generator(RolloutSpec.from_config(cfg), tokenizer=tokenizer.tokenizer,
+                                   router_url=f"{self.fleet.router_url if self.fleet else ''}/generate",
+                                   rewards=self.rewards, plugin_args=self.args)
+        sglang_rollout.bind(self.args, self.generator)
+        data_source_cls = import_object(cfg.data.data_source_path, flag="--data-source-path")
         self.data_source = await asyncio.to_thread(data_source_cls, self.args)
-        if self.args.load and start_rollout_id > 0:
-            await asyncio.to_thread(self.data_source.load, start_rollout_id - 1)
-        rollout_fn_path = REPLAY_ROLLOUT if self.cfg.debug.load_debug_rollout_data else self.args.rollout_function_path
-        self.rollout_fn = load_plugin(rollout_fn_path, flag="--rollout-function-path",
-                                      positional=3, expected="generate_rollout(args, rollout_id, data_source, "
-                                      "evaluation=False)")
-        self.eval_fn = load_plugin(
-            self.args.eval_function_path or self.args.rollout_function_path,
-            flag="--eval-function-path" if self.args.eval_function_path else "--rollout-function-path",
+        start = context["start_rollout_id"]
+        if cfg.ckpt.load and start > 0:
+            await asyncio.to_thread(self.data_source.load, start - 1)
+        self.rollout_fn = self._rollout_function()
+        eval_path = cfg.eval.eval_function_path or cfg.rollout.rollout_function_path
+        self.eval_fn = None if eval_path == DEFAULT_ROLLOUT else load_plugin(  # None: the Generator evaluates
+            eval_path, flag="--eval-function-path" if cfg.eval.eval_function_path else "--rollout-function-path",
             positional=3, expected=EVAL_FUNCTION_SIGNATURE)
-        await asyncio.to_thread(sglang_rollout.GenerateState, self.args)
         self.reward_post_process = None
-        if self.args.custom_reward_post_process_path:
+        if cfg.reward.custom_reward_post_process_path:
             self.reward_post_process = load_plugin(
-                self.args.custom_reward_post_process_path, flag="--custom-reward-post-process-path", positional=2,
+                cfg.reward.custom_reward_post_process_path, flag="--custom-reward-post-process-path", positional=2,
                 expected="fn(args, samples) -> (raw_rewards, rewards)")
         self.convert_samples = None
-        if self.args.custom_convert_samples_to_train_data_path:
+        if cfg.reward.custom_convert_samples_to_train_data_path:
             self.convert_samples = load_plugin(
-                self.args.custom_convert_samples_to_train_data_path, flag="--custom-convert-samples-to-train-data-path",
-                positional=2, expected="convert_samples_to_train_data(args, samples) -> dict")
-        self.eval_sets = await asyncio.to_thread(self._load_eval_sets)
-        return {"engine_urls": [e.url for e in self.engines], "num_prompts": len(self.data_source)}
+                cfg.reward.custom_convert_samples_to_train_data_path,
+                flag="--custom-convert-samples-to-train-data-path", positional=2,
+                expected="convert_samples_to_train_data(args, samples) -> dict")
+        self.eval_sets = await asyncio.to_thread(self._load_eval_sets, tokenizer.tokenizer)
+        return {"num_prompts": len(self.data_source)}
 
-    async def _start_engines(self) -> None:
-        from relax.backends.engine_client import EngineClient
+    def _fleet_spec(self) -> FleetSpec:
+        cfg, n = self.cfg, self.plan.role.workers
+        context = engine_context_len(cfg.rollout.rollout_max_context_len, eval_datasets(cfg.args))
+        return FleetSpec(
+            name="rollout", backend=cfg.cluster.rollout_backend, model_path=cfg.ckpt.hf_checkpoint, api_key=self.token,
+            log_dir=cfg.misc.exp_dir or ".", threads=cfg.cluster.engine_threads or max(1, (os.cpu_count() or 1) // n),
+            options=engine_options(cfg, context), startup_timeout=cfg.rollout.engine_startup_timeout,
+            http_timeout=cfg.rollout.http_timeout, log_names=tuple(f"engine_{i}.log" for i in range(n)),
+            # On a GPU cluster the replica holds one GPU per engine (Ray sets its CUDA_VISIBLE_DEVICES).
+            devices=tuple(f"cuda:{i}" if self.plan.role.replica_gpus else "cpu" for i in range(n)))
 
-        # Launched from this (the replica's long-lived event-loop) thread: an engine's
-        # parent-death signal fires when the launching *thread* exits.
-        self.engines = self._launch_engines()
-        await asyncio.gather(*(asyncio.to_thread(e.wait_ready, self.cfg.rollout.engine_startup_timeout)
-                               for e in self.engines))
-        self.clients = [EngineClient(e.url, api_key=self.token) for e in self.engines]
-        self.router = Router([e.url for e in self.engines], api_key=self.token,
-                             timeout_s=self.cfg.rollout.http_timeout)
-        await self.router.start()
-        self.args.sglang_router_ip, self.args.sglang_router_port = self.router.host, self.router.port
+    def _rollout_function(self) -> Any:
+        """`async fn(step, rollout_id)`: the Generator for the default rollout function, else the
+        plugin (`--rollout-function-path`, or the replay of --load-debug-rollout-data)."""
+        cfg = self.cfg
+        path = REPLAY_ROLLOUT if cfg.debug.load_debug_rollout_data else cfg.rollout.rollout_function_path
+        if path == DEFAULT_ROLLOUT:
+            return lambda step, rollout_id: self.generator.rollout(step, rollout_id, self.data_source)
+        fn = load_plugin(path, flag="--rollout-function-path", positional=3, expected=ROLLOUT_SIGNATURE)
 
-    def _launch_engines(self) -> list[Any]:
-        launch = import_object(INFERENCE_BACKENDS[self.cfg.cluster.rollout_backend], flag="--rollout-backend")
-        n = self.cfg.cluster.resource["rollout"][1]
-        threads = self.cfg.cluster.engine_threads or max(1, (os.cpu_count() or 1) // n)
-        context = engine_context_len(self.cfg.rollout.rollout_max_context_len, eval_datasets(self.args))
-        return [launch(self.cfg.ckpt.hf_checkpoint, api_key=self.token, num_threads=threads,
-                       log_path=os.path.join(self.cfg.misc.exp_dir or ".", f"engine_{i}.log"),
-                       options=engine_options(self.cfg, context), device=engine_device(i))
-                for i in range(n)]
+        async def call(step: StepState, rollout_id: int) -> list[list[Sample]]:
+            # Sync rollout functions (slime style) run in a worker thread, where they may run their own loop.
+            try:
+                if inspect.iscoroutinefunction(fn):
+                    return await fn(self.args, rollout_id, self.data_source)
+                return await asyncio.to_thread(fn, self.args, rollout_id, self.data_source)
+            finally:
+                step.prompts_drawn.set()
 
-    def _load_eval_sets(self) -> dict[str, tuple[EvalDataset, list[Sample]]]:
+        return call
+
+    def _load_eval_sets(self, tokenizer: Any) -> dict[str, tuple[EvalDataset, list[Sample]]]:
         from relax.utils.data.dataset import PromptDataset
 
-        a, tokenizer = self.args, sglang_rollout.GenerateState(self.args).tokenizer
+        d = self.cfg.data
         return {
-            d.name: (d, PromptDataset(
-                d.path, tokenizer, input_key=d.input_key, label_key=d.label_key, metadata_key=d.metadata_key,
-                tool_key=d.tool_key, apply_chat_template=a.apply_chat_template,
-                apply_chat_template_kwargs=a.apply_chat_template_kwargs, system_prompt=a.system_prompt,
-                max_prompt_len=d.max_prompt_len, multimodal_keys=a.multimodal_keys,
-                skip_malformed=a.skip_malformed_rows,
+            ds.name: (ds, PromptDataset(
+                ds.path, tokenizer, input_key=ds.input_key, label_key=ds.label_key, metadata_key=ds.metadata_key,
+                tool_key=ds.tool_key, apply_chat_template=d.apply_chat_template,
+                apply_chat_template_kwargs=d.apply_chat_template_kwargs, system_prompt=d.system_prompt,
+                max_prompt_len=ds.max_prompt_len, multimodal_keys=d.multimodal_keys,
+                skip_malformed=d.skip_malformed_rows,
             ).samples)
-            for d in eval_datasets(a)
+            for ds in eval_datasets(self.cfg.args)
         }
 
     async def shutdown(self) -> None:
         self.stopping = True
-        if self.router is not None:
-            await self.router.stop()
-        for client in self.clients:
-            await client.close()
-        for engine in self.engines:
-            engine.terminate()
-        sglang_rollout.GenerateState.reset()
+        if self.fleet is not None:
+            await self.fleet.stop()
+        if hasattr(self, "rewards"):
+            self.rewards.close()
+        for _, generator in self._evaluators.values():
+            if generator is not None and generator.rewards is not self.rewards:
+                generator.rewards.close()
         await close_sessions()
-        self.engines, self.clients = [], []
 
-    def engine_urls(self) -> list[str]:
-        return [e.url for e in self.engines]
+    def weight_receivers(self) -> list[str]:
+        """The engines take every weight push (their URLs; the DCS coordinator lists them)."""
+        return self.fleet.urls if self.fleet else []
 
     # ---- fully async ---------------------------------------------------------------------
     async def run(self, start: int, end: int) -> None:
-        """Fully-async loop: generate steps back to back, each once the staleness bound allows.
+        """Generate steps back to back, each once the staleness bound allows (the plan streams it).
 
         Step s may start only when every engine holds weights of version >= s - max_staleness;
         the Actor trains step s at version s, so no row it trains lags more than the bound.
         Groups stream into the step's partition as they finish. Once a step has drawn its prompts
         (`StepState.prompts_drawn`) the next one may start while its slowest samples finish, so
         the engines' batches stay full instead of draining to the longest response."""
-        bound = self.cfg.cluster.max_staleness
+        bound = self.plan.max_staleness
         self._busy_mark = await self._engine_busy_seconds()
         running: list[asyncio.Task] = []
         try:
@@ -166,7 +201,7 @@ class Rollout:
                 started_at = await self._wait_engine_version(step - bound)
                 if self.stopping:
                     return
-                state = sglang_rollout.StepState()
+                state = StepState()
                 task = asyncio.create_task(self._run_step(step, state, started_at, time.perf_counter() - wait_start))
                 running.append(task)
                 # The next step draws from the data source only after this one is done with it.
@@ -184,11 +219,10 @@ class Rollout:
             for t in running:
                 t.cancel()
 
-    async def _run_step(self, step: int, state: Any, started_at: int, waited: float) -> None:
-        """One fully-async step in its own task (its own `StepState`), then announce it."""
-        sglang_rollout.enter_step(state)
+    async def _run_step(self, step: int, state: StepState, started_at: int, waited: float) -> None:
+        """One streamed step in its own task (its own `StepState`), then announce it."""
         try:
-            metrics = await self.generate(step, started_at=started_at)
+            metrics = await self.generate(step, state=state, started_at=started_at)
         except BaseException as exc:  # the Actor waiting for this step hears of it
             self.failed[step] = exc
             self._event(step).set()
@@ -212,7 +246,7 @@ class Rollout:
         return self.step_events.setdefault(step, asyncio.Event())
 
     async def wait_step(self, step: int) -> dict[str, float]:
-        """Fully async: wait until step `step` is generated; its rollout metrics."""
+        """Wait until step `step` is generated (by `run`); its rollout metrics."""
         await self._event(step).wait()
         self.step_events.pop(step, None)
         if step in self.failed:
@@ -222,11 +256,10 @@ class Rollout:
 
     async def engine_version(self) -> int:
         """The oldest weight version any engine holds."""
-        versions = await asyncio.gather(*(c.get_weight_version() for c in self.clients))
-        return min(sglang_rollout.parse_weight_version(v) for v in versions)
+        return await self.fleet.weight_version()
 
     async def _wait_engine_version(self, minimum: int) -> int:
-        if not self.clients:  # replay: no engines; the Actor's version stands for theirs
+        if self.fleet is None:  # replay: no engines; the Actor's version stands for theirs
             return max(minimum, 0)
         backoff = Backoff(max_s=0.05)  # each poll is an HTTP call to every engine
         while not self.stopping:
@@ -237,39 +270,37 @@ class Rollout:
         return minimum
 
     # ---- per step ----------------------------------------------------------------------
-    async def generate(self, rollout_id: int, *, started_at: int | None = None) -> dict[str, float]:
+    async def generate(self, rollout_id: int, *, state: StepState | None = None,
+                       started_at: int | None = None) -> dict[str, float]:
         """Run one rollout step and write its samples to partition `train_{rollout_id}`.
 
-        In fully-async mode kept groups are written as soon as they are final (the remaining
-        ones, e.g. from a custom rollout function, at the end), stamped with `started_at` (the
-        engines' weight version when the step started); then the step is marked done."""
+        When the plan streams groups, kept groups are written as soon as they are final (the
+        remaining ones, e.g. from a custom rollout function, at the end), stamped with
+        `started_at` (the engines' weight version when the step started); then the step is
+        marked done."""
         start = time.perf_counter()
-        busy_before = [] if self.cfg.cluster.fully_async else await self._engine_busy_seconds()
-        state = sglang_rollout.GenerateState(self.args)
-        step = state.step
+        step = self.current = state or StepState()
+        busy_before = self._busy_mark if self.plan.overlapping_steps else await self._engine_busy_seconds()
         streamed: set[int] = set()
-        # A reward post-process or a custom train-data conversion needs the whole step: no streaming.
-        if self.cfg.cluster.fully_async and self.reward_post_process is None and self.convert_samples is None:
+        # A reward post-process or a custom train-data conversion needs the whole step: the plan does not stream.
+        if self.plan.stream_groups:
             async def sink(group: list[Sample]) -> None:
-                await tq.put_samples(rollout_id, group, [state.reward_executor.reward_value(s) for s in group],
+                await tq.put_samples(rollout_id, group, [self.rewards.reward_value(s) for s in group],
                                      started_at=started_at)
                 streamed.update(s.index for s in group)
             step.group_sink = sink
-        try:
-            groups = await self._call_rollout_fn(rollout_id)
-        finally:
-            step.group_sink = None
+        groups = await self.rollout_fn(step, rollout_id)
+        step.group_sink = None
         busy_after = await self._engine_busy_seconds()
-        if self.cfg.cluster.fully_async:  # steps overlap: each reports the engine time since the last report
-            busy_before, self._busy_mark = self._busy_mark, busy_after
+        if self.plan.overlapping_steps:  # steps overlap: each reports the engine time since the last report
+            self._busy_mark = busy_after
         busy = [after - before for before, after in zip(busy_before, busy_after)]
         if self.cfg.debug.save_debug_rollout_data:
             await asyncio.to_thread(save_rollout, self.cfg.debug.save_debug_rollout_data, rollout_id, groups)
         samples = [s for g in groups for s in g]
         if not samples:
             raise RuntimeError(f"rollout {rollout_id}: the rollout function returned no samples")
-        executor = state.reward_executor
-        rewards = [executor.reward_value(s) for s in samples]
+        rewards = [self.rewards.reward_value(s) for s in samples]
         if self.reward_post_process is not None:
             _, rewards = await call_maybe_async(self.reward_post_process, self.args, samples)
             rewards = [float(r) for r in rewards]
@@ -286,42 +317,31 @@ class Rollout:
         if self.cfg.debug.dump_details:
             await asyncio.to_thread(dump_rollout_details, self.cfg.debug.dump_details, rollout_id, groups, rewards)
         filter_stats = {k: float(v) for k, v in step.filter_stats.items()}
-        step.filter_stats.clear()
         if self.cfg.rollout.partial_rollout:  # aborted by a weight push, resumed on the new weights
             filter_stats |= partial_metrics(step.partial_stats)
         return rollout_metrics(samples, rewards, prefix="rollout") | {
             "time/rollout": time.perf_counter() - start, "compute/generate_seconds": max(busy, default=0.0),
-            **executor.stats(reset=True), **filter_stats}
+            **self.rewards.stats(reset=True), **filter_stats}
 
     async def _engine_busy_seconds(self) -> list[float]:
         """Per engine: seconds spent in batched decoding so far (0 when the backend does not say)."""
-        infos = await asyncio.gather(*(c.get_server_info() for c in self.clients))
-        return [float(info.get("busy_seconds", 0.0)) for info in infos]
-
-    async def _call_rollout_fn(self, rollout_id: int) -> list[list[Sample]]:
-        """Async rollout functions run on this loop; sync ones (slime style) in a worker thread,
-        where they may run their own event loop."""
-        if inspect.iscoroutinefunction(self.rollout_fn):
-            return await self.rollout_fn(self.args, rollout_id, self.data_source)
-        return await asyncio.to_thread(self.rollout_fn, self.args, rollout_id, self.data_source)
+        return await self.fleet.busy_seconds() if self.fleet else []
 
     def progress(self) -> tuple[int, int]:
-        step = sglang_rollout.GenerateState(self.args).step  # colocate: one step at a time, the default
-        return step.done, step.total
+        return self.current.done, self.current.total
 
     async def evaluate(self, rollout_id: int) -> dict[str, float]:
         """Run the eval function on every eval set and report reward, length and pass-rate metrics.
 
-        Evaluation at step s runs on weights of version s: in fully-async mode the Actor's push
-        may still be in flight, so wait for the engines to hold it."""
+        Evaluation at step s runs on weights of version s: when a push may still be in flight
+        (the plan overlaps pushes), wait for the engines to hold it."""
         metrics: dict[str, float] = {}
-        if self.cfg.cluster.fully_async and not self.cfg.debug.debug_rollout_only:
+        if self.plan.eval_waits_for_version:
             await self._wait_engine_version(rollout_id)
         for name, (dataset, prompts) in self.eval_sets.items():
             start = time.perf_counter()
             groups = eval_groups(prompts, dataset)
-            args = eval_args(self.args, dataset, len(groups))
-            done = await self._call_eval_fn(args, rollout_id, EvalDataSource(groups))
+            done = await self._evaluate_set(dataset, rollout_id, groups)
             samples = [s for g in done for s in g]
             if not samples:
                 raise RuntimeError(f"eval {name}: the eval function returned no samples")
@@ -333,20 +353,40 @@ class Rollout:
             metrics[f"eval/{name}/time"] = time.perf_counter() - start
         return metrics
 
-    async def _call_eval_fn(self, args: Any, rollout_id: int, data_source: EvalDataSource) -> list[list[Sample]]:
+    def _evaluator(self, dataset: EvalDataset, num_prompts: int) -> tuple[Any, Generator]:
+        """(plugin args, generator) for an eval set, built once: the dataset's sampling, reward
+        and generate function; the args copy carries them for a custom eval function."""
+        if dataset.name not in self._evaluators:
+            args = eval_args(self.args, dataset, num_prompts)
+            spec = self.rewards.spec.for_eval(dataset)
+            rewards = self.rewards if spec.scorer == self.rewards.spec.scorer else RewardExecutor(spec, args)
+            generator = self.generator.derive(self.generator.spec.for_eval(dataset, num_prompts), rewards, args)
+            sglang_rollout.bind(args, generator)
+            self._evaluators[dataset.name] = (args, generator)
+        return self._evaluators[dataset.name]
+
+    async def _evaluate_set(self, dataset: EvalDataset, rollout_id: int,
+                            groups: list[list[Sample]]) -> list[list[Sample]]:
+        args, generator = self._evaluator(dataset, len(groups))
+        source = EvalDataSource(groups)
+        if self.eval_fn is None:
+            return await generator.rollout(StepState(), rollout_id, source)
         if inspect.iscoroutinefunction(self.eval_fn):
-            return await self.eval_fn(args, rollout_id, data_source, evaluation=True)
-        return await asyncio.to_thread(self.eval_fn, args, rollout_id, data_source, evaluation=True)
+            return await self.eval_fn(args, rollout_id, source, evaluation=True)
+        return await asyncio.to_thread(self.eval_fn, args, rollout_id, source, evaluation=True)
 
     async def release_memory(self) -> None:
-        await asyncio.gather(*(c.release_memory_occupation() for c in self.clients))
+        """Colocate: the engines free their memory while the trainer runs (the plan's offload)."""
+        if self.fleet is not None and self.plan.release_memory:
+            await self.fleet.each("release_memory_occupation")
 
     async def resume_memory(self) -> None:
-        await asyncio.gather(*(c.resume_memory_occupation() for c in self.clients))
+        if self.fleet is not None and self.plan.release_memory:
+            await self.fleet.each("resume_memory_occupation")
 
     async def save(self, rollout_id: int) -> None:
-        """Save the data position after step `rollout_id`. In fully-async mode generation is
-        ahead of training, so the snapshot taken when that step finished is written."""
+        """Save the data position after step `rollout_id`. When steps run ahead of training, the
+        snapshot taken when that step drew its prompts is written."""
         snapshot = self.snapshots.get(rollout_id)
         if snapshot is None:
             await asyncio.to_thread(self.data_source.save, rollout_id)
@@ -359,20 +399,6 @@ class Rollout:
             self.data_source.load_state_dict(current)
         for step in [s for s in self.snapshots if s <= rollout_id]:
             del self.snapshots[step]
-
-
-def engine_device(index: int) -> str:
-    """Engine `index`'s device: on a GPU cluster the Rollout replica holds one GPU per engine
-    (`rollout_gpus`; Ray sets its CUDA_VISIBLE_DEVICES, which the engine processes inherit)."""
-    import torch
-
-    return f"cuda:{index}" if torch.cuda.is_available() else "cpu"
-
-
-def rollout_gpus(cfg: RelaxConfig, cluster_gpus: float) -> int:
-    """GPUs the Rollout replica reserves for its engines: one per engine (`--resource`'s rollout
-    entry) on a cluster with GPUs, none on a CPU cluster."""
-    return cfg.cluster.resource["rollout"][1] if cluster_gpus > 0 else 0
 
 
 def engine_options(cfg: RelaxConfig, context_len: int | None) -> dict[str, Any] | None:

@@ -14,24 +14,24 @@ of `TEACHERS`:
               external SGLang server at --rm-url (slime's convention).
 
 The teacher must share the student's tokenizer: rows are scored token for token. In
-fully-async mode `run` streams over each step's rows as Rollout writes them, like the Reference.
+fully-async plan `run` streams over each step's rows as Rollout writes them, like the Reference.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import os
 import time
 from typing import Any, Protocol
 
-from relax.backends.registry import INFERENCE_BACKENDS
-from relax.components.actor import jagged, make_worker_group
-from relax.components.actor_fwd import read_rows, score_rows, stream_steps
+from relax.backends.engine_client import EngineClient
+from relax.components.actor_fwd import stream_steps
+from relax.components.step_advantages import jagged
+from relax.components.training import make_worker_group, read_rows, score_rows
+from relax.config.plan import RolePlan
 from relax.config.schema import RelaxConfig
 from relax.distributed import transfer_queue as tq
+from relax.engine.fleet import EngineFleet, FleetSpec
 from relax.utils.logging import run_token, setup_logging
-from relax.utils.plugins import import_object
 
 logger = logging.getLogger(__name__)
 
@@ -47,9 +47,8 @@ class TeacherScorer(Protocol):
 class WorkerTeacher:
     """`--opd-type megatron`: the teacher checkpoint in the training backend, forward only."""
 
-    def __init__(self, cfg: RelaxConfig) -> None:
-        n = (cfg.cluster.resource.get("teacher") or [1, 1])[1] or 1
-        self.group = make_worker_group(cfg, "reference", cfg.algo.opd_teacher_load, n)
+    def __init__(self, cfg: RelaxConfig, plan: RolePlan) -> None:
+        self.group = make_worker_group(cfg, plan, "reference", cfg.algo.opd_teacher_load)
 
     async def wait_ready(self) -> None:
         """The workers load the checkpoint in their constructors: nothing to wait for."""
@@ -78,29 +77,29 @@ def response_logprobs(reply: dict[str, Any], response_length: int) -> list[float
 class EngineTeacher:
     """`--opd-type sglang`: the teacher on an inference engine, reached over HTTP."""
 
-    def __init__(self, cfg: RelaxConfig) -> None:
-        self.cfg, self.engine = cfg, None
+    def __init__(self, cfg: RelaxConfig, plan: RolePlan) -> None:
+        self.cfg, self.plan, self.fleet = cfg, plan, None
         if cfg.rollout.rollout_temperature != 1.0:
             logger.warning("--opd-type sglang: the engine's input-token logprobs are at temperature 1, the "
                            "student's at --rollout-temperature %s; the KL compares different temperatures",
                            cfg.rollout.rollout_temperature)
-        api_key = None
-        if cfg.algo.opd_teacher_load:  # launch our own engine from the teacher checkpoint
-            launch = import_object(INFERENCE_BACKENDS[cfg.cluster.rollout_backend], flag="--rollout-backend")
-            api_key = run_token()
-            self.engine = launch(cfg.algo.opd_teacher_load, api_key=api_key,
-                                 num_threads=cfg.cluster.engine_threads or 1,
-                                 log_path=os.path.join(cfg.misc.exp_dir or ".", "teacher_engine.log"))
-            url = self.engine.url
-        else:
-            url = cfg.reward.rm_url.removesuffix("/generate")
-        from relax.backends.engine_client import EngineClient
-
-        self.client = EngineClient(url, api_key=api_key, timeout=cfg.rollout.http_timeout)
+        self.client: EngineClient | None = None
 
     async def wait_ready(self) -> None:
-        if self.engine is not None:
-            await asyncio.to_thread(self.engine.wait_ready, self.cfg.rollout.engine_startup_timeout)
+        """Launch the teacher engine from --opd-teacher-load (or use the external one at --rm-url)."""
+        cfg, api_key = self.cfg, None
+        if self.plan.workers:  # our own engine from the teacher checkpoint
+            api_key = run_token()
+            self.fleet = EngineFleet(FleetSpec(
+                name="teacher", backend=cfg.cluster.rollout_backend, model_path=cfg.algo.opd_teacher_load,
+                api_key=api_key, log_dir=cfg.misc.exp_dir or ".", threads=cfg.cluster.engine_threads or 1,
+                startup_timeout=cfg.rollout.engine_startup_timeout, http_timeout=cfg.rollout.http_timeout,
+                log_names=("teacher_engine.log",)))
+            await self.fleet.start(self.plan.workers)
+            url = self.fleet.router_url
+        else:
+            url = cfg.reward.rm_url.removesuffix("/generate")
+        self.client = EngineClient(url, api_key=api_key, timeout=cfg.rollout.http_timeout)
 
     async def score(self, tokens: list[list[int]], lengths: list[int]) -> list[list[float]]:
         out: list[list[float]] = []
@@ -113,25 +112,26 @@ class EngineTeacher:
         return out
 
     async def close(self) -> None:
-        await self.client.close()
-        if self.engine is not None:
-            self.engine.terminate()
+        if self.client is not None:
+            await self.client.close()
+        if self.fleet is not None:
+            await self.fleet.stop()
 
 
 TEACHERS: dict[str, type] = {"megatron": WorkerTeacher, "sglang": EngineTeacher}
 
 
 class Teacher:
-    def __init__(self, cfg: RelaxConfig) -> None:
+    def __init__(self, cfg: RelaxConfig, plan: RolePlan) -> None:
         setup_logging()
-        self.cfg = cfg
+        self.cfg, self.plan = cfg, plan
         self.scorer: TeacherScorer | None = None
 
-    async def setup(self) -> dict[str, Any]:
+    async def setup(self, context: dict[str, Any]) -> dict[str, Any]:
         tq.attach()
         # Launched from this (the replica's long-lived event-loop) thread: an engine's
         # parent-death signal fires when the launching thread exits.
-        self.scorer = TEACHERS[self.cfg.algo.opd_type](self.cfg)
+        self.scorer = TEACHERS[self.cfg.algo.opd_type](self.cfg, self.plan)
         await self.scorer.wait_ready()
         return {}
 

@@ -10,50 +10,59 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import types
 import typing
 from typing import Any, Sequence
 
-from relax.config.fields import flag_name
-from relax.config.schema import GROUPS, RelaxConfig
+from relax.config.fields import FlagValueError, base_type, choices_of, coerce, field_default, flag_name
+from relax.config.schema import FIELD_GROUP, GROUPS, RelaxConfig
 
 
 class ConfigError(ValueError):
     """A bad flag value or combination; the message names the flags and the fix."""
 
 
-def _base_type(hint: Any) -> Any:
-    """`int | None` -> int; other unions and containers -> themselves."""
-    args = [a for a in typing.get_args(hint) if a is not type(None)]
-    return args[0] if len(args) == 1 and typing.get_origin(hint) in (typing.Union, types.UnionType) else hint
+def _cli_type(f: dataclasses.Field, hint: Any) -> Any:
+    """argparse `type=`: the shared coercion (`fields.coerce`), its message shown as argparse's error.
+    For list flags argparse calls it once per item."""
+    listed = bool(f.metadata.get("nargs"))
 
+    def parse(text: str) -> Any:
+        try:
+            value = coerce(f, hint, [text] if listed else text)
+        except (FlagValueError, ValueError) as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        return value[0] if listed else value
 
-def _scalar_type(hint: Any) -> Any:
-    base = _base_type(hint)
-    return base if base in (int, float, str) else str
+    parse.__name__ = getattr(f.metadata.get("type"), "__name__", None) or getattr(base_type(hint), "__name__", "value")
+    return parse
 
 
 def _add_field(group: argparse._ArgumentGroup, f: dataclasses.Field, hints: dict[str, Any]) -> None:
-    meta = f.metadata
+    meta, hint = f.metadata, hints[f.name]
     names = [flag_name(f), *meta.get("aliases", ())]
-    default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+    default = field_default(f)
     help_text = meta.get("help", "")
     if not meta.get("supported", True):
         help_text += " [accepted for compatibility; not implemented in this build]"
-    if _base_type(hints[f.name]) is bool and meta.get("type") is None:
+    if base_type(hint) is bool and meta.get("type") is None:
         group.add_argument(*names, dest=f.name, action="store_true", default=default, help=help_text)
         return
-    kwargs: dict[str, Any] = {"dest": f.name, "default": default, "help": f"{help_text} (default: {default!r})"}
-    if meta.get("choices"):
-        kwargs["choices"] = meta["choices"]
+    kwargs: dict[str, Any] = {"dest": f.name, "default": default, "help": f"{help_text} (default: {default!r})",
+                              "type": _cli_type(f, hint)}
+    if choices_of(hint):
+        kwargs["metavar"] = "{" + ",".join(choices_of(hint)) + "}"
     if meta.get("nargs"):
         kwargs["nargs"] = meta["nargs"]
-    kwargs["type"] = meta.get("type") or (str if meta.get("nargs") else _scalar_type(hints[f.name]))
     group.add_argument(*names, **kwargs)
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line naming the flag, not the 300-flag usage
+        self.exit(2, f"{self.prog}: error: {message}\n(see {self.prog} --help or docs/configuration.md)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="relax-train",
         description="Relax: asynchronous RL post-training. Flags follow docs/configuration.md; "
         "SGLang server options pass through as --sglang-<option>.",
@@ -93,11 +102,15 @@ def _split_unknown(unknown: list[str]) -> tuple[dict[str, Any], list[str]]:
 
 def _load_custom_yaml(path: str) -> dict[str, Any]:
     from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+    from yaml import YAMLError
 
     try:
         loaded = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
     except FileNotFoundError as exc:
         raise ConfigError(f"--custom-config-path: file not found: {path}") from exc
+    except (YAMLError, OmegaConfBaseException) as exc:
+        raise ConfigError(f"--custom-config-path {path}: not valid YAML: {exc}") from exc
     if not isinstance(loaded, dict):
         raise ConfigError(f"--custom-config-path {path}: expected a mapping of key: value, got {type(loaded).__name__}")
     return {str(k): v for k, v in loaded.items()}
@@ -110,14 +123,23 @@ def config_from_namespace(ns: argparse.Namespace, sglang: dict[str, Any] | None 
     return RelaxConfig(**groups, sglang=dict(sglang or {}), megatron_extra=list(megatron_extra or []))
 
 
-def _apply_custom(cfg: RelaxConfig, custom: dict[str, Any]) -> None:
-    """YAML keys that name a known flag override it; the others become extra `args.<key>`."""
-    owners = {f.name: name for name, cls in GROUPS.items() for f in dataclasses.fields(cls)}
+def apply_custom(cfg: RelaxConfig, custom: dict[str, Any], path: str) -> RelaxConfig:
+    """YAML keys that name a flag override it, coerced and checked exactly as on the command line
+    (the error names the key, the file and what was expected); the others become extra
+    `args.<key>` for plugins."""
+    known: dict[str, Any] = {}
     for key, value in custom.items():
-        if key in owners:
-            setattr(getattr(cfg, owners[key]), key, value)
-        else:
-            cfg.custom[key] = value
+        if key not in FIELD_GROUP:
+            continue
+        cls = GROUPS[FIELD_GROUP[key]]
+        f = next(f for f in dataclasses.fields(cls) if f.name == key)
+        try:
+            known[key] = coerce(f, typing.get_type_hints(cls)[key], value)
+        except FlagValueError as exc:
+            raise ConfigError(f"--custom-config-path {path}: {key}: {exc} (the same value as {flag_name(f)} on the "
+                              "command line; fix the value in the file)") from None
+    extra = {k: v for k, v in custom.items() if k not in FIELD_GROUP}
+    return dataclasses.replace(cfg.replace(**known), custom={**cfg.custom, **extra})
 
 
 def parse_config(argv: Sequence[str] | None = None, *, validate: bool = True) -> RelaxConfig:
@@ -126,9 +148,9 @@ def parse_config(argv: Sequence[str] | None = None, *, validate: bool = True) ->
     sglang, extra = _split_unknown(unknown)
     cfg = config_from_namespace(ns, sglang, extra)
     if cfg.misc.custom_config_path:
-        _apply_custom(cfg, _load_custom_yaml(cfg.misc.custom_config_path))
+        cfg = apply_custom(cfg, _load_custom_yaml(cfg.misc.custom_config_path), cfg.misc.custom_config_path)
     if validate:
         from relax.config.validate import validate_config
 
-        validate_config(cfg)
+        cfg = validate_config(cfg)
     return cfg

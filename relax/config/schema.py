@@ -3,6 +3,9 @@ reference (`docs/configuration.md`), with the seed's default.
 
 Internal code takes the group it needs (`cfg.rollout`, `cfg.optim`); the flat `args`
 namespace (`RelaxConfig.args`) exists only for plugins written against Relax/slime.
+Every group is frozen: validation returns a new config with the derived values filled in
+(`RelaxConfig.replace`), nothing is written in place. Choices are `Literal` annotations; the
+command line and `--custom-config-path` YAML go through the same coercion (`fields.coerce`).
 Fields marked `supported=False` are accepted for script compatibility; setting them to a
 non-default value fails validation with a message, so nothing is silently ignored.
 """
@@ -12,21 +15,27 @@ from __future__ import annotations
 import dataclasses
 from argparse import Namespace
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, get_args
 
 from relax.config.fields import opt, parse_bool, parse_bytes, parse_json
 
-TRAIN_BACKENDS = ("megatron", "fsdp", "auto")
-ROLLOUT_BACKENDS = ("sglang", "hf", "auto")
-ADVANTAGE_ESTIMATORS = ("grpo", "gspo", "sapo", "ppo", "reinforce_plus_plus", "reinforce_plus_plus_baseline",
-                        "on_policy_distillation")
-KL_TYPES = ("k1", "k2", "k3", "low_var_kl")
+# Why a flag is accepted with no effect in this build (`opt(ignored=...)`).
+MEGATRON_ONLY = "applies to the megatron training backend, which this build does not have (fsdp runs)"
+SGLANG_ONLY = "applies to the sglang rollout backend; hf engines use one device each"
+
+TrainBackend = Literal["megatron", "fsdp", "auto"]
+RolloutBackend = Literal["sglang", "hf", "auto"]
+AdvantageEstimator = Literal["grpo", "gspo", "sapo", "ppo", "reinforce_plus_plus", "reinforce_plus_plus_baseline",
+                             "on_policy_distillation"]
+KlType = Literal["k1", "k2", "k3", "low_var_kl"]
+TRAIN_BACKENDS, ROLLOUT_BACKENDS = get_args(TrainBackend), get_args(RolloutBackend)
+ADVANTAGE_ESTIMATORS, KL_TYPES = get_args(AdvantageEstimator), get_args(KlType)
 # --genrm-sampling-config keys and their defaults (seed configuration reference).
 GENRM_SAMPLING_DEFAULTS: dict[str, float | int] = {"temperature": 0.1, "top_p": 1.0, "top_k": -1,
                                                    "max_response_len": 4096}
 
 
-@dataclass
+@dataclass(frozen=True)
 class ClusterConfig:
     resource: dict | None = opt(None, "Roles to deploy as JSON {role: [replicas, gpus]}; on CPU the second number "
                                 "is the number of worker processes (actor) or engines (rollout).", type=parse_json)
@@ -36,23 +45,27 @@ class ClusterConfig:
     offload: bool = opt(False, "Same as --offload-train --offload-rollout.")
     offload_train: bool | None = opt(None, "Offload the training actor during rollout (always on with --colocate).")
     offload_rollout: bool | None = opt(None, "Release engine memory during training (always on with --colocate).")
-    rollout_num_gpus_per_engine: int = opt(1, "GPUs per inference engine (SGLang tp_size).")
-    num_gpus_per_node: int = opt(8, "GPUs per node.")
-    distributed_backend: str = opt("nccl", "torch.distributed backend for training (gloo is used on CPU).")
+    rollout_num_gpus_per_engine: int = opt(1, "GPUs per inference engine (SGLang tp_size).", ignored=SGLANG_ONLY)
+    num_gpus_per_node: int = opt(8, "GPUs per node.", ignored="placement is by --resource per role and Ray's view of "
+                                 "the cluster; a per-node GPU count is not used")
+    distributed_backend: str = opt("nccl", "torch.distributed backend of the training ranks on GPUs (gloo is used "
+                                   "on CPU).")
     distributed_timeout_minutes: int = opt(10, "Timeout of training collectives, minutes.")
     num_data_storage_units: int = opt(1, "TransferQueue SimpleStorage units.")
     max_staleness: int = opt(0, "Fully async: rollout step k starts only once the engines hold weight version "
                                 "k - N; every trained row lags at most N versions (0 = on-policy, equals colocate).")
-    polling_mode: bool = opt(True, "Poll TransferQueue metadata instead of blocking.", type=parse_bool)
+    polling_mode: bool = opt(True, "Poll TransferQueue metadata instead of blocking (the streaming consumers poll; "
+                             "blocking mode is not built).", type=parse_bool, supported=False)
     num_iters_per_train_update: int = opt(1, "Fully async: passes over each step's batch (PPO epochs; old log-probs fixed).")
     ref_actor_config: dict | None = opt(None, "JSON overrides for the Reference/ActorFwd services; on CPU "
                                         "{\"threads\": N} sets their torch threads.", type=parse_json)
-    train_backend: str = opt("auto", "Training backend; auto = megatron when importable with a GPU, else fsdp.",
-                             choices=TRAIN_BACKENDS)
-    rollout_backend: str = opt("auto", "Inference backend; auto = sglang when importable with a GPU, else hf.",
-                               choices=ROLLOUT_BACKENDS)
-    qkv_format: str = opt("thd", "QKV layout for Megatron.", choices=("thd", "bshd"))
-    megatron_to_hf_mode: str = opt("raw", "Megatron<->HF weight conversion.", choices=("raw", "bridge"))
+    train_backend: TrainBackend = opt("auto", "Training backend; auto = megatron when importable with a GPU, else "
+                                      "fsdp (this build implements fsdp; the choice is logged).")
+    rollout_backend: RolloutBackend = opt("auto", "Inference backend; auto = sglang when importable with a GPU, "
+                                          "else hf (this build implements hf; the choice is logged).")
+    qkv_format: Literal["thd", "bshd"] = opt("thd", "QKV layout for Megatron.", ignored=MEGATRON_ONLY)
+    megatron_to_hf_mode: Literal["raw", "bridge"] = opt("raw", "Megatron<->HF weight conversion.",
+                                                        ignored=MEGATRON_ONLY)
     true_on_policy_mode: bool = opt(False, "True on-policy: rollout log-probs are bitwise equal to the trainer's "
                                     "(the engine rescores each finished response as the trainer does: one unpadded "
                                     "float32 row), so on-policy the PPO ratio is exactly 1. fsdp + hf only; costs one "
@@ -62,7 +75,7 @@ class ClusterConfig:
     engine_threads: int = opt(1, "Torch threads per CPU engine/train worker process (CPU runs only).")
 
 
-@dataclass
+@dataclass(frozen=True)
 class CheckpointConfig:
     hf_checkpoint: str | None = opt(None, "HF checkpoint: tokenizer, architecture and initial weights.")
     ref_load: str | None = opt(None, "Reference model checkpoint (initial actor weights when --load is unset).")
@@ -83,7 +96,7 @@ class CheckpointConfig:
                                   "default <--save>/critic.")
 
 
-@dataclass
+@dataclass(frozen=True)
 class DataConfig:
     prompt_data: Any = opt(None, "Training prompts (.jsonl/.parquet, or a JSON list of paths).")
     input_key: str = opt("input", "Row key of the prompt.")
@@ -111,7 +124,7 @@ class DataConfig:
     skip_malformed_rows: bool = opt(False, "Skip (and count) malformed data rows instead of failing.")
 
 
-@dataclass
+@dataclass(frozen=True)
 class RolloutConfig:
     num_rollout: int | None = opt(None, "Number of rollout steps.")
     num_epoch: int | None = opt(None, "Epochs over the prompt data (sets --num-rollout when it is unset).")
@@ -159,7 +172,7 @@ class RolloutConfig:
     http_timeout: float = opt(600.0, "Timeout of one generate request, seconds.")
 
 
-@dataclass
+@dataclass(frozen=True)
 class BatchConfig:
     global_batch_size: int | None = opt(None, "Samples per optimizer step.")
     micro_batch_size: int = opt(1, "Samples per micro-batch (ignored with --use-dynamic-batch-size).")
@@ -170,39 +183,39 @@ class BatchConfig:
     balance_data: bool = opt(False, "Balance tokens across DP ranks.", supported=False)
 
 
-@dataclass
+@dataclass(frozen=True)
 class ParallelConfig:
-    tensor_model_parallel_size: int = opt(1, "Tensor parallel size (megatron).")
-    pipeline_model_parallel_size: int = opt(1, "Pipeline parallel size (megatron).")
-    sequence_parallel: bool = opt(False, "Sequence parallel (megatron).")
-    context_parallel_size: int = opt(1, "Context parallel size (megatron).")
-    expert_model_parallel_size: int = opt(1, "Expert parallel size (megatron).")
-    expert_tensor_parallel_size: int = opt(1, "Expert tensor parallel size (megatron).")
-    recompute_granularity: str | None = opt(None, "Recompute granularity (megatron).", choices=("full", "selective"))
-    recompute_method: str | None = opt(None, "Recompute method (megatron).", choices=("uniform", "block"))
-    recompute_num_layers: int | None = opt(None, "Layers to recompute (megatron).")
+    tensor_model_parallel_size: int = opt(1, "Tensor parallel size (megatron).", ignored=MEGATRON_ONLY)
+    pipeline_model_parallel_size: int = opt(1, "Pipeline parallel size (megatron).", ignored=MEGATRON_ONLY)
+    sequence_parallel: bool = opt(False, "Sequence parallel (megatron).", ignored=MEGATRON_ONLY)
+    context_parallel_size: int = opt(1, "Context parallel size (megatron).", ignored=MEGATRON_ONLY)
+    expert_model_parallel_size: int = opt(1, "Expert parallel size (megatron).", ignored=MEGATRON_ONLY)
+    expert_tensor_parallel_size: int = opt(1, "Expert tensor parallel size (megatron).", ignored=MEGATRON_ONLY)
+    recompute_granularity: Literal["full", "selective"] | None = opt(None, "Recompute granularity (megatron).", ignored=MEGATRON_ONLY)
+    recompute_method: Literal["uniform", "block"] | None = opt(None, "Recompute method (megatron).", ignored=MEGATRON_ONLY)
+    recompute_num_layers: int | None = opt(None, "Layers to recompute (megatron).", ignored=MEGATRON_ONLY)
 
 
-@dataclass
+@dataclass(frozen=True)
 class OptimizerConfig:
     lr: float = opt(1e-6, "Learning rate.")
     min_lr: float = opt(0.0, "Minimum learning rate of the decay schedule.")
     lr_warmup_iters: int = opt(0, "Linear warm-up steps.")
-    lr_decay_style: str = opt("constant", "LR schedule.", choices=("constant", "linear", "cosine"))
+    lr_decay_style: Literal["constant", "linear", "cosine"] = opt("constant", "LR schedule.")
     lr_decay_iters: int | None = opt(None, "Steps of the decay (default: all steps).")
-    optimizer: str = opt("adam", "Optimizer (AdamW semantics).", choices=("adam", "adamw"))
+    optimizer: Literal["adam", "adamw"] = opt("adam", "Optimizer (AdamW semantics).")
     weight_decay: float = opt(0.0, "Weight decay.")
     adam_beta1: float = opt(0.9, "Adam beta1.")
     adam_beta2: float = opt(0.999, "Adam beta2.")
     adam_eps: float = opt(1e-8, "Adam epsilon.")
     clip_grad: float = opt(1.0, "Gradient clipping by global norm (0 = off).")
     seed: int = opt(1234, "Random seed.")
-    optimizer_cpu_offload: bool = opt(False, "Optimizer state on CPU (megatron).")
-    overlap_cpu_optimizer_d2h_h2d: bool = opt(False, "Overlap optimizer D2H/H2D (megatron).")
-    use_precision_aware_optimizer: bool = opt(False, "Precision-aware optimizer (megatron).")
-    use_distributed_optimizer: bool = opt(False, "ZeRO-1 optimizer (megatron).")
-    overlap_grad_reduce: bool = opt(False, "Overlap grad reduce (megatron).")
-    overlap_param_gather: bool = opt(False, "Overlap param gather (megatron).")
+    optimizer_cpu_offload: bool = opt(False, "Optimizer state on CPU (megatron).", ignored=MEGATRON_ONLY)
+    overlap_cpu_optimizer_d2h_h2d: bool = opt(False, "Overlap optimizer D2H/H2D (megatron).", ignored=MEGATRON_ONLY)
+    use_precision_aware_optimizer: bool = opt(False, "Precision-aware optimizer (megatron).", ignored=MEGATRON_ONLY)
+    use_distributed_optimizer: bool = opt(False, "ZeRO-1 optimizer (megatron).", ignored=MEGATRON_ONLY)
+    overlap_grad_reduce: bool = opt(False, "Overlap grad reduce (megatron).", ignored=MEGATRON_ONLY)
+    overlap_param_gather: bool = opt(False, "Overlap param gather (megatron).", ignored=MEGATRON_ONLY)
     calculate_per_token_loss: bool = opt(False, "Token-sum loss over the global batch's token count.")
     bf16: bool = opt(False, "bf16 training (GPU).")
     reset_optimizer_states: bool = opt(False, "Reset optimizer state after each rollout.", supported=False)
@@ -210,15 +223,15 @@ class OptimizerConfig:
     freeze_params_name_list: list | None = opt(None, "Regexes of parameters to freeze.", nargs="+")
 
 
-@dataclass
+@dataclass(frozen=True)
 class AlgorithmConfig:
-    advantage_estimator: str = opt("grpo", "Advantage estimator.", choices=ADVANTAGE_ESTIMATORS)
+    advantage_estimator: AdvantageEstimator = opt("grpo", "Advantage estimator.")
     normalize_advantages: bool = opt(False, "Whiten advantages over the batch.")
     disable_grpo_std_normalization: bool = opt(False, "GRPO without dividing by the group std (Dr.GRPO).")
     disable_rewards_normalization: bool = opt(False, "Use raw rewards as advantages (no group baseline).")
     disable_compute_advantages_and_returns: bool = opt(False, "Skip advantages (SFT / custom loss).",
                                                        supported=False)
-    loss_type: str = opt("policy_loss", "Loss.", choices=("policy_loss", "custom_loss"))
+    loss_type: Literal["policy_loss", "custom_loss"] = opt("policy_loss", "Loss.")
     custom_loss_function_path: str | None = opt(None, "With --loss-type custom_loss: fn(inputs: PolicyLossInputs, "
                                                 "cfg: PolicyLossConfig) -> PolicyLossOutput | (loss, metrics).")
     eps_clip: float = opt(0.2, "PPO clip (lower).")
@@ -229,7 +242,7 @@ class AlgorithmConfig:
     kl_coef: float = opt(0.0, "KL reward-shaping coefficient: reward - kl_coef * sum_t k1(old || ref) before advantages.")
     use_kl_loss: bool = opt(False, "Add a KL(actor || reference) loss.")
     kl_loss_coef: float = opt(0.0, "KL loss coefficient.")
-    kl_loss_type: str = opt("k1", "KL estimator.", choices=KL_TYPES)
+    kl_loss_type: KlType = opt("k1", "KL estimator.")
     use_unbiased_kl: bool = opt(False, "Importance-weighted KL estimate.")
     ref_update_interval: int | None = opt(None, "Every N rollout steps the reference model takes the actor's current "
                                           "weights (None: the reference stays fixed).")
@@ -251,13 +264,14 @@ class AlgorithmConfig:
     use_routing_replay: bool = opt(False, "Routing replay (MoE).", supported=False)
     use_rollout_routing_replay: bool = opt(False, "Rollout routing replay (MoE).", supported=False)
     use_rollout_entropy: bool = opt(False, "Entropy during log-prob passes.", supported=False)
-    get_mismatch_metrics: bool = opt(False, "Mismatch metrics (always on in this build).")
+    get_mismatch_metrics: bool = opt(False, "Mismatch metrics (always on in this build).",
+                                     ignored="train/rollout mismatch metrics are always reported")
     use_opd: bool = opt(False, "On-policy distillation: advantages get -opd_kl_coef * (logp_student - "
                         "logp_teacher) per token, on top of any estimator. Needs --opd-type.")
-    opd_type: str | None = opt(None, "Where the teacher runs: sglang = an inference engine (launched from "
+    opd_type: Literal["sglang", "megatron"] | None = opt(None, "Where the teacher runs: sglang = an inference engine (launched from "
                                "--opd-teacher-load with --rollout-backend, or an external server at --rm-url); "
                                "megatron = the training backend, loading --opd-teacher-load.",
-                               choices=("sglang", "megatron"))
+)
     opd_kl_coef: float = opt(1.0, "OPD KL coefficient.")
     opd_teacher_load: str | None = opt(None, "OPD teacher checkpoint (HF directory; same tokenizer as the student).")
     opd_teacher_ckpt_step: int | None = opt(None, "OPD teacher step.", supported=False)
@@ -268,7 +282,7 @@ class AlgorithmConfig:
     critic_lr_warmup_iters: int = opt(0, "Linear warm-up steps of the critic's learning rate.")
 
 
-@dataclass
+@dataclass(frozen=True)
 class EvalConfig:
     eval_interval: int | None = opt(None, "Evaluate every N rollout steps.")
     eval_prompt_data: list | None = opt(None, "Eval sets: name path [name path ...].", nargs="+")
@@ -291,7 +305,7 @@ class EvalConfig:
                                            "--rollout-max-context-len).")
 
 
-@dataclass
+@dataclass(frozen=True)
 class RewardConfig:
     rm_type: str | None = opt(None, "Built-in reward type (math, deepscaler, dapo, f1, ...).")
     custom_rm_path: str | None = opt(None, "Custom reward fn(args, sample, **kw) (or samples with --group-rm).")
@@ -319,7 +333,7 @@ class RewardConfig:
                                              "(-1), max_response_len (4096).", type=parse_json)
 
 
-@dataclass
+@dataclass(frozen=True)
 class LoggingConfig:
     use_tensorboard: bool = opt(False, "Write TensorBoard scalars.")
     tb_project_name: str | None = opt(None, "TensorBoard directory (default $TENSORBOARD_DIR or ./outputs/tb).")
@@ -337,7 +351,7 @@ class LoggingConfig:
     progress_bar: bool = opt(True, "Show a progress bar per rollout.", type=parse_bool)
 
 
-@dataclass
+@dataclass(frozen=True)
 class DebugConfig:
     debug_rollout_only: bool = opt(False, "Rollout only: no training, engines keep their weights.")
     debug_train_only: bool = opt(False, "Training only, no engines: trains on --load-debug-rollout-data.")
@@ -353,52 +367,54 @@ class DebugConfig:
     use_pytorch_profiler: bool = opt(False, "Torch profiler.", supported=False)
 
 
-@dataclass
+@dataclass(frozen=True)
 class FaultConfig:
     use_fault_tolerance: bool = opt(False, "Rollout fault tolerance.", supported=False)
     use_health_check: bool = opt(False, "Global health checks.", supported=False)
-    max_global_restart: int = opt(3, "Max global restarts.")
-    rollout_health_check_interval: float = opt(30.0, "Engine health-check interval, s.")
-    rollout_health_check_timeout: float = opt(30.0, "Engine health-check timeout, s.")
-    rollout_health_check_first_wait: float = opt(0.0, "Wait before the first health check, s.")
+    max_global_restart: int = opt(3, "Max global restarts.", supported=False)
+    rollout_health_check_interval: float = opt(30.0, "Engine health-check interval, s.", supported=False)
+    rollout_health_check_timeout: float = opt(30.0, "Engine health-check timeout, s.", supported=False)
+    rollout_health_check_first_wait: float = opt(0.0, "Wait before the first health check, s.", supported=False)
 
 
-@dataclass
+@dataclass(frozen=True)
 class MiscConfig:
     custom_config_path: str | None = opt(None, "YAML of extra key: value pairs set on args (for plugins).")
     train_env_vars: dict = opt(None, "Extra env vars for training processes (JSON).", type=parse_json,
                                default_factory=dict)
-    model_name: str | None = opt(None, "Model name for weight conversion.")
+    model_name: str | None = opt(None, "Model name for weight conversion.", ignored=MEGATRON_ONLY)
     http_proxy: str | None = opt(None, "HTTP proxy.", supported=False)
     exp_dir: str | None = opt(None, "Run output directory (default ./outputs/<timestamp>).")
+    dry_run: bool = opt(False, "Print the run plan (mode, roles with their resources and placement, which role "
+                               "writes and reads each data column, weight-sync receivers) and exit before Ray starts.")
 
 
-@dataclass
+@dataclass(frozen=True)
 class MegatronArchConfig:
     """Megatron architecture flags from `scripts/models/*.sh`. With the fsdp backend the HF
     config is the source of truth; a value that contradicts it is an error."""
 
-    num_layers: int | None = opt(None, "Transformer layers (megatron).")
-    hidden_size: int | None = opt(None, "Hidden size (megatron).")
-    ffn_hidden_size: int | None = opt(None, "FFN hidden size (megatron).")
-    num_attention_heads: int | None = opt(None, "Attention heads (megatron).")
-    group_query_attention: bool = opt(False, "GQA (megatron).")
-    num_query_groups: int | None = opt(None, "KV heads (megatron).")
-    kv_channels: int | None = opt(None, "Head dim (megatron).")
-    vocab_size: int | None = opt(None, "Vocab size (megatron).")
-    swiglu: bool = opt(False, "SwiGLU (megatron).")
-    use_rotary_position_embeddings: bool = opt(False, "RoPE (megatron).")
-    disable_bias_linear: bool = opt(False, "No linear bias (megatron).")
-    normalization: str | None = opt(None, "Norm type (megatron).")
-    norm_epsilon: float | None = opt(None, "Norm epsilon (megatron).")
-    rotary_base: float | None = opt(None, "RoPE base (megatron).")
-    qk_layernorm: bool = opt(False, "QK norm (megatron).")
-    untie_embeddings_and_output_weights: bool = opt(False, "Untied embeddings (megatron).")
-    attention_dropout: float | None = opt(None, "Attention dropout (megatron).")
-    hidden_dropout: float | None = opt(None, "Hidden dropout (megatron).")
-    accumulate_allreduce_grads_in_fp32: bool = opt(False, "fp32 grad reduce (megatron).")
-    attention_softmax_in_fp32: bool = opt(False, "fp32 softmax (megatron).")
-    attention_backend: str | None = opt(None, "Attention backend (megatron).")
+    num_layers: int | None = opt(None, "Transformer layers (megatron).", ignored=MEGATRON_ONLY)
+    hidden_size: int | None = opt(None, "Hidden size (megatron).", ignored=MEGATRON_ONLY)
+    ffn_hidden_size: int | None = opt(None, "FFN hidden size (megatron).", ignored=MEGATRON_ONLY)
+    num_attention_heads: int | None = opt(None, "Attention heads (megatron).", ignored=MEGATRON_ONLY)
+    group_query_attention: bool = opt(False, "GQA (megatron).", ignored=MEGATRON_ONLY)
+    num_query_groups: int | None = opt(None, "KV heads (megatron).", ignored=MEGATRON_ONLY)
+    kv_channels: int | None = opt(None, "Head dim (megatron).", ignored=MEGATRON_ONLY)
+    vocab_size: int | None = opt(None, "Vocab size (megatron).", ignored=MEGATRON_ONLY)
+    swiglu: bool = opt(False, "SwiGLU (megatron).", ignored=MEGATRON_ONLY)
+    use_rotary_position_embeddings: bool = opt(False, "RoPE (megatron).", ignored=MEGATRON_ONLY)
+    disable_bias_linear: bool = opt(False, "No linear bias (megatron).", ignored=MEGATRON_ONLY)
+    normalization: str | None = opt(None, "Norm type (megatron).", ignored=MEGATRON_ONLY)
+    norm_epsilon: float | None = opt(None, "Norm epsilon (megatron).", ignored=MEGATRON_ONLY)
+    rotary_base: float | None = opt(None, "RoPE base (megatron).", ignored=MEGATRON_ONLY)
+    qk_layernorm: bool = opt(False, "QK norm (megatron).", ignored=MEGATRON_ONLY)
+    untie_embeddings_and_output_weights: bool = opt(False, "Untied embeddings (megatron).", ignored=MEGATRON_ONLY)
+    attention_dropout: float | None = opt(None, "Attention dropout (megatron).", ignored=MEGATRON_ONLY)
+    hidden_dropout: float | None = opt(None, "Hidden dropout (megatron).", ignored=MEGATRON_ONLY)
+    accumulate_allreduce_grads_in_fp32: bool = opt(False, "fp32 grad reduce (megatron).", ignored=MEGATRON_ONLY)
+    attention_softmax_in_fp32: bool = opt(False, "fp32 softmax (megatron).", ignored=MEGATRON_ONLY)
+    attention_backend: str | None = opt(None, "Attention backend (megatron).", ignored=MEGATRON_ONLY)
 
 
 GROUPS: dict[str, type] = {
@@ -409,7 +425,7 @@ GROUPS: dict[str, type] = {
 }
 
 
-@dataclass
+@dataclass(frozen=True)
 class RelaxConfig:
     """All groups, plus `--sglang-*` passthrough options and unrecognised Megatron flags."""
 
@@ -432,6 +448,17 @@ class RelaxConfig:
     megatron_extra: list[str] = field(default_factory=list)
     custom: dict[str, Any] = field(default_factory=dict)
 
+    def replace(self, **changes: Any) -> RelaxConfig:
+        """A copy with flat fields changed (`cfg.replace(lr=1e-5, fully_async=True)`); the
+        config itself is frozen, so derived values are always new configs."""
+        groups: dict[str, dict[str, Any]] = {}
+        for key, value in changes.items():
+            owner = FIELD_GROUP.get(key)
+            if owner is None:
+                raise AttributeError(f"RelaxConfig has no field {key!r}")
+            groups.setdefault(owner, {})[key] = value
+        return dataclasses.replace(self, **{g: dataclasses.replace(getattr(self, g), **v) for g, v in groups.items()})
+
     @property
     def args(self) -> Namespace:
         """The flat namespace handed to plugins (Relax/slime compatible attribute names)."""
@@ -441,3 +468,7 @@ class RelaxConfig:
         flat.update({f"sglang_{k}": v for k, v in self.sglang.items()})
         flat.update(self.custom)
         return Namespace(**flat)
+
+
+# flat field name -> the group that owns it (flag names are unique across groups)
+FIELD_GROUP: dict[str, str] = {f.name: name for name, cls in GROUPS.items() for f in dataclasses.fields(cls)}

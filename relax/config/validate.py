@@ -1,7 +1,9 @@
 """Cross-flag validation and derived defaults, run before Ray starts.
 
-Each check raises `ConfigError` naming the flags involved and the fix. Derived values
-(mode, global batch size) are filled in here once, so no other module re-derives them.
+Each check raises `ConfigError` naming the flags involved and the fix. The config is frozen:
+a check that derives a value (the mode, the default --resource, the global batch size, the
+resolved backends) returns a new config, so derived values are filled in here once and no
+other module re-derives them. `validate_config(cfg)` returns the final config.
 """
 
 from __future__ import annotations
@@ -10,9 +12,11 @@ import dataclasses
 import json
 import logging
 import os
+import time
 from pathlib import Path
 
 from relax.config.eval_config import eval_datasets
+from relax.config.fields import field_default
 from relax.config.parser import ConfigError
 from relax.config.schema import GENRM_SAMPLING_DEFAULTS, GROUPS, RelaxConfig
 
@@ -38,39 +42,41 @@ def check_unsupported(cfg: RelaxConfig) -> None:
         for f in dataclasses.fields(cls):
             if f.metadata.get("supported", True):
                 continue
-            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
-            if getattr(group, f.name) != default:
+            if getattr(group, f.name) != field_default(f):
                 raise ConfigError(
                     f"{_flag(f.name)} is accepted for compatibility with Relax/slime scripts but is not implemented "
                     f"in this build yet; remove it (see docs/configuration.md for what each flag does here)"
                 )
 
 
-def check_mode(cfg: RelaxConfig) -> None:
+def check_mode(cfg: RelaxConfig) -> RelaxConfig:
+    """Exactly one mode (colocate unless --fully-async); flags the chosen mode has no use for fail."""
     c = cfg.cluster
     if c.colocate and c.fully_async:
         raise ConfigError("--colocate and --fully-async are mutually exclusive; pick one (default: --colocate)")
-    if not c.fully_async:
-        c.colocate = True
     if c.max_staleness < 0:
         raise ConfigError(f"--max-staleness must be >= 0 (0 = on-policy), got {c.max_staleness}")
     if c.num_iters_per_train_update < 1:
         raise ConfigError(f"--num-iters-per-train-update must be >= 1, got {c.num_iters_per_train_update}")
     if c.fully_async:
         check_fully_async(cfg)
-    if c.colocate:
-        c.offload_train = c.offload_rollout = True
-    elif c.offload:
-        c.offload_train = c.offload_train if c.offload_train is not None else True
-        c.offload_rollout = c.offload_rollout if c.offload_rollout is not None else True
+    elif c.max_staleness:
+        raise ConfigError(f"--max-staleness {c.max_staleness} bounds how far rollout runs ahead of training, which only "
+                          "happens with --fully-async (colocate is always on-policy); add --fully-async or drop it")
+    return cfg.replace(colocate=not c.fully_async)
 
 
 def check_fully_async(cfg: RelaxConfig) -> None:
     """What the fully-async pipeline does not combine with (yet), each with its way out."""
-    d = cfg.debug
+    d, c = cfg.debug, cfg.cluster
     if d.debug_train_only or d.load_debug_rollout_data or d.debug_rollout_only:
         raise ConfigError("--fully-async runs rollout and training concurrently; the debug modes (--debug-train-only, "
                           "--load-debug-rollout-data, --debug-rollout-only) run in colocate mode: drop --fully-async")
+    offload = [flag for flag, on in (("--offload", c.offload), ("--offload-train", c.offload_train),
+                                     ("--offload-rollout", c.offload_rollout)) if on]
+    if offload:
+        raise ConfigError(f"{' '.join(offload)}: in fully-async mode every role holds its own devices for the whole run, "
+                          "so nothing is offloaded between phases; drop the flag (offloading is for --colocate)")
 
 
 def check_partial_rollout(cfg: RelaxConfig) -> None:
@@ -93,10 +99,10 @@ def check_partial_rollout(cfg: RelaxConfig) -> None:
                        "nothing is ever aborted; raise --max-staleness for rollout to overlap training")
 
 
-def check_debug(cfg: RelaxConfig) -> None:
+def check_debug(cfg: RelaxConfig) -> RelaxConfig:
+    if cfg.debug.load_debug_rollout_data:  # replaying saved rollouts means training only
+        cfg = cfg.replace(debug_train_only=True)
     d = cfg.debug
-    if d.load_debug_rollout_data:
-        d.debug_train_only = True
     if d.debug_train_only and d.debug_rollout_only:
         raise ConfigError("--debug-train-only and --debug-rollout-only exclude each other; pick one")
     if d.debug_train_only and not d.load_debug_rollout_data:
@@ -109,12 +115,14 @@ def check_debug(cfg: RelaxConfig) -> None:
             raise ConfigError(f"{flag} {path}: the path needs a {{rollout_id}} placeholder (one file per step)")
     if d.debug_train_only and (cfg.eval.eval_interval or cfg.rollout.num_rollout is None):
         raise ConfigError("--debug-train-only runs no engines: drop --eval-interval and set --num-rollout")
+    return cfg
 
 
-def check_resource(cfg: RelaxConfig) -> None:
+def check_resource(cfg: RelaxConfig) -> RelaxConfig:
     res = cfg.cluster.resource
     if res is None:
-        cfg.cluster.resource = res = {"actor": [1, 1], "rollout": [1, 1]}
+        cfg = cfg.replace(resource={"actor": [1, 1], "rollout": [1, 1]})
+        res = cfg.cluster.resource
     if not isinstance(res, dict):
         raise ConfigError(f"--resource must be a JSON object like '{{\"actor\": [1, 2], \"rollout\": [1, 2]}}', got {res!r}")
     for role, spec in res.items():
@@ -125,9 +133,10 @@ def check_resource(cfg: RelaxConfig) -> None:
     for role in ("actor", "rollout"):
         if role not in res or res[role][1] < 1:
             raise ConfigError(f"--resource needs \"{role}\": [1, N] with N >= 1 (workers/engines on CPU, GPUs on GPU)")
+    return cfg
 
 
-def check_batches(cfg: RelaxConfig) -> None:
+def check_batches(cfg: RelaxConfig) -> RelaxConfig:
     r, b = cfg.rollout, cfg.batch
     if not r.rollout_batch_size or r.rollout_batch_size < 1:
         raise ConfigError("--rollout-batch-size is required (prompts per rollout step), e.g. --rollout-batch-size 32")
@@ -138,9 +147,10 @@ def check_batches(cfg: RelaxConfig) -> None:
         if b.num_steps_per_rollout < 1 or total % b.num_steps_per_rollout:
             raise ConfigError(f"--num-steps-per-rollout {b.num_steps_per_rollout} must divide rollout_batch_size * "
                               f"n_samples_per_prompt = {total}")
-        b.global_batch_size = total // b.num_steps_per_rollout
-    if b.global_batch_size is None:
-        b.global_batch_size = total
+        cfg = cfg.replace(global_batch_size=total // b.num_steps_per_rollout)
+    if cfg.batch.global_batch_size is None:
+        cfg = cfg.replace(global_batch_size=total)
+    b = cfg.batch
     if b.global_batch_size < 1 or total % b.global_batch_size:
         raise ConfigError(f"--global-batch-size {b.global_batch_size} must divide rollout_batch_size * "
                           f"n_samples_per_prompt = {r.rollout_batch_size} * {r.n_samples_per_prompt} = {total}")
@@ -160,6 +170,7 @@ def check_batches(cfg: RelaxConfig) -> None:
                           f"{r.rollout_batch_size}")
     if not r.rollout_max_response_len or r.rollout_max_response_len < 1:
         raise ConfigError("--rollout-max-response-len is required (max new tokens per response)")
+    return cfg
 
 
 def check_algorithm(cfg: RelaxConfig) -> None:
@@ -340,21 +351,27 @@ IMPLEMENTED_ROLLOUT_BACKENDS = ("hf",)
 
 
 def resolve_backend(requested: str, preference: tuple[str, ...], implemented: tuple[str, ...], flag: str) -> str:
-    """`auto` -> the first implemented backend in `preference` order; an unimplemented explicit choice fails."""
+    """`auto` -> the first implemented backend in `preference` order (logged); an unimplemented
+    explicit choice fails."""
     if requested == "auto":
-        return next(b for b in preference if b in implemented)
+        chosen = next(b for b in preference if b in implemented)
+        skipped = [b for b in preference[:preference.index(chosen)]]
+        logger.info("%s auto -> %s%s", flag, chosen,
+                    f" ({', '.join(skipped)} not built in this build)" if skipped else "")
+        return chosen
     if requested not in implemented:
         raise ConfigError(f"{flag} {requested}: this build implements {', '.join(implemented)}; "
                           f"use {flag} auto or {implemented[0]}")
     return requested
 
 
-def check_backends(cfg: RelaxConfig) -> None:
+def check_backends(cfg: RelaxConfig) -> RelaxConfig:
     c = cfg.cluster
-    c.train_backend = resolve_backend(c.train_backend, ("megatron", "fsdp"), IMPLEMENTED_TRAIN_BACKENDS,
-                                      "--train-backend")
-    c.rollout_backend = resolve_backend(c.rollout_backend, ("sglang", "hf"), IMPLEMENTED_ROLLOUT_BACKENDS,
-                                        "--rollout-backend")
+    cfg = cfg.replace(
+        train_backend=resolve_backend(c.train_backend, ("megatron", "fsdp"), IMPLEMENTED_TRAIN_BACKENDS,
+                                      "--train-backend"),
+        rollout_backend=resolve_backend(c.rollout_backend, ("sglang", "hf"), IMPLEMENTED_ROLLOUT_BACKENDS,
+                                        "--rollout-backend"))
     if cfg.cluster.train_backend == "fsdp":
         if cfg.megatron_extra:
             raise ConfigError(f"unknown flag(s) {' '.join(cfg.megatron_extra)}; if these are Megatron flags they only "
@@ -366,29 +383,20 @@ def check_backends(cfg: RelaxConfig) -> None:
                 raise ConfigError(f"{_flag(arch)} {value} contradicts {cfg.ckpt.hf_checkpoint}/config.json "
                                   f"{hf_key}={hf[hf_key]}; with --train-backend fsdp the HF config is the source of "
                                   "truth: remove the flag or fix the model script")
+    return cfg
 
 
-# Flags that only mean something to the Megatron/SGLang backends or on GPUs: accepted (launch
-# scripts carry them), reported once when the resolved backends ignore them.
-BACKEND_ONLY = {
-    "parallel": ("tensor_model_parallel_size", "pipeline_model_parallel_size", "sequence_parallel",
-                 "context_parallel_size", "expert_model_parallel_size", "expert_tensor_parallel_size",
-                 "recompute_granularity", "recompute_method", "recompute_num_layers"),
-    "optim": ("optimizer_cpu_offload", "overlap_cpu_optimizer_d2h_h2d", "use_precision_aware_optimizer",
-              "use_distributed_optimizer", "overlap_grad_reduce", "overlap_param_gather"),
-    "cluster": ("qkv_format", "megatron_to_hf_mode", "rollout_num_gpus_per_engine", "num_gpus_per_node"),
-}
-
-
-def ignored_backend_flags(cfg: RelaxConfig) -> list[str]:
-    """Megatron/GPU-only flags set to a non-default value while fsdp/hf run (they have no effect)."""
-    if cfg.cluster.train_backend != "fsdp":
-        return []
-    out = []
-    for group_name, names in BACKEND_ONLY.items():
-        group, defaults = getattr(cfg, group_name), type(getattr(cfg, group_name))()
-        out += [_flag(n) for n in names if getattr(group, n) != getattr(defaults, n)]
-    return out
+def ignored_flag_notes(cfg: RelaxConfig) -> list[str]:
+    """One note per reason for the flags set to a non-default value that this build accepts
+    without effect (`opt(ignored=...)`): the run logs them, `--dry-run` prints them."""
+    by_reason: dict[str, list[str]] = {}
+    for group_name, cls in GROUPS.items():
+        group = getattr(cfg, group_name)
+        for f in dataclasses.fields(cls):
+            reason = f.metadata.get("ignored")
+            if reason and getattr(group, f.name) != field_default(f):
+                by_reason.setdefault(reason, []).append(_flag(f.name))
+    return [f"{' '.join(flags)}: accepted and ignored: {reason}" for reason, flags in by_reason.items()]
 
 
 def check_true_on_policy(cfg: RelaxConfig) -> None:
@@ -456,9 +464,19 @@ def _check_plugin(path: str, flag: str, positional: int, expected: str) -> None:
         raise ConfigError(str(exc)) from exc
 
 
+def check_exp_dir(cfg: RelaxConfig) -> RelaxConfig:
+    """The run directory as an absolute path (default ./outputs/<timestamp>); created when the run starts."""
+    return cfg.replace(exp_dir=os.path.abspath(cfg.misc.exp_dir or os.path.join("outputs", time.strftime("%Y%m%d-%H%M%S"))))
+
+
+# In order: a check may rely on what the ones before derived (the mode, the resource, the batch).
+CHECKS = (check_unsupported, check_mode, check_partial_rollout, check_debug, check_resource, check_batches,
+          check_algorithm, check_paths, check_eval, check_context, check_prefetch, check_genrm,
+          check_true_on_policy, check_backends, check_plugins, check_exp_dir)
+
+
 def validate_config(cfg: RelaxConfig) -> RelaxConfig:
-    for check in (check_unsupported, check_mode, check_partial_rollout, check_debug, check_resource, check_batches,
-                  check_algorithm, check_paths, check_eval, check_context, check_prefetch, check_genrm,
-                  check_true_on_policy, check_backends, check_plugins):
-        check(cfg)
+    """Every check, in order; returns the config with its derived values (a new, frozen config)."""
+    for check in CHECKS:
+        cfg = check(cfg) or cfg
     return cfg

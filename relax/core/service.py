@@ -16,6 +16,7 @@ import time
 import uuid
 from typing import Any
 
+from relax.config.plan import REPLICA_CPUS, RolePlan, RunPlan, check_cluster, resolve_plan
 from relax.config.schema import RelaxConfig
 from relax.core.registry import ROLES
 from relax.utils.logging import TOKEN_ENV, new_run_token
@@ -74,6 +75,7 @@ class Runtime:
         self.started_serve = False
         self.apps: list[str] = []
         self.failed_apps: set[str] = set()  # apps whose replica could not start (wait_running)
+        self.plan: RunPlan | None = None  # resolved for this cluster on entering
 
     def __enter__(self) -> Runtime:
         import ray
@@ -94,35 +96,42 @@ class Runtime:
             ray.init(num_cpus=num_cpus, include_dashboard=False, runtime_env=runtime_env, log_to_driver=True)
             self.started_ray = True
             logger.info("started a local Ray instance with %d logical CPUs", num_cpus)
+        self.plan = self._plan()
         self.started_serve = not serve_running()
         serve.start(proxy_location="Disabled")
         tq.init_data_system(self.cfg.cluster.num_data_storage_units)
         return self
 
-    def cluster_gpus(self) -> float:
-        """GPUs in the Ray cluster (0 on a CPU machine)."""
+    def _plan(self) -> RunPlan:
+        """The run plan for this cluster, checked against its CPUs and GPUs before anything of the
+        run starts (a plan the cluster cannot hold would wait for resources forever)."""
         import ray
 
-        return float(ray.cluster_resources().get("GPU", 0.0))
+        resources = ray.cluster_resources()
+        plan = resolve_plan(self.cfg, float(resources.get("GPU", 0.0)))
+        check_cluster(plan, resources)
+        for note in plan.notes:
+            logger.warning("%s", note)
+        return plan
 
-    def deploy_role(self, role: str, *init_args: Any, num_cpus: float = 0.1, num_gpus: float = 0.0,
-                    wait: bool = True) -> Any:
-        """Deploy `role` as a one-replica Serve app and return its handle. `wait=False` returns
-        once the app is created, while its replica still starts: deploy several, then
+    def deploy_role(self, role: RolePlan, *init_args: Any, wait: bool = False) -> Any:
+        """Deploy `role` as a one-replica Serve app and return its handle. Returns once the app is
+        created, while its replica still starts (`wait=True` waits): deploy several, then
         `wait_running()` (their processes start side by side instead of one after another)."""
         from ray import serve
 
-        cls = import_object(ROLES[role], flag=f"role {role}")
-        app_name = f"relax-{self.run_id}-{role}"
+        cls = import_object(ROLES[role.name], flag=f"role {role.name}")
+        app_name = f"relax-{self.run_id}-{role.name}"
         deployment = serve.deployment(
-            cls, name=role, num_replicas=1, max_ongoing_requests=1024, graceful_shutdown_timeout_s=30,
-            health_check_timeout_s=600, logging_config={"enable_access_log": False}, ray_actor_options={"num_cpus": num_cpus, "num_gpus": num_gpus,
-                                                           "runtime_env": {"env_vars": self.env}},
+            cls, name=role.name, num_replicas=1, max_ongoing_requests=1024, graceful_shutdown_timeout_s=30,
+            health_check_timeout_s=600, logging_config={"enable_access_log": False},
+            ray_actor_options={"num_cpus": REPLICA_CPUS, "num_gpus": role.replica_gpus,
+                               "runtime_env": {"env_vars": self.env}},
         )
         target = serve.RunTarget(deployment.bind(*init_args), name=app_name, route_prefix=None)
         handle = serve.run_many([target], wait_for_applications_running=wait)[0]
         self.apps.append(app_name)
-        logger.info("deployed %s as Serve app %s", role, app_name)
+        logger.info("deployed %s as Serve app %s", role.name, app_name)
         return handle
 
     def wait_running(self, timeout_s: float = 600.0) -> None:

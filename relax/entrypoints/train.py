@@ -1,10 +1,10 @@
-"""`relax-train` / `python3 relax/entrypoints/train.py`: parse and validate the flags, then
-start the run. Heavy imports (torch, ray) happen only after validation passed, so `--help`
-and flag errors are instant and nothing is started for a bad command line."""
+"""`relax-train` / `python3 relax/entrypoints/train.py`: parse and validate the flags, resolve
+the run plan, then start the run (`--dry-run`: print the plan and stop). Heavy imports (torch,
+ray) happen only after validation passed, so `--help`, `--dry-run` and flag errors are instant
+and nothing is started for a bad command line."""
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 
@@ -14,21 +14,19 @@ if __package__ in (None, ""):  # run as a script: make the repo root importable
 
 def main(argv: list[str] | None = None) -> int:
     from relax.config import ConfigError, parse_config
-
-    try:
-        cfg = parse_config(argv)
-    except ConfigError as err:
-        print(f"relax-train: error: {err}", file=sys.stderr)
-        return 2
-    from relax.config.validate import ignored_backend_flags
+    from relax.config.plan import PlanError, format_plan, local_gpus, resolve_plan
     from relax.utils.logging import setup_logging
 
     setup_logging()
-    ignored = ignored_backend_flags(cfg)
-    if ignored:
-        logging.getLogger("relax").warning(
-            "%s only apply to the megatron/sglang backends; the %s/%s backends ignore them",
-            " ".join(ignored), cfg.cluster.train_backend, cfg.cluster.rollout_backend)
+    try:
+        cfg = parse_config(argv)
+        plan = resolve_plan(cfg, local_gpus())  # rejects what the mode cannot use, before Ray starts
+    except (ConfigError, PlanError) as err:
+        print(f"relax-train: error: {err}", file=sys.stderr)
+        return 2
+    if cfg.misc.dry_run:
+        print(format_plan(plan, cfg))
+        return 0
     from relax.core.controller import run
 
     try:

@@ -13,8 +13,7 @@ import typing
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from relax.config.fields import flag_name  # noqa: E402
-from relax.config.parser import _base_type  # noqa: E402
+from relax.config.fields import base_type, choices_of, field_default, flag_name  # noqa: E402
 from relax.config.schema import GROUPS  # noqa: E402
 
 OUT = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "configuration.md")
@@ -31,17 +30,20 @@ Every flag keeps the name and default of the Relax/slime configuration reference
 - Megatron flags not listed here are accepted only with `--train-backend megatron`; with `fsdp` the
   HF `config.json` is the source of truth and a contradicting architecture flag is an error.
 
-Flags marked *not implemented* are accepted so existing launch scripts parse, but setting them to a
-non-default value fails at startup with a message; nothing is silently ignored.
-`--custom-config-path FILE.yaml` sets any flag by name, and any other key as an extra `args.<key>`.
+Every flag acts, or says why not. Flags marked *not implemented* are accepted so existing launch
+scripts parse, but setting them to a non-default value fails at startup with a message. Flags
+marked *accepted and ignored* have no effect in this build for the reason given; setting one logs
+that reason when the run starts, and `relax-train --dry-run` prints it. Nothing is silently ignored.
+`--custom-config-path FILE.yaml` sets any flag by name (values are checked exactly as on the command
+line), and any other key as an extra `args.<key>` for plugins.
 """
 
 
 def type_name(hint: typing.Any, meta: dict) -> str:
     if meta.get("type") is not None:
         return meta["type"].__name__
-    base = _base_type(hint)
-    name = getattr(base, "__name__", str(base))
+    base = base_type(hint)
+    name = "str" if choices_of(hint) else getattr(base, "__name__", str(base))
     if meta.get("nargs"):
         return f"{name} (list)"
     return "flag" if base is bool else name
@@ -56,12 +58,14 @@ def render() -> str:
         hints = typing.get_type_hints(cls)
         for f in dataclasses.fields(cls):
             meta = dict(f.metadata)
-            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+            default = field_default(f)
             desc = meta.get("help", "")
-            if meta.get("choices"):
-                desc += f" Choices: {', '.join(map(str, meta['choices']))}."
+            if choices_of(hints[f.name]):
+                desc += f" Choices: {', '.join(map(str, choices_of(hints[f.name])))}."
             if not meta.get("supported", True):
                 desc += " *Not implemented in this build.*"
+            if meta.get("ignored"):
+                desc += f" *Accepted and ignored (logged when set): {meta['ignored']}.*"
             lines.append(f"| `{flag_name(f)}` | {type_name(hints[f.name], meta)} | `{default!r}` | {desc} |")
     return "\n".join(lines) + "\n"
 

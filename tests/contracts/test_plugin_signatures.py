@@ -55,8 +55,7 @@ def test_optional_evaluation_keyword_is_detected():
 
 
 def test_wrong_reward_signature_names_flag_and_expected_signature():
-    cfg = RelaxConfig()
-    cfg.reward.custom_rm_path = f"{__name__}.wrong_reward"
+    cfg = RelaxConfig().replace(custom_rm_path=f"{__name__}.wrong_reward")
     with pytest.raises(ConfigError, match=r"--custom-rm-path: .*wrong_reward\(sample\) cannot be called as "
                                           r"reward_func\(args, sample, \*\*kwargs\)"):
         check_plugins(cfg)
@@ -70,9 +69,7 @@ def test_missing_module_and_missing_attribute_are_named():
 
 
 def test_rollout_function_signature():
-    cfg = RelaxConfig()
-    cfg.rollout.rollout_function_path = f"{__name__}.generate_rollout"
-    check_plugins(cfg)
+    check_plugins(RelaxConfig().replace(rollout_function_path=f"{__name__}.generate_rollout"))
 
 
 def convert_samples_to_train_data(args, samples):
@@ -84,10 +81,8 @@ def convert_without_args(samples):
 
 
 def test_convert_samples_to_train_data_signature_from_the_seeds_loads():
-    cfg = RelaxConfig()
-    cfg.reward.custom_convert_samples_to_train_data_path = f"{__name__}.convert_samples_to_train_data"
-    check_plugins(cfg)
-    cfg.reward.custom_convert_samples_to_train_data_path = f"{__name__}.convert_without_args"
+    check_plugins(RelaxConfig().replace(custom_convert_samples_to_train_data_path=f"{__name__}.convert_samples_to_train_data"))
+    cfg = RelaxConfig().replace(custom_convert_samples_to_train_data_path=f"{__name__}.convert_without_args")
     with pytest.raises(ConfigError, match=r"--custom-convert-samples-to-train-data-path: .*"
                                           r"convert_samples_to_train_data\(args, samples\)"):
         check_plugins(cfg)

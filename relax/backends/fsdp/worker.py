@@ -40,6 +40,7 @@ from relax.algorithms.value_loss import ValueLossInputs, compute_value_loss
 from relax.backends.base import TrainerSpec
 from relax.backends.fsdp.batching import pad_inputs, pad_response, response_positions, split_micro_batches
 from relax.config.schema import OptimizerConfig
+from relax.types import TrainBatch
 from relax.utils.plugins import load_plugin
 
 logger = logging.getLogger(__name__)
@@ -106,7 +107,7 @@ class _TrainPass:
     plan: list[list[list[int]]]
     global_tokens: list[int]
     num_rows: int
-    batch: dict[str, list[Any]] = dataclasses.field(default_factory=dict)
+    batch: TrainBatch | None = None
     arrived: set[int] = dataclasses.field(default_factory=set)
     step: int = 0
     micro: int = 0
@@ -120,7 +121,7 @@ class FSDPTrainWorker:
         self.device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
         if self.device.type == "cpu":
             torch.set_num_threads(spec.threads or max(1, (os.cpu_count() or 1) // world_size))
-        dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo",
+        dist.init_process_group(spec.dist_backend if self.device.type == "cuda" else "gloo",
                                 init_method=f"tcp://{master_addr}:{master_port}", rank=rank,
                                 world_size=world_size, timeout=timedelta(minutes=spec.timeout_minutes))
         self._seed(spec.optim.seed + rank)
@@ -242,11 +243,10 @@ class FSDPTrainWorker:
                                    max_tokens=max_tokens if b.use_dynamic_batch_size else None)
 
     @torch.no_grad()
-    def compute_log_probs(self, batch: dict[str, Any]) -> list[list[float]]:
-        """Per-sample response log-probs under the current weights (old policy or reference)."""
+    def compute_log_probs(self, tokens: list[list[int]], lengths: list[int]) -> list[list[float]]:
+        """Per-row response log-probs under the current weights (old policy or reference)."""
         self.model.eval()
         start = time.perf_counter()
-        tokens, lengths = batch["tokens"], batch["response_lengths"]
         budget = self.spec.batch.log_probs_max_tokens_per_gpu or self.spec.batch.max_tokens_per_gpu
         out: list[list[float]] = [[] for _ in tokens]
         for idx in self._micro_batches([len(t) for t in tokens], budget):
@@ -259,11 +259,10 @@ class FSDPTrainWorker:
         return out
 
     @torch.no_grad()
-    def compute_values(self, batch: dict[str, Any]) -> list[list[float]]:
-        """Critic: per-sample response values under the current weights."""
+    def compute_values(self, tokens: list[list[int]], lengths: list[int]) -> list[list[float]]:
+        """Critic: per-row response values under the current weights."""
         self.model.eval()
         start = time.perf_counter()
-        tokens, lengths = batch["tokens"], batch["response_lengths"]
         budget = self.spec.batch.log_probs_max_tokens_per_gpu or self.spec.batch.max_tokens_per_gpu
         out: list[list[float]] = [[] for _ in tokens]
         for idx in self._micro_batches([len(t) for t in tokens], budget):
@@ -279,16 +278,15 @@ class FSDPTrainWorker:
         return value
 
     # ---- training ----------------------------------------------------------------------
-    def train(self, batch: dict[str, Any], num_steps: int, global_tokens_per_step: list[int]) -> dict[str, float]:
+    def train(self, batch: TrainBatch, num_steps: int, global_tokens_per_step: list[int]) -> dict[str, float]:
         """`num_steps` optimizer steps over this rank's shard (split evenly, in order).
 
-        batch: tokens, response_lengths, loss_masks, advantages, old_log_probs, and optionally
-        ref_log_probs / rollout_log_probs — all per sample, response-aligned. A critic's batch
-        has values (the old values) and returns instead of advantages and log-probs.
+        The actor's batch has advantages and old log-probs (and ref/rollout log-probs when the
+        loss uses them); a critic's has values (the old values) and returns.
         The whole shard at once: `train_begin`, `train_rows` with every row, `train_end`.
         """
-        self.train_begin([len(t) for t in batch["tokens"]], num_steps, global_tokens_per_step)
-        self.train_rows(list(range(len(batch["tokens"]))), batch)
+        self.train_begin([len(t) for t in batch.tokens_RL], num_steps, global_tokens_per_step)
+        self.train_rows(list(range(len(batch))), batch)
         return self.train_end()
 
     def train_begin(self, lengths: list[int], num_steps: int, global_tokens_per_step: list[int]) -> None:
@@ -307,17 +305,16 @@ class FSDPTrainWorker:
         self._pass = _TrainPass(plan=plan, global_tokens=list(global_tokens_per_step), num_rows=len(lengths))
         self.model.train()
 
-    def train_rows(self, positions: list[int], columns: dict[str, list[Any]]) -> int:
-        """Rows `positions` of the shard (values per column, in that order) have arrived: run
-        every micro-batch whose rows are all in, in plan order, stepping the optimizer after
-        each step's last one. Returns how many micro-batches ran."""
+    def train_rows(self, positions: list[int], rows: TrainBatch) -> int:
+        """Rows `positions` of the shard (`rows`, in that order) have arrived: run every
+        micro-batch whose rows are all in, in plan order, stepping the optimizer after each
+        step's last one. Returns how many micro-batches ran."""
         p = self._pass
         if p is None:
             raise RuntimeError("train_rows before train_begin")
-        for name, values in columns.items():
-            column = p.batch.setdefault(name, [None] * p.num_rows)
-            for pos, value in zip(positions, values):
-                column[pos] = value
+        if p.batch is None:
+            p.batch = TrainBatch.empty(p.num_rows, rows.present())
+        p.batch.put(positions, rows)
         p.arrived.update(positions)
         start, ran = time.perf_counter(), 0
         while p.step < len(p.plan) and all(i in p.arrived for i in p.plan[p.step][p.micro]):
@@ -364,25 +361,23 @@ class FSDPTrainWorker:
         self.step += 1
         return {**sums, "grad_norm": grad_norm, "lr": self.scheduler.get_last_lr()[0]}
 
-    def _micro_loss(self, batch: dict[str, Any], rows: list[int], *, num_samples: int, num_tokens: float):
+    def _micro_loss(self, batch: TrainBatch, rows: list[int], *, num_samples: int, num_tokens: float):
         if self.spec.role == "critic":
             return self._value_micro_loss(batch, rows, num_samples=num_samples, num_tokens=num_tokens)
         cfg = self.spec.loss
-        lengths = [batch["response_lengths"][i] for i in rows]
-        logp_BT, mask_BT, ent_BT = self._forward([batch["tokens"][i] for i in rows], lengths,
+        lengths = [batch.response_lengths_R[i] for i in rows]
+        logp_BT, mask_BT, ent_BT = self._forward([batch.tokens_RL[i] for i in rows], lengths,
                                                  entropy=True)
         width = logp_BT.shape[1]
 
-        def col(name: str) -> torch.Tensor | None:
-            if batch.get(name) is None:
-                return None
-            return pad_response([batch[name][i] for i in rows], width).to(self.device)
+        def col(values_RT: list[list[float]] | None) -> torch.Tensor | None:
+            return None if values_RT is None else pad_response([values_RT[i] for i in rows], width).to(self.device)
 
-        loss_mask_BT = col("loss_masks") * mask_BT
+        loss_mask_BT = col(batch.loss_masks_RT) * mask_BT
         inputs = PolicyLossInputs(
-            logp=logp_BT, old_logp=col("old_log_probs"), advantages=col("advantages"), mask_BT=loss_mask_BT,
-            ref_logp=col("ref_log_probs"), rollout_logp=col("rollout_log_probs"), entropy=ent_BT,
-            num_global_samples=num_samples, num_global_tokens=num_tokens,
+            logp=logp_BT, old_logp=col(batch.old_log_probs_RT), advantages=col(batch.advantages_RT),
+            mask_BT=loss_mask_BT, ref_logp=col(batch.ref_log_probs_RT), rollout_logp=col(batch.rollout_log_probs_RT),
+            entropy=ent_BT, num_global_samples=num_samples, num_global_tokens=num_tokens,
         )
         if self.reducer_factory is not None:
             cfg = dataclasses.replace(cfg, pg_loss_reducer=self.reducer_factory(
@@ -393,17 +388,17 @@ class FSDPTrainWorker:
             out = PolicyLossOutput(loss=out[0], metrics=dict(out[1]))
         return out
 
-    def _value_micro_loss(self, batch: dict[str, Any], rows: list[int], *, num_samples: int,
+    def _value_micro_loss(self, batch: TrainBatch, rows: list[int], *, num_samples: int,
                           num_tokens: float) -> PolicyLossOutput:
-        values_BT, mask_BT = self._values([batch["tokens"][i] for i in rows],
-                                          [batch["response_lengths"][i] for i in rows])
+        values_BT, mask_BT = self._values([batch.tokens_RL[i] for i in rows],
+                                          [batch.response_lengths_R[i] for i in rows])
         width = values_BT.shape[1]
 
-        def col(name: str) -> torch.Tensor:
-            return pad_response([batch[name][i] for i in rows], width).to(self.device)
+        def col(values_RT: list[list[float]]) -> torch.Tensor:
+            return pad_response([values_RT[i] for i in rows], width).to(self.device)
 
-        inputs = ValueLossInputs(values=values_BT, old_values=col("values"), returns=col("returns"),
-                                 mask_BT=col("loss_masks") * mask_BT, num_global_samples=num_samples,
+        inputs = ValueLossInputs(values=values_BT, old_values=col(batch.values_RT), returns=col(batch.returns_RT),
+                                 mask_BT=col(batch.loss_masks_RT) * mask_BT, num_global_samples=num_samples,
                                  num_global_tokens=num_tokens)
         return compute_value_loss(inputs, value_clip=self.spec.value_clip,
                                   per_token_loss=self.spec.optim.calculate_per_token_loss)

@@ -12,7 +12,8 @@ from typing import Any
 
 
 class Coordinator:
-    def __init__(self) -> None:
+    def __init__(self, cfg: Any = None, role: Any = None) -> None:
+        """Deployed like every role (`cfg`, its plan part); its state is only the registrations."""
         self.receivers: dict[str, list[Any]] = {}
         self.topology_version = 0
         self.published: dict[str, Any] | None = None
@@ -43,3 +44,9 @@ class Coordinator:
 
     def latest(self) -> dict[str, Any] | None:
         return self.published
+
+    async def setup(self, context: dict[str, Any]) -> dict[str, Any]:
+        return {}
+
+    async def shutdown(self) -> None:
+        """Nothing to release: the sender and the receivers own their groups."""

@@ -82,6 +82,15 @@ class RayActorGroup:
         refs = [getattr(w, method).remote(shard, *args, **kwargs) for w, shard in zip(self.workers, shards)]
         return [await ref for ref in refs]
 
+    async def call_each(self, method: str, per_rank_args: Sequence[tuple]) -> list[Any]:
+        """Rank r runs `method(*per_rank_args[r])`; results in rank order."""
+        if len(per_rank_args) != self.world_size:
+            raise ValueError(f"{self.name}: {len(per_rank_args)} argument tuples for {self.world_size} ranks")
+        if not self._ready:
+            await self.ready()
+        refs = [getattr(w, method).remote(*args) for w, args in zip(self.workers, per_rank_args)]
+        return [await ref for ref in refs]
+
     def submit(self, rank: int, method: str, *args: Any) -> Any:
         """Queue `method(*args)` on rank `rank` without waiting; calls to one rank run in the order
         they were submitted. Returns the ObjectRef (awaitable). The group must be ready (a first

@@ -24,9 +24,9 @@ import time
 from collections import Counter
 from typing import Any, Awaitable, Callable
 
-from relax.engine.rewards.genrm import judge_spec
 from relax.engine.rewards.registry import fast_grade, full_grade, resolve
 from relax.engine.rewards.worker import WorkerPool, process_pool, ray_pool
+from relax.engine.specs import RewardSpec
 from relax.types import Sample
 from relax.utils.plugins import load_plugin
 
@@ -50,30 +50,23 @@ def _picklable(obj: Any) -> bool:
 
 
 class RewardExecutor:
-    """Scores samples with built-in reward types or a custom reward plugin.
+    """Scores samples with built-in reward types or a custom reward plugin, as `spec` says.
 
-    `args` is the flat run namespace (the plugin boundary): rm_type, custom_rm_path,
-    reward_key, group_rm, rm_url, reward_timeout, reward_num_workers,
-    reward_max_concurrency, reward_failure_value; genrm_url, genrm_model_path,
-    genrm_sampling_config (the GenRM judge, set by the Rollout when the role is deployed).
-    """
+    `plugin_args` is what a custom reward plugin is called with (the seed's `reward_func(args,
+    sample, **kwargs)`); the executor itself reads only `spec`."""
 
-    def __init__(self, args: Any):
-        self.args = args
-        self.rm_type: str | None = getattr(args, "rm_type", None)
-        self.reward_key: str | None = getattr(args, "reward_key", None)
-        self.group_rm = bool(getattr(args, "group_rm", False))
-        self.rm_url: str | None = getattr(args, "rm_url", None)
-        self.judge = judge_spec(args)  # the GenRM judge for rm_type genrm (None: no GenRM deployed)
-        self.timeout = float(getattr(args, "reward_timeout", 60.0))
-        self.num_workers = int(getattr(args, "reward_num_workers", 2))
-        self.max_concurrency = int(getattr(args, "reward_max_concurrency", 64))
-        self.failure_value = float(getattr(args, "reward_failure_value", 0.0))
+    def __init__(self, spec: RewardSpec, plugin_args: Any = None):
+        self.spec, self.args = spec, plugin_args
+        self.rm_type, self.reward_key, self.group_rm = spec.rm_type, spec.reward_key, spec.group_rm
+        self.rm_url = spec.rm_url
+        self.judge = spec.judge  # the GenRM judge for rm_type genrm (None: no GenRM deployed)
+        self.timeout, self.num_workers = float(spec.timeout), int(spec.num_workers)
+        self.max_concurrency, self.failure_value = int(spec.max_concurrency), float(spec.failure_value)
         self._check_limits()
-        self.custom_path: str | None = getattr(args, "custom_rm_path", None)
+        self.custom_path: str | None = spec.custom_rm_path
         self.custom_fn = self._load_custom() if self.custom_path else None
         self._custom_async = self.custom_fn is not None and _is_async(self.custom_fn)
-        self._custom_in_pool = self.custom_fn is not None and not self._custom_async and _picklable(args)
+        self._custom_in_pool = self.custom_fn is not None and not self._custom_async and _picklable(plugin_args)
         if self.custom_fn is not None and not self._custom_async and not self._custom_in_pool:
             logger.warning("args cannot be pickled, so the sync --custom-rm-path runs in daemon threads: a hung "
                            "reward is abandoned after --reward-timeout but its thread cannot be stopped")

@@ -70,17 +70,18 @@ def sampling_params(config: dict[str, Any] | None) -> dict[str, Any]:
             "top_k": int(merged["top_k"]), "max_new_tokens": int(merged["max_response_len"])}
 
 
-def judge_spec(args: Any) -> JudgeSpec | None:
-    """The run's judge, or None when no GenRM is deployed (`args.genrm_url` unset)."""
-    url = getattr(args, "genrm_url", None)
+def judge_spec(url: str | None, model_path: str | None, sampling_config: dict[str, Any] | None,
+               prompt_template: str | None = None) -> JudgeSpec | None:
+    """The run's judge at the GenRM router `url`, or None when no GenRM is deployed (no url).
+    `prompt_template`: `genrm_prompt_template` from --custom-config-path (default JUDGE_TEMPLATE)."""
     if not url:
         return None
-    template = getattr(args, "genrm_prompt_template", None) or JUDGE_TEMPLATE
+    template = prompt_template or JUDGE_TEMPLATE
     check_template(template)
-    if getattr(args, "genrm_model_path", None):
-        _judge_tokenizer(args.genrm_model_path)  # load once here, not inside the first reward call
-    return JudgeSpec(url=url, model_path=getattr(args, "genrm_model_path", None),
-                     sampling=sampling_params(getattr(args, "genrm_sampling_config", None)), prompt_template=template)
+    if model_path:
+        _judge_tokenizer(model_path)  # load once here, not inside the first reward call
+    return JudgeSpec(url=url, model_path=model_path, sampling=sampling_params(sampling_config),
+                     prompt_template=template)
 
 
 def check_template(template: str) -> None:

@@ -30,28 +30,13 @@ Why the trained row's version stays a lower bound: each segment reports its own 
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
+from relax.engine.specs import PartialRolloutSpec
 from relax.types import Sample
 
 STAT_KEYS = ("rollout/partial_aborts", "rollout/partial_aborts_over_cap", "rollout/partial_resumed_samples",
              "rollout/partial_resumed_tokens", "rollout/partial_offpolicy_masked_tokens")
-
-
-@dataclass(frozen=True)
-class PartialRolloutConfig:
-    """The three partial-rollout flags; `enabled=False` leaves aborted samples as they came back."""
-
-    enabled: bool = False
-    max_aborted_count: int | None = None
-    mask_offpolicy: bool = False
-
-    @classmethod
-    def from_args(cls, args: Any) -> PartialRolloutConfig:
-        return cls(enabled=bool(getattr(args, "partial_rollout", False)),
-                   max_aborted_count=getattr(args, "partial_rollout_max_aborted_count", None),
-                   mask_offpolicy=bool(getattr(args, "mask_offpolicy_in_partial_rollout", False)))
 
 
 def is_resuming(sample: Sample) -> bool:
@@ -80,7 +65,7 @@ def resume_request(sample: Sample, prompt_ids: list[int], params: dict[str, Any]
     return list(sample.tokens), params
 
 
-def record_abort(sample: Sample, cfg: PartialRolloutConfig, stats: Counter[str], *, first: bool) -> None:
+def record_abort(sample: Sample, cfg: PartialRolloutSpec, stats: Counter[str], *, first: bool) -> None:
     """Book one abort of `sample` before it is resubmitted: count it (up to the cap), mask the
     tokens generated so far when asked, and add to the step's stats (`first`: its first abort)."""
     if cfg.max_aborted_count is None or sample.abort_count < cfg.max_aborted_count:
@@ -96,7 +81,7 @@ def record_abort(sample: Sample, cfg: PartialRolloutConfig, stats: Counter[str],
 
 
 async def resume_until_done(sample: Sample, regenerate: Callable[[Sample], Awaitable[Sample]],
-                            cfg: PartialRolloutConfig, stats: Counter[str]) -> Sample:
+                            cfg: PartialRolloutSpec, stats: Counter[str]) -> Sample:
     """Resubmit `sample` (`await regenerate(sample)`) for as long as it comes back aborted.
 
     It terminates: every resubmission keeps the tokens generated so far and asks only for the

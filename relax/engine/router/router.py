@@ -2,7 +2,7 @@
 
 It speaks the engines' own `/generate`, so default and custom generate functions post to
 `http://{args.sglang_router_ip}:{args.sglang_router_port}/generate` exactly as they would
-with SGLang's router. Each request goes to the engine with the fewest requests in flight
+with SGLang's router. Engines can join and leave while it runs (`add_engine`, `remove_engine`). Each request goes to the engine with the fewest requests in flight
 (ties: round robin). It runs inside the Rollout process, bound to loopback, and adds the
 run's engine API key so plugins never handle it.
 """
@@ -37,6 +37,20 @@ class Router:
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
+
+    def add_engine(self, url: str) -> None:
+        """Route to `url` from now on (an engine that joined the fleet)."""
+        if url not in self.in_flight:
+            self.engine_urls.append(url)
+            self.in_flight[url] = 0
+
+    def remove_engine(self, url: str) -> None:
+        """Stop routing to `url` (requests already sent there finish or fail on their own)."""
+        if url in self.in_flight and len(self.engine_urls) == 1:
+            raise ValueError(f"cannot remove {url}: it is the router's last engine")
+        if url in self.in_flight:
+            self.engine_urls.remove(url)
+            del self.in_flight[url]
 
     def pick(self) -> str:
         """The engine with the fewest requests in flight; ties broken round robin."""
@@ -81,7 +95,8 @@ class Router:
             logger.warning("engine %s failed a request: %s", url, exc)
             return web.json_response({"error": f"engine {url} unreachable: {exc}"}, status=502)
         finally:
-            self.in_flight[url] -= 1
+            if url in self.in_flight:  # (the engine may have left the fleet meanwhile)
+                self.in_flight[url] -= 1
 
     async def _health(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "ok", "engines": len(self.engine_urls)})

@@ -12,6 +12,7 @@ from relax.algorithms.policy_loss import PolicyLossConfig
 from relax.backends.base import TrainerSpec
 from relax.config.schema import BatchConfig, OptimizerConfig
 from relax.distributed.ray.actor_group import free_port
+from relax.types import TrainBatch
 
 TEMPERATURE = 0.7
 # Rows of different prompt and response lengths. The last one keeps EOS live with min_new_tokens:
@@ -62,11 +63,12 @@ def generate(model_dir: str, target: str | None):
     return asyncio.run(run())
 
 
-def as_batch(results) -> dict:
+def as_batch(results) -> TrainBatch:
     lengths = [len(r.output_ids) for r in results]
-    return {"tokens": [p + r.output_ids for p, r in zip(PROMPTS, results)], "response_lengths": lengths,
-            "loss_masks": [[1] * n for n in lengths], "advantages": [[(-1.0) ** i] * n for i, n in enumerate(lengths)],
-            "rollout_log_probs": [r.output_logprobs for r in results]}
+    return TrainBatch(tokens_RL=[p + r.output_ids for p, r in zip(PROMPTS, results)], response_lengths_R=lengths,
+                      loss_masks_RT=[[1] * n for n in lengths],
+                      advantages_RT=[[(-1.0) ** i] * n for i, n in enumerate(lengths)],
+                      rollout_log_probs_RT=[r.output_logprobs for r in results])
 
 
 def test_engine_log_probs_equal_trainer_log_probs_bitwise(model_dir, worker):
@@ -74,8 +76,8 @@ def test_engine_log_probs_equal_trainer_log_probs_bitwise(model_dir, worker):
     results = generate(model_dir, "fsdp")
     assert len({len(r.output_ids) for r in results}) >= 4  # rows of different lengths
     batch = as_batch(results)
-    trainer = worker.compute_log_probs(batch)
-    assert trainer == batch["rollout_log_probs"]  # float equality, token by token
+    trainer = worker.compute_log_probs(batch.tokens_RL, batch.response_lengths_R)
+    assert trainer == batch.rollout_log_probs_RT  # float equality, token by token
 
 
 def test_true_on_policy_leaves_sampled_tokens_unchanged(model_dir):
@@ -92,8 +94,8 @@ def test_true_on_policy_leaves_sampled_tokens_unchanged(model_dir):
 def test_first_step_sees_zero_mismatch_and_unit_ratio(model_dir, worker):
     torch.set_num_threads(1)
     batch = as_batch(generate(model_dir, "fsdp"))
-    batch["old_log_probs"] = worker.compute_log_probs(batch)
-    metrics = worker.train(batch, 1, [sum(batch["response_lengths"])])
+    batch.old_log_probs_RT = worker.compute_log_probs(batch.tokens_RL, batch.response_lengths_R)
+    metrics = worker.train(batch, 1, [sum(batch.response_lengths_R)])
     assert metrics["train_rollout_logprob_abs_diff_max"] == 0.0
     assert metrics["train_rollout_importance_ratio_min"] == metrics["train_rollout_importance_ratio_max"] == 1.0
     assert metrics["ppo_kl"] == 0.0 and metrics["pg_clipfrac"] == 0.0

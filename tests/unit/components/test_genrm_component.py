@@ -1,4 +1,4 @@
-"""GenRM role: engine count and options from the flags, a router over the engines, clean shutdown."""
+"""GenRM role: engine count and options from the flags, a router over the engines (its fleet), clean shutdown."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import pytest
 from aiohttp import web
 
 from relax.backends import registry
-from relax.components.genrm import GenRM, needs_genrm, num_engines
+from relax.components.genrm import GenRM
+from relax.config.plan import needs_genrm, resolve_plan
 from relax.config.schema import RelaxConfig
 from relax.utils.http_utils import close_sessions, post
 
@@ -30,7 +31,7 @@ class FakeEngine:
 LAUNCHED: list = []
 
 
-def fake_launch(model_path, *, api_key=None, num_threads=None, log_path=None, options=None):
+def fake_launch(model_path, *, api_key=None, num_threads=None, log_path=None, options=None, device="cpu"):
     LAUNCHED.append({"model": model_path, "options": options, "api_key": api_key})
     engine = FakeEngine(URLS[len(LAUNCHED) - 1])
     ENGINES.append(engine)
@@ -64,45 +65,45 @@ async def start_judges(n):
 def cfg(tmp_path, monkeypatch):
     LAUNCHED.clear(), URLS.clear(), ENGINES.clear()
     monkeypatch.setitem(registry.INFERENCE_BACKENDS, "fake", f"{__name__}.fake_launch")
-    cfg = RelaxConfig()
-    cfg.cluster.rollout_backend = "fake"
-    cfg.misc.exp_dir = str(tmp_path)
-    cfg.reward.genrm_model_path = "/judge"
-    cfg.reward.genrm_num_gpus, cfg.reward.genrm_num_gpus_per_engine = 4, 2
-    cfg.reward.genrm_engine_config = {"max_context_len": 64}
-    return cfg
+    return RelaxConfig().replace(
+        rollout_backend="fake", exp_dir=str(tmp_path), genrm_model_path="/judge", genrm_num_gpus=4,
+        genrm_num_gpus_per_engine=2, genrm_engine_config={"max_context_len": 64},
+        resource={"actor": [1, 1], "rollout": [1, 1]}, rollout_batch_size=1)
+
+
+def genrm(cfg: RelaxConfig) -> GenRM:
+    return GenRM(cfg, resolve_plan(cfg).role("genrm"))
 
 
 def test_engine_count_is_gpus_over_gpus_per_engine(cfg):
-    assert num_engines(cfg) == 2 and needs_genrm(cfg)
-    cfg.reward.genrm_model_path = None
-    assert not needs_genrm(cfg)
+    assert resolve_plan(cfg).role("genrm").workers == 2 and needs_genrm(cfg)
+    assert not needs_genrm(cfg.replace(genrm_model_path=None))
 
 
 def test_setup_launches_the_judges_behind_a_router_and_shutdown_stops_them(cfg):
     async def main():
         runners = await start_judges(2)
-        genrm = GenRM(cfg)
-        info = await genrm.setup()
-        replies = [await post(info["url"] + "/generate", {"text": "t", "sampling_params": {}}) for _ in range(4)]
-        stats = await genrm.stats()
-        await genrm.shutdown()
+        role = genrm(cfg)
+        info = await role.setup({})
+        replies = [await post(info["genrm_url"] + "/generate", {"text": "t", "sampling_params": {}})
+                   for _ in range(4)]
+        urls, stats = role.engine_urls(), await role.stats()
+        await role.shutdown()
         await close_sessions()
         for runner in runners:
             await runner.cleanup()
-        return info, replies, stats
+        return urls, replies, stats
 
-    info, replies, stats = asyncio.run(main())
+    urls, replies, stats = asyncio.run(main())
     assert [c["model"] for c in LAUNCHED] == ["/judge", "/judge"]
     assert all(c["options"] == {"max_context_len": 64} for c in LAUNCHED)
-    assert info["engine_urls"] == URLS and all(e.ready for e in ENGINES)
+    assert urls == URLS and all(e.ready for e in ENGINES)
     assert sorted(r["text"] for r in replies) == ["Score: 0", "Score: 0", "Score: 1", "Score: 1"]  # both engines
     assert stats["genrm/requests"] == 4.0 and stats["genrm/engines_alive"] == 2.0
     assert all(e.terminated for e in ENGINES)
 
 
 def test_a_bad_engine_option_names_the_flag(cfg):
-    cfg.cluster.rollout_backend = "hf"
-    cfg.reward.genrm_engine_config = {"bogus": 1}
-    with pytest.raises(ValueError, match="--genrm-engine-config: unknown engine option 'bogus'"):
-        asyncio.run(GenRM(cfg).setup())
+    cfg = cfg.replace(rollout_backend="hf", genrm_engine_config={"bogus": 1})
+    with pytest.raises(ValueError, match="--genrm-engine-config: .*unknown engine option 'bogus'"):
+        asyncio.run(genrm(cfg).setup({}))

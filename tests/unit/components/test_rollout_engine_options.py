@@ -6,7 +6,9 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from relax.backends.hf.launcher import engine_option_args
-from relax.components.rollout import engine_device, engine_options, rollout_gpus
+from relax.components.rollout import Rollout, engine_options
+from relax.config.plan import resolve_plan
+from relax.config.schema import RelaxConfig
 
 
 def _cfg(true_on_policy: bool, sglang: dict | None = None):
@@ -30,16 +32,17 @@ def test_sglang_passthrough_reaches_the_engines_only_for_options_they_have():
     assert options == {"max_running_requests": "4"}  # SGLang's memory pool means nothing to hf
 
 
+def engines_cfg(n: int) -> RelaxConfig:
+    return RelaxConfig().replace(resource={"actor": [1, 1], "rollout": [1, n]}, rollout_batch_size=1, rollout_backend="hf")
+
+
 def test_the_rollout_replica_reserves_one_gpu_per_engine_only_on_a_gpu_cluster():
-    cfg = SimpleNamespace(cluster=SimpleNamespace(resource={"rollout": [1, 3]}))
-    assert rollout_gpus(cfg, cluster_gpus=8.0) == 3
-    assert rollout_gpus(cfg, cluster_gpus=0.0) == 0
+    assert resolve_plan(engines_cfg(3), gpus=8).role("rollout").gpus == 3
+    assert resolve_plan(engines_cfg(3), gpus=0).role("rollout").gpus == 0
 
 
-def test_engines_take_the_replicas_gpus_in_order_or_the_cpu(monkeypatch):
-    import torch
-
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert [engine_device(i) for i in range(2)] == ["cuda:0", "cuda:1"]
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert engine_device(1) == "cpu"
+def test_engines_take_the_replicas_gpus_in_order_or_the_cpu():
+    for gpus, devices in ((8, ("cuda:0", "cuda:1")), (0, ("cpu", "cpu"))):
+        cfg = engines_cfg(2)
+        rollout = Rollout(cfg, resolve_plan(cfg, gpus=gpus).rollout)
+        assert rollout._fleet_spec().devices == devices

@@ -1,4 +1,4 @@
-"""Rollout.run in fully-async mode, without engines: steps overlap once the previous one has
+"""Rollout.run (the streaming plan), without engines: steps overlap once the previous one has
 drawn its prompts, the staleness gate still holds, each step's data position is the one right
 after its own draw, and a failed step reaches whoever waits for it."""
 
@@ -10,7 +10,6 @@ from types import SimpleNamespace
 import pytest
 
 from relax.components.rollout import Rollout
-from relax.engine.rollout import sglang_rollout
 
 
 class Counter:
@@ -25,7 +24,7 @@ class Counter:
 
 def rollout(bound: int, generate) -> Rollout:
     r = object.__new__(Rollout)
-    r.cfg = SimpleNamespace(cluster=SimpleNamespace(max_staleness=bound))
+    r.plan = SimpleNamespace(max_staleness=bound)
     r.finished, r.step_events, r.snapshots, r.failed = {}, {}, {}, {}
     r.stopping, r.data_source, r.engine = False, Counter(), 0
     r.generate = generate
@@ -45,11 +44,11 @@ def rollout(bound: int, generate) -> Rollout:
 def drawing(r: Rollout, release: dict[int, asyncio.Event], log: list, *, announce: bool = True):
     """A generate that draws 4 prompts, says so (as the default rollout function does), then
     waits until the test releases the step."""
-    async def generate(step: int, *, started_at: int) -> dict:
+    async def generate(step: int, *, state, started_at: int) -> dict:
         r.data_source.position += 4
         log.append(("start", step))
-        if announce:  # the step's own StepState, through the context variable
-            sglang_rollout._CURRENT_STEP.get().prompts_drawn.set()
+        if announce:  # the step's own StepState, handed to it by `run`
+            state.prompts_drawn.set()
         await release.setdefault(step, asyncio.Event()).wait()
         log.append(("end", step))
         return {}
@@ -103,7 +102,7 @@ def test_a_failed_step_reaches_its_waiter_and_fails_the_run():
     async def main():
         r = rollout(1, None)
 
-        async def generate(step: int, *, started_at: int) -> dict:
+        async def generate(step: int, *, state, started_at: int) -> dict:
             raise ValueError("reward server down")
 
         r.generate = generate

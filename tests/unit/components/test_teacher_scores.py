@@ -8,6 +8,7 @@ import httpx
 import pytest
 
 from relax.components.teacher import EngineTeacher, response_logprobs
+from relax.config.plan import RolePlan
 from relax.config.schema import RelaxConfig
 
 
@@ -36,9 +37,8 @@ def test_engine_teacher_sends_sglang_scoring_requests(monkeypatch):
         return httpx.Response(200, json=[reply([None] + [-0.5 * k for k in range(1, len(ids))])
                                          for ids in body["input_ids"]])
 
-    cfg = RelaxConfig()
-    cfg.reward.rm_url = "http://teacher:30000/generate"
-    teacher = EngineTeacher(cfg)
+    cfg = RelaxConfig().replace(rm_url="http://teacher:30000/generate")
+    teacher = EngineTeacher(cfg, RolePlan("teacher", 0, "engine"))
     from relax.backends.engine_client import EngineClient
 
     teacher.client = EngineClient("http://teacher:30000", transport=httpx.MockTransport(handler))

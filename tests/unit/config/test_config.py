@@ -30,7 +30,7 @@ def test_seed_defaults_are_kept(base):
     assert cfg.data.input_key == "input" and cfg.data.metadata_key == "metadata" and cfg.data.rollout_seed == 42
     assert cfg.rollout.update_weight_buffer_size == 512 << 20
     assert cfg.batch.global_batch_size == 8  # rollout_batch_size * n_samples_per_prompt
-    assert cfg.cluster.colocate and cfg.cluster.offload_train and cfg.cluster.offload_rollout
+    assert cfg.cluster.colocate and not cfg.cluster.fully_async
 
 
 def test_auto_backends_resolve_to_cpu_backends(base):
@@ -124,11 +124,13 @@ def test_configuration_docs_are_generated_from_the_schema():
 
 
 def test_megatron_only_flags_are_reported_as_ignored_under_fsdp(base):
-    from relax.config.validate import ignored_backend_flags
+    from relax.config.validate import ignored_flag_notes
 
     cfg = parse_config(base + ["--tensor-model-parallel-size", "2", "--optimizer-cpu-offload"])
-    assert ignored_backend_flags(cfg) == ["--tensor-model-parallel-size", "--optimizer-cpu-offload"]
-    assert ignored_backend_flags(parse_config(base)) == []
+    (note,) = ignored_flag_notes(cfg)
+    assert note.startswith("--tensor-model-parallel-size --optimizer-cpu-offload: accepted and ignored: applies to "
+                           "the megatron training backend")
+    assert ignored_flag_notes(parse_config(base)) == []
 
 
 @pytest.mark.parametrize("flag", [["--rollout-external"], ["--update-weights-interval", "2"]])

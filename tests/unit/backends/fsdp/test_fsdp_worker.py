@@ -9,6 +9,7 @@ from relax.algorithms.policy_loss import PolicyLossConfig
 from relax.backends.base import TrainerSpec
 from relax.config.schema import BatchConfig, OptimizerConfig
 from relax.distributed.ray.actor_group import free_port
+from relax.types import TrainBatch
 
 
 @pytest.fixture(scope="module")
@@ -29,18 +30,22 @@ def worker(tmp_path_factory):
     w.shutdown()
 
 
-def batch():
+def batch() -> TrainBatch:
     tokens = [[1, 2, 3, 4, 5], [1, 2, 6, 7], [3, 4, 5, 6, 7, 8]]
     lengths = [2, 2, 3]
-    return {"tokens": tokens, "response_lengths": lengths, "loss_masks": [[1] * n for n in lengths],
-            "advantages": [[1.0] * 2, [-1.0] * 2, [0.5] * 3]}
+    return TrainBatch(tokens_RL=tokens, response_lengths_R=lengths, loss_masks_RT=[[1] * n for n in lengths],
+                      advantages_RT=[[1.0] * 2, [-1.0] * 2, [0.5] * 3])
+
+
+def log_probs(worker, b: TrainBatch) -> list[list[float]]:
+    return worker.compute_log_probs(b.tokens_RL, b.response_lengths_R)
 
 
 def test_log_probs_match_a_plain_forward(worker):
     b = batch()
-    got = worker.compute_log_probs(b)
+    got = log_probs(worker, b)
     model = worker.model
-    for toks, n, lp in zip(b["tokens"], b["response_lengths"], got):
+    for toks, n, lp in zip(b.tokens_RL, b.response_lengths_R, got):
         with torch.no_grad():
             logits = model(input_ids=torch.tensor([toks])).logits[0, :-1]
         ref = torch.log_softmax(logits.float(), -1)[torch.arange(len(toks) - n - 1, len(toks) - 1),
@@ -50,8 +55,8 @@ def test_log_probs_match_a_plain_forward(worker):
 
 def test_first_step_has_unit_ratio_and_reports_rollout_mismatch(worker):
     b = batch()
-    b["old_log_probs"] = worker.compute_log_probs(b)
-    b["rollout_log_probs"] = [[x - 0.25 for x in lp] for lp in b["old_log_probs"]]
+    b.old_log_probs_RT = log_probs(worker, b)
+    b.rollout_log_probs_RT = [[x - 0.25 for x in lp] for lp in b.old_log_probs_RT]
     metrics = worker.train(b, 1, [7])
     assert metrics["ppo_kl"] == pytest.approx(0.0, abs=1e-6)
     assert metrics["pg_clipfrac"] == 0.0
@@ -112,11 +117,11 @@ def test_streamed_pass_equals_the_whole_shard_pass(worker):
     import copy
 
     b = batch()
-    b["tokens"].append([2, 3, 4, 5, 6])
-    b["response_lengths"].append(2)
-    b["loss_masks"].append([1, 1])
-    b["advantages"].append([-0.5, -0.5])
-    b["old_log_probs"] = worker.compute_log_probs(b)
+    b.tokens_RL.append([2, 3, 4, 5, 6])
+    b.response_lengths_R.append(2)
+    b.loss_masks_RT.append([1, 1])
+    b.advantages_RT.append([-0.5, -0.5])
+    b.old_log_probs_RT = log_probs(worker, b)
     saved = (copy.deepcopy(worker.model.state_dict()), copy.deepcopy(worker.optimizer.state_dict()),
              copy.deepcopy(worker.scheduler.state_dict()), worker.step)
 
@@ -132,10 +137,10 @@ def test_streamed_pass_equals_the_whole_shard_pass(worker):
     whole = worker.train(b, 2, [4, 4])
     after_whole = params()
     restore()
-    worker.train_begin([len(t) for t in b["tokens"]], 2, [4, 4])
+    worker.train_begin([len(t) for t in b.tokens_RL], 2, [4, 4])
     ran = []
     for rows in ([3], [1, 2], [0]):  # late rows first: nothing can run until row 0 is in
-        ran.append(worker.train_rows(rows, {k: [v[i] for i in rows] for k, v in b.items()}))
+        ran.append(worker.train_rows(rows, b.rows(rows)))
     streamed = worker.train_end()
     assert ran == [0, 0, 2]  # 2 optimizer steps of 2 rows, micro_batch_size 2: one micro-batch each
     whole.pop("compute_seconds"), streamed.pop("compute_seconds")
@@ -145,8 +150,8 @@ def test_streamed_pass_equals_the_whole_shard_pass(worker):
 
 def test_train_end_names_rows_never_sent(worker):
     b = batch()
-    b["old_log_probs"] = worker.compute_log_probs(b)
-    worker.train_begin([len(t) for t in b["tokens"]], 1, [7])
-    worker.train_rows([0], {k: [v[0]] for k, v in b.items()})
+    b.old_log_probs_RT = log_probs(worker, b)
+    worker.train_begin([len(t) for t in b.tokens_RL], 1, [7])
+    worker.train_rows([0], b.rows([0]))
     with pytest.raises(RuntimeError, match="2 row"):
         worker.train_end()

@@ -8,8 +8,8 @@ from argparse import Namespace
 import pytest
 from reward_test_server import ScriptedRewardServer
 
+from executors import executor_for
 from relax.engine.rewards import genrm
-from relax.engine.rewards.executor import RewardExecutor
 from relax.types import Sample
 from relax.utils.http_utils import close_sessions
 
@@ -89,7 +89,7 @@ def _executor_args(**kw):
 
 
 def test_executor_without_genrm_gives_the_failure_value_and_counts_it():
-    executor = RewardExecutor(_executor_args())
+    executor = executor_for(_executor_args())
     samples = [Sample(index=0, prompt="p", response="r", label="l")]
     asyncio.run(executor.score(samples))
     assert samples[0].reward == -1.0
@@ -98,8 +98,8 @@ def test_executor_without_genrm_gives_the_failure_value_and_counts_it():
 
 def test_executor_routes_genrm_rows_to_the_judge_url():
     with ScriptedRewardServer([(200, {"text": "Score: 1"}), (200, {"text": "garbage"})]) as server:
-        args = _executor_args(genrm_url=server.url.rsplit("/", 1)[0], genrm_sampling_config={"max_response_len": 4})
-        executor = RewardExecutor(args)
+        judge = genrm.judge_spec(server.url.rsplit("/", 1)[0], None, {"max_response_len": 4})
+        executor = executor_for(_executor_args(), judge=judge)
         samples = [Sample(index=i, prompt="p", response="r", label="l") for i in range(2)]
         run(executor.score(samples))
     assert sorted(s.reward for s in samples) == [-1.0, 1.0]  # one parsed, one unparseable reply

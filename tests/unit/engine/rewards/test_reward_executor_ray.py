@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 import reward_plugins_for_tests as plugins
 
-from relax.engine.rewards import RewardExecutor
+from executors import executor_for
 from relax.engine.rewards.worker import _RayWorker
 from relax.types import Sample
 
@@ -25,7 +25,7 @@ def ray_cluster():
 
 
 def test_ray_actor_pool_scores_math_verify_and_replaces_a_hung_actor(ray_cluster):
-    executor = RewardExecutor(SimpleNamespace(custom_rm_path=f"{plugins.__name__}.sync_reward", reward_timeout=2.0,
+    executor = executor_for(SimpleNamespace(custom_rm_path=f"{plugins.__name__}.sync_reward", reward_timeout=2.0,
                                               reward_num_workers=1, reward_failure_value=-1.0))
     samples = [Sample(index=0, response="x", label="hang"), Sample(index=1, response="x", label="x"),
                Sample(index=2, response="x", label="boom")]
@@ -42,7 +42,7 @@ def test_ray_actor_pool_scores_math_verify_and_replaces_a_hung_actor(ray_cluster
 
 
 def test_ray_actor_pool_runs_builtin_math_verify(ray_cluster):
-    executor = RewardExecutor(SimpleNamespace(rm_type="math", reward_num_workers=1))
+    executor = executor_for(SimpleNamespace(rm_type="math", reward_num_workers=1))
     samples = [Sample(index=0, response=r"\boxed{\frac{1}{2}}", label="0.5")]
     try:
         asyncio.run(executor.score(samples))

@@ -5,7 +5,7 @@ from types import SimpleNamespace
 import pytest
 import reward_plugins_for_tests as plugins
 
-from relax.engine.rewards import RewardExecutor
+from executors import executor_for
 from relax.engine.rewards.worker import RewardWorkerError, WorkerDied, execute, process_pool
 from relax.types import Sample
 
@@ -43,7 +43,7 @@ def test_reward_error_in_worker_keeps_the_worker():
 def test_crashed_worker_is_counted_and_replaced():
     args = SimpleNamespace(custom_rm_path=f"{plugins.__name__}.crash_reward", reward_failure_value=0.0,
                            reward_num_workers=1)
-    executor = RewardExecutor(args)
+    executor = executor_for(args)
     samples = [Sample(index=0, label="crash"), Sample(index=1, label="fine")]
     try:
         asyncio.run(executor.score(samples))

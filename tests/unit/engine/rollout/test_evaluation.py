@@ -1,8 +1,7 @@
-"""Eval plumbing: per-dataset args, eval groups, the eval data source; context-length capping."""
+"""Eval plumbing: per-dataset specs and plugin args, eval groups, the eval data source;
+context-length capping."""
 
 from __future__ import annotations
-
-from argparse import Namespace
 
 import pytest
 
@@ -10,12 +9,13 @@ from relax.components.rollout import engine_context_len
 from relax.config import parse_config
 from relax.config.eval_config import EvalDataset
 from relax.engine.rollout.evaluation import EvalDataSource, eval_args, eval_groups
-from relax.engine.rollout.sglang_rollout import fit_to_context, max_context_len, no_room, sampling_params
+from relax.engine.rollout.generator import fit_to_context, no_room
+from relax.engine.specs import RewardSpec, RolloutSpec
 from relax.types import Sample
 
 
 @pytest.fixture()
-def args(tmp_path):
+def cfg(tmp_path):
     model = tmp_path / "model"
     model.mkdir()
     (model / "config.json").write_text("{}")
@@ -25,24 +25,38 @@ def args(tmp_path):
                          "--num-rollout", "1", "--rollout-max-response-len", "8", "--custom-rm-path",
                          "tests.integration.digit_reward.reward_func", "--dynamic-sampling-filter-path",
                          "relax.engine.filters.dynamic_sampling_filters.check_reward_nonzero_std",
-                         "--rollout-max-context-len", "100"]).args
+                         "--rollout-max-context-len", "100"])
 
 
-def test_eval_args_carry_the_datasets_sampling_and_reward(args):
-    dataset = EvalDataset(name="a", path="p", temperature=0.1, top_p=0.5, top_k=3, max_response_len=4,
-                          max_context_len=50, stop=["x"], rm_type="f1", reward_key="acc", n_samples_per_eval_prompt=3)
-    out = eval_args(args, dataset, num_prompts=7)
-    params = sampling_params(out, evaluation=True)
+DATASET = EvalDataset(name="a", path="p", temperature=0.1, top_p=0.5, top_k=3, max_response_len=4, max_context_len=50,
+                      stop=["x"], rm_type="f1", reward_key="acc", n_samples_per_eval_prompt=3)
+
+
+def test_eval_specs_carry_the_datasets_sampling_and_reward(cfg):
+    run = RolloutSpec.from_config(cfg)
+    spec = run.for_eval(DATASET, num_prompts=7)
+    params = spec.sampling.params()
     assert (params["temperature"], params["top_p"], params["top_k"], params["max_new_tokens"]) == (0.1, 0.5, 3, 4)
-    assert params["stop"] == ["x"] and max_context_len(out, evaluation=True) == 50
+    assert params["stop"] == ["x"] and spec.sampling.max_context_len == 50 and spec.evaluation
+    assert (spec.n_samples_per_prompt, spec.batch_size, spec.dynamic_filter_path) == (3, 7, None)
+    rewards = RewardSpec.from_config(cfg.reward).for_eval(DATASET)
+    assert (rewards.rm_type, rewards.custom_rm_path, rewards.reward_key) == ("f1", None, "acc")
+    assert run.sampling.max_context_len == 100 and run.dynamic_filter_path  # the run's spec is untouched
+
+
+def test_eval_reward_keeps_the_runs_plugin_when_the_dataset_sets_none(cfg):
+    run = RewardSpec.from_config(cfg.reward)
+    spec = run.for_eval(EvalDataset(name="a", path="p"))
+    assert spec.custom_rm_path == run.custom_rm_path and spec.rm_type is None and spec.scorer == run.scorer
+
+
+def test_eval_plugin_args_carry_the_dataset_for_custom_eval_functions(cfg):
+    args = cfg.args
+    out = eval_args(args, DATASET, num_prompts=7)
+    assert (out.eval_temperature, out.eval_max_context_len, out.rollout_stop) == (0.1, 50, ["x"])
     assert (out.rm_type, out.custom_rm_path, out.reward_key) == ("f1", None, "acc")
     assert (out.n_samples_per_prompt, out.rollout_batch_size, out.dynamic_sampling_filter_path) == (3, 7, None)
     assert args.rm_type is None and args.custom_rm_path  # the run's args are untouched
-
-
-def test_eval_args_keep_the_runs_reward_when_the_dataset_sets_none(args):
-    out = eval_args(args, EvalDataset(name="a", path="p"), num_prompts=1)
-    assert out.custom_rm_path == args.custom_rm_path and out.rm_type is None
 
 
 def test_eval_groups_index_samples_and_merge_metadata_overrides():
@@ -70,13 +84,6 @@ def test_eval_data_source_hands_out_each_group_once():
 def test_fit_to_context_cuts_max_new_tokens(prompt_len, limit, wanted, expected):
     out = fit_to_context({"max_new_tokens": wanted, "temperature": 1.0}, prompt_len, limit)
     assert (out if out is None else out["max_new_tokens"]) == expected
-
-
-def test_eval_context_falls_back_to_the_rollout_one():
-    ns = Namespace(eval_max_context_len=None, rollout_max_context_len=64)
-    assert max_context_len(ns, evaluation=True) == 64 and max_context_len(ns) == 64
-    ns.eval_max_context_len = 32
-    assert max_context_len(ns, evaluation=True) == 32 and max_context_len(ns) == 64
 
 
 def test_a_prompt_filling_the_context_gets_an_empty_truncated_response():

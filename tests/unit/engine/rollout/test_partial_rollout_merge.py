@@ -14,11 +14,10 @@ import pytest
 
 from relax.config import parse_config
 from relax.distributed.transfer_queue import row_version, samples_to_columns
-from relax.engine.rollout import sglang_rollout
-from relax.engine.rollout.partial_rollout import (
-    PartialRolloutConfig, partial_metrics, record_abort, resume_request, resume_until_done,
-)
-from relax.engine.rollout.sglang_rollout import GenerateState, StepState, generate_group, generate_rollout, sample_seed
+from relax.engine.rollout import generator as generator_module
+from relax.engine.rollout.generator import Generator, StepState, sample_seed
+from relax.engine.rollout.partial_rollout import partial_metrics, record_abort, resume_request, resume_until_done
+from relax.engine.specs import PartialRolloutSpec, RolloutSpec
 from relax.types import Sample
 
 PROMPT = "ab"
@@ -78,31 +77,25 @@ class FakeDataSource:
         self.added.extend(groups)
 
 
-def make_args(tmp_path, *extra: str) -> Any:
+def make_spec(tmp_path, *extra: str) -> RolloutSpec:
     model = tmp_path / "model"
     model.mkdir(exist_ok=True)
     (model / "config.json").write_text("{}")
     data = tmp_path / "d.jsonl"
     data.write_text('{"input": "q"}\n')
-    args = parse_config(["--hf-checkpoint", str(model), "--prompt-data", str(data), "--rollout-batch-size", "2",
-                         "--num-rollout", "1", "--rollout-max-response-len", "8", "--fully-async",
-                         "--max-staleness", "1", *extra]).args
-    args.sglang_router_ip, args.sglang_router_port = "127.0.0.1", 1
-    return args
+    cfg = parse_config(["--hf-checkpoint", str(model), "--prompt-data", str(data), "--rollout-batch-size", "2",
+                        "--num-rollout", "1", "--rollout-max-response-len", "8", "--fully-async",
+                        "--max-staleness", "1", *extra])
+    return RolloutSpec.from_config(cfg)
 
 
 @pytest.fixture()
 def use(monkeypatch):
-    """`use(args, router)`: the process's GenerateState is a fake one over `args`, /generate is `router`."""
-    def install(args: Any, router: FakeRouter) -> GenerateState:
-        state = object.__new__(GenerateState)
-        state.args, state.tokenizer, state.reward_executor = args, FakeTokenizer(), FakeRewards()
-        state.custom_generate = state.dynamic_filter = None
-        state._generate_functions, state._executors = {}, {}
-        state.default_step = StepState()
-        monkeypatch.setattr(GenerateState, "_instance", state)
-        monkeypatch.setattr(sglang_rollout, "post", router)
-        return state
+    """`use(spec, router)`: a Generator over `spec` with a fake tokenizer and rewards; /generate is `router`."""
+    def install(spec: RolloutSpec, router: FakeRouter) -> Generator:
+        monkeypatch.setattr(generator_module, "post", router)
+        return Generator(spec, tokenizer=FakeTokenizer(), router_url="http://router/generate", rewards=FakeRewards(),
+                         plugin_args=None)
     return install
 
 
@@ -127,7 +120,7 @@ def test_resume_request_leaves_a_fresh_sample_alone_and_stops_when_the_budget_is
 
 
 def test_record_abort_counts_up_to_the_cap_then_only_reports():
-    cfg, stats = PartialRolloutConfig(enabled=True, max_aborted_count=1), Counter()
+    cfg, stats = PartialRolloutSpec(enabled=True, max_aborted_count=1), Counter()
     sample = aborted(2, [0])
     record_abort(sample, cfg, stats, first=True)
     record_abort(sample, cfg, stats, first=False)
@@ -142,7 +135,7 @@ def test_record_abort_masks_every_token_generated_so_far():
     stats = Counter()
     sample = aborted(3, [0])
     sample.loss_mask = [1, 0, 1]  # a 0 already there (e.g. a tool observation) is not counted again
-    record_abort(sample, PartialRolloutConfig(enabled=True, mask_offpolicy=True), stats, first=True)
+    record_abort(sample, PartialRolloutSpec(enabled=True, mask_offpolicy=True), stats, first=True)
     assert sample.loss_mask == [0, 0, 0] and stats["rollout/partial_offpolicy_masked_tokens"] == 2
 
 
@@ -152,21 +145,21 @@ def test_resume_until_done_is_a_no_op_without_partial_rollout():
     async def never(_: Sample) -> Sample:
         raise AssertionError("resubmitted without --partial-rollout")
 
-    out = asyncio.run(resume_until_done(sample, never, PartialRolloutConfig(enabled=False), Counter()))
+    out = asyncio.run(resume_until_done(sample, never, PartialRolloutSpec(enabled=False), Counter()))
     assert out.status == Sample.Status.ABORTED and out.abort_count == 0
 
 
 # ---- through the default generate, against the fake router --------------------------------
 def test_aborted_sample_resumes_on_the_new_weights_from_its_partial_response(tmp_path, use):
-    args = make_args(tmp_path, "--partial-rollout")
+    spec = make_spec(tmp_path, "--partial-rollout")
     router = FakeRouter.scripted([reply(3, "abort", 0, first_token=10), reply(2, "stop", 1, first_token=20)])
-    state = use(args, router)
-    sample = asyncio.run(sglang_rollout.generate_one(args, Sample(index=3, prompt=PROMPT)))
+    step = StepState()
+    sample = asyncio.run(use(spec, router).generate_one(step, Sample(index=3, prompt=PROMPT)))
 
     first, second = router.payloads
     assert first["input_ids"] == PROMPT_IDS and first["sampling_params"]["max_new_tokens"] == 8
     assert second["input_ids"] == PROMPT_IDS + [10, 11, 12] and second["sampling_params"]["max_new_tokens"] == 5
-    assert second["sampling_params"]["sampling_seed"] == sample_seed(args, Sample(index=3, abort_count=1),
+    assert second["sampling_params"]["sampling_seed"] == sample_seed(spec.seed, Sample(index=3, abort_count=1),
                                                                      evaluation=False)
     assert second["sampling_params"]["sampling_seed"] != first["sampling_params"]["sampling_seed"]
     assert sample.tokens == PROMPT_IDS + [10, 11, 12, 20, 21] and sample.response_length == 5
@@ -177,25 +170,24 @@ def test_aborted_sample_resumes_on_the_new_weights_from_its_partial_response(tmp
     assert row_version(sample, started_at=0) == 0  # the row stays stamped with its oldest version
     columns = samples_to_columns([sample], [1.0], started_at=0)
     assert columns["loss_masks"][0].tolist() == [1] * 5 and columns["rollout_log_probs"][0].numel() == 5
-    assert state.step.partial_stats["rollout/partial_resumed_samples"] == 1
-    assert state.step.partial_stats["rollout/partial_resumed_tokens"] == 3 and state.step.done == 1
+    assert step.partial_stats["rollout/partial_resumed_samples"] == 1
+    assert step.partial_stats["rollout/partial_resumed_tokens"] == 3 and step.done == 1
 
 
 def test_mask_offpolicy_trains_only_the_tokens_of_the_final_weights(tmp_path, use):
-    args = make_args(tmp_path, "--partial-rollout", "--mask-offpolicy-in-partial-rollout")
-    state = use(args, FakeRouter.scripted([reply(3, "abort", 0), reply(2, "length", 1)]))
-    sample = asyncio.run(sglang_rollout.generate_one(args, Sample(index=0, prompt=PROMPT)))
+    spec = make_spec(tmp_path, "--partial-rollout", "--mask-offpolicy-in-partial-rollout")
+    generator, step = use(spec, FakeRouter.scripted([reply(3, "abort", 0), reply(2, "length", 1)])), StepState()
+    sample = asyncio.run(generator.generate_one(step, Sample(index=0, prompt=PROMPT)))
     assert sample.loss_mask == [0, 0, 0, 1, 1] and sample.status == Sample.Status.TRUNCATED
-    assert state.step.partial_stats["rollout/partial_offpolicy_masked_tokens"] == 3
+    assert step.partial_stats["rollout/partial_offpolicy_masked_tokens"] == 3
 
 
 def test_batched_group_resumes_only_its_aborted_samples(tmp_path, use):
-    args = make_args(tmp_path, "--partial-rollout", "--n-samples-per-prompt", "3")
+    spec = make_spec(tmp_path, "--partial-rollout", "--n-samples-per-prompt", "3")
     router = FakeRouter.scripted([reply(4, "stop", 0), reply(2, "abort", 0, first_token=50), reply(1, "stop", 0),
                                   reply(3, "stop", 1, first_token=60)])
-    use(args, router)
     group = [Sample(index=i, group_index=0, prompt=PROMPT) for i in range(3)]
-    done = asyncio.run(generate_group(args, group))
+    done = asyncio.run(use(spec, router).generate_group(StepState(), group))
 
     assert len(router.payloads) == 2 and len(router.payloads[0]["input_ids"]) == 3  # one batch, then one resume
     assert router.payloads[1]["input_ids"] == PROMPT_IDS + [50, 51]
@@ -206,48 +198,45 @@ def test_batched_group_resumes_only_its_aborted_samples(tmp_path, use):
 
 
 def test_after_the_cap_aborts_stop_counting_and_the_sample_still_completes(tmp_path, use):
-    args = make_args(tmp_path, "--partial-rollout", "--partial-rollout-max-aborted-count", "1")
+    spec = make_spec(tmp_path, "--partial-rollout", "--partial-rollout-max-aborted-count", "1")
     router = FakeRouter.scripted([reply(1, "abort", 0), reply(1, "abort", 1), reply(1, "abort", 2),
                                   reply(1, "stop", 3)])
-    state = use(args, router)
-    sample = asyncio.run(sglang_rollout.generate_one(args, Sample(index=0, prompt=PROMPT)))
+    step = StepState()
+    sample = asyncio.run(use(spec, router).generate_one(step, Sample(index=0, prompt=PROMPT)))
 
     assert sample.status == Sample.Status.COMPLETED and sample.response_length == 4
     assert sample.abort_count == 1 and sample.weight_versions == [0, 1, 2, 3]
     assert [p["sampling_params"]["max_new_tokens"] for p in router.payloads] == [8, 7, 6, 5]
     seeds = [p["sampling_params"]["sampling_seed"] for p in router.payloads]
     assert seeds[0] != seeds[1] == seeds[2] == seeds[3]  # abort_count (and so the seed) stops at the cap
-    assert state.step.partial_stats["rollout/partial_aborts"] == 3
-    assert state.step.partial_stats["rollout/partial_aborts_over_cap"] == 2
+    assert step.partial_stats["rollout/partial_aborts"] == 3
+    assert step.partial_stats["rollout/partial_aborts_over_cap"] == 2
 
 
 def test_without_partial_rollout_an_aborted_sample_is_not_resubmitted(tmp_path, use):
-    args = make_args(tmp_path)
     router = FakeRouter.scripted([reply(3, "abort", 0)])
-    use(args, router)
-    sample = asyncio.run(sglang_rollout.generate_one(args, Sample(index=0, prompt=PROMPT)))
+    sample = asyncio.run(use(make_spec(tmp_path), router).generate_one(StepState(), Sample(index=0, prompt=PROMPT)))
     assert len(router.payloads) == 1 and sample.status == Sample.Status.ABORTED and sample.abort_count == 0
 
 
 def test_a_sample_aborted_with_its_whole_budget_ends_truncated_without_another_request(tmp_path, use):
-    args = make_args(tmp_path, "--partial-rollout")
     router = FakeRouter.scripted([reply(8, "abort", 0)])
-    use(args, router)
-    sample = asyncio.run(sglang_rollout.generate_one(args, Sample(index=0, prompt=PROMPT)))
+    generator = use(make_spec(tmp_path, "--partial-rollout"), router)
+    sample = asyncio.run(generator.generate_one(StepState(), Sample(index=0, prompt=PROMPT)))
     assert len(router.payloads) == 1
     assert sample.status == Sample.Status.TRUNCATED and sample.response_length == 8 and sample.abort_count == 1
 
 
 def test_over_sampling_keeps_whole_groups_and_returns_the_surplus_as_untouched_prompts(tmp_path, use):
-    args = make_args(tmp_path, "--partial-rollout", "--over-sampling-batch-size", "3")
+    spec = make_spec(tmp_path, "--partial-rollout", "--over-sampling-batch-size", "3")
 
     def answer(ids: list[int], params: dict) -> dict:  # every fresh request is aborted once
         fresh = len(ids) == 1
         return reply(2, "abort", 0) if fresh else reply(1, "stop", 1)
 
-    use(args, FakeRouter(answer))
+    generator = use(spec, FakeRouter(answer))
     source = FakeDataSource(["a", "b", "c"])
-    groups = asyncio.run(generate_rollout(args, 0, source))
+    groups = asyncio.run(generator.rollout(StepState(), 0, source))
 
     assert [g[0].prompt for g in groups] == ["a", "b"]  # prompt order, not completion order
     assert all(g[0].status == Sample.Status.COMPLETED and g[0].weight_versions == [0, 1] for g in groups)

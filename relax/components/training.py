@@ -1,0 +1,184 @@
+"""Training-backend worker groups and what the roles do with them: the shard plan of a step,
+training and scoring calls over the ranks, checkpoints on disk.
+
+Shared by the Actor, the Critic, ActorFwd / Reference and the OPD Teacher. A worker group is
+`--resource <role>`'s ranks of the training backend (`relax.backends.registry`), placed as
+the run plan says (one GPU per rank on a GPU cluster, a process per rank on CPU).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from pathlib import Path
+
+from relax.algorithms.policy_loss import PolicyLossConfig
+from relax.backends.base import TrainerSpec
+from relax.backends.registry import TRAIN_BACKENDS
+from relax.config.plan import RolePlan
+from relax.config.schema import OptimizerConfig, RelaxConfig
+from relax.distributed import transfer_queue as tq
+from relax.distributed.ray.actor_group import RayActorGroup
+from relax.types import TrainBatch
+from relax.utils.plugins import import_object
+
+logger = logging.getLogger(__name__)
+
+# --advantage-estimator -> the policy loss it trains with (the others train with PPO-clip).
+ESTIMATOR_LOSS = {"gspo": "gspo", "sapo": "sapo"}
+
+
+def policy_loss_config(cfg: RelaxConfig) -> PolicyLossConfig:
+    a = cfg.algo
+    return PolicyLossConfig(
+        loss=ESTIMATOR_LOSS.get(a.advantage_estimator, "ppo"), eps_clip=a.eps_clip, eps_clip_high=a.eps_clip_high,
+        eps_clip_c=a.eps_clip_c, sapo_tau_pos=a.sapo_tau_pos, sapo_tau_neg=a.sapo_tau_neg,
+        use_kl_loss=a.use_kl_loss, kl_loss_coef=a.kl_loss_coef, kl_loss_type=a.kl_loss_type,
+        use_unbiased_kl=a.use_unbiased_kl, entropy_coef=a.entropy_coef,
+        per_token_loss=cfg.optim.calculate_per_token_loss, use_tis=a.use_tis, tis_clip=a.tis_clip,
+        tis_clip_low=a.tis_clip_low, use_opsm=a.use_opsm, opsm_delta=a.opsm_delta,
+        use_rollout_logprobs=a.use_rollout_logprobs,
+    )
+
+
+def make_worker_group(cfg: RelaxConfig, role: RolePlan, kind: str, model_path: str, *, total_steps: int = 1,
+                      threads: int | None = None, optim: OptimizerConfig | None = None) -> RayActorGroup:
+    """`role.workers` ranks of the training backend. `kind`: "actor" / "critic" train, "reference"
+    only scores (the Reference, ActorFwd and a training-backend OPD teacher)."""
+    worker_cls = import_object(TRAIN_BACKENDS[cfg.cluster.train_backend], flag="--train-backend")
+    spec = TrainerSpec(
+        model_path=model_path, role=kind, optim=optim or cfg.optim, batch=cfg.batch, value_clip=cfg.algo.value_clip,
+        loss=policy_loss_config(cfg) if kind == "actor" else None, temperature=cfg.rollout.rollout_temperature,
+        total_steps=total_steps, threads=threads or cfg.cluster.engine_threads,
+        timeout_minutes=cfg.cluster.distributed_timeout_minutes, dist_backend=cfg.cluster.distributed_backend,
+        bucket_bytes=cfg.rollout.update_weight_buffer_size,
+        sync_timeout_s=cfg.rollout.weight_sync_timeout, weight_sync_backend=cfg.ckpt.checkpoint_engine_backend,
+        custom_loss_path=cfg.algo.custom_loss_function_path,
+        pg_loss_reducer_path=cfg.algo.custom_pg_loss_reducer_function_path, tis_path=cfg.algo.custom_tis_function_path,
+        true_on_policy=cfg.cluster.true_on_policy_mode,
+    )
+    return RayActorGroup(worker_cls, role.workers, spec, num_cpus=1, num_gpus=role.gpus_per_worker, name=role.name,
+                         env_vars={k: str(v) for k, v in cfg.misc.train_env_vars.items()})
+
+
+def optimizer_steps_total(cfg: RelaxConfig) -> int:
+    """Optimizer steps of the whole run (the length of the LR schedule)."""
+    per_rollout = cfg.rollout.rollout_batch_size * cfg.rollout.n_samples_per_prompt // cfg.batch.global_batch_size
+    return per_rollout * cfg.cluster.num_iters_per_train_update * (cfg.rollout.num_rollout or 1)
+
+
+def trains_actor(cfg: RelaxConfig, rollout_id: int) -> bool:
+    """False while only the critic trains (--num-critic-only-steps, --critic-train-only)."""
+    return not (cfg.algo.critic_train_only or rollout_id < cfg.algo.num_critic_only_steps)
+
+
+# ---- a step's rows over the ranks ------------------------------------------------------------
+
+def shard_rows(num_rows: int, num_steps: int, world_size: int) -> list[list[int]]:
+    """Row indices per rank: each optimizer step's rows split evenly, step order kept."""
+    per_step = num_rows // num_steps
+    per_rank = per_step // world_size
+    return [[s * per_step + r * per_rank + i for s in range(num_steps) for i in range(per_rank)]
+            for r in range(world_size)]
+
+
+def step_plan(loss_masks_RT: list[list[int]], global_batch_size: int,
+              world_size: int) -> tuple[int, list[list[int]], list[int]]:
+    """How a step's rows train: (optimizer steps, row indices per rank, loss tokens per step)."""
+    n_rows = len(loss_masks_RT)
+    num_steps = max(1, n_rows // global_batch_size)
+    per_step = n_rows // num_steps
+    tokens_per_step = [int(sum(sum(loss_masks_RT[i]) for i in range(s * per_step, (s + 1) * per_step)))
+                       for s in range(num_steps)]
+    return num_steps, shard_rows(n_rows, num_steps, world_size), tokens_per_step
+
+
+async def train_on_rows(group: RayActorGroup, batch: TrainBatch, global_batch_size: int) -> list[dict[str, float]]:
+    """`len(batch) / global_batch_size` optimizer steps of `group` over `batch`, sharded over its
+    ranks; returns each rank's metrics."""
+    num_steps, shards_idx, tokens_per_step = step_plan(batch.loss_masks_RT, global_batch_size, group.world_size)
+    return await group.call_sharded("train", [batch.rows(idx) for idx in shards_idx], num_steps, tokens_per_step)
+
+
+def score_shards(num_rows: int, world_size: int) -> list[list[int]]:
+    """Rows per rank for a forward-only pass: even shares, the remainder on the last rank."""
+    shards = shard_rows(num_rows - num_rows % world_size, 1, world_size)
+    shards[-1].extend(range(sum(map(len, shards)), num_rows))
+    return shards
+
+
+async def score_rows(group: RayActorGroup, tokens_RL: list[list[int]], lengths_R: list[int],
+                     method: str) -> tuple[list[list[float]], float]:
+    """Run the forward-only `method` (compute_log_probs / compute_values) of every rank on its share
+    of the rows; returns per-row response-aligned results in row order and the slowest rank's
+    compute seconds."""
+    shards_idx = score_shards(len(tokens_RL), group.world_size)
+    results = await group.call_each(method, [([tokens_RL[i] for i in idx], [lengths_R[i] for i in idx])
+                                             for idx in shards_idx])
+    compute = max(await group.call("pop_compute_seconds"))
+    out: list[list[float]] = [[] for _ in tokens_RL]
+    for idx, res in zip(shards_idx, results):
+        for i, values in zip(idx, res):
+            out[i] = values
+    return out, compute
+
+
+async def read_rows(rollout_id: int) -> tuple[list[str], list[list[int]], list[int]]:
+    """Keys, token lists and response lengths of every row of step `rollout_id`, in key order."""
+    keys = await tq.list_keys(rollout_id)
+    cols = await tq.get_columns(rollout_id, keys, ["tokens", "response_lengths"])
+    return keys, [t.tolist() for t in cols["tokens"]], cols["response_lengths"].tolist()
+
+
+def mean_over_ranks(results: list[dict[str, float]], *, prefix: str) -> dict[str, float]:
+    """Per-rank metrics -> one value each: max/min keys by max/min, the rest by mean."""
+    out: dict[str, float] = {}
+    for key in results[0]:
+        values = [r[key] for r in results]
+        if key.endswith("_max"):
+            out[f"{prefix}/{key}"] = max(values)
+        elif key.endswith("_min"):
+            out[f"{prefix}/{key}"] = min(values)
+        else:
+            out[f"{prefix}/{key}"] = sum(values) / len(values)
+    return out
+
+
+# ---- checkpoints and the reference refresh -----------------------------------------------------
+
+async def save_checkpoint(group: RayActorGroup, save_dir: str, rollout_id: int, *, save_optim: bool,
+                          keep: int | None) -> str:
+    """`save_dir/iter_<rollout_id>` (DCP) plus the latest-iteration marker; prunes to `keep`."""
+    path = Path(save_dir) / f"iter_{rollout_id:07d}"
+    path.mkdir(parents=True, exist_ok=True)
+    await group.call("save", str(path), rollout_id, save_optim)
+    (Path(save_dir) / "latest_checkpointed_iteration.txt").write_text(str(rollout_id))
+    prune_checkpoints(Path(save_dir), keep)
+    return str(path)
+
+
+def latest_checkpoint(load_dir: str) -> Path | None:
+    marker = Path(load_dir) / "latest_checkpointed_iteration.txt"
+    if not marker.is_file():
+        logger.info("--load %s holds no checkpoint yet; starting from the initial weights", load_dir)
+        return None
+    return Path(load_dir) / f"iter_{int(marker.read_text().strip()):07d}"
+
+
+def prune_checkpoints(save_dir: Path, keep: int | None) -> None:
+    if not keep:
+        return
+    for old in sorted(save_dir.glob("iter_*"))[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def reference_sync_dir(cfg: RelaxConfig) -> str:
+    """Where the Actor leaves its weights for the reference (--ref-update-interval)."""
+    return os.path.join(cfg.misc.exp_dir or ".", "reference_sync")
+
+
+def ref_update_due(cfg: RelaxConfig, rollout_id: int) -> bool:
+    """The reference takes the actor's weights before scoring step `rollout_id` (every N steps)."""
+    n = cfg.algo.ref_update_interval
+    return bool(n) and rollout_id > 0 and rollout_id % n == 0

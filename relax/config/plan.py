@@ -1,0 +1,416 @@
+"""The run plan: what a run deploys and how its data flows, resolved once from the config.
+
+`resolve_plan(cfg, gpus)` turns the validated config into a `RunPlan`: the mode, the roles to
+deploy (in order) with their workers, Ray CPUs/GPUs and placement, which role writes and which
+roles read every TransferQueue column (`relax.types.COLUMNS`), who clears a step's partition,
+and who receives weights. The Controller deploys by looping over `plan.roles`; each role gets
+its own part (`ActorPlan`, `RolloutPlan`, `RolePlan`) and never tests the mode to decide what
+to compute. `relax-train --dry-run` prints it (`format_plan`) before Ray starts, and
+`check_cluster` compares it with the cluster's CPUs and GPUs before anything is deployed.
+
+Colocate (sync): Rollout writes a step's rows; Reference / Teacher / Critic score them
+(`forward`); the Actor computes old log-probs and advantages itself (whole-step loader),
+trains, and writes `returns` for a critic; weights go to the engines. Fully async: Rollout,
+Reference, Teacher, Critic, ActorFwd (old log-probs) and Advantages each stream over the
+steps (`run`); the Actor's streaming loader trains micro-batches as rows complete, and weights
+go to the engines and to ActorFwd's ranks. Both modes push weights through the DCS
+coordinator, which lists the receivers.
+
+No torch or ray import: the plan prints in well under a second.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from relax.config.schema import RelaxConfig
+from relax.types import COLUMNS, ROLLOUT_COLUMNS
+
+Mode = Literal["colocate", "fully_async"]
+
+# --advantage-estimator values whose advantages whiten over the whole batch (not group-local).
+BATCH_ESTIMATORS = ("reinforce_plus_plus", "reinforce_plus_plus_baseline")
+TQ_CONTROLLER_CPUS, TQ_STORAGE_CPUS = 1.0, 1.0  # TransferQueue's Ray actors (num_cpus=1 each)
+REPLICA_CPUS = 0.1  # each role's Serve replica
+REWARD_WORKER_CPUS = 0.1  # each reward worker actor (relax.engine.rewards.worker.ray_pool)
+
+
+class PlanError(ValueError):
+    """The config asks for something this run cannot do (mode/flag combination, cluster size)."""
+
+
+@dataclass(frozen=True)
+class RolePlan:
+    """One deployed role: its workers, what it reserves and how it takes part in a step.
+
+    `scores`: colocate calls `forward(step)` after the rollout; `streams`: fully async runs its
+    `run(start, end)` loop; `trains_after_actor`: `train(step)` right after the Actor's."""
+
+    name: str
+    workers: int = 0
+    unit: str = ""  # "rank" (training-backend process), "engine" (inference server) or "" (none)
+    gpus_per_worker: float = 0.0
+    replica_gpus: float = 0.0  # GPUs the Serve replica reserves (the rollout engines run under it)
+    writes: tuple[str, ...] = ()
+    reads: tuple[str, ...] = ()
+    scores: bool = False
+    streams: bool = False
+    trains_after_actor: bool = False
+    receives_weights: bool = False
+    checkpoints: bool = False  # saves its state with every checkpoint
+    reward_workers: int = 0  # reward worker actors (0.1 CPU each) the role may start
+
+    @property
+    def cpus(self) -> float:
+        ranks = self.workers if self.unit == "rank" else 0
+        return REPLICA_CPUS + ranks + REWARD_WORKER_CPUS * self.reward_workers
+
+    @property
+    def gpus(self) -> float:
+        return self.replica_gpus + (self.workers * self.gpus_per_worker if self.unit == "rank" else 0.0)
+
+
+@dataclass(frozen=True)
+class ActorPlan:
+    """The Actor's part: how it loads a step, what it computes itself, what it leaves behind."""
+
+    role: RolePlan
+    loader: Literal["whole_step", "streaming"]
+    reads: tuple[str, ...]  # columns read from the step partition
+    computes: tuple[str, ...]  # columns computed in the Actor (whole-step loader only)
+    writes: tuple[str, ...]  # columns written back (returns for a colocate critic)
+    old_policy: Literal["old_log_probs", "rollout_log_probs"]  # the PPO ratio's denominator
+    clears: bool  # the Actor is the step's last consumer
+    passes: int  # --num-iters-per-train-update
+    overlap_weight_push: bool  # a push overlaps the next step (fully async)
+    pause_mode: Literal["abort", "in_place"]  # what engines do with requests in flight during a push
+    max_staleness: int
+
+
+@dataclass(frozen=True)
+class RolloutPlan:
+    """The Rollout's part."""
+
+    role: RolePlan
+    stream_groups: bool  # kept groups go to the partition as they finish
+    overlapping_steps: bool  # steps overlap (engine busy time is reported since the last report)
+    release_memory: bool  # engines release memory while the trainer runs (colocate offload)
+    eval_waits_for_version: bool  # evaluation at step s waits until the engines hold version s
+    max_staleness: int
+
+
+@dataclass(frozen=True)
+class ColumnFlow:
+    name: str
+    producer: str
+    consumers: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    mode: Mode
+    train_backend: str
+    rollout_backend: str
+    device: Literal["cpu", "gpu"]
+    roles: tuple[RolePlan, ...]  # in deploy and setup order
+    actor: ActorPlan
+    rollout: RolloutPlan
+    columns: tuple[ColumnFlow, ...]
+    clearer: str  # the role that clears a trained step's partition
+    weight_receivers: tuple[str, ...]
+    data_plane_cpus: float
+    notes: tuple[str, ...] = field(default=())  # flags accepted here with no effect, and why
+
+    def role(self, name: str) -> RolePlan:
+        for role in self.roles:
+            if role.name == name:
+                return role
+        raise KeyError(f"the plan deploys no {name!r} role (roles: {', '.join(r.name for r in self.roles)})")
+
+    def has(self, name: str) -> bool:
+        return any(r.name == name for r in self.roles)
+
+    def part(self, name: str) -> Any:
+        """What role `name` is constructed with: `ActorPlan`, `RolloutPlan`, else its `RolePlan`."""
+        return {"actor": self.actor, "rollout": self.rollout}.get(name) or self.role(name)
+
+    @property
+    def cpus(self) -> float:
+        return round(sum(r.cpus for r in self.roles) + self.data_plane_cpus, 2)
+
+    @property
+    def gpus(self) -> float:
+        return sum(r.gpus for r in self.roles)
+
+
+# ---- which roles a config deploys ----------------------------------------------------------
+
+def needs_reference(cfg: RelaxConfig) -> bool:
+    """A reference model scores every row for the KL loss or KL reward shaping."""
+    return cfg.algo.use_kl_loss or cfg.algo.kl_coef != 0
+
+
+def uses_critic(cfg: RelaxConfig) -> bool:
+    """A critic (value model) gives GAE advantages."""
+    return cfg.algo.advantage_estimator == "ppo"
+
+
+def needs_teacher(cfg: RelaxConfig) -> bool:
+    return cfg.algo.use_opd
+
+
+def needs_genrm(cfg: RelaxConfig) -> bool:
+    return bool(cfg.reward.genrm_model_path)
+
+
+def needs_actor_fwd(cfg: RelaxConfig) -> bool:
+    """Fully async: old log-probs come from ActorFwd unless the engine's are used."""
+    return cfg.cluster.fully_async and not cfg.algo.use_rollout_logprobs
+
+
+def per_group_advantages(cfg: RelaxConfig) -> bool:
+    """A group's advantages depend on its own rows only (no batch whitening)."""
+    return cfg.algo.advantage_estimator not in BATCH_ESTIMATORS and not cfg.algo.normalize_advantages
+
+
+def _ranks(cfg: RelaxConfig, role: str) -> int:
+    return (cfg.cluster.resource.get(role) or [1, 1])[1] or 1
+
+
+# ---- columns -------------------------------------------------------------------------------
+
+def advantage_inputs(cfg: RelaxConfig) -> tuple[str, ...]:
+    """The columns advantages are computed from (estimator, KL shaping, OPD penalty)."""
+    old = "rollout_log_probs" if cfg.algo.use_rollout_logprobs else "old_log_probs"
+    cols = ["rewards", "loss_masks", "response_lengths", "group_indices"] + (["values"] if uses_critic(cfg) else [])
+    if cfg.algo.kl_coef != 0:
+        cols += ["ref_log_probs", old]
+    if cfg.algo.use_opd:
+        cols += ["teacher_log_probs", old]
+    return tuple(dict.fromkeys(cols))
+
+
+def _flows(cfg: RelaxConfig, roles: list[RolePlan]) -> tuple[ColumnFlow, ...]:
+    """Producer and consumers of every column some role writes (the Actor computes in memory
+    what no role writes: it is listed as the producer of nothing)."""
+    producers = {c: r.name for r in roles for c in r.writes}
+    return tuple(ColumnFlow(c, producers[c], tuple(r.name for r in roles if c in r.reads))
+                 for c in COLUMNS if c in producers)
+
+
+# ---- the plan ------------------------------------------------------------------------------
+
+def resolve_plan(cfg: RelaxConfig, gpus: float = 0.0) -> RunPlan:
+    """The plan of a validated config on a cluster with `gpus` GPUs (0: CPU processes)."""
+    mode: Mode = "fully_async" if cfg.cluster.fully_async else "colocate"
+    device = "gpu" if gpus > 0 else "cpu"
+    per_gpu = 1.0 if device == "gpu" else 0.0
+    fully_async = mode == "fully_async"
+    old_policy = "rollout_log_probs" if cfg.algo.use_rollout_logprobs else "old_log_probs"
+    critic = uses_critic(cfg)
+
+    roles: list[RolePlan] = []
+    if needs_genrm(cfg):  # first: the Rollout's rewards need the judge's router
+        judges = max(1, cfg.reward.genrm_num_gpus // max(1, cfg.reward.genrm_num_gpus_per_engine))
+        roles.append(RolePlan("genrm", judges, "engine"))
+    actor_reads = ["tokens", "response_lengths", "loss_masks", "rollout_log_probs", "rewards", "weight_versions"]
+    # Streaming readers key rows by their sample index; whole-step readers list the partition's keys.
+    scorer_reads = ("tokens", "response_lengths") + (("sample_indices",) if fully_async else ())
+    if needs_reference(cfg):
+        actor_reads.append("ref_log_probs")
+    if needs_teacher(cfg):
+        actor_reads.append("teacher_log_probs")
+    if critic and not fully_async:
+        actor_reads.append("values")
+    if fully_async:  # written by ActorFwd and Advantages
+        actor_reads += ["advantages"] + (["old_log_probs"] if needs_actor_fwd(cfg) else [])
+    engines = cfg.cluster.resource["rollout"][1]
+    debug_train = cfg.debug.debug_train_only
+    roles.append(RolePlan("actor", 0 if cfg.debug.debug_rollout_only else _ranks(cfg, "actor"), "rank", per_gpu,
+                          reads=tuple(dict.fromkeys(actor_reads)),
+                          writes=("returns",) if critic and not fully_async else (), checkpoints=True))
+    roles.append(RolePlan("rollout", 0 if debug_train else engines, "" if debug_train else "engine",
+                          replica_gpus=0.0 if debug_train else engines * per_gpu, writes=ROLLOUT_COLUMNS,
+                          streams=fully_async, receives_weights=not debug_train, checkpoints=True,
+                          reward_workers=cfg.reward.reward_num_workers))
+    if needs_reference(cfg):
+        roles.append(RolePlan("reference", _ranks(cfg, "reference"), "rank", per_gpu, writes=("ref_log_probs",),
+                              reads=scorer_reads, scores=not fully_async, streams=fully_async))
+    if needs_teacher(cfg):
+        engine = cfg.algo.opd_type == "sglang"
+        roles.append(RolePlan("teacher", 1 if engine and cfg.algo.opd_teacher_load else
+                              (0 if engine else _ranks(cfg, "teacher")), "engine" if engine else "rank",
+                              0.0 if engine else per_gpu, writes=("teacher_log_probs",), reads=scorer_reads,
+                              scores=not fully_async, streams=fully_async))
+    if critic:
+        roles.append(RolePlan("critic", _ranks(cfg, "critic"), "rank", per_gpu, writes=("values",),
+                              reads=scorer_reads + ("loss_masks", "values", "returns"), scores=not fully_async,
+                              streams=fully_async, trains_after_actor=True, checkpoints=True))
+    if needs_actor_fwd(cfg):
+        roles.append(RolePlan("actor_fwd", _ranks(cfg, "actor_fwd"), "rank", per_gpu, writes=("old_log_probs",),
+                              reads=scorer_reads + ("weight_versions",), streams=True, receives_weights=True))
+    if fully_async:
+        roles.append(RolePlan("advantages", writes=("advantages",) + (("returns",) if critic else ()),
+                              reads=advantage_inputs(cfg) + ("sample_indices",), streams=True))
+    roles.append(RolePlan("dcs"))
+    check_resource_roles(cfg, roles)
+
+    computes = () if fully_async else (("old_log_probs",) if old_policy == "old_log_probs" else ()) + (
+        ("advantages",) + (("returns",) if critic else ()))
+    actor = ActorPlan(
+        role=roles[[r.name for r in roles].index("actor")], loader="streaming" if fully_async else "whole_step", reads=roles[[r.name for r in roles].index("actor")].reads,
+        computes=computes, writes=("returns",) if critic and not fully_async else (), old_policy=old_policy,
+        clears=not critic, passes=cfg.cluster.num_iters_per_train_update, overlap_weight_push=fully_async,
+        pause_mode="abort" if cfg.rollout.partial_rollout else "in_place", max_staleness=cfg.cluster.max_staleness)
+    streamable = cfg.reward.custom_reward_post_process_path is None and \
+        cfg.reward.custom_convert_samples_to_train_data_path is None
+    rollout = RolloutPlan(role=roles[[r.name for r in roles].index("rollout")], stream_groups=fully_async and streamable, overlapping_steps=fully_async,
+                          release_memory=not fully_async, eval_waits_for_version=fully_async,
+                          max_staleness=cfg.cluster.max_staleness)
+    return RunPlan(
+        mode=mode, train_backend=cfg.cluster.train_backend, rollout_backend=cfg.cluster.rollout_backend,
+        device=device, roles=tuple(roles), actor=actor, rollout=rollout, columns=_flows(cfg, roles),
+        clearer="critic" if critic else "actor",
+        weight_receivers=tuple(r.name for r in roles if r.receives_weights),
+        data_plane_cpus=TQ_CONTROLLER_CPUS + TQ_STORAGE_CPUS * cfg.cluster.num_data_storage_units,
+        notes=tuple(ignored_flags(cfg, device)),
+    )
+
+
+def check_resource_roles(cfg: RelaxConfig, roles: list[RolePlan]) -> None:
+    """Every `--resource` entry names a role this run deploys (an entry for a role the mode or
+    the flags leave out would be silently unused)."""
+    deployed = {r.name for r in roles}
+    why = {"actor_fwd": "ActorFwd (old log-probs) runs only with --fully-async and without --use-rollout-logprobs",
+           "advantages": "the Advantages role runs only with --fully-async",
+           "reference": "the Reference runs only with --use-kl-loss or --kl-coef",
+           "teacher": "the Teacher runs only with --use-opd (--opd-type megatron uses its ranks)",
+           "critic": "the Critic runs only with --advantage-estimator ppo",
+           "genrm": "GenRM engines are sized by --genrm-num-gpus / --genrm-num-gpus-per-engine"}
+    for name in cfg.cluster.resource:
+        if name == "genrm" or (name not in deployed and name in why):
+            raise PlanError(f"--resource {name}: {why[name]}; drop the entry (or enable the role)")
+    teacher = next((r for r in roles if r.name == "teacher"), None)
+    if "teacher" in cfg.cluster.resource and teacher is not None and teacher.unit != "rank":
+        raise PlanError(f"--resource teacher: {why['teacher']}; --opd-type sglang runs one engine: drop the entry")
+
+
+# ---- flags this run accepts without effect ---------------------------------------------------
+
+def ignored_flags(cfg: RelaxConfig, device: str) -> list[str]:
+    """A note for every flag set to a non-default value that this run accepts but does not act on,
+    with the reason; the run logs them at start and `--dry-run` prints them. Flags that would be
+    silently wrong are rejected instead (`PlanError`)."""
+    c, notes = cfg.cluster, []
+    offload_train = c.offload or c.offload_train
+    if offload_train and device == "gpu":
+        raise PlanError("--offload / --offload-train: the fsdp trainer does not offload its state to the host yet, so "
+                        "on GPUs the flag would do nothing; drop it")
+    if offload_train:
+        notes.append("--offload/--offload-train: on CPU there is no device memory to free; ignored")
+    if c.offload_rollout or c.offload:
+        notes.append("--offload-rollout: the engines release their memory around training in colocate mode "
+                     "anyway (always on with --colocate)")
+    from relax.config.validate import ignored_flag_notes
+
+    notes += ignored_flag_notes(cfg)
+    if device == "cpu" and cfg.optim.bf16:
+        notes.append("--bf16: training runs in float32 on CPU")
+    return notes
+
+
+# ---- against the cluster --------------------------------------------------------------------
+
+def check_cluster(plan: RunPlan, resources: dict[str, float]) -> None:
+    """Fail before anything is deployed when the cluster cannot hold the plan (Ray would wait
+    for the missing CPUs or GPUs forever), naming what each role asks for."""
+    have_cpu, have_gpu = float(resources.get("CPU", 0)), float(resources.get("GPU", 0))
+    asks = ", ".join(f"{r.name} {_amount(r)}" for r in plan.roles if r.gpus or r.unit == "rank")
+    if plan.gpus > have_gpu + 1e-9:
+        raise PlanError(
+            f"the run needs {plan.gpus:g} GPUs ({asks}) but the Ray cluster has {have_gpu:g}. Lower the --resource "
+            "entries (one GPU per training rank and per rollout engine; colocate does not share a GPU between the "
+            "trainer and the engines in this build) or add GPUs")
+    if plan.cpus > have_cpu + 1e-9:
+        raise PlanError(
+            f"the run needs {plan.cpus:g} Ray CPUs ({asks}, {plan.data_plane_cpus:g} for TransferQueue, "
+            f"{REPLICA_CPUS:g} per role replica) but the Ray cluster has {have_cpu:g}. Start Ray with more logical "
+            "CPUs (--ray-num-cpus N for a local cluster, or `ray start --num-cpus N`) or lower the --resource entries")
+
+
+def _amount(role: RolePlan) -> str:
+    unit = f"{role.workers} {role.unit}{'s' if role.workers != 1 else ''}" if role.unit else "service"
+    return f"{unit} = {role.gpus:g} GPU" if role.gpus else f"{unit} = {role.cpus:g} CPU"
+
+
+def local_gpus() -> int:
+    """GPUs on this machine without importing torch (for --dry-run): the NVIDIA driver's list,
+    limited by CUDA_VISIBLE_DEVICES."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    try:
+        count = len(os.listdir("/proc/driver/nvidia/gpus"))
+    except OSError:
+        return 0
+    if visible is not None:
+        count = min(count, len([v for v in visible.split(",") if v.strip() and v.strip() != "-1"]))
+    return count
+
+
+# ---- printing --------------------------------------------------------------------------------
+
+def format_plan(plan: RunPlan, cfg: RelaxConfig | None = None) -> str:
+    """The plan as `relax-train --dry-run` prints it."""
+    lines = [f"mode: {plan.mode}   backends: {plan.train_backend} (train) / {plan.rollout_backend} (rollout)   "
+             f"device: {plan.device}", "", "roles (deploy order):",
+             f"  {'role':<11}{'workers':<22}{'Ray CPUs':>9}{'GPUs':>6}  part in a step"]
+    for r in plan.roles:
+        workers = f"{r.workers} {r.unit}{'s' if r.workers != 1 else ''}" if r.unit else "-"
+        if r.unit == "engine" and plan.device == "cpu":
+            workers += " (processes)"
+        lines.append(f"  {r.name:<11}{workers:<22}{r.cpus:>9.1f}{r.gpus:>6g}  {_part(plan, r)}")
+    lines += [f"  {'TransferQueue':<33}{plan.data_plane_cpus:>9.1f}{0:>6}  data plane (controller + storage)",
+              f"  {'total':<33}{plan.cpus:>9.1f}{plan.gpus:>6g}", "", "columns of partition train_{step}:",
+              f"  {'column':<19}{'dtype':<9}{'shape':<7}{'written by':<12}read by"]
+    for flow in plan.columns:
+        col = COLUMNS[flow.name]
+        lines.append(f"  {col.name:<19}{col.dtype:<9}{col.shape:<7}{flow.producer:<12}{', '.join(flow.consumers) or '-'}")
+    a = plan.actor
+    computed = ", ".join(a.computes) or "nothing (every column arrives from the other roles)"
+    lines += ["", f"actor: {a.loader.replace('_', '-')} loader; computes {computed}; old policy = {a.old_policy}; "
+                  f"{a.passes} pass(es) over each step",
+              f"partition cleared by: {plan.clearer} (after training the step)",
+              f"weights: actor rank 0 -> {', '.join(plan.weight_receivers) or 'nobody'} through the DCS coordinator"
+              + (", overlapping the next step" if a.overlap_weight_push else ", after every step")]
+    if plan.mode == "fully_async":
+        lines.append(f"staleness: rollout runs at most {a.max_staleness} weight version(s) ahead of training")
+    if cfg is not None:
+        lines.append(f"outputs: {cfg.misc.exp_dir}")
+    lines += [f"note: {n}" for n in plan.notes]
+    return "\n".join(lines)
+
+
+def _part(plan: RunPlan, r: RolePlan) -> str:
+    if r.name == "dcs":
+        return "weight-sync coordinator (receivers, versions)"
+    if r.name == "genrm":
+        return "judge engines behind a router (rm-type genrm)"
+    if r.name == "actor":
+        return "trains each step, pushes weights" if r.workers else "consumes steps untrained (--debug-rollout-only)"
+    verbs = []
+    if r.name == "rollout":
+        verbs.append("generates and scores samples" + (", streams them" if r.streams else ""))
+    elif r.streams:
+        verbs.append(f"streams {', '.join(r.writes)} onto rows as they arrive")
+    elif r.scores:
+        verbs.append(f"writes {', '.join(r.writes)} after the rollout")
+    if r.trains_after_actor:
+        verbs.append("trains after the actor")
+    return "; ".join(verbs)
+
+
+def plan_summary(plan: RunPlan) -> dict[str, Any]:
+    """The plan as plain data (for logs and tests)."""
+    return dataclasses.asdict(plan)

@@ -1,0 +1,140 @@
+"""Typed specs at the engine boundary, built once from the typed config groups.
+
+The rollout side (generation, rewards, evaluation) takes these, not the flat `args`:
+`SamplingSpec` (what goes into SGLang's `sampling_params`, plus the context limit),
+`RewardSpec` (how samples are scored), `PartialRolloutSpec` (what happens to aborted
+requests) and `RolloutSpec` (a rollout step: batch, group size, filters, seeds). An eval
+dataset (`relax.config.eval_config.EvalDataset`, already fully resolved) derives its own
+specs with `RolloutSpec.for_eval` / `RewardSpec.for_eval`: nothing is copied and mutated.
+`args` survives only where user plugins are called with the seed's signatures.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from relax.config.eval_config import EvalDataset
+from relax.config.schema import RelaxConfig, RewardConfig, RolloutConfig
+
+
+@dataclass(frozen=True)
+class SamplingSpec:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    max_new_tokens: int | None = None
+    min_new_tokens: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    skip_special_tokens: bool = False
+    max_context_len: int | None = None  # prompt + response tokens; None = the engine's own limit
+
+    @classmethod
+    def for_rollout(cls, r: RolloutConfig) -> SamplingSpec:
+        return cls(temperature=r.rollout_temperature, top_p=r.rollout_top_p, top_k=r.rollout_top_k,
+                   max_new_tokens=r.rollout_max_response_len, stop=tuple(r.rollout_stop or ()),
+                   stop_token_ids=tuple(r.rollout_stop_token_ids or ()),
+                   skip_special_tokens=r.rollout_skip_special_tokens, max_context_len=r.rollout_max_context_len)
+
+    @classmethod
+    def for_eval(cls, d: EvalDataset, skip_special_tokens: bool) -> SamplingSpec:
+        return cls(temperature=d.temperature, top_p=d.top_p, top_k=d.top_k, max_new_tokens=d.max_response_len,
+                   min_new_tokens=d.min_new_tokens, stop=tuple(d.stop or ()), stop_token_ids=tuple(d.stop_token_ids or ()),
+                   skip_special_tokens=skip_special_tokens, max_context_len=d.max_context_len)
+
+    def params(self) -> dict[str, Any]:
+        """SGLang `sampling_params` (responses keep their stop string: the trainer sees every token)."""
+        params: dict[str, Any] = {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k,
+                                  "max_new_tokens": self.max_new_tokens,
+                                  "skip_special_tokens": self.skip_special_tokens, "no_stop_trim": True}
+        if self.stop:
+            params["stop"] = list(self.stop)
+        if self.stop_token_ids:
+            params["stop_token_ids"] = list(self.stop_token_ids)
+        if self.min_new_tokens:
+            params["min_new_tokens"] = self.min_new_tokens
+        return params
+
+
+@dataclass(frozen=True)
+class PartialRolloutSpec:
+    """The three partial-rollout flags; `enabled=False` leaves aborted samples as they came back."""
+
+    enabled: bool = False
+    max_aborted_count: int | None = None
+    mask_offpolicy: bool = False
+
+    @classmethod
+    def from_config(cls, r: RolloutConfig) -> PartialRolloutSpec:
+        return cls(enabled=r.partial_rollout, max_aborted_count=r.partial_rollout_max_aborted_count,
+                   mask_offpolicy=r.mask_offpolicy_in_partial_rollout)
+
+
+@dataclass(frozen=True)
+class RewardSpec:
+    """How samples are scored: a custom plugin wins, else the built-in type (per row or the flag)."""
+
+    rm_type: str | None = None
+    custom_rm_path: str | None = None
+    reward_key: str | None = None
+    group_rm: bool = False
+    rm_url: str | None = None
+    timeout: float = 60.0
+    num_workers: int = 2
+    max_concurrency: int = 64
+    failure_value: float = 0.0
+    judge: Any = None  # relax.engine.rewards.genrm.JudgeSpec when a GenRM role is deployed
+
+    @classmethod
+    def from_config(cls, r: RewardConfig, judge: Any = None) -> RewardSpec:
+        return cls(rm_type=r.rm_type, custom_rm_path=r.custom_rm_path, reward_key=r.reward_key, group_rm=r.group_rm,
+                   rm_url=r.rm_url, timeout=r.reward_timeout, num_workers=r.reward_num_workers,
+                   max_concurrency=r.reward_max_concurrency, failure_value=r.reward_failure_value, judge=judge)
+
+    def for_eval(self, d: EvalDataset) -> RewardSpec:
+        """The dataset's reward key; its rm_type (when set) replaces the run's reward plugin."""
+        if d.rm_type:
+            return dataclasses.replace(self, rm_type=d.rm_type, custom_rm_path=None, group_rm=False,
+                                       reward_key=d.reward_key)
+        return dataclasses.replace(self, reward_key=d.reward_key)
+
+    @property
+    def scorer(self) -> tuple:
+        """What decides a score (two specs with the same scorer can share one executor)."""
+        return (self.rm_type, self.custom_rm_path, self.reward_key, self.group_rm)
+
+
+@dataclass(frozen=True)
+class RolloutSpec:
+    """One rollout call of the default rollout function."""
+
+    batch_size: int  # prompt groups to keep
+    n_samples_per_prompt: int
+    sampling: SamplingSpec
+    seed: int = 42
+    over_sampling_batch_size: int | None = None
+    dynamic_filter_path: str | None = None
+    custom_generate_path: str | None = None
+    http_timeout: float = 600.0
+    evaluation: bool = False
+    partial: PartialRolloutSpec = PartialRolloutSpec()
+
+    @classmethod
+    def from_config(cls, cfg: RelaxConfig) -> RolloutSpec:
+        r = cfg.rollout
+        return cls(batch_size=r.rollout_batch_size, n_samples_per_prompt=r.n_samples_per_prompt,
+                   sampling=SamplingSpec.for_rollout(r), seed=cfg.data.rollout_seed,
+                   over_sampling_batch_size=r.over_sampling_batch_size,
+                   dynamic_filter_path=r.dynamic_sampling_filter_path,
+                   custom_generate_path=r.custom_generate_function_path, http_timeout=r.http_timeout,
+                   partial=PartialRolloutSpec.from_config(r))
+
+    def for_eval(self, d: EvalDataset, num_prompts: int) -> RolloutSpec:
+        """The whole dataset in one call: its sampling, group size and generate function; no
+        dynamic sampling or over-sampling."""
+        return dataclasses.replace(
+            self, batch_size=num_prompts, n_samples_per_prompt=d.n_samples_per_eval_prompt,
+            sampling=SamplingSpec.for_eval(d, self.sampling.skip_special_tokens), over_sampling_batch_size=None,
+            dynamic_filter_path=None, custom_generate_path=d.custom_generate_function_path, evaluation=True)
