@@ -50,6 +50,7 @@ logger = logging.getLogger(__name__)
 class Actor:
     def __init__(self, cfg: RelaxConfig, plan: ActorPlan) -> None:
         setup_logging()
+        tq.attach()  # here, not in setup: replicas construct side by side (~1 s per process)
         self.cfg, self.plan = cfg, plan
         self.token = run_token()
         self.version = 0  # weight version the engines hold (= optimizer updates applied)
@@ -60,17 +61,20 @@ class Actor:
         self.advantages = AdvantageSpec.from_config(cfg)
         self._first_pass = {"whole_step": self._whole_step_pass, "streaming": self._streaming_pass}[plan.loader]
 
+    async def start(self) -> None:
+        """Start the ranks (every role starts its processes at once, before the setups)."""
+        model_path = self.cfg.ckpt.ref_load or self.cfg.ckpt.hf_checkpoint
+        self.group = make_worker_group(self.cfg, self.plan.role, "actor", model_path,
+                                       total_steps=optimizer_steps_total(self.cfg))
+        await self.group.ready()
+
     async def setup(self, context: dict[str, Any]) -> dict[str, Any]:
-        """Start the ranks; resume from `--load` when it holds a checkpoint. Publishes the first
-        rollout id to run."""
-        tq.attach()
+        """Resume from `--load` when it holds a checkpoint. Publishes the first rollout id to run."""
         cfg = self.cfg
         start = 0
-        if not self.plan.role.workers:  # --debug-rollout-only: no training; engines keep their weights
+        if self.group is None:  # --debug-rollout-only: no training; engines keep their weights
             self.version = start = cfg.data.start_rollout_id or 0
             return {"start_rollout_id": start}
-        model_path = cfg.ckpt.ref_load or cfg.ckpt.hf_checkpoint
-        self.group = make_worker_group(cfg, self.plan.role, "actor", model_path, total_steps=optimizer_steps_total(cfg))
         ckpt = latest_checkpoint(cfg.ckpt.load) if cfg.ckpt.load else None
         if ckpt is not None:
             meta = (await self.group.call("load", str(ckpt)))[0]
@@ -129,9 +133,12 @@ class Actor:
         if trains:
             t0 = time.perf_counter()
             compute = max((r.pop("compute_seconds") for r in results or []), default=0.0)
-            for _ in range(self.plan.passes - (results is not None)):  # --num-iters-per-train-update
+            passes = int(results is not None)
+            while passes < self.plan.passes:  # --num-iters-per-train-update: PPO epochs over the step
                 results = await train_on_rows(self.group, batch, self.cfg.batch.global_batch_size)
                 compute += max(r.pop("compute_seconds") for r in results)
+                passes += 1
+            metrics["train/passes"] = float(passes)
             metrics["time/train_step"] = metrics.get("time/train_step", 0.0) + time.perf_counter() - t0
             # Ranks run in parallel: the slowest one's forward/backward/optimizer time is the compute.
             metrics["compute/train_seconds"] = compute

@@ -48,6 +48,7 @@ async def stream_steps(start: int, end: int, *, task: str, chunk: int, fields: l
 class ActorFwd:
     def __init__(self, cfg: RelaxConfig, plan: RolePlan) -> None:
         setup_logging()
+        tq.attach()  # here, not in setup: replicas construct side by side (~1 s per process)
         if len(plan.writes) != 1:
             raise ValueError(f"{plan.name}: ActorFwd writes one log-prob column, the plan gives {plan.writes}")
         self.cfg, self.plan, self.role = cfg, plan, plan.name
@@ -56,12 +57,13 @@ class ActorFwd:
         self.stopping = False
         self.compute_seconds = 0.0
 
-    async def setup(self, context: dict[str, Any]) -> dict[str, Any]:
-        tq.attach()
+    async def start(self) -> None:
         model_path = self.cfg.ckpt.ref_load or self.cfg.ckpt.hf_checkpoint
         overrides = self.cfg.cluster.ref_actor_config or {}
         self.group = make_worker_group(self.cfg, self.plan, "reference", model_path, threads=overrides.get("threads"))
         await self.group.ready()  # weight_receivers() hands out these ranks: they must be the final ones
+
+    async def setup(self, context: dict[str, Any]) -> dict[str, Any]:
         return {}
 
     def weight_receivers(self) -> list[RayEndpoint]:

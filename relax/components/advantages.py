@@ -39,12 +39,12 @@ def complete_groups(rows: dict[str, dict[str, Any]], group_size: int) -> list[li
 class Advantages:
     def __init__(self, cfg: RelaxConfig, plan: RolePlan) -> None:
         setup_logging()
+        tq.attach()  # here, not in setup: replicas construct side by side (~1 s per process)
         self.cfg, self.plan = cfg, plan
         self.spec = AdvantageSpec.from_config(cfg)
         self.stopping = False
 
     async def setup(self, context: dict[str, Any]) -> dict[str, Any]:
-        tq.attach()
         return {}
 
     async def run(self, start: int, end: int) -> None:

@@ -63,15 +63,19 @@ def critic_dirs(cfg: RelaxConfig) -> tuple[str | None, str | None]:
 class Critic:
     def __init__(self, cfg: RelaxConfig, plan: RolePlan) -> None:
         setup_logging()
+        tq.attach()  # here, not in setup: replicas construct side by side (~1 s per process)
         self.cfg, self.plan = cfg, plan
         self.group = None
 
-    async def setup(self, context: dict[str, Any]) -> dict[str, Any]:
-        """Start the workers; load the latest critic checkpoint when there is one."""
-        tq.attach()
+    async def start(self) -> None:
         cfg = self.cfg
         self.group = make_worker_group(cfg, self.plan, "critic", cfg.ckpt.hf_checkpoint,
                                        total_steps=optimizer_steps_total(cfg), optim=critic_optim(cfg))
+        await self.group.ready()
+
+    async def setup(self, context: dict[str, Any]) -> dict[str, Any]:
+        """Load the latest critic checkpoint when there is one."""
+        cfg = self.cfg
         load_dir, _ = critic_dirs(cfg)
         ckpt = latest_checkpoint(load_dir) if load_dir else None
         if ckpt is None:

@@ -31,8 +31,8 @@ class GenRM:
         self.token = run_token()
         self.fleet: EngineFleet | None = None
 
-    async def setup(self, context: dict[str, Any]) -> dict[str, Any]:
-        """Launch the judge engines behind their router; publishes its URL for the Rollout's rewards."""
+    async def start(self) -> None:
+        """Launch the judge engines behind their router."""
         cfg, n = self.cfg, self.plan.workers
         self.fleet = EngineFleet(FleetSpec(
             name="genrm", backend=cfg.cluster.rollout_backend, model_path=cfg.reward.genrm_model_path,
@@ -44,6 +44,9 @@ class GenRM:
             await self.fleet.start(n)
         except ValueError as exc:  # a bad engine option: name the flag
             raise ValueError(f"--genrm-engine-config: {exc}") from exc
+
+    async def setup(self, context: dict[str, Any]) -> dict[str, Any]:
+        """Publishes the router URL for the Rollout's rewards."""
         return {"genrm_url": self.fleet.router_url}
 
     def engine_urls(self) -> list[str]:

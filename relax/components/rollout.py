@@ -64,9 +64,11 @@ def plugin_args(cfg: RelaxConfig, router_url: str | None) -> Namespace:
 class Rollout:
     def __init__(self, cfg: RelaxConfig, plan: RolloutPlan) -> None:
         setup_logging()
+        tq.attach()  # here, not in setup: replicas construct side by side (~1 s per process)
         self.cfg, self.plan = cfg, plan
         self.token = run_token()
         self.fleet: EngineFleet | None = None
+        self.tokenizer: Any = None
         self.eval_sets: dict[str, tuple[EvalDataset, list[Sample]]] = {}
         self._evaluators: dict[str, tuple[Any, Any]] = {}  # dataset -> (plugin args, generator or None)
         self.current: StepState = StepState()  # the step generating now (colocate: one at a time)
@@ -81,20 +83,30 @@ class Rollout:
         self.stopping = False
 
     # ---- lifecycle ---------------------------------------------------------------------
+    async def start(self) -> None:
+        """Launch the engines behind their router (from this replica's long-lived event-loop
+        thread: an engine's parent-death signal fires when the launching thread exits); the
+        tokenizer loads meanwhile."""
+        self.fleet = EngineFleet(self._fleet_spec())
+        await asyncio.gather(self.fleet.start(self.plan.role.workers), asyncio.to_thread(self._tokenizer))
+
+    def _tokenizer(self) -> Any:
+        if self.tokenizer is None:
+            from transformers import AutoTokenizer
+
+            self.tokenizer = AutoTokenizer.from_pretrained(self.cfg.ckpt.hf_checkpoint)
+        return self.tokenizer
+
     async def setup(self, context: dict[str, Any]) -> dict[str, Any]:
-        """Launch the engines behind their router, build the rewards, the generator and the data
-        source (resuming its position). `context`: the first rollout id, the GenRM router."""
-        tq.attach()
+        """Build the rewards, the generator and the data source (resuming its position).
+        `context`: the first rollout id, the GenRM router."""
         cfg = self.cfg
-        if self.plan.role.workers:  # replaying saved rollouts needs no engines
-            self.fleet = EngineFleet(self._fleet_spec())
-            await self.fleet.start(self.plan.role.workers)
         self.args = plugin_args(cfg, self.fleet.router_url if self.fleet else None)
         judge = await asyncio.to_thread(judge_spec, context.get("genrm_url"), cfg.reward.genrm_model_path,
                                         cfg.reward.genrm_sampling_config, cfg.custom.get("genrm_prompt_template"))
         self.rewards = RewardExecutor(RewardSpec.from_config(cfg.reward, judge), self.args)
-        tokenizer = await asyncio.to_thread(sglang_rollout.GenerateState, self.args)
-        self.generator = Generator(RolloutSpec.from_config(cfg), tokenizer=tokenizer.tokenizer,
+        tokenizer = await asyncio.to_thread(self._tokenizer)
+        self.generator = Generator(RolloutSpec.from_config(cfg), tokenizer=tokenizer,
                                    router_url=f"{self.fleet.router_url if self.fleet else ''}/generate",
                                    rewards=self.rewards, plugin_args=self.args)
         sglang_rollout.bind(self.args, self.generator)
@@ -119,7 +131,7 @@ class Rollout:
                 cfg.reward.custom_convert_samples_to_train_data_path,
                 flag="--custom-convert-samples-to-train-data-path", positional=2,
                 expected="convert_samples_to_train_data(args, samples) -> dict")
-        self.eval_sets = await asyncio.to_thread(self._load_eval_sets, tokenizer.tokenizer)
+        self.eval_sets = await asyncio.to_thread(self._load_eval_sets, tokenizer)
         return {"num_prompts": len(self.data_source)}
 
     def _fleet_spec(self) -> FleetSpec:

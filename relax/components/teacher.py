@@ -124,15 +124,19 @@ TEACHERS: dict[str, type] = {"megatron": WorkerTeacher, "sglang": EngineTeacher}
 class Teacher:
     def __init__(self, cfg: RelaxConfig, plan: RolePlan) -> None:
         setup_logging()
+        tq.attach()  # here, not in setup: replicas construct side by side (~1 s per process)
         self.cfg, self.plan = cfg, plan
         self.scorer: TeacherScorer | None = None
 
-    async def setup(self, context: dict[str, Any]) -> dict[str, Any]:
-        tq.attach()
+    async def start(self) -> None:
         # Launched from this (the replica's long-lived event-loop) thread: an engine's
         # parent-death signal fires when the launching thread exits.
         self.scorer = TEACHERS[self.cfg.algo.opd_type](self.cfg, self.plan)
         await self.scorer.wait_ready()
+
+    async def setup(self, context: dict[str, Any]) -> dict[str, Any]:
+        if self.scorer is None:  # an external teacher (--rm-url): nothing was started
+            await self.start()
         return {}
 
     async def forward(self, rollout_id: int) -> dict[str, float]:

@@ -13,7 +13,7 @@ import dataclasses
 import typing
 from typing import Any, Sequence
 
-from relax.config.fields import FlagValueError, base_type, choices_of, coerce, field_default, flag_name
+from relax.config.fields import base_type, choices_of, coerce, field_default, flag_name
 from relax.config.schema import FIELD_GROUP, GROUPS, RelaxConfig
 
 
@@ -29,7 +29,7 @@ def _cli_type(f: dataclasses.Field, hint: Any) -> Any:
     def parse(text: str) -> Any:
         try:
             value = coerce(f, hint, [text] if listed else text)
-        except (FlagValueError, ValueError) as exc:
+        except ValueError as exc:  # FlagValueError, or a flag parser's own (bool, json, bytes)
             raise argparse.ArgumentTypeError(str(exc)) from None
         return value[0] if listed else value
 
@@ -135,7 +135,7 @@ def apply_custom(cfg: RelaxConfig, custom: dict[str, Any], path: str) -> RelaxCo
         f = next(f for f in dataclasses.fields(cls) if f.name == key)
         try:
             known[key] = coerce(f, typing.get_type_hints(cls)[key], value)
-        except FlagValueError as exc:
+        except ValueError as exc:  # FlagValueError, or a flag parser's own (bool, json, bytes)
             raise ConfigError(f"--custom-config-path {path}: {key}: {exc} (the same value as {flag_name(f)} on the "
                               "command line; fix the value in the file)") from None
     extra = {k: v for k, v in custom.items() if k not in FIELD_GROUP}

@@ -2,8 +2,9 @@
 
 `relax.config.plan.RunPlan` decides everything up front (which roles, their workers, who writes
 which column, who receives weights); here it is only carried out. Deploy: every role's Serve
-app starts side by side, then each role's `setup(context)` runs in plan order and adds what it
-publishes to the context (the GenRM router URL, the first rollout id, engine URLs, ...);
+app starts side by side, every role with workers starts them at once (`start()`: training
+ranks, engines), then each role's `setup(context)` runs in plan order and adds what it
+publishes to the context (the GenRM router URL, the first rollout id, the prompt count);
 weight receivers register with the DCS coordinator and the engines get the Actor's weights.
 
 Colocate, one rollout step per iteration (roles take turns on the same devices):
@@ -82,8 +83,11 @@ class Controller:
         for role in self.plan.roles:
             self.roles[role.name] = RoleHandle(self.runtime.deploy_role(role, self.cfg, self.plan.part(role.name)))
         await asyncio.to_thread(self.runtime.wait_running)
+        # Every role's processes (training ranks, engines) start at once, then the setups run in
+        # plan order: a role may use what the ones before it published.
+        await asyncio.gather(*(self.roles[r.name].start() for r in self.plan.roles if r.workers))
         context: dict[str, Any] = {}
-        for role in self.plan.roles:  # plan order: a role may use what the ones before published
+        for role in self.plan.roles:
             context |= await self.roles[role.name].setup(context) or {}
         self.start = context["start_rollout_id"]
         self.num_rollout = self.cfg.rollout.num_rollout or math.ceil(

@@ -1,10 +1,11 @@
 """The run's runtime (Ray, Serve, TransferQueue) and one Serve deployment per role.
 
 `Runtime` joins an existing Ray cluster (`--ray-address`, `$RAY_ADDRESS`, i.e. under
-`ray job submit`) or starts a private local one, starts Serve with no HTTP proxy (roles are
-reached through handles, nothing listens on a public port) and TransferQueue. Leaving it
-tears down exactly what it started: Serve apps of this run always, Ray only when it started
-Ray. `deploy_role` turns a component class into a one-replica Serve deployment.
+`ray job submit`) or starts a private local one, resolves the run plan for that cluster and
+checks it fits, starts Serve with no HTTP proxy (roles are reached through handles, nothing
+listens on a public port) and TransferQueue (or attaches to a running one). Leaving it tears
+down exactly what it started: Serve apps of this run always, TransferQueue and Ray only when it
+started them. `deploy_role` turns a component class into a one-replica Serve deployment.
 """
 
 from __future__ import annotations
@@ -73,6 +74,7 @@ class Runtime:
         self.env = runtime_env_vars(self.token)
         self.started_ray = False
         self.started_serve = False
+        self.started_tq = False
         self.apps: list[str] = []
         self.failed_apps: set[str] = set()  # apps whose replica could not start (wait_running)
         self.plan: RunPlan | None = None  # resolved for this cluster on entering
@@ -99,7 +101,7 @@ class Runtime:
         self.plan = self._plan()
         self.started_serve = not serve_running()
         serve.start(proxy_location="Disabled")
-        tq.init_data_system(self.cfg.cluster.num_data_storage_units)
+        self.started_tq = tq.init_data_system(self.cfg.cluster.num_data_storage_units)
         return self
 
     def _plan(self) -> RunPlan:
@@ -123,7 +125,10 @@ class Runtime:
         cls = import_object(ROLES[role.name], flag=f"role {role.name}")
         app_name = f"relax-{self.run_id}-{role.name}"
         deployment = serve.deployment(
+            # The roles shut down first (Controller.shutdown); the replica then has nothing in flight,
+            # so deletion need not poll for ongoing requests on Serve's 2 s default period.
             cls, name=role.name, num_replicas=1, max_ongoing_requests=1024, graceful_shutdown_timeout_s=30,
+            graceful_shutdown_wait_loop_s=0.1,
             health_check_timeout_s=600, logging_config={"enable_access_log": False},
             ray_actor_options={"num_cpus": REPLICA_CPUS, "num_gpus": role.replica_gpus,
                                "runtime_env": {"env_vars": self.env}},
@@ -188,7 +193,10 @@ class Runtime:
 
         self._delete_apps()
         try:
-            tq.close_data_system()
+            if self.started_tq:
+                tq.close_data_system()
+            else:  # a shared data system (a test session's): leave it empty for the next run
+                tq.clear_all()
         except Exception as err:  # noqa: BLE001 - teardown continues
             logger.warning("closing TransferQueue failed: %s", err)
         if self.started_serve and not serve.status().applications:

@@ -39,16 +39,42 @@ def partition_id(step: int) -> str:
 STEPS_PARTITION = "relax_steps"  # one row per finished rollout step: how many rows it wrote
 
 
-def init_data_system(num_storage_units: int = 1) -> None:
-    """Start TransferQueue's controller and storage (first caller) or attach to it.
+def running() -> bool:
+    """A TransferQueue controller is up on this Ray cluster (e.g. a test session's)."""
+    import ray
+
+    try:
+        ray.get_actor("TransferQueueController", namespace="transfer_queue")
+    except ValueError:
+        return False
+    return True
+
+
+def init_data_system(num_storage_units: int = 1) -> bool:
+    """Start TransferQueue's controller and storage, or attach to the one already running (its
+    leftover rows are cleared). Returns True when this call started it (and so owns closing it).
 
     Polling mode: a consumer asking for more ready rows than exist gets an empty answer at
     once instead of blocking the controller (streaming consumers poll)."""
     import transfer_queue as tq
     from omegaconf import OmegaConf
 
+    if running():
+        tq.init()
+        clear_all()
+        return False
     tq.init(OmegaConf.create({"controller": {"polling_mode": True},
                               "backend": {"SimpleStorage": {"num_data_storage_units": num_storage_units}}}))
+    return True
+
+
+def clear_all() -> None:
+    """Drop every row of every partition (what an earlier run on the same data system left)."""
+    import transfer_queue as tq
+
+    for partition, rows in tq.kv_list().items():
+        if rows:
+            tq.kv_clear(keys=list(rows), partition_id=partition)
 
 
 def attach() -> None:

@@ -56,8 +56,10 @@ class EngineFleet:
     # ---- lifecycle ---------------------------------------------------------------------
     async def start(self, count: int) -> None:
         """Launch `count` engines side by side, wait until all are healthy, start the router."""
-        launched = [self._launch() for _ in range(count)]
+        launched: list[EngineHandle] = []
         try:
+            for _ in range(count):
+                launched.append(self._launch())
             await asyncio.gather(*(asyncio.to_thread(e.wait_ready, self.spec.startup_timeout) for e in launched))
         except BaseException:
             for engine in launched:

@@ -18,6 +18,12 @@ from typing import Any
 from relax.config.eval_config import EvalDataset
 from relax.config.schema import RelaxConfig, RewardConfig, RolloutConfig
 
+DATA_FLAGS = ("prompt_data", "hf_checkpoint", "input_key", "label_key", "metadata_key", "tool_key",
+              "apply_chat_template", "apply_chat_template_kwargs", "system_prompt", "rollout_max_prompt_len",
+              "multimodal_keys", "custom_prompt_path", "skip_malformed_rows", "use_streaming_dataset",
+              "streaming_buffer_size", "rollout_shuffle", "rollout_seed", "prefetch_chunk_size",
+              "prefetch_max_cached", "prefetch_num_workers", "n_samples_per_prompt", "buffer_filter_path", "save", "load")
+
 
 @dataclass(frozen=True)
 class SamplingSpec:
@@ -104,6 +110,46 @@ class RewardSpec:
     def scorer(self) -> tuple:
         """What decides a score (two specs with the same scorer can share one executor)."""
         return (self.rm_type, self.custom_rm_path, self.reward_key, self.group_rm)
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    """What the default data source reads (one attribute per data flag, same names).
+
+    Data sources are plugins constructed as `cls(args)` (the seed's signature), so this spec is
+    taken from the run's plugin `args`, once, in the data source's constructor."""
+
+    prompt_data: Any
+    hf_checkpoint: str | None
+    input_key: str
+    label_key: str | None
+    metadata_key: str
+    tool_key: str
+    apply_chat_template: bool
+    apply_chat_template_kwargs: dict
+    system_prompt: str | None
+    rollout_max_prompt_len: int | None
+    multimodal_keys: dict | None
+    custom_prompt_path: str | None
+    skip_malformed_rows: bool
+    use_streaming_dataset: bool
+    streaming_buffer_size: int
+    rollout_shuffle: bool
+    rollout_seed: int
+    prefetch_chunk_size: int
+    prefetch_max_cached: int
+    prefetch_num_workers: int
+    n_samples_per_prompt: int
+    buffer_filter_path: str | None
+    save: str | None  # where the data position is checkpointed
+    load: str | None
+
+    @classmethod
+    def from_args(cls, args: Any) -> DataSpec:
+        missing = [name for name in DATA_FLAGS if not hasattr(args, name)]
+        if missing:
+            raise TypeError(f"the data source needs the run's args (every flag); this one lacks {missing}")
+        return cls(**{name: getattr(args, name) for name in DATA_FLAGS})
 
 
 @dataclass(frozen=True)

@@ -20,9 +20,13 @@ def ray_cluster():
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"PYTHONPATH": os.getcwd()}})
+    from relax.distributed import transfer_queue as tq
+
+    tq.init_data_system()  # one data system for the session: each run attaches, clears it, leaves it
     yield
     from ray import serve
 
+    tq.close_data_system()
     serve.shutdown()
     ray.shutdown()
 

@@ -36,3 +36,33 @@ def test_dict_reward_needs_reward_key():
         s.get_reward_value(None)
     with pytest.raises(KeyError, match="'nope'"):
         s.get_reward_value("nope")
+
+
+# ---- the column schema and TrainBatch ---------------------------------------------------------
+
+from relax.types import COLUMNS, ROLLOUT_COLUMNS, TrainBatch  # noqa: E402
+
+
+def test_every_column_has_a_dtype_a_shape_and_a_trainbatch_field_when_trained_on():
+    assert set(ROLLOUT_COLUMNS) <= set(COLUMNS)
+    fields = set(TrainBatch.__dataclass_fields__)
+    for col in COLUMNS.values():
+        assert col.dtype in ("int64", "float32") and col.shape in ("R", "RT", "RL") and col.doc
+        assert col.ragged == (col.shape != "R")
+    assert {c.field for c in COLUMNS.values()} - fields == {"group_indices_R", "sample_indices_R",
+                                                             "weight_versions_R", "truncated_R"}
+
+
+def test_train_batch_from_columns_rows_and_put():
+    batch = TrainBatch.from_columns({"tokens": [[1, 2, 3], [4, 5]], "response_lengths": [2, 1],
+                                     "loss_masks": [[1, 1], [1]], "rewards": [1.0, 0.0], "group_indices": [0, 0]})
+    assert batch.tokens_RL == [[1, 2, 3], [4, 5]] and batch.rewards_R == [1.0, 0.0] and len(batch) == 2
+    assert batch.present() == ["tokens_RL", "response_lengths_R", "loss_masks_RT", "rewards_R"]
+    second = batch.rows([1])
+    assert second.tokens_RL == [[4, 5]] and second.advantages_RT is None
+    second.advantages_RT = [[0.5]]
+    target = TrainBatch.empty(2, ["advantages_RT"])
+    target.put([1], second)
+    assert target.tokens_RL == [None, [4, 5]] and target.advantages_RT == [None, [0.5]]
+    with pytest.raises(KeyError):
+        TrainBatch.from_columns({"log_probs": [[0.0]]})  # not a column: one name per quantity

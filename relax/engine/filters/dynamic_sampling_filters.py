@@ -23,7 +23,7 @@ class DynamicFilterOutput:
 
 def check_reward_nonzero_std(args: Any, samples: list[Sample], **kwargs: Any) -> DynamicFilterOutput:
     """Keep a group only if its rewards are not all the same (DAPO, arXiv 2503.14476)."""
-    rewards = [s.get_reward_value(getattr(args, "reward_key", None)) for s in samples]
+    rewards = [s.get_reward_value(args.reward_key) for s in samples]
     if len(rewards) > 1 and statistics.pstdev(rewards) > 0:
         return DynamicFilterOutput(keep=True)
     return DynamicFilterOutput(keep=False, reason="all_correct" if rewards and rewards[0] > 0 else "all_wrong")

@@ -30,6 +30,7 @@ import pickle
 import re
 from typing import Any, Callable, Protocol, runtime_checkable
 
+from relax.engine.specs import DataSpec
 from relax.types import Sample
 from relax.utils.data import EpochSampler, PromptDataset, StreamingPromptDataset
 from relax.utils.plugins import load_plugin
@@ -85,52 +86,45 @@ def _json_flag(value: Any, flag: str) -> dict | None:
     return parsed
 
 
-def load_tokenizer(args: Any) -> Any:
+def load_tokenizer(spec: DataSpec) -> Any:
     """`AutoTokenizer.from_pretrained(--hf-checkpoint)`, or None when no checkpoint is given."""
-    path = getattr(args, "hf_checkpoint", None)
-    if path is None:
+    if spec.hf_checkpoint is None:
         return None
     from transformers import AutoTokenizer  # slow import; only when a dataset needs it
 
-    return AutoTokenizer.from_pretrained(path)
+    return AutoTokenizer.from_pretrained(spec.hf_checkpoint)
 
 
-def build_prompt_dataset(args: Any, tokenizer: Any) -> PromptDataset | StreamingPromptDataset:
+def build_prompt_dataset(spec: DataSpec, tokenizer: Any) -> PromptDataset | StreamingPromptDataset:
     """The dataset `--prompt-data` and the data flags describe."""
-    custom_path = getattr(args, "custom_prompt_path", None)
     common = dict(
-        input_key=getattr(args, "input_key", "input"),
-        label_key=getattr(args, "label_key", None),
-        metadata_key=getattr(args, "metadata_key", "metadata"),
-        tool_key=getattr(args, "tool_key", "tools"),
-        apply_chat_template=bool(getattr(args, "apply_chat_template", False)),
-        apply_chat_template_kwargs=_json_flag(getattr(args, "apply_chat_template_kwargs", None),
-                                              "--apply-chat-template-kwargs"),
-        system_prompt=getattr(args, "system_prompt", None),
-        max_prompt_len=getattr(args, "rollout_max_prompt_len", None),
-        multimodal_keys=_json_flag(getattr(args, "multimodal_keys", None), "--multimodal-keys"),
-        custom_prompt_fn=load_plugin(custom_path, flag="--custom-prompt-path", positional=2,
-                                     expected="fn(prompt, data: dict) -> prompt") if custom_path else None,
-        skip_malformed=bool(getattr(args, "skip_malformed_rows", False)),
+        input_key=spec.input_key, label_key=spec.label_key, metadata_key=spec.metadata_key, tool_key=spec.tool_key,
+        apply_chat_template=spec.apply_chat_template,
+        apply_chat_template_kwargs=_json_flag(spec.apply_chat_template_kwargs, "--apply-chat-template-kwargs"),
+        system_prompt=spec.system_prompt, max_prompt_len=spec.rollout_max_prompt_len,
+        multimodal_keys=_json_flag(spec.multimodal_keys, "--multimodal-keys"),
+        custom_prompt_fn=load_plugin(spec.custom_prompt_path, flag="--custom-prompt-path", positional=2,
+                                     expected="fn(prompt, data: dict) -> prompt") if spec.custom_prompt_path else None,
+        skip_malformed=spec.skip_malformed_rows,
     )
-    if getattr(args, "use_streaming_dataset", False):
+    if spec.use_streaming_dataset:
         return StreamingPromptDataset(
-            args.prompt_data, tokenizer, buffer_size=int(getattr(args, "streaming_buffer_size", 10000)),
-            shuffle=bool(getattr(args, "rollout_shuffle", False)), seed=int(getattr(args, "rollout_seed", 42)),
-            prefetch_chunk_size=int(getattr(args, "prefetch_chunk_size", 32)),
-            prefetch_max_cached=int(getattr(args, "prefetch_max_cached", 256)),
-            prefetch_num_workers=int(getattr(args, "prefetch_num_workers", 1)),
-            **common,
-        )
-    return PromptDataset(args.prompt_data, tokenizer, **common)
+            spec.prompt_data, tokenizer, buffer_size=spec.streaming_buffer_size, shuffle=spec.rollout_shuffle,
+            seed=spec.rollout_seed, prefetch_chunk_size=spec.prefetch_chunk_size,
+            prefetch_max_cached=spec.prefetch_max_cached, prefetch_num_workers=spec.prefetch_num_workers, **common)
+    return PromptDataset(spec.prompt_data, tokenizer, **common)
 
 
 class RolloutDataSource:
-    """Prompt groups from the dataset, epoch by epoch; read-only (no `add_samples`)."""
+    """Prompt groups from the dataset, epoch by epoch; read-only (no `add_samples`).
+
+    Constructed as `cls(args)` (the seed's data-source signature); its settings are the run's
+    data flags (`DataSpec`)."""
 
     def __init__(self, args: Any) -> None:
         self.args = args
-        self.n_samples_per_prompt = int(getattr(args, "n_samples_per_prompt", 1))
+        self.spec = spec = DataSpec.from_args(args)
+        self.n_samples_per_prompt = spec.n_samples_per_prompt
         if self.n_samples_per_prompt < 1:
             raise ValueError(f"--n-samples-per-prompt must be >= 1, got {self.n_samples_per_prompt}")
         self.sample_group_index = 0
@@ -138,14 +132,13 @@ class RolloutDataSource:
         self.metadata: dict[str, Any] = {}  # free-form, saved with the state (slime compatibility)
         self.dataset: PromptDataset | StreamingPromptDataset | None = None
         self._sampler: EpochSampler | None = None
-        if getattr(args, "prompt_data", None) is None:
+        if spec.prompt_data is None:
             logger.warning("no --prompt-data: get_samples returns empty placeholder prompts "
                            "(for rollout functions that make their own prompts)")
             return
-        self.dataset = build_prompt_dataset(args, load_tokenizer(args))
+        self.dataset = build_prompt_dataset(spec, load_tokenizer(spec))
         if isinstance(self.dataset, PromptDataset):
-            self._sampler = EpochSampler(len(self.dataset), shuffle=bool(getattr(args, "rollout_shuffle", False)),
-                                         seed=int(getattr(args, "rollout_seed", 42)))
+            self._sampler = EpochSampler(len(self.dataset), shuffle=spec.rollout_shuffle, seed=spec.rollout_seed)
 
     @property
     def epoch(self) -> int:
@@ -220,7 +213,7 @@ class RolloutDataSource:
         """Write the state to `{--save}/rollout/global_dataset_state_dict_{rollout_id}.pt`."""
         import torch
 
-        save_dir = getattr(self.args, "save", None)
+        save_dir = self.spec.save
         if save_dir is None:
             raise ValueError("data source save: --save is not set; pass --save <dir> to checkpoint the run")
         path = state_path(save_dir, rollout_id)
@@ -232,7 +225,7 @@ class RolloutDataSource:
 
     def load(self, rollout_id: int | None = None) -> None:
         """Restore the state saved for `rollout_id` under `--load` (latest when None); no file -> start fresh."""
-        load_dir = getattr(self.args, "load", None)
+        load_dir = self.spec.load
         if load_dir is None:
             logger.info("data source: no --load; starting from the first prompt")
             return
@@ -280,7 +273,7 @@ class RolloutDataSourceWithBuffer(RolloutDataSource):
     def __init__(self, args: Any) -> None:
         super().__init__(args)
         self.buffer: list[list[Sample]] = []
-        filter_path = getattr(args, "buffer_filter_path", None)
+        filter_path = self.spec.buffer_filter_path
         self.buffer_filter: BufferFilter = pop_first if filter_path is None else load_plugin(
             filter_path, flag="--buffer-filter-path", positional=4, expected=BUFFER_FILTER_SIGNATURE)
 

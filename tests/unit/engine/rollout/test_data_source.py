@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from relax.config.schema import RelaxConfig
 from relax.engine.rollout.data_source import (
     DataSource,
     RolloutDataSource,
@@ -44,16 +45,10 @@ def write_prompts(path: Path, count: int) -> str:
 
 
 def make_args(tmp_path: Path, **overrides) -> Namespace:
-    args = dict(
-        prompt_data=write_prompts(tmp_path / "prompts.jsonl", 5), input_key="input", label_key="label",
-        metadata_key="metadata", tool_key="tools", apply_chat_template=False, apply_chat_template_kwargs={},
-        system_prompt=None, rollout_shuffle=False, rollout_seed=42, rollout_max_prompt_len=None,
-        rollout_batch_size=2, n_samples_per_prompt=2, hf_checkpoint=None, save=str(tmp_path / "ckpt"),
-        load=str(tmp_path / "ckpt"), start_rollout_id=None, multimodal_keys=None, custom_prompt_path=None,
-        buffer_filter_path=None,
-    )
-    args.update(overrides)
-    return Namespace(**args)
+    """The run's plugin args (every flag at its default) with these data settings."""
+    args = dict(prompt_data=write_prompts(tmp_path / "prompts.jsonl", 5), label_key="label", rollout_batch_size=2,
+                n_samples_per_prompt=2, save=str(tmp_path / "ckpt"), load=str(tmp_path / "ckpt"))
+    return RelaxConfig().replace(**(args | overrides)).args
 
 
 def labels(groups: list[list[Sample]]) -> list[str]:

@@ -59,3 +59,14 @@ def test_forwards_to_engines_with_auth_and_balances():
     assert {auth for _, auth in seen} == {"Bearer secret"}
     assert len({host for host, _ in seen}) == 2  # both engines got work
     assert bad == 400
+
+
+def test_engines_join_and_leave_a_running_router():
+    r = Router(["http://a"])
+    r.add_engine("http://b")
+    r.in_flight["http://a"] = 3
+    assert r.pick() == "http://b" and r.engine_urls == ["http://a", "http://b"]
+    r.remove_engine("http://b")
+    assert r.pick() == "http://a" and "http://b" not in r.in_flight
+    with pytest.raises(ValueError, match="last engine"):
+        r.remove_engine("http://a")

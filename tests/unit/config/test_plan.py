@@ -1,0 +1,166 @@
+"""The run plan: roles, resources and placement, column producers and consumers, the partition's
+clearer, weight receivers; flags a mode cannot use; the cluster check; `--dry-run`."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from relax.algorithms.advantages import BATCH_ESTIMATORS
+from relax.config import ConfigError, parse_config
+from relax.config.plan import (
+    BATCH_ESTIMATORS as PLAN_BATCH_ESTIMATORS, PlanError, check_cluster, format_plan, resolve_plan,
+)
+from relax.types import COLUMNS
+
+FULLY_ASYNC = ["--fully-async", "--resource", '{"actor": [1, 1], "rollout": [1, 1], "actor_fwd": [1, 1], '
+               '"reference": [1, 1], "advantages": [1, 0]}', "--use-kl-loss", "--kl-loss-coef", "0.1"]
+
+
+@pytest.fixture()
+def base(tmp_path):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"num_hidden_layers": 2, "hidden_size": 64}))
+    data = tmp_path / "train.jsonl"
+    data.write_text('{"prompt": "1+1", "label": "2"}\n')
+    return ["--hf-checkpoint", str(model), "--prompt-data", str(data), "--rollout-batch-size", "4",
+            "--n-samples-per-prompt", "2", "--num-rollout", "3", "--rollout-max-response-len", "8",
+            "--exp-dir", str(tmp_path / "run")]
+
+
+def plan_of(args: list[str], gpus: float = 0):
+    return resolve_plan(parse_config(args), gpus)
+
+
+def flows(plan) -> dict[str, tuple[str, tuple[str, ...]]]:
+    return {f.name: (f.producer, f.consumers) for f in plan.columns}
+
+
+def test_colocate_plan_runs_every_per_step_computation_in_the_actor(base):
+    plan = plan_of(base + ["--use-kl-loss", "--kl-loss-coef", "0.1"])
+    assert plan.mode == "colocate" and [r.name for r in plan.roles] == ["actor", "rollout", "reference", "dcs"]
+    assert plan.actor.loader == "whole_step" and plan.actor.computes == ("old_log_probs", "advantages")
+    assert plan.clearer == "actor" and plan.actor.clears and plan.weight_receivers == ("rollout",)
+    assert flows(plan)["ref_log_probs"] == ("reference", ("actor",))
+    assert "old_log_probs" not in flows(plan) and "advantages" not in flows(plan)  # computed in the Actor
+    assert plan.role("reference").scores and not plan.role("reference").streams
+    assert plan.rollout.release_memory and not plan.rollout.stream_groups
+
+
+def test_fully_async_plan_streams_and_the_actor_computes_nothing(base):
+    plan = plan_of(base + FULLY_ASYNC)
+    assert [r.name for r in plan.roles] == ["actor", "rollout", "reference", "actor_fwd", "advantages", "dcs"]
+    assert plan.actor.loader == "streaming" and plan.actor.computes == () and plan.actor.overlap_weight_push
+    assert {r.name for r in plan.roles if r.streams} == {"rollout", "reference", "actor_fwd", "advantages"}
+    f = flows(plan)
+    assert f["old_log_probs"] == ("actor_fwd", ("actor",)) and f["advantages"] == ("advantages", ("actor",))
+    assert f["rewards"][1] == ("actor", "advantages") and "sample_indices" in plan.role("actor_fwd").reads
+    assert plan.weight_receivers == ("rollout", "actor_fwd") and plan.rollout.stream_groups
+
+
+def test_ppo_leaves_the_partition_to_the_critic_which_trains_after_the_actor(base):
+    colocate = plan_of(base + ["--advantage-estimator", "ppo"])
+    assert colocate.clearer == "critic" and not colocate.actor.clears
+    assert colocate.actor.writes == ("returns",) and flows(colocate)["returns"] == ("actor", ("critic",))
+    assert flows(colocate)["values"] == ("critic", ("actor", "critic"))
+    assert colocate.role("critic").trains_after_actor and colocate.role("critic").checkpoints
+    fully_async = plan_of(base + FULLY_ASYNC + ["--advantage-estimator", "ppo", "--resource",
+                                               '{"actor": [1, 1], "rollout": [1, 1], "critic": [1, 1]}'])
+    assert flows(fully_async)["returns"] == ("advantages", ("critic",)) and fully_async.actor.writes == ()
+
+
+def test_rollout_logprobs_drop_actor_fwd_and_are_the_old_policy(base):
+    plan = plan_of(base + ["--fully-async", "--use-rollout-logprobs"])
+    assert not plan.has("actor_fwd") and plan.actor.old_policy == "rollout_log_probs"
+    assert plan_of(base + ["--use-rollout-logprobs"]).actor.computes == ("advantages",)
+
+
+def test_every_column_in_the_plan_is_declared_once(base):
+    for args in (base, base + FULLY_ASYNC, base + ["--advantage-estimator", "ppo", "--use-opd", "--opd-type",
+                                                    "sglang", "--rm-url", "http://t:1/generate"]):
+        plan = plan_of(args)
+        assert all(f.name in COLUMNS for f in plan.columns)
+        read = {c for r in plan.roles for c in r.reads}
+        assert read <= {f.name for f in plan.columns}, "a role reads a column nobody writes"
+
+
+def test_the_plan_and_the_algorithms_agree_on_batch_estimators():
+    assert set(PLAN_BATCH_ESTIMATORS) == set(BATCH_ESTIMATORS)
+
+
+@pytest.mark.parametrize("extra, needle", [
+    (["--resource", '{"actor": [1, 1], "rollout": [1, 1], "actor_fwd": [1, 1]}'], "--resource actor_fwd: ActorFwd"),
+    (["--resource", '{"actor": [1, 1], "rollout": [1, 1], "advantages": [1, 0]}'], "--resource advantages"),
+    (["--resource", '{"actor": [1, 1], "rollout": [1, 1], "reference": [1, 1]}'], "--use-kl-loss"),
+    (["--resource", '{"actor": [1, 1], "rollout": [1, 1], "genrm": [1, 1]}'], "--genrm-num-gpus"),
+])
+def test_resource_entries_for_roles_the_run_does_not_deploy_fail(base, extra, needle):
+    with pytest.raises(PlanError, match=needle):
+        plan_of(base + extra)
+
+
+@pytest.mark.parametrize("extra, needle", [
+    (["--max-staleness", "1"], "--max-staleness 1 bounds how far rollout runs ahead"),
+    (["--fully-async", "--offload"], "--offload: in fully-async mode"),
+    (["--fully-async", "--offload-rollout"], "--offload-rollout: in fully-async mode"),
+    (["--polling-mode", "false"], "--polling-mode is accepted for compatibility"),
+    (["--max-global-restart", "1"], "not implemented"),
+])
+def test_flags_the_mode_cannot_use_fail_with_the_fix(base, extra, needle):
+    with pytest.raises(ConfigError, match=needle):
+        parse_config(base + extra)
+
+
+def test_offload_train_is_noted_on_cpu_and_rejected_on_gpus(base):
+    cfg = parse_config(base + ["--offload-train"])
+    assert any(n.startswith("--offload/--offload-train: on CPU") for n in resolve_plan(cfg, 0).notes)
+    with pytest.raises(PlanError, match="--offload-train: the fsdp trainer does not offload"):
+        resolve_plan(cfg, 1)
+
+
+def test_num_iters_per_train_update_acts_in_colocate_mode_too(base):
+    assert plan_of(base + ["--num-iters-per-train-update", "3"]).actor.passes == 3
+
+
+def test_gpu_placement_one_gpu_per_rank_and_engine(base):
+    plan = plan_of(base + ["--resource", '{"actor": [1, 2], "rollout": [1, 3]}'], gpus=8)
+    assert plan.role("actor").gpus == 2 and plan.role("rollout").replica_gpus == 3 and plan.gpus == 5
+    cpu = plan_of(base + ["--resource", '{"actor": [1, 2], "rollout": [1, 3]}'])
+    assert cpu.gpus == 0 and cpu.role("actor").cpus == pytest.approx(2.1)
+
+
+def test_a_plan_larger_than_the_cluster_fails_naming_what_is_missing(base):
+    plan = plan_of(base + ["--use-kl-loss", "--kl-loss-coef", "0.1",
+                           "--resource", '{"actor": [1, 1], "rollout": [1, 2], "reference": [1, 1]}'], gpus=1)
+    with pytest.raises(PlanError, match=r"needs 4 GPUs \(actor 1 rank = 1 GPU, rollout 2 engines = 2 GPU, "
+                                        r"reference 1 rank = 1 GPU\) but the Ray cluster has 1"):
+        check_cluster(plan, {"CPU": 16, "GPU": 1})
+    with pytest.raises(PlanError, match="Ray CPUs .* the Ray cluster has 2"):
+        check_cluster(plan_of(base), {"CPU": 2})
+    check_cluster(plan_of(base), {"CPU": 8})
+
+
+def test_dry_run_prints_the_plan_quickly_without_torch_or_ray(base):
+    code = ("import sys, time; t = time.time(); from relax.entrypoints.train import main\n"
+            f"rc = main({base + FULLY_ASYNC + ['--dry-run']!r})\n"
+            "assert 'torch' not in sys.modules and 'ray' not in sys.modules, 'heavy import'\n"
+            "print('elapsed', time.time() - t); sys.exit(rc)")
+    start = time.perf_counter()
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    assert out.returncode == 0, out.stderr
+    for needle in ("mode: fully_async", "actor_fwd", "old_log_probs", "streaming loader", "partition cleared by: actor",
+                   "rollout, actor_fwd through the DCS coordinator", "staleness: rollout runs at most 0"):
+        assert needle in out.stdout
+    assert wall < 10, f"--dry-run took {wall:.1f}s (the budget is 2 s on an idle machine; this bound allows CI load)"
+
+
+def test_format_plan_lists_every_role_and_column(base):
+    plan = plan_of(base + FULLY_ASYNC)
+    text = format_plan(plan)
+    assert all(r.name in text for r in plan.roles) and all(f.name in text for f in plan.columns)
