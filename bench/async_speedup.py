@@ -20,7 +20,8 @@ checkpoints are off. The CPU budget is the same machine for both:
 Every torch process uses one thread (`--engine-threads 1`), so "cores" means processes.
 Wall time is the training loop (sum of `time/step`); deployment is reported but not compared.
 
-    python3 bench/async_speedup.py [--steps 16] [--staleness 2] [--reward-latency 1.0] [--out bench/results/async_speedup.json]
+    python3 bench/async_speedup.py [--steps 16] [--staleness 2] [--reward-latency 1.0]
+                                   [--out bench/results/async_speedup.json]
 
 Prints a table (wall, rollout/train/sync seconds, the rollout's share of a colocate step, idle
 fraction of the rollout engines and of the actor) and ends with
@@ -37,12 +38,14 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)  # run as `python3 bench/<name>.py`: the repo root (examples/, relax/) imports
 
 def mode_args(mode: str, args: argparse.Namespace) -> list[str]:
     """Colocate: every phase on both cores in turn. Fully async: the roles at once."""
     if mode == "colocate":
         return ["--colocate", "--resource", '{"actor": [1, 2], "rollout": [1, 2], "reference": [1, 2]}']
-    resource = {"actor": [1, args.async_actor_ranks], "rollout": [1, args.async_engines], "reference": [1, 1], "actor_fwd": [1, 1],
+    resource = {"actor": [1, args.async_actor_ranks], "rollout": [1, args.async_engines], "reference": [1, 1],
+                "actor_fwd": [1, 1],
                 "advantages": [1, 0]}
     return ["--fully-async", "--max-staleness", str(args.staleness), "--resource", json.dumps(resource)]
 
@@ -80,7 +83,8 @@ def thinking_policy(model_dir: str, *, mean_think: int, hidden_size: int, num_la
         examples = []
         for row in rng.sample(rows, 32):
             think = " ".join(str(rng.randint(0, 9)) for _ in range(int(rng.expovariate(1 / mean_think))))
-            examples.append((prompt_ids(tokenizer, row), response_ids(tokenizer, f"{think} {response_text(row['label'])}")))
+            answer = response_ids(tokenizer, f"{think} {response_text(row['label'])}")
+            examples.append((prompt_ids(tokenizer, row), answer))
         sft_step(model, optimizer, examples, tokenizer.pad_token_id)
     model.eval()
     save_tiny_model(model, tokenizer, out)

@@ -19,7 +19,8 @@ batching) and once with `BatchDecoder.can_join = False` (the old behaviour: requ
 arrive while a batch decodes wait for the next batch), so both are measured in one process.
 
     python3 bench/hf_engine_batching.py [--n 128] [--max-new-tokens 16] [--rounds 3] [--spread-ms 50]
-        [--client httpx|aiohttp] [--hidden-size 32] [--num-layers 2] [--in-process --device cuda] [--out bench/results/hf_engine_batching.json]
+        [--client httpx|aiohttp] [--hidden-size 32] [--num-layers 2] [--in-process --device cuda]
+        [--out bench/results/hf_engine_batching.json]
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+sys.path.insert(0, ROOT)  # run as `python3 bench/<name>.py`: the repo root (examples/, relax/) imports
 
 
 class HttpxClient:

@@ -23,6 +23,7 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)  # run as `python3 bench/<name>.py`: the repo root (examples/, relax/) imports
 COMPUTE_KEYS = ("compute/generate_seconds", "compute/train_seconds", "compute/reference_seconds")
 
 

@@ -81,7 +81,8 @@ class Sample:
                     "set --reward-key to the entry that holds the score"
                 )
             if reward_key not in self.reward:
-                raise KeyError(f"sample {self.index}: --reward-key {reward_key!r} not in reward dict {sorted(self.reward)}")
+                raise KeyError(f"sample {self.index}: --reward-key {reward_key!r} not in reward dict "
+                               f"{sorted(self.reward)}")
             return float(self.reward[reward_key])
         if self.reward is None:
             raise ValueError(f"sample {self.index}: reward is not set")
@@ -197,6 +198,10 @@ class TrainBatch:
                 setattr(self, name, column)
             for pos, value in zip(positions, getattr(part, name)):
                 column[pos] = value
+
+    def to_columns(self) -> dict[str, list[Any]]:
+        """The present fields under their column names (`advantages_RT` -> `advantages`)."""
+        return {name.rsplit("_", 1)[0]: getattr(self, name) for name in self.present()}
 
     @classmethod
     def from_columns(cls, columns: dict[str, list[Any]]) -> TrainBatch:

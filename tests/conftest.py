@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
+import compileall
 import logging
+from pathlib import Path
 
 import pytest
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Byte-compile the project once: each integration run starts a dozen Python processes (Serve
+    replicas, training ranks, engines, reward workers) that import it, and with
+    PYTHONDONTWRITEBYTECODE set (as on the CI machine) every one of them would compile it again."""
+    root = Path(__file__).resolve().parents[1]
+    for package in ("relax", "tests", "examples", "bench"):
+        compileall.compile_dir(str(root / package), quiet=1)
 
 
 @pytest.fixture(autouse=True)

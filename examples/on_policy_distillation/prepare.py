@@ -51,7 +51,8 @@ def main(argv: list[str] | None = None) -> None:
         summary = prepare(os.path.join(args.out_dir, name), settings, force=args.force)
         summaries[name] = summary
         print(f"{name}: {summary['params']:,} params, {summary['sft_steps_run']} SFT steps, held-out accuracy "
-              f"sampled(T=1) {summary['eval_sampled_t1']['accuracy']:.3f} greedy {summary['eval_greedy']['accuracy']:.3f}"
+              f"sampled(T=1) {summary['eval_sampled_t1']['accuracy']:.3f} "
+              f"greedy {summary['eval_greedy']['accuracy']:.3f}"
               f"{' (already prepared)' if summary['skipped'] else ''}")
     teacher, student = (os.path.join(args.out_dir, n, MODEL_SUBDIR) for n in ("teacher", "student"))
     if not same_tokenizer(teacher, student):

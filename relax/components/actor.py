@@ -50,7 +50,7 @@ logger = logging.getLogger(__name__)
 class Actor:
     def __init__(self, cfg: RelaxConfig, plan: ActorPlan) -> None:
         setup_logging()
-        tq.attach()  # here, not in setup: replicas construct side by side (~1 s per process)
+        tq.attach_if_running()  # here, not in setup: replicas construct side by side (~1 s per process)
         self.cfg, self.plan = cfg, plan
         self.token = run_token()
         self.version = 0  # weight version the engines hold (= optimizer updates applied)
@@ -249,14 +249,15 @@ class Actor:
         (path / "for_step.txt").write_text(str(rollout_id + 1))
 
     def _save_batch(self, rollout_id: int, batch: TrainBatch) -> None:
-        """`--save-debug-train-data` / `--dump-details`: the exact batch the optimizer steps see."""
+        """`--save-debug-train-data` / `--dump-details`: the exact batch the optimizer steps see,
+        by column name (tokens, loss_masks, advantages, old_log_probs, ...)."""
         d = self.cfg.debug
         paths = [d.save_debug_train_data.format(rollout_id=rollout_id)] if d.save_debug_train_data else []
         if d.dump_details:
             paths.append(os.path.join(d.dump_details, "train", f"{rollout_id}.pt"))
         for path in paths:
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-            torch.save({"rollout_id": rollout_id, **{name: getattr(batch, name) for name in batch.present()}}, path)
+            torch.save({"rollout_id": rollout_id, **batch.to_columns()}, path)
 
     async def _old_log_probs(self, batch: TrainBatch) -> list[list[float]]:
         """The behaviour policy's log-probs, recomputed on the current weights (sharded as training is)."""

@@ -48,7 +48,7 @@ async def stream_steps(start: int, end: int, *, task: str, chunk: int, fields: l
 class ActorFwd:
     def __init__(self, cfg: RelaxConfig, plan: RolePlan) -> None:
         setup_logging()
-        tq.attach()  # here, not in setup: replicas construct side by side (~1 s per process)
+        tq.attach_if_running()  # here, not in setup: replicas construct side by side (~1 s per process)
         if len(plan.writes) != 1:
             raise ValueError(f"{plan.name}: ActorFwd writes one log-prob column, the plan gives {plan.writes}")
         self.cfg, self.plan, self.role = cfg, plan, plan.name

@@ -39,7 +39,7 @@ def complete_groups(rows: dict[str, dict[str, Any]], group_size: int) -> list[li
 class Advantages:
     def __init__(self, cfg: RelaxConfig, plan: RolePlan) -> None:
         setup_logging()
-        tq.attach()  # here, not in setup: replicas construct side by side (~1 s per process)
+        tq.attach_if_running()  # here, not in setup: replicas construct side by side (~1 s per process)
         self.cfg, self.plan = cfg, plan
         self.spec = AdvantageSpec.from_config(cfg)
         self.stopping = False
@@ -78,8 +78,8 @@ class Advantages:
             old_log_probs_RT=column("old_log_probs") or column("rollout_log_probs"),
             ref_log_probs_RT=column("ref_log_probs"), teacher_log_probs_RT=column("teacher_log_probs"),
             values_RT=column("values"))  # PPO: GAE on the critic's values; the critic fits the returns
-        await tq.put_columns(step, keys, {name: jagged(values) for name, values in
-                                          (("advantages", advantages), ("returns", returns)) if name in self.plan.writes})
+        outputs = {"advantages": advantages, "returns": returns}
+        await tq.put_columns(step, keys, {name: jagged(outputs[name]) for name in self.plan.writes})
 
     async def shutdown(self) -> None:
         self.stopping = True

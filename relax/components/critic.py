@@ -63,7 +63,7 @@ def critic_dirs(cfg: RelaxConfig) -> tuple[str | None, str | None]:
 class Critic:
     def __init__(self, cfg: RelaxConfig, plan: RolePlan) -> None:
         setup_logging()
-        tq.attach()  # here, not in setup: replicas construct side by side (~1 s per process)
+        tq.attach_if_running()  # here, not in setup: replicas construct side by side (~1 s per process)
         self.cfg, self.plan = cfg, plan
         self.group = None
 

@@ -64,7 +64,7 @@ def plugin_args(cfg: RelaxConfig, router_url: str | None) -> Namespace:
 class Rollout:
     def __init__(self, cfg: RelaxConfig, plan: RolloutPlan) -> None:
         setup_logging()
-        tq.attach()  # here, not in setup: replicas construct side by side (~1 s per process)
+        tq.attach_if_running()  # here, not in setup: replicas construct side by side (~1 s per process)
         self.cfg, self.plan = cfg, plan
         self.token = run_token()
         self.fleet: EngineFleet | None = None

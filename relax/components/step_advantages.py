@@ -37,7 +37,8 @@ class AdvantageSpec:
     def from_config(cls, cfg: RelaxConfig) -> AdvantageSpec:
         a = cfg.algo
         return cls(estimator=a.advantage_estimator, n_samples_per_prompt=cfg.rollout.n_samples_per_prompt,
-                   kl_coef=a.kl_coef, gamma=a.gamma, lambd=a.lambd, std_normalization=not a.disable_grpo_std_normalization,
+                   kl_coef=a.kl_coef, gamma=a.gamma, lambd=a.lambd,
+                   std_normalization=not a.disable_grpo_std_normalization,
                    # A custom reward post-process has already shaped the rewards: use them as they are.
                    normalize_rewards=not (a.disable_rewards_normalization
                                           or cfg.reward.custom_reward_post_process_path),

@@ -94,7 +94,7 @@ class EngineTeacher:
                 name="teacher", backend=cfg.cluster.rollout_backend, model_path=cfg.algo.opd_teacher_load,
                 api_key=api_key, log_dir=cfg.misc.exp_dir or ".", threads=cfg.cluster.engine_threads or 1,
                 startup_timeout=cfg.rollout.engine_startup_timeout, http_timeout=cfg.rollout.http_timeout,
-                log_names=("teacher_engine.log",)))
+                log_names=("teacher_engine.log",) if self.plan.workers == 1 else ()))
             await self.fleet.start(self.plan.workers)
             url = self.fleet.router_url
         else:
@@ -124,7 +124,7 @@ TEACHERS: dict[str, type] = {"megatron": WorkerTeacher, "sglang": EngineTeacher}
 class Teacher:
     def __init__(self, cfg: RelaxConfig, plan: RolePlan) -> None:
         setup_logging()
-        tq.attach()  # here, not in setup: replicas construct side by side (~1 s per process)
+        tq.attach_if_running()  # here, not in setup: replicas construct side by side (~1 s per process)
         self.cfg, self.plan = cfg, plan
         self.scorer: TeacherScorer | None = None
 

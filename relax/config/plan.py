@@ -239,10 +239,10 @@ def resolve_plan(cfg: RelaxConfig, gpus: float = 0.0) -> RunPlan:
     if needs_reference(cfg):
         roles.append(RolePlan("reference", _ranks(cfg, "reference"), "rank", per_gpu, writes=("ref_log_probs",),
                               reads=scorer_reads, scores=not fully_async, streams=fully_async))
-    if needs_teacher(cfg):
+    if needs_teacher(cfg):  # --opd-type sglang: engines (none for an external one at --rm-url); megatron: ranks
         engine = cfg.algo.opd_type == "sglang"
-        roles.append(RolePlan("teacher", 1 if engine and cfg.algo.opd_teacher_load else
-                              (0 if engine else _ranks(cfg, "teacher")), "engine" if engine else "rank",
+        launched = not engine or bool(cfg.algo.opd_teacher_load)
+        roles.append(RolePlan("teacher", _ranks(cfg, "teacher") if launched else 0, "engine" if engine else "rank",
                               0.0 if engine else per_gpu, writes=("teacher_log_probs",), reads=scorer_reads,
                               scores=not fully_async, streams=fully_async))
     if critic:
@@ -260,14 +260,16 @@ def resolve_plan(cfg: RelaxConfig, gpus: float = 0.0) -> RunPlan:
 
     computes = () if fully_async else (("old_log_probs",) if old_policy == "old_log_probs" else ()) + (
         ("advantages",) + (("returns",) if critic else ()))
+    by_name = {r.name: r for r in roles}
     actor = ActorPlan(
-        role=roles[[r.name for r in roles].index("actor")], loader="streaming" if fully_async else "whole_step", reads=roles[[r.name for r in roles].index("actor")].reads,
+        role=by_name["actor"], loader="streaming" if fully_async else "whole_step", reads=by_name["actor"].reads,
         computes=computes, writes=("returns",) if critic and not fully_async else (), old_policy=old_policy,
         clears=not critic, passes=cfg.cluster.num_iters_per_train_update, overlap_weight_push=fully_async,
         pause_mode="abort" if cfg.rollout.partial_rollout else "in_place", max_staleness=cfg.cluster.max_staleness)
     streamable = cfg.reward.custom_reward_post_process_path is None and \
         cfg.reward.custom_convert_samples_to_train_data_path is None
-    rollout = RolloutPlan(role=roles[[r.name for r in roles].index("rollout")], stream_groups=fully_async and streamable, overlapping_steps=fully_async,
+    rollout = RolloutPlan(role=by_name["rollout"], stream_groups=fully_async and streamable,
+                          overlapping_steps=fully_async,
                           release_memory=not fully_async, eval_waits_for_version=fully_async,
                           max_staleness=cfg.cluster.max_staleness)
     return RunPlan(
@@ -287,15 +289,16 @@ def check_resource_roles(cfg: RelaxConfig, roles: list[RolePlan]) -> None:
     why = {"actor_fwd": "ActorFwd (old log-probs) runs only with --fully-async and without --use-rollout-logprobs",
            "advantages": "the Advantages role runs only with --fully-async",
            "reference": "the Reference runs only with --use-kl-loss or --kl-coef",
-           "teacher": "the Teacher runs only with --use-opd (--opd-type megatron uses its ranks)",
+           "teacher": "the Teacher runs only with --use-opd (its ranks, or its engines with --opd-type sglang)",
            "critic": "the Critic runs only with --advantage-estimator ppo",
            "genrm": "GenRM engines are sized by --genrm-num-gpus / --genrm-num-gpus-per-engine"}
     for name in cfg.cluster.resource:
         if name == "genrm" or (name not in deployed and name in why):
             raise PlanError(f"--resource {name}: {why[name]}; drop the entry (or enable the role)")
     teacher = next((r for r in roles if r.name == "teacher"), None)
-    if "teacher" in cfg.cluster.resource and teacher is not None and teacher.unit != "rank":
-        raise PlanError(f"--resource teacher: {why['teacher']}; --opd-type sglang runs one engine: drop the entry")
+    if "teacher" in cfg.cluster.resource and teacher is not None and not teacher.workers:
+        raise PlanError("--resource teacher: the OPD teacher is the external server at --rm-url, so Relax launches "
+                        "no teacher engine; drop the entry (or launch it with --opd-teacher-load DIR)")
 
 
 # ---- flags this run accepts without effect ---------------------------------------------------
@@ -376,7 +379,8 @@ def format_plan(plan: RunPlan, cfg: RelaxConfig | None = None) -> str:
               f"  {'column':<19}{'dtype':<9}{'shape':<7}{'written by':<12}read by"]
     for flow in plan.columns:
         col = COLUMNS[flow.name]
-        lines.append(f"  {col.name:<19}{col.dtype:<9}{col.shape:<7}{flow.producer:<12}{', '.join(flow.consumers) or '-'}")
+        consumers = ", ".join(flow.consumers) or "-"
+        lines.append(f"  {col.name:<19}{col.dtype:<9}{col.shape:<7}{flow.producer:<12}{consumers}")
     a = plan.actor
     computed = ", ".join(a.computes) or "nothing (every column arrives from the other roles)"
     lines += ["", f"actor: {a.loader.replace('_', '-')} loader; computes {computed}; old policy = {a.old_policy}; "

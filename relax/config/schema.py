@@ -40,8 +40,9 @@ class ClusterConfig:
     resource: dict | None = opt(None, "Roles to deploy as JSON {role: [replicas, gpus]}; on CPU the second number "
                                 "is the number of worker processes (actor) or engines (rollout).", type=parse_json)
     colocate: bool = opt(False, "Colocate (sync) mode: rollout and training take turns on the same devices.")
-    fully_async: bool = opt(False, "Fully asynchronous pipeline: Rollout, Actor, ActorFwd, Reference and Advantages run "
-                                   "concurrently, rollout at most --max-staleness steps ahead (docs/fully-async.md).")
+    fully_async: bool = opt(False, "Fully asynchronous pipeline: Rollout, Actor, ActorFwd, Reference and "
+                                   "Advantages run concurrently, rollout at most --max-staleness steps ahead "
+                                   "(docs/fully-async.md).")
     offload: bool = opt(False, "Same as --offload-train --offload-rollout.")
     offload_train: bool | None = opt(None, "Offload the training actor during rollout (always on with --colocate).")
     offload_rollout: bool | None = opt(None, "Release engine memory during training (always on with --colocate).")
@@ -56,7 +57,8 @@ class ClusterConfig:
                                 "k - N; every trained row lags at most N versions (0 = on-policy, equals colocate).")
     polling_mode: bool = opt(True, "Poll TransferQueue metadata instead of blocking (the streaming consumers poll; "
                              "blocking mode is not built).", type=parse_bool, supported=False)
-    num_iters_per_train_update: int = opt(1, "Fully async: passes over each step's batch (PPO epochs; old log-probs fixed).")
+    num_iters_per_train_update: int = opt(1, "Passes over each step's batch (PPO epochs; the old log-probs stay "
+                                          "those of the step's first pass), in both modes.")
     ref_actor_config: dict | None = opt(None, "JSON overrides for the Reference/ActorFwd services; on CPU "
                                         "{\"threads\": N} sets their torch threads.", type=parse_json)
     train_backend: TrainBackend = opt("auto", "Training backend; auto = megatron when importable with a GPU, else "
@@ -143,8 +145,9 @@ class RolloutConfig:
     over_sampling_batch_size: int | None = opt(None, "Groups drawn and generated per sampling round (>= "
                                                "--rollout-batch-size; default: the rollout batch size); kept groups "
                                                "beyond the batch go back to the data source as prompts.")
-    dynamic_sampling_filter_path: str | None = opt(None, "Group filter fn(args, samples) -> bool | DynamicFilterOutput, "
-                                                   "e.g. relax.engine.filters.dynamic_sampling_filters."
+    dynamic_sampling_filter_path: str | None = opt(None, "Group filter fn(args, samples) -> bool | "
+                                                   "DynamicFilterOutput, e.g. "
+                                                   "relax.engine.filters.dynamic_sampling_filters."
                                                    "check_reward_nonzero_std (DAPO).")
     buffer_filter_path: str | None = opt(None, "Buffer filter fn(args, rollout_id, buffer, num_samples).")
     partial_rollout: bool = opt(False, "Fully async: requests a weight push aborts are resumed on the new weights "
@@ -191,8 +194,10 @@ class ParallelConfig:
     context_parallel_size: int = opt(1, "Context parallel size (megatron).", ignored=MEGATRON_ONLY)
     expert_model_parallel_size: int = opt(1, "Expert parallel size (megatron).", ignored=MEGATRON_ONLY)
     expert_tensor_parallel_size: int = opt(1, "Expert tensor parallel size (megatron).", ignored=MEGATRON_ONLY)
-    recompute_granularity: Literal["full", "selective"] | None = opt(None, "Recompute granularity (megatron).", ignored=MEGATRON_ONLY)
-    recompute_method: Literal["uniform", "block"] | None = opt(None, "Recompute method (megatron).", ignored=MEGATRON_ONLY)
+    recompute_granularity: Literal["full", "selective"] | None = opt(None, "Recompute granularity (megatron).",
+                                                                     ignored=MEGATRON_ONLY)
+    recompute_method: Literal["uniform", "block"] | None = opt(None, "Recompute method (megatron).",
+                                                               ignored=MEGATRON_ONLY)
     recompute_num_layers: int | None = opt(None, "Layers to recompute (megatron).", ignored=MEGATRON_ONLY)
 
 
@@ -239,7 +244,8 @@ class AlgorithmConfig:
     eps_clip_c: float | None = opt(None, "Dual-clip constant (> 1).")
     value_clip: float = opt(0.2, "Value clip.")
     entropy_coef: float = opt(0.0, "Entropy bonus coefficient.")
-    kl_coef: float = opt(0.0, "KL reward-shaping coefficient: reward - kl_coef * sum_t k1(old || ref) before advantages.")
+    kl_coef: float = opt(0.0, "KL reward-shaping coefficient: reward - kl_coef * sum_t k1(old || ref) "
+                              "before advantages.")
     use_kl_loss: bool = opt(False, "Add a KL(actor || reference) loss.")
     kl_loss_coef: float = opt(0.0, "KL loss coefficient.")
     kl_loss_type: KlType = opt("k1", "KL estimator.")
@@ -268,8 +274,9 @@ class AlgorithmConfig:
                                      ignored="train/rollout mismatch metrics are always reported")
     use_opd: bool = opt(False, "On-policy distillation: advantages get -opd_kl_coef * (logp_student - "
                         "logp_teacher) per token, on top of any estimator. Needs --opd-type.")
-    opd_type: Literal["sglang", "megatron"] | None = opt(None, "Where the teacher runs: sglang = an inference engine (launched from "
-                               "--opd-teacher-load with --rollout-backend, or an external server at --rm-url); "
+    opd_type: Literal["sglang", "megatron"] | None = opt(None, "Where the teacher runs: sglang = an inference "
+                               "engine (launched from --opd-teacher-load with --rollout-backend, or an "
+                               "external server at --rm-url); "
                                "megatron = the training backend, loading --opd-teacher-load.",
 )
     opd_kl_coef: float = opt(1.0, "OPD KL coefficient.")

@@ -61,8 +61,9 @@ def check_mode(cfg: RelaxConfig) -> RelaxConfig:
     if c.fully_async:
         check_fully_async(cfg)
     elif c.max_staleness:
-        raise ConfigError(f"--max-staleness {c.max_staleness} bounds how far rollout runs ahead of training, which only "
-                          "happens with --fully-async (colocate is always on-policy); add --fully-async or drop it")
+        raise ConfigError(f"--max-staleness {c.max_staleness} bounds how far rollout runs ahead of training, "
+                          "which only happens with --fully-async (colocate is always on-policy); "
+                          "add --fully-async or drop it")
     return cfg.replace(colocate=not c.fully_async)
 
 
@@ -75,8 +76,9 @@ def check_fully_async(cfg: RelaxConfig) -> None:
     offload = [flag for flag, on in (("--offload", c.offload), ("--offload-train", c.offload_train),
                                      ("--offload-rollout", c.offload_rollout)) if on]
     if offload:
-        raise ConfigError(f"{' '.join(offload)}: in fully-async mode every role holds its own devices for the whole run, "
-                          "so nothing is offloaded between phases; drop the flag (offloading is for --colocate)")
+        raise ConfigError(f"{' '.join(offload)}: in fully-async mode every role holds its own devices for the "
+                          "whole run, so nothing is offloaded between phases; "
+                          "drop the flag (offloading is for --colocate)")
 
 
 def check_partial_rollout(cfg: RelaxConfig) -> None:
@@ -124,12 +126,14 @@ def check_resource(cfg: RelaxConfig) -> RelaxConfig:
         cfg = cfg.replace(resource={"actor": [1, 1], "rollout": [1, 1]})
         res = cfg.cluster.resource
     if not isinstance(res, dict):
-        raise ConfigError(f"--resource must be a JSON object like '{{\"actor\": [1, 2], \"rollout\": [1, 2]}}', got {res!r}")
+        example = '{"actor": [1, 2], "rollout": [1, 2]}'
+        raise ConfigError(f"--resource must be a JSON object like '{example}', got {res!r}")
     for role, spec in res.items():
         if role not in KNOWN_ROLES:
             raise ConfigError(f"--resource: unknown role {role!r}; known roles: {', '.join(KNOWN_ROLES)}")
         if not (isinstance(spec, list) and len(spec) == 2 and all(isinstance(x, int) and x >= 0 for x in spec)):
-            raise ConfigError(f"--resource {role}: expected [replicas, gpus] as two non-negative integers, got {spec!r}")
+            raise ConfigError(f"--resource {role}: expected [replicas, gpus] as two non-negative integers, "
+                              f"got {spec!r}")
     for role in ("actor", "rollout"):
         if role not in res or res[role][1] < 1:
             raise ConfigError(f"--resource needs \"{role}\": [1, N] with N >= 1 (workers/engines on CPU, GPUs on GPU)")
@@ -466,7 +470,8 @@ def _check_plugin(path: str, flag: str, positional: int, expected: str) -> None:
 
 def check_exp_dir(cfg: RelaxConfig) -> RelaxConfig:
     """The run directory as an absolute path (default ./outputs/<timestamp>); created when the run starts."""
-    return cfg.replace(exp_dir=os.path.abspath(cfg.misc.exp_dir or os.path.join("outputs", time.strftime("%Y%m%d-%H%M%S"))))
+    default = os.path.join("outputs", time.strftime("%Y%m%d-%H%M%S"))
+    return cfg.replace(exp_dir=os.path.abspath(cfg.misc.exp_dir or default))
 
 
 # In order: a check may rely on what the ones before derived (the mode, the resource, the batch).

@@ -15,11 +15,13 @@ import os
 import sys
 import time
 import uuid
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from relax.config.plan import REPLICA_CPUS, RolePlan, RunPlan, check_cluster, resolve_plan
 from relax.config.schema import RelaxConfig
 from relax.core.registry import ROLES
+from relax.distributed.transfer_queue import RUN_ENV
 from relax.utils.logging import TOKEN_ENV, new_run_token
 from relax.utils.plugins import import_object
 from relax.utils.poll import Backoff
@@ -43,13 +45,14 @@ def env_file_vars(path: str = ENV_FILE) -> dict[str, str]:
     return {str(k): str(v) for k, v in (loaded.get("env_vars") or {}).items()}
 
 
-def runtime_env_vars(token: str) -> dict[str, str]:
-    """Env for every role process: configs/env.yaml defaults, the run token, and the launch
-    directory on PYTHONPATH so plugins given as dotted paths (`examples.x.reward.fn`) import in
-    remote processes too. Variables already set in the launching environment win."""
+def runtime_env_vars(token: str, run_id: str) -> dict[str, str]:
+    """Env for every role process: configs/env.yaml defaults, the run token, the run id (its
+    data-plane namespace), and the launch directory on PYTHONPATH so plugins given as dotted
+    paths (`examples.x.reward.fn`) import in remote processes too. Variables already set in the
+    launching environment win."""
     path = os.pathsep.join(p for p in [os.getcwd(), os.environ.get("PYTHONPATH", "")] if p)
     env = {k: os.environ.get(k, v) for k, v in env_file_vars().items()}
-    env.update({TOKEN_ENV: token, "PYTHONPATH": path, "RAY_USAGE_STATS_ENABLED": "0"})
+    env.update({TOKEN_ENV: token, RUN_ENV: run_id, "PYTHONPATH": path, "RAY_USAGE_STATS_ENABLED": "0"})
     for key in ("RELAX_LOG_LEVEL", "NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS"):
         if key in os.environ:
             env[key] = os.environ[key]
@@ -71,10 +74,11 @@ class Runtime:
         self.cfg = cfg
         self.token = new_run_token()
         self.run_id = uuid.uuid4().hex[:8]
-        self.env = runtime_env_vars(self.token)
+        self.env = runtime_env_vars(self.token, self.run_id)
         self.started_ray = False
         self.started_serve = False
         self.started_tq = False
+        self._tq: Future | None = None  # TransferQueue's start-up (a thread: see __enter__)
         self.apps: list[str] = []
         self.failed_apps: set[str] = set()  # apps whose replica could not start (wait_running)
         self.plan: RunPlan | None = None  # resolved for this cluster on entering
@@ -99,9 +103,15 @@ class Runtime:
             self.started_ray = True
             logger.info("started a local Ray instance with %d logical CPUs", num_cpus)
         self.plan = self._plan()
+        # TransferQueue starts its controller, then its storage units (~8 s of actor start-ups):
+        # in a thread, while Serve starts and the roles deploy. Its controller is up before any
+        # role may attach, and `wait_running` waits for the whole data system.
+        pool = ThreadPoolExecutor(1, thread_name_prefix="tq-init")
+        self._tq = pool.submit(tq.init_data_system, self.cfg.cluster.num_data_storage_units)
+        pool.shutdown(wait=False)  # the thread ends with its one task
+        tq.wait_for_controller(self._tq)
         self.started_serve = not serve_running()
         serve.start(proxy_location="Disabled")
-        self.started_tq = tq.init_data_system(self.cfg.cluster.num_data_storage_units)
         return self
 
     def _plan(self) -> RunPlan:
@@ -129,6 +139,8 @@ class Runtime:
             # so deletion need not poll for ongoing requests on Serve's 2 s default period.
             cls, name=role.name, num_replicas=1, max_ongoing_requests=1024, graceful_shutdown_timeout_s=30,
             graceful_shutdown_wait_loop_s=0.1,
+            # A role's constructor is deterministic: a failure fails the run at once, not 3 retries later.
+            max_constructor_retry_count=1,
             health_check_timeout_s=600, logging_config={"enable_access_log": False},
             ray_actor_options={"num_cpus": REPLICA_CPUS, "num_gpus": role.replica_gpus,
                                "runtime_env": {"env_vars": self.env}},
@@ -144,6 +156,7 @@ class Runtime:
         raises with Serve's message (the role's constructor error)."""
         from ray import serve
 
+        self.started_tq = self._tq.result()  # the data system is whole before any role sets up
         deadline, backoff = time.monotonic() + timeout_s, Backoff(first_s=0.05, max_s=0.5)
         while True:
             apps = serve.status().applications
@@ -193,10 +206,12 @@ class Runtime:
 
         self._delete_apps()
         try:
+            if self._tq is not None:
+                self.started_tq = self._tq.result()
             if self.started_tq:
                 tq.close_data_system()
-            else:  # a shared data system (a test session's): leave it empty for the next run
-                tq.clear_all()
+            else:  # a shared data system (another job's, a test session's): take only this run's rows
+                tq.clear_run()
         except Exception as err:  # noqa: BLE001 - teardown continues
             logger.warning("closing TransferQueue failed: %s", err)
         if self.started_serve and not serve.status().applications:

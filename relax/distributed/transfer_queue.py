@@ -1,4 +1,4 @@
-"""The data plane: TransferQueue partitions, one per rollout step (`train_{step}`).
+"""The data plane: TransferQueue partitions, one per rollout step (`<run>/train_{step}`).
 
 Rollout writes one row per sample (key = the sample's global index); downstream roles add
 columns to the same rows (`ref_log_probs`, `advantages`, ...); the Actor reads what it needs
@@ -9,6 +9,7 @@ columns travel as jagged nested tensors and come back as lists of 1-D tensors.
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any, Awaitable, Callable, Sequence
 
 import torch
@@ -32,11 +33,23 @@ ROLLOUT_COLUMNS: dict[str, tuple[torch.dtype, bool]] = {
 }
 
 
+RUN_ENV = "RELAX_RUN_ID"  # every process of a run has it: its partitions are `<run id>/...`
+
+
+def _namespace() -> str:
+    """This process's run: runs sharing one data system (jobs on one cluster) never see each
+    other's rows."""
+    run = os.environ.get(RUN_ENV, "")
+    return f"{run}/" if run else ""
+
+
 def partition_id(step: int) -> str:
-    return f"train_{step}"
+    return f"{_namespace()}train_{step}"
 
 
-STEPS_PARTITION = "relax_steps"  # one row per finished rollout step: how many rows it wrote
+def steps_partition() -> str:
+    """One row per finished rollout step: how many rows it wrote."""
+    return f"{_namespace()}relax_steps"
 
 
 def running() -> bool:
@@ -61,19 +74,33 @@ def init_data_system(num_storage_units: int = 1) -> bool:
 
     if running():
         tq.init()
-        clear_all()
         return False
     tq.init(OmegaConf.create({"controller": {"polling_mode": True},
                               "backend": {"SimpleStorage": {"num_data_storage_units": num_storage_units}}}))
     return True
 
 
-def clear_all() -> None:
-    """Drop every row of every partition (what an earlier run on the same data system left)."""
+def wait_for_controller(starting: Any, timeout_s: float = 120.0) -> None:
+    """Until the data system's controller exists (a role attaching from now on joins it instead of
+    starting a second one); `starting` is the future of `init_data_system`, whose error is raised."""
+    import time
+
+    deadline, backoff = time.monotonic() + timeout_s, Backoff(first_s=0.02, max_s=0.2)
+    while not running():
+        if starting.done():
+            starting.result()  # raises why the data system did not start
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"TransferQueue's controller did not start within {timeout_s:.0f}s")
+        backoff.sleep()
+
+
+def clear_run() -> None:
+    """Drop every row this run left in a shared data system (a run stopped mid-step leaves some)."""
     import transfer_queue as tq
 
     for partition, rows in tq.kv_list().items():
-        if rows:
+        if rows and partition.startswith(_namespace()):
             tq.kv_clear(keys=list(rows), partition_id=partition)
 
 
@@ -81,6 +108,15 @@ def attach() -> None:
     import transfer_queue as tq
 
     tq.init()
+
+
+def attach_if_running() -> None:
+    """Attach to the run's data system when there is one (a role's replica); a role constructed
+    outside a run (a unit test) stays detached instead of starting Ray and a data system."""
+    import ray
+
+    if ray.is_initialized() and running():
+        attach()
 
 
 def close_data_system() -> None:
@@ -258,7 +294,7 @@ async def mark_step_done(step: int, num_rows: int) -> None:
     import transfer_queue as tq
     from tensordict import TensorDict
 
-    await tq.async_kv_batch_put(keys=[str(step)], partition_id=STEPS_PARTITION,
+    await tq.async_kv_batch_put(keys=[str(step)], partition_id=steps_partition(),
                                 fields=TensorDict({"num_rows": torch.tensor([num_rows])}, batch_size=1))
 
 
@@ -266,11 +302,12 @@ async def step_rows(step: int) -> int | None:
     """Rows written for `step` once Rollout marked it done, else None."""
     import transfer_queue as tq
 
-    listing = (await tq.async_kv_list(partition_id=STEPS_PARTITION)).get(STEPS_PARTITION, {})
+    partition = steps_partition()
+    listing = (await tq.async_kv_list(partition_id=partition)).get(partition, {})
     if str(step) not in listing:
         return None
     try:
-        data = await tq.async_kv_batch_get(keys=[str(step)], partition_id=STEPS_PARTITION, select_fields=["num_rows"])
+        data = await tq.async_kv_batch_get(keys=[str(step)], partition_id=steps_partition(), select_fields=["num_rows"])
     except ValueError:  # listed while its put is still landing: not done yet from here
         return None
     return int(data["num_rows"][0])
@@ -283,7 +320,7 @@ async def clear(step: int) -> None:
     if keys:
         await tq.async_kv_clear(keys=keys, partition_id=partition_id(step))
     if await step_rows(step) is not None:
-        await tq.async_kv_clear(keys=[str(step)], partition_id=STEPS_PARTITION)
+        await tq.async_kv_clear(keys=[str(step)], partition_id=steps_partition())
 
 
 async def live_steps() -> list[int]:
@@ -291,4 +328,5 @@ async def live_steps() -> list[int]:
     import transfer_queue as tq
 
     listing = await tq.async_kv_list()
-    return sorted(int(p[len("train_"):]) for p, rows in listing.items() if p.startswith("train_") and rows)
+    prefix = partition_id(0)[:-1]
+    return sorted(int(p[len(prefix):]) for p, rows in listing.items() if p.startswith(prefix) and rows)

@@ -22,7 +22,8 @@ DATA_FLAGS = ("prompt_data", "hf_checkpoint", "input_key", "label_key", "metadat
               "apply_chat_template", "apply_chat_template_kwargs", "system_prompt", "rollout_max_prompt_len",
               "multimodal_keys", "custom_prompt_path", "skip_malformed_rows", "use_streaming_dataset",
               "streaming_buffer_size", "rollout_shuffle", "rollout_seed", "prefetch_chunk_size",
-              "prefetch_max_cached", "prefetch_num_workers", "n_samples_per_prompt", "buffer_filter_path", "save", "load")
+              "prefetch_max_cached", "prefetch_num_workers", "n_samples_per_prompt", "buffer_filter_path",
+              "save", "load")
 
 
 @dataclass(frozen=True)
@@ -47,7 +48,8 @@ class SamplingSpec:
     @classmethod
     def for_eval(cls, d: EvalDataset, skip_special_tokens: bool) -> SamplingSpec:
         return cls(temperature=d.temperature, top_p=d.top_p, top_k=d.top_k, max_new_tokens=d.max_response_len,
-                   min_new_tokens=d.min_new_tokens, stop=tuple(d.stop or ()), stop_token_ids=tuple(d.stop_token_ids or ()),
+                   min_new_tokens=d.min_new_tokens, stop=tuple(d.stop or ()),
+                   stop_token_ids=tuple(d.stop_token_ids or ()),
                    skip_special_tokens=skip_special_tokens, max_context_len=d.max_context_len)
 
     def params(self) -> dict[str, Any]:

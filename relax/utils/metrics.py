@@ -49,7 +49,8 @@ def pass_rates(correct_per_prompt: list[list[bool]], prefix: str) -> dict[str, f
     out = {}
     k = 1
     while k <= n:
-        out[f"{prefix}/pass@{k}"] = sum(pass_at_k(len(c), sum(c), k) for c in correct_per_prompt) / len(correct_per_prompt)
+        total = sum(pass_at_k(len(c), sum(c), k) for c in correct_per_prompt)
+        out[f"{prefix}/pass@{k}"] = total / len(correct_per_prompt)
         k *= 2
     return out
 

@@ -26,7 +26,8 @@ Every flag keeps the name and default of the Relax/slime configuration reference
 - Relax flags below. Internally each group is a typed dataclass (`cfg.rollout`, `cfg.optim`, ...);
   plugins receive the flat `args` namespace with the same names (`args.rollout_batch_size`).
 - SGLang server options pass through as `--sglang-<option>` and are kept for the sglang backend; the `hf`
-  engine takes the ones it has (`max_running_requests`, `context_length`, `dtype`, `random_seed`, ...) and logs the rest as unused.
+  engine takes the ones it has (`max_running_requests`, `context_length`, `dtype`, `random_seed`, ...) and logs
+  the rest as unused.
 - Megatron flags not listed here are accepted only with `--train-backend megatron`; with `fsdp` the
   HF `config.json` is the source of truth and a contradicting architecture flag is an error.
 

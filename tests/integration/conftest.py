@@ -45,3 +45,73 @@ def tiny_setup(tmp_path_factory):
             for _ in range(n):
                 f.write(json.dumps(make_row(sample_numbers(rng))) + "\n")
     return root
+
+
+@pytest.fixture(scope="session")
+def reference_run(ray_cluster, tiny_setup, tmp_path_factory):
+    """One 4-step colocate GRPO run that several tests read: checkpoints every 2 steps (resume),
+    saved rollouts, per-step details and training batches (replay, debug dumps), a reference
+    refreshed every 2 steps, and the colocate side of staleness 0 == colocate. Returns its
+    directory (the run itself in `run/`)."""
+    from run_helpers import reference_args, run_relax
+
+    exp = tmp_path_factory.mktemp("reference_run")
+    run_relax(reference_args(tiny_setup, exp / "run") + [
+        "--save", str(exp / "ckpt"), "--save-interval", "2",
+        "--save-debug-rollout-data", str(exp / "rollouts" / "step_{rollout_id}.pt"),
+        "--dump-details", str(exp / "details"), "--save-debug-train-data", str(exp / "train_{rollout_id}.pt")])
+    return exp
+
+
+@pytest.fixture(scope="session")
+def plugin_run(ray_cluster, tiny_setup, tmp_path_factory):
+    """One colocate run through the plugins: a two-turn custom generate function (observation tokens
+    masked), a dynamic-sampling filter over a reward that makes some groups constant, over-sampling,
+    an eval with pass@k through the same generate function, a custom train-data conversion (the
+    first response token masked), and two passes over each step (--num-iters-per-train-update, PPO
+    epochs in colocate mode). Returns its directory."""
+    from run_helpers import run_relax
+
+    root, exp = tiny_setup, tmp_path_factory.mktemp("plugins")
+    run_relax([
+        "--hf-checkpoint", str(root / "model"), "--prompt-data", str(root / "train.jsonl"),
+        "--input-key", "prompt", "--label-key", "label", "--apply-chat-template",
+        "--custom-rm-path", "tests.integration.digit_reward.parity_reward",
+        "--custom-generate-function-path", "tests.integration.multiturn_generate.generate",
+        "--dynamic-sampling-filter-path", "relax.engine.filters.dynamic_sampling_filters.check_reward_nonzero_std",
+        "--over-sampling-batch-size", "12", "--rollout-batch-size", "8", "--n-samples-per-prompt", "4",
+        "--rollout-max-response-len", "4", "--num-rollout", "3", "--lr", "1e-2", "--progress-bar", "false",
+        "--exp-dir", str(exp), "--resource", '{"actor": [1, 1], "rollout": [1, 1]}',
+        "--eval-interval", "3", "--eval-prompt-data", "tiny", str(root / "eval.jsonl"),
+        "--n-samples-per-eval-prompt", "4", "--log-passrate", "--skip-eval-before-train",
+        "--num-iters-per-train-update", "2",
+        "--custom-convert-samples-to-train-data-path", "tests.integration.train_data_plugins.mask_first_token",
+        "--save-debug-rollout-data", str(exp / "rollouts" / "step_{rollout_id}.pt"),
+        "--save-debug-train-data", str(exp / "train_{rollout_id}.pt"),
+    ])
+    return exp
+
+
+# The colocate Ctrl-C run doubles as the true on-policy run: both need a colocate run of a few steps.
+TRUE_ON_POLICY = ("--true-on-policy-mode", "--rollout-temperature", "0.8", "--lr", "1e-2",
+                  "--custom-rm-path", "tests.integration.digit_reward.reward_func")
+
+
+@pytest.fixture(scope="session")
+def interrupted_run(tiny_setup, tmp_path_factory):
+    """A colocate `relax-train` subprocess (its own Ray) in --true-on-policy-mode, interrupted with
+    SIGINT once two steps are done. Returns the `Run` (marker, exit code, its run directory)."""
+    import signal
+
+    from subprocess_runs import Run, marked_processes
+
+    run = Run(tiny_setup, tmp_path_factory.mktemp("interrupted"), 1000, TRUE_ON_POLICY)
+    try:
+        assert run.wait_for("step 2/1000"), run.output()[-5000:]  # training is really under way
+        run.processes_before_signal = len(marked_processes(run.marker))
+        run.proc.send_signal(signal.SIGINT)
+        run.proc.wait(timeout=120)
+    finally:
+        if run.proc.poll() is None:
+            run.proc.kill()
+    return run

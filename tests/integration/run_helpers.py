@@ -26,3 +26,19 @@ def read_metrics(exp_dir: Path) -> list[dict]:
 def step_rows(exp_dir: Path) -> list[dict]:
     """One row per training step (eval-only rows left out)."""
     return [r for r in read_metrics(exp_dir) if "time/step" in r]
+
+
+def reference_args(root, exp_dir, num_rollout: int = 4, *, reference: bool = True) -> list[str]:
+    """The shared colocate GRPO run's flags (see the `reference_run` fixture); `reference=False`
+    leaves out its reference model (KL logged with weight 0, refreshed every 2 steps)."""
+    args = ["--hf-checkpoint", str(root / "model"), "--prompt-data", str(root / "train.jsonl"),
+            "--input-key", "prompt", "--label-key", "label", "--apply-chat-template",
+            "--custom-rm-path", "tests.integration.digit_reward.reward_func", "--rollout-shuffle",
+            "--rollout-batch-size", "4", "--n-samples-per-prompt", "4", "--rollout-max-response-len", "6",
+            "--lr", "1e-2", "--progress-bar", "false", "--num-rollout", str(num_rollout), "--exp-dir", str(exp_dir)]
+    if not reference:
+        return args + ["--resource", '{"actor": [1, 1], "rollout": [1, 1]}']
+    # The KL is logged with weight 0 in the loss, so resuming (whose reference restarts from
+    # --ref-load until its next refresh) leaves the losses unchanged.
+    return args + ["--use-kl-loss", "--kl-loss-coef", "0", "--kl-loss-type", "low_var_kl", "--ref-update-interval",
+                   "2", "--resource", '{"actor": [1, 1], "rollout": [1, 1], "reference": [1, 1]}']

@@ -36,19 +36,9 @@ def test_colocate_grpo_learns_and_versions_advance(ray_cluster, tiny_setup, tmp_
     assert AutoModelForCausalLM.from_pretrained(tmp_path / "hf") is not None
 
 
-def test_custom_multiturn_generate_trains_with_masked_observations(ray_cluster, tiny_setup, tmp_path):
-    root = tiny_setup
-    run_relax([
-        "--hf-checkpoint", str(root / "model"), "--prompt-data", str(root / "train.jsonl"),
-        "--input-key", "prompt", "--label-key", "label", "--apply-chat-template",
-        "--custom-rm-path", "tests.integration.digit_reward.reward_func",
-        "--custom-generate-function-path", "tests.integration.multiturn_generate.generate",
-        "--rollout-batch-size", "4", "--n-samples-per-prompt", "4", "--rollout-max-response-len", "4",
-        "--num-rollout", "2", "--lr", "1e-2", "--progress-bar", "false", "--exp-dir", str(tmp_path),
-        "--resource", '{"actor": [1, 1], "rollout": [1, 1]}',
-    ])
-    rows = [r for r in read_metrics(tmp_path) if "train/pg_loss" in r]
-    assert len(rows) == 2
+def test_custom_multiturn_generate_trains_with_masked_observations(plugin_run):
+    rows = [r for r in read_metrics(plugin_run) if "train/pg_loss" in r]
+    assert len(rows) == 3 and all(r["train/passes"] == 2.0 for r in rows)
     # two model turns of <= 4 tokens plus the observation tokens
     assert all(r["rollout/response_len_mean"] > 4 for r in rows)
     # masked observation tokens carry log-prob 0 from the plugin and are excluded from the
@@ -56,23 +46,12 @@ def test_custom_multiturn_generate_trains_with_masked_observations(ray_cluster, 
     assert all(r["train/train_rollout_logprob_abs_diff_max"] < 1e-3 for r in rows)
 
 
-def test_dynamic_sampling_drops_constant_groups_and_fills_the_batch(ray_cluster, tiny_setup, tmp_path):
-    root = tiny_setup
-    run_relax([
-        "--hf-checkpoint", str(root / "model"), "--prompt-data", str(root / "train.jsonl"),
-        "--input-key", "prompt", "--label-key", "label", "--apply-chat-template",
-        "--custom-rm-path", "tests.integration.digit_reward.parity_reward",
-        "--dynamic-sampling-filter-path", "relax.engine.filters.dynamic_sampling_filters.check_reward_nonzero_std",
-        "--over-sampling-batch-size", "12", "--rollout-batch-size", "8", "--n-samples-per-prompt", "4",
-        "--rollout-max-response-len", "4", "--num-rollout", "3", "--progress-bar", "false",
-        "--exp-dir", str(tmp_path), "--resource", '{"actor": [1, 1], "rollout": [1, 1]}',
-        "--eval-interval", "3", "--eval-prompt-data", "tiny", str(root / "eval.jsonl"),
-        "--n-samples-per-eval-prompt", "4", "--log-passrate", "--skip-eval-before-train",
-    ])
-    rows = [r for r in read_metrics(tmp_path) if "rollout/num_samples" in r and "train/pg_loss" in r]
+def test_dynamic_sampling_drops_constant_groups_and_fills_the_batch(plugin_run):
+    rows = [r for r in read_metrics(plugin_run) if "rollout/num_samples" in r and "train/pg_loss" in r]
     assert [r["rollout/num_samples"] for r in rows] == [32.0, 32.0, 32.0]  # always a full batch
     dropped = sum(r.get("rollout/filter_dropped_groups", 0.0) for r in rows)
     reasons = sum(v for r in rows for k, v in r.items() if k.startswith("rollout/filter_drop/"))
     assert dropped > 0 and reasons == dropped
-    evals = [r for r in read_metrics(tmp_path) if "eval/tiny/pass@1" in r]
-    assert len(evals) == 1 and 0 <= evals[0]["eval/tiny/pass@1"] <= evals[0]["eval/tiny/pass@2"] <= evals[0]["eval/tiny/pass@4"]
+    evals = [r for r in read_metrics(plugin_run) if "eval/tiny/pass@1" in r]
+    assert len(evals) == 1
+    assert 0 <= evals[0]["eval/tiny/pass@1"] <= evals[0]["eval/tiny/pass@2"] <= evals[0]["eval/tiny/pass@4"]

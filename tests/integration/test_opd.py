@@ -27,10 +27,11 @@ def models(tiny_setup, tmp_path_factory):
 MODES = {
     "colocate": ["--resource", '{"actor": [1, 1], "rollout": [1, 1]}'],
     # Staleness 0: the penalty is then computed with the policy being trained, as in colocate. At
-    # this test's learning rate (1e-2, to see the KL fall in 6 steps) a penalty one version stale
+    # this test's learning rate (1e-2, to see the KL fall in 5 steps) a penalty one version stale
     # overshoots (measured: the KL falls at step 2, then climbs back above 2); docs/fully-async.md.
     "fully_async": ["--fully-async", "--max-staleness", "0", "--resource",
-                    '{"actor": [1, 1], "rollout": [1, 1], "teacher": [1, 1], "actor_fwd": [1, 1], "advantages": [1, 0]}'],
+                    '{"actor": [1, 1], "rollout": [1, 1], "teacher": [1, 1], "actor_fwd": [1, 1], '
+                    '"advantages": [1, 0]}'],
 }
 
 
@@ -42,7 +43,8 @@ def opd_args(root, models, exp_dir, opd_type: str, mode: str) -> list[str]:
         "--custom-rm-path", "tests.integration.opd_helpers.zero_reward",
         "--use-opd", "--opd-type", opd_type, "--opd-teacher-load", str(teacher), "--opd-kl-coef", "1.0",
         "--normalize-advantages", "--rollout-batch-size", "8", "--n-samples-per-prompt", "2",
-        "--rollout-max-response-len", "12", "--num-rollout", "6", "--lr", "1e-2", "--rollout-shuffle", "--progress-bar", "false",
+        "--rollout-max-response-len", "12", "--num-rollout", "5", "--lr", "1e-2", "--rollout-shuffle",
+        "--progress-bar", "false",
         "--exp-dir", str(exp_dir), *MODES[mode],
     ]
 
@@ -52,6 +54,6 @@ def opd_args(root, models, exp_dir, opd_type: str, mode: str) -> list[str]:
 def test_student_kl_to_the_teacher_falls(ray_cluster, tiny_setup, models, tmp_path, opd_type, mode):
     run_relax(opd_args(tiny_setup, models, tmp_path, opd_type, mode))
     kls = [r["opd/kl_to_teacher"] for r in step_rows(tmp_path)]
-    assert len(kls) == 6
+    assert len(kls) == 5
     assert kls[0] > 1.0, kls  # the student starts far from the teacher
     assert sum(kls[-2:]) / 2 < 0.6 * kls[0], kls

@@ -20,45 +20,54 @@ def ppo_args(root, exp_dir, *extra: str) -> list[str]:
         "--input-key", "prompt", "--label-key", "label", "--apply-chat-template",
         "--custom-rm-path", "tests.integration.digit_reward.reward_func", "--advantage-estimator", "ppo",
         "--rollout-batch-size", "4", "--n-samples-per-prompt", "2", "--rollout-max-response-len", "6",
-        "--num-rollout", "2", "--lr", "1e-2", "--critic-lr", "1e-2", "--progress-bar", "false",
+        "--lr", "1e-2", "--critic-lr", "1e-2", "--progress-bar", "false",
         "--exp-dir", str(exp_dir), "--resource", '{"actor": [1, 1], "rollout": [1, 1], "critic": [1, 1]}', *extra,
     ]
 
 
-def test_ppo_trains_policy_and_critic_and_saves_the_critic(ray_cluster, tiny_setup, tmp_path):
-    run_relax(ppo_args(tiny_setup, tmp_path, "--save", str(tmp_path / "ckpt"), "--save-interval", "2"))
-    steps = step_rows(tmp_path)
-    assert len(steps) == 2
-    for r in steps:
-        assert math.isfinite(r["train/pg_loss"]) and math.isfinite(r["critic/value_loss"])
-        assert r["critic/grad_norm"] > 0 and "time/critic_forward" in r
-        assert r["train/ppo_kl"] == pytest.approx(0.0, abs=1e-5)
-    assert any(r["train/grad_norm"] > 0 for r in steps)
-    assert (tmp_path / "ckpt" / "critic" / "latest_checkpointed_iteration.txt").read_text() == "1"
-    assert (tmp_path / "ckpt" / "latest_checkpointed_iteration.txt").read_text() == "1"
+def actor_weights(checkpoint) -> dict[str, torch.Tensor]:
+    """The actor's model weights in a DCP checkpoint directory written by the fsdp backend."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    dcp_to_torch_save(str(checkpoint / "model"), str(checkpoint / "flat.pt"))
+    return torch.load(checkpoint / "flat.pt", weights_only=False)["model"]
 
 
-def test_critic_only_steps_leave_the_actor_weights_unchanged(ray_cluster, tiny_setup, tmp_path):
+def test_ppo_critic_only_steps_then_policy_and_critic_train_and_save(ray_cluster, tiny_setup, tmp_path):
+    """Step 0 trains only the critic (the actor's weights stay the initial ones); steps 1-2 train
+    both; checkpoints of the actor and the critic are written every step."""
     from safetensors.torch import load_file
 
-    run_relax(ppo_args(tiny_setup, tmp_path, "--num-critic-only-steps", "2", "--save-hf", str(tmp_path / "hf")))
+    run_relax(ppo_args(tiny_setup, tmp_path, "--num-rollout", "3", "--num-critic-only-steps", "1",
+                       "--save", str(tmp_path / "ckpt"), "--save-interval", "1"))
     steps = step_rows(tmp_path)
-    assert [r.get("train/critic_only_step") for r in steps] == [1.0, 1.0]
-    assert all("train/pg_loss" not in r and r["critic/grad_norm"] > 0 for r in steps)
+    assert len(steps) == 3 and steps[0].get("train/critic_only_step") == 1.0 and "train/pg_loss" not in steps[0]
+    assert all(r["critic/grad_norm"] > 0 and math.isfinite(r["critic/value_loss"]) for r in steps)
+    for r in steps[1:]:
+        assert math.isfinite(r["train/pg_loss"]) and "time/critic_forward" in r and "train/critic_only_step" not in r
+        assert r["train/ppo_kl"] == pytest.approx(0.0, abs=1e-5)
+    assert any(r["train/grad_norm"] > 0 for r in steps[1:])
+    assert (tmp_path / "ckpt" / "critic" / "latest_checkpointed_iteration.txt").read_text() == "2"
+    assert (tmp_path / "ckpt" / "latest_checkpointed_iteration.txt").read_text() == "2"
+
     before = load_file(str(tiny_setup / "model" / "model.safetensors"))
-    after = load_file(str(tmp_path / "hf" / "model.safetensors"))
-    shared = sorted(set(before) & set(after))
+    after_critic_only = actor_weights(tmp_path / "ckpt" / "iter_0000000")
+    after_training = actor_weights(tmp_path / "ckpt" / "iter_0000002")
+    shared = sorted(set(before) & set(after_critic_only))
     assert len(shared) > 5
-    assert all(torch.equal(before[k], after[k]) for k in shared), [k for k in shared if not torch.equal(before[k], after[k])]
+    assert all(torch.equal(before[k], after_critic_only[k]) for k in shared), \
+        [k for k in shared if not torch.equal(before[k], after_critic_only[k])]
+    assert any(not torch.equal(before[k], after_training[k]) for k in shared)  # the actor trained later
 
 
 def test_critic_checkpoint_round_trips_through_the_component(ray_cluster, tiny_setup, tmp_path):
     from relax.components.critic import Critic
     from relax.config import parse_config
+    from relax.config.plan import resolve_plan
     from relax.core.service import Runtime
     from relax.distributed import transfer_queue as tq
 
-    args = ppo_args(tiny_setup, tmp_path, "--save", str(tmp_path / "ckpt"))
+    args = ppo_args(tiny_setup, tmp_path, "--num-rollout", "1", "--save", str(tmp_path / "ckpt"))
     tokens = [[5, 6, 7, 8, 9, 10], [11, 12, 13, 14]]
     lengths = [3, 2]
 
@@ -78,9 +87,16 @@ def test_critic_checkpoint_round_trips_through_the_component(ray_cluster, tiny_s
         await tq.clear(step)
         return [v.tolist() for v in cols["values"]]
 
+    def critic(cfg) -> Critic:
+        return Critic(cfg, resolve_plan(cfg).role("critic"))
+
+    async def ready(role: Critic) -> dict:
+        await role.start()
+        return await role.setup({})
+
     async def go():
-        first = Critic(parse_config(args))
-        assert (await first.setup())["loaded_rollout_id"] is None
+        first = critic(parse_config(args))
+        assert (await ready(first))["loaded_rollout_id"] is None
         initial = await values_of(first, 0)
         await put_rows(1, returns=[[1.0] * n for n in lengths])
         await first.forward(1)
@@ -89,8 +105,9 @@ def test_critic_checkpoint_round_trips_through_the_component(ray_cluster, tiny_s
         trained = await values_of(first, 2)
         await first.save(1)
         await first.shutdown()
-        second = Critic(parse_config(ppo_args(tiny_setup, tmp_path, "--critic-load", str(tmp_path / "ckpt" / "critic"))))
-        assert (await second.setup())["loaded_rollout_id"] == 1
+        second = critic(parse_config(ppo_args(tiny_setup, tmp_path, "--num-rollout", "1",
+                                              "--critic-load", str(tmp_path / "ckpt" / "critic"))))
+        assert (await ready(second))["loaded_rollout_id"] == 1
         loaded = await values_of(second, 3)
         await second.shutdown()
         return initial, trained, loaded

@@ -1,12 +1,15 @@
-"""Checkpoint resume: a run saved at step k and resumed with --load continues exactly where the
-uninterrupted run would be — same data position, same weights, same optimizer state, same RNG —
-so their per-step rewards and losses match."""
+"""Checkpoint resume: a run resumed with --load from the checkpoint of step k continues exactly
+where the uninterrupted run went on — same data position, same weights, same optimizer state,
+same RNG — so their per-step rewards and losses match. The uninterrupted run is the session's
+reference run (checkpoints at steps 1 and 3); the resumed run starts from the step-1 one."""
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
+from run_helpers import reference_args, step_rows
 from run_helpers import run_relax as run
-from run_helpers import step_rows
 
 pytestmark = pytest.mark.integration
 
@@ -15,20 +18,19 @@ def step_metrics(exp_dir):
     return {r["step"]: r for r in step_rows(exp_dir)}
 
 
-def test_resume_equals_uninterrupted(ray_cluster, tiny_setup, tmp_path):
-    root = tiny_setup
-    common = ["--hf-checkpoint", str(root / "model"), "--prompt-data", str(root / "train.jsonl"),
-              "--input-key", "prompt", "--label-key", "label", "--apply-chat-template",
-              "--custom-rm-path", "tests.integration.digit_reward.reward_func", "--rollout-shuffle",
-              "--rollout-batch-size", "4", "--n-samples-per-prompt", "4", "--rollout-max-response-len", "6",
-              "--lr", "1e-2", "--progress-bar", "false", "--resource", '{"actor": [1, 1], "rollout": [1, 1]}']
-    full, first, second = tmp_path / "full", tmp_path / "first", tmp_path / "second"
-    run(common + ["--num-rollout", "4", "--exp-dir", str(full)])
-    run(common + ["--num-rollout", "2", "--exp-dir", str(first), "--save", str(tmp_path / "ckpt"),
-                  "--save-interval", "2"])
-    run(common + ["--num-rollout", "4", "--exp-dir", str(second), "--load", str(tmp_path / "ckpt")])
+def checkpoint_of_step(ckpt, step: int, out):
+    """A checkpoint directory holding only step `step`'s checkpoint (actor and data position)."""
+    shutil.copytree(ckpt / f"iter_{step:07d}", out / f"iter_{step:07d}")
+    (out / "rollout").mkdir()
+    shutil.copy(ckpt / "rollout" / f"global_dataset_state_dict_{step}.pt", out / "rollout")
+    (out / "latest_checkpointed_iteration.txt").write_text(str(step))
+    return out
 
-    resumed, uninterrupted = step_metrics(second), step_metrics(full)
+
+def test_resume_equals_uninterrupted(reference_run, tiny_setup, tmp_path):
+    load = checkpoint_of_step(reference_run / "ckpt", 1, tmp_path / "ckpt")
+    run(reference_args(tiny_setup, tmp_path / "resumed") + ["--load", str(load)])
+    resumed, uninterrupted = step_metrics(tmp_path / "resumed"), step_metrics(reference_run / "run")
     assert sorted(resumed) == [2, 3]  # started after the saved step
     for step in (2, 3):
         for key in ("rollout/reward_mean", "rollout/response_len_mean", "train/pg_loss", "train/grad_norm"):

@@ -12,14 +12,17 @@ def test_a_role_that_cannot_start_raises_its_error_and_teardown_deletes_every_ap
     from ray import serve
 
     from relax.config.parser import parse_config
+    from relax.config.plan import RolePlan
     from relax.core.service import Runtime
 
     cfg = parse_config(["--hf-checkpoint", str(tiny_setup / "model"), "--prompt-data", str(tiny_setup / "train.jsonl"),
-                        "--input-key", "prompt", "--label-key", "label"], validate=False)
+                        "--input-key", "prompt", "--label-key", "label", "--rollout-batch-size", "2",
+                        "--num-rollout", "1", "--rollout-max-response-len", "4"])
     with Runtime(cfg) as runtime:
-        runtime.deploy_role("advantages", cfg, wait=False)
-        runtime.deploy_role("actor_fwd", cfg, "not_a_role", wait=False)  # its constructor raises
-        with pytest.raises(RuntimeError, match="(?s)failed to start.*ActorFwd role must be one of"):
+        runtime.deploy_role(RolePlan("advantages"), cfg, RolePlan("advantages", reads=("rewards",)))
+        broken = RolePlan("actor_fwd", writes=("old_log_probs", "ref_log_probs"))  # its constructor raises
+        runtime.deploy_role(broken, cfg, broken)
+        with pytest.raises(RuntimeError, match="(?s)failed to start.*ActorFwd writes one log-prob column"):
             runtime.wait_running(timeout_s=120)
         apps = list(runtime.apps)
         assert len(apps) == 2 and runtime.failed_apps == {apps[1]}  # the controller skips its shutdown

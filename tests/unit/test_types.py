@@ -66,3 +66,10 @@ def test_train_batch_from_columns_rows_and_put():
     assert target.tokens_RL == [None, [4, 5]] and target.advantages_RT == [None, [0.5]]
     with pytest.raises(KeyError):
         TrainBatch.from_columns({"log_probs": [[0.0]]})  # not a column: one name per quantity
+
+
+def test_train_batch_columns_round_trip():
+    batch = TrainBatch(tokens_RL=[[1, 2]], response_lengths_R=[1], loss_masks_RT=[[1]], advantages_RT=[[0.5]])
+    assert batch.to_columns() == {"tokens": [[1, 2]], "response_lengths": [1], "loss_masks": [[1]],
+                                  "advantages": [[0.5]]}
+    assert TrainBatch.from_columns(batch.to_columns()) == batch

@@ -20,7 +20,8 @@ def split_micro_batches(lengths: Sequence[int], *, micro_batch_size: int,
     while their total token count stays within the budget (a longer sample goes alone).
     """
     if max_tokens is None:
-        return [list(range(i, min(i + micro_batch_size, len(lengths)))) for i in range(0, len(lengths), micro_batch_size)]
+        n = len(lengths)
+        return [list(range(i, min(i + micro_batch_size, n))) for i in range(0, n, micro_batch_size)]
     batches: list[list[int]] = []
     current: list[int] = []
     used = 0
@@ -46,7 +47,8 @@ def pad_inputs(tokens: Sequence[Sequence[int]], pad_id: int = 0) -> tuple[torch.
     return ids_BL, mask_BL
 
 
-def response_positions(total_lengths: Sequence[int], response_lengths: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+def response_positions(total_lengths: Sequence[int],
+                       response_lengths: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
     """Where each response token's log-prob sits in the shifted `[B, L-1]` token log-probs.
 
     Position p of the shifted sequence predicts token p+1, so sample i's response (its last

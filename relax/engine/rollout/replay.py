@@ -35,7 +35,8 @@ def save_rollout(template: str, rollout_id: int, groups: list[list[Sample]]) -> 
     return path
 
 
-def load_rollout(template: str, rollout_id: int, *, subsample: float | None = None, seed: int = 0) -> list[list[Sample]]:
+def load_rollout(template: str, rollout_id: int, *, subsample: float | None = None,
+                 seed: int = 0) -> list[list[Sample]]:
     """The saved groups of `rollout_id`; `subsample` keeps that fraction of groups (seeded)."""
     path = rollout_path(template, rollout_id)
     if not os.path.exists(path):
@@ -45,7 +46,8 @@ def load_rollout(template: str, rollout_id: int, *, subsample: float | None = No
     if subsample is not None:
         if not 0 < subsample <= 1:
             raise ValueError(f"--load-debug-rollout-data-subsample must be in (0, 1], got {subsample}")
-        keep = sorted(random.Random(seed + rollout_id).sample(range(len(groups)), max(1, round(len(groups) * subsample))))
+        n_keep = max(1, round(len(groups) * subsample))
+        keep = sorted(random.Random(seed + rollout_id).sample(range(len(groups)), n_keep))
         groups = [groups[i] for i in keep]
     return groups
 

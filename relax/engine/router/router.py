@@ -2,7 +2,8 @@
 
 It speaks the engines' own `/generate`, so default and custom generate functions post to
 `http://{args.sglang_router_ip}:{args.sglang_router_port}/generate` exactly as they would
-with SGLang's router. Engines can join and leave while it runs (`add_engine`, `remove_engine`). Each request goes to the engine with the fewest requests in flight
+with SGLang's router. Engines can join and leave while it runs (`add_engine`,
+`remove_engine`). Each request goes to the engine with the fewest requests in flight
 (ties: round robin). It runs inside the Rollout process, bound to loopback, and adds the
 run's engine API key so plugins never handle it.
 """

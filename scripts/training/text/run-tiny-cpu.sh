@@ -138,7 +138,9 @@ python3 relax/entrypoints/train.py \
   "${MODEL_ARGS[@]}" "${CKPT_ARGS[@]}" "${ROLLOUT_ARGS[@]}" "${EVAL_ARGS[@]}" \
   "${ALGO_ARGS[@]}" "${OPTIMIZER_ARGS[@]}" "${PERF_ARGS[@]}" "${LOG_ARGS[@]}" "$@"
 
-if [ "${EVAL_INTERVAL}" != "0" ]; then
+DRY_RUN=0
+for arg in "$@"; do [ "${arg}" = "--dry-run" ] && DRY_RUN=1; done
+if [ "${EVAL_INTERVAL}" != "0" ] && [ "${DRY_RUN}" = "0" ]; then
   python3 - "${RUN_DIR}/summary.json" <<'PY'
 import json, sys
 s = json.load(open(sys.argv[1]))["heldout"]

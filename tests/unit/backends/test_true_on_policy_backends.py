@@ -55,7 +55,8 @@ def generate(model_dir: str, target: str | None):
         await engine.start()
         try:
             return await engine.generate([
-                GenerateItem(f"r{i}", p, parse_sampling_params(dict(temperature=TEMPERATURE, sampling_seed=i, **req)), True)
+                GenerateItem(f"r{i}", p, parse_sampling_params(dict(temperature=TEMPERATURE, sampling_seed=i, **req)),
+                             True)
                 for i, (p, req) in enumerate(zip(PROMPTS, REQUESTS))])
         finally:
             await engine.stop()

@@ -84,6 +84,7 @@ def test_setup_launches_the_judges_behind_a_router_and_shutdown_stops_them(cfg):
     async def main():
         runners = await start_judges(2)
         role = genrm(cfg)
+        await role.start()
         info = await role.setup({})
         replies = [await post(info["genrm_url"] + "/generate", {"text": "t", "sampling_params": {}})
                    for _ in range(4)]
@@ -106,4 +107,4 @@ def test_setup_launches_the_judges_behind_a_router_and_shutdown_stops_them(cfg):
 def test_a_bad_engine_option_names_the_flag(cfg):
     cfg = cfg.replace(rollout_backend="hf", genrm_engine_config={"bogus": 1})
     with pytest.raises(ValueError, match="--genrm-engine-config: .*unknown engine option 'bogus'"):
-        asyncio.run(genrm(cfg).setup({}))
+        asyncio.run(genrm(cfg).start())

@@ -33,7 +33,8 @@ def test_sglang_passthrough_reaches_the_engines_only_for_options_they_have():
 
 
 def engines_cfg(n: int) -> RelaxConfig:
-    return RelaxConfig().replace(resource={"actor": [1, 1], "rollout": [1, n]}, rollout_batch_size=1, rollout_backend="hf")
+    return RelaxConfig().replace(resource={"actor": [1, 1], "rollout": [1, n]}, rollout_batch_size=1,
+                                 rollout_backend="hf")
 
 
 def test_the_rollout_replica_reserves_one_gpu_per_engine_only_on_a_gpu_cluster():

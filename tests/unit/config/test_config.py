@@ -119,7 +119,8 @@ def test_bad_flags_exit_2_before_anything_starts(tmp_path):
 
 
 def test_configuration_docs_are_generated_from_the_schema():
-    out = subprocess.run([sys.executable, "scripts/tools/gen_config_docs.py", "--check"], capture_output=True, text=True)
+    out = subprocess.run([sys.executable, "scripts/tools/gen_config_docs.py", "--check"], capture_output=True,
+                         text=True)
     assert out.returncode == 0, out.stdout
 
 
@@ -141,7 +142,8 @@ def test_unimplemented_flags_fail_instead_of_being_ignored(base, flag):
 
 def test_true_on_policy_mode_is_accepted_with_cpu_backends(base):
     cfg = parse_config(base + ["--true-on-policy-mode", "--fully-async", "--max-staleness", "1"])
-    assert cfg.cluster.true_on_policy_mode and (cfg.cluster.train_backend, cfg.cluster.rollout_backend) == ("fsdp", "hf")
+    assert cfg.cluster.true_on_policy_mode
+    assert (cfg.cluster.train_backend, cfg.cluster.rollout_backend) == ("fsdp", "hf")
 
 
 @pytest.mark.parametrize("extra, needle", [

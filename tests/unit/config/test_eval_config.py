@@ -49,7 +49,8 @@ eval:
     cfg = parse_config(base + ["--eval-config", config, "--eval-top-p", "0.9", "--rollout-top-k", "5",
                                "--eval-max-response-len", "6", "--reward-key", "score"])
     a, b = eval_datasets(cfg.args)
-    assert (a.name, a.temperature, a.n_samples_per_eval_prompt, a.input_key, a.rm_type) == ("a", 0.2, 4, "question", "f1")
+    assert (a.name, a.temperature, a.n_samples_per_eval_prompt, a.input_key, a.rm_type) == \
+        ("a", 0.2, 4, "question", "f1")
     assert a.metadata_overrides == {"split": "test", "source": "a"}
     assert (b.temperature, b.top_p, b.top_k, b.max_response_len, b.input_key) == (0.6, 0.9, 5, 6, "input")
     assert b.reward_key == "score" and b.rm_type is None and b.label_key is None

@@ -23,7 +23,8 @@ from relax.config.validate import ignored_flag_notes
 
 ROOT = Path(__file__).resolve().parents[3] / "relax"
 SOURCES = {p: p.read_text() for p in ROOT.rglob("*.py") if p.name not in ("schema.py", "fields.py")}
-FIELDS = [(group, f, typing.get_type_hints(cls)[f.name]) for group, cls in GROUPS.items() for f in dataclasses.fields(cls)]
+FIELDS = [(group, f, typing.get_type_hints(cls)[f.name])
+          for group, cls in GROUPS.items() for f in dataclasses.fields(cls)]
 
 
 def other_value(f: dataclasses.Field, hint) -> object:

@@ -84,7 +84,8 @@ def constant_tis(logp_old, logp_rollout, *, clip, clip_low):
 def test_loss_plugins_are_loaded_and_used(tmp_path):
     from relax.backends.fsdp.worker import load_loss_plugins
 
-    spec = TrainerSpec(model_path="unused", loss=PolicyLossConfig(use_tis=True), custom_loss_path=f"{__name__}.half_loss",
+    spec = TrainerSpec(model_path="unused", loss=PolicyLossConfig(use_tis=True),
+                       custom_loss_path=f"{__name__}.half_loss",
                        pg_loss_reducer_path=f"{__name__}.mean_reducer", tis_path=f"{__name__}.constant_tis")
     loss_fn, reducer_factory = load_loss_plugins(spec)
     assert loss_fn is half_loss and reducer_factory is mean_reducer and spec.loss.tis_fn is constant_tis

@@ -48,7 +48,8 @@ def test_judge_messages_fill_the_template_from_prompt_response_and_label():
     messages = genrm.judge_messages([{"role": "user", "content": "What is 2+2?"}], "It is 4.", 4)
     assert messages[0]["role"] == "system" and messages[1]["role"] == "user"
     user = messages[1]["content"]
-    assert "Question:\nWhat is 2+2?" in user and "Reference answer:\n4" in user and "Response to grade:\nIt is 4." in user
+    assert "Question:\nWhat is 2+2?" in user and "Reference answer:\n4" in user
+    assert "Response to grade:\nIt is 4." in user
     assert "Reference answer:\n(none)" in genrm.judge_messages("q", "r", None)[1]["content"]
     custom = genrm.judge_messages("q", "r", "l", "P={prompt} R={response} L={label} {{x}}")
     assert custom[1]["content"] == "P=q R=r L=l {x}"

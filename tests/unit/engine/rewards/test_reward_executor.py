@@ -20,7 +20,7 @@ def make_args(**overrides):
 
 
 def samples_for(pairs, **metadata):
-    return [Sample(index=i, response=r, label=l, metadata=dict(metadata)) for i, (r, l) in enumerate(pairs)]
+    return [Sample(index=i, response=r, label=label, metadata=dict(metadata)) for i, (r, label) in enumerate(pairs)]
 
 
 def run_score(executor, samples, **kwargs):
