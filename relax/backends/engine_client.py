@@ -4,16 +4,19 @@ Works unchanged against the `hf` engine and a real SGLang server: the paths, pay
 and reply shapes are SGLang's (`/generate`, `/pause_generation`, `/init_weights_update_group`,
 ...). Every call has a timeout. A non-2xx reply, or a JSON reply with `"success": false`,
 raises `EngineError` carrying the engine's message, the URL and the HTTP status, so callers
-never mistake a rejected weight update for a successful one.
+never mistake a rejected weight update for a successful one. An idempotent call whose connection
+broke before a reply (an engine that was stalled, a dropped keep-alive connection) is sent again
+(`http_utils.IDEMPOTENT_PATHS`); generation and weight-group calls never are.
 """
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any, Sequence
 
 import httpx
 
-from relax.utils.http_utils import error_message
+from relax.utils.http_utils import CLIENT_KEEP_ALIVE_S, IDEMPOTENT_PATHS, TRANSPORT_RETRIES, error_message
 
 
 class EngineError(RuntimeError):
@@ -23,6 +26,10 @@ class EngineError(RuntimeError):
         self.url, self.status, self.message = url, status, message
         where = f"HTTP {status}" if status is not None else "no reply"
         super().__init__(f"{url}: {where}: {message}")
+
+    def about(self, engine: str) -> EngineError:
+        """This error with what is known of the engine's process appended (`EngineHandle.describe`)."""
+        return EngineError(self.url, f"{self.message}\n{engine}", self.status)
 
 
 class EngineClient:
@@ -34,7 +41,8 @@ class EngineClient:
         self.timeout, self.generate_timeout = timeout, generate_timeout
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._client = httpx.AsyncClient(base_url=self.url, headers=headers, transport=transport,
-                                         limits=httpx.Limits(max_connections=1024, max_keepalive_connections=256))
+                                         limits=httpx.Limits(max_connections=1024, max_keepalive_connections=256,
+                                                             keepalive_expiry=CLIENT_KEEP_ALIVE_S))
 
     async def __aenter__(self) -> "EngineClient":
         return self
@@ -47,12 +55,21 @@ class EngineClient:
 
     async def _call(self, method: str, path: str, payload: dict | None = None, timeout: float | None = None) -> Any:
         url = self.url + path
-        try:
-            response = await self._client.request(method, path, json=payload, timeout=timeout or self.timeout)
-        except httpx.TimeoutException as exc:
-            raise EngineError(url, f"timed out after {timeout or self.timeout:.0f}s ({type(exc).__name__})") from exc
-        except httpx.HTTPError as exc:
-            raise EngineError(url, f"{type(exc).__name__}: {exc}") from exc
+        retries = TRANSPORT_RETRIES if path in IDEMPOTENT_PATHS else 0
+        timeout = timeout or self.timeout
+        for attempt in range(retries + 1):
+            try:
+                response = await self._client.request(method, path, json=payload, timeout=timeout)
+                break
+            except httpx.TimeoutException as exc:
+                raise EngineError(url, f"timed out after {timeout:.0f}s ({type(exc).__name__})") from exc
+            except httpx.TransportError as exc:  # the connection broke: no reply came
+                if attempt == retries:
+                    tried = f" (after {retries + 1} attempts)" if retries else ""
+                    raise EngineError(url, f"{type(exc).__name__}: {exc}{tried}") from exc
+                await asyncio.sleep(0.2 * 2 ** attempt)
+            except httpx.HTTPError as exc:
+                raise EngineError(url, f"{type(exc).__name__}: {exc}") from exc
         body: Any = None
         if response.content:
             try:

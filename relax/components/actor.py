@@ -33,7 +33,7 @@ import torch
 
 from relax.components.step_advantages import AdvantageSpec, jagged, opd_metrics, step_advantages
 from relax.components.training import (
-    latest_checkpoint, make_worker_group, mean_over_ranks, optimizer_steps_total, ref_update_due,
+    make_worker_group, mean_over_ranks, optimizer_steps_total, ref_update_due,
     reference_sync_dir, save_checkpoint, step_plan, train_on_rows, trains_actor,
 )
 from relax.config.plan import ActorPlan
@@ -41,6 +41,7 @@ from relax.config.schema import RelaxConfig
 from relax.distributed import transfer_queue as tq
 from relax.distributed.ray.actor_group import RayActorGroup
 from relax.types import COLUMNS, ROLLOUT_COLUMNS, TrainBatch
+from relax.utils import checkpoints
 from relax.utils.logging import run_token, setup_logging
 from relax.utils.poll import Backoff
 
@@ -75,15 +76,21 @@ class Actor:
         if self.group is None:  # --debug-rollout-only: no training; engines keep their weights
             self.version = start = cfg.data.start_rollout_id or 0
             return {"start_rollout_id": start}
-        ckpt = latest_checkpoint(cfg.ckpt.load) if cfg.ckpt.load else None
-        if ckpt is not None:
+        point = checkpoints.resume_point(cfg.ckpt.load, fallback=cfg.ckpt.load_fallback) if cfg.ckpt.load else None
+        if point is not None:
+            if "actor" not in point.parts:
+                raise checkpoints.CheckpointError(
+                    f"--load {cfg.ckpt.load}: the checkpoint of step {point.rollout_id} has no actor part (a "
+                    "--debug-rollout-only run saved it); load it with --debug-rollout-only or point --load elsewhere")
+            ckpt = point.parts["actor"]
             meta = (await self.group.call("load", str(ckpt)))[0]
             start = meta["rollout_id"] + 1
             logger.info("resumed from %s: next rollout %d", ckpt, start)
         if cfg.data.start_rollout_id is not None:
             start = cfg.data.start_rollout_id
         self.version = start
-        return {"start_rollout_id": start}
+        # `resume`: the checkpoint's step, whose parts the other roles load (data position, critic)
+        return {"start_rollout_id": start, "resume": point}
 
     # ---- weights out -------------------------------------------------------------------
     async def connect_dcs(self, coordinator: Any) -> None:
@@ -287,12 +294,12 @@ class Actor:
         self._old_policy(batch)
         return keys, batch, metrics
 
-    async def save(self, rollout_id: int) -> str | None:
+    async def save(self, rollout_id: int) -> dict[str, str]:
+        """Write this step's actor part (the Controller commits the checkpoint)."""
         if self.group is None:
-            return None
+            return {}
         cfg = self.cfg.ckpt
-        return await save_checkpoint(self.group, cfg.save, rollout_id, save_optim=not cfg.no_save_optim,
-                                     keep=cfg.max_actor_ckpt_to_keep)
+        return {"actor": await save_checkpoint(self.group, cfg.save, rollout_id, save_optim=not cfg.no_save_optim)}
 
     async def export_hf(self, rollout_id: int) -> str | None:
         if self.group is None:

@@ -33,8 +33,8 @@ from typing import Any
 from relax.components.actor_fwd import stream_steps
 from relax.components.step_advantages import jagged
 from relax.components.training import (
-    latest_checkpoint, make_worker_group, mean_over_ranks, optimizer_steps_total, read_rows, save_checkpoint,
-    score_rows, train_on_rows,
+    make_worker_group, mean_over_ranks, optimizer_steps_total, read_rows, save_checkpoint,
+    score_rows, train_on_rows, trainer_checkpoint,
 )
 from relax.config.plan import RolePlan
 from relax.config.schema import OptimizerConfig, RelaxConfig
@@ -74,10 +74,16 @@ class Critic:
         await self.group.ready()
 
     async def setup(self, context: dict[str, Any]) -> dict[str, Any]:
-        """Load the latest critic checkpoint when there is one."""
+        """Load the critic's part of the checkpoint the run resumes from, or the latest one under an
+        explicit --critic-load."""
         cfg = self.cfg
-        load_dir, _ = critic_dirs(cfg)
-        ckpt = latest_checkpoint(load_dir) if load_dir else None
+        point = context.get("resume")
+        if cfg.ckpt.critic_load:
+            ckpt = trainer_checkpoint(cfg.ckpt.critic_load)
+        elif point is not None and "critic" in point.parts:
+            ckpt = point.parts["critic"]
+        else:
+            ckpt = None  # fresh: --hf-checkpoint plus a new value head
         if ckpt is None:
             return {"loaded_rollout_id": None}
         meta = (await self.group.call("load", str(ckpt)))[0]
@@ -123,13 +129,12 @@ class Critic:
         await tq.clear(rollout_id)
         return metrics | {"time/critic_train": time.perf_counter() - start}
 
-    async def save(self, rollout_id: int) -> str | None:
+    async def save(self, rollout_id: int) -> dict[str, str]:
         _, save_dir = critic_dirs(self.cfg)
         if save_dir is None:
-            return None
-        c = self.cfg.ckpt
-        return await save_checkpoint(self.group, save_dir, rollout_id, save_optim=not c.no_save_optim,
-                                     keep=c.max_actor_ckpt_to_keep)
+            return {}
+        return {"critic": await save_checkpoint(self.group, save_dir, rollout_id,
+                                                save_optim=not self.cfg.ckpt.no_save_optim)}
 
     async def shutdown(self) -> None:
         if self.group is not None:

@@ -37,6 +37,7 @@ from relax.engine.rollout.partial_rollout import partial_metrics
 from relax.engine.rollout.replay import dump_rollout_details, save_rollout
 from relax.engine.specs import RewardSpec, RolloutSpec
 from relax.types import Sample
+from relax.utils import checkpoints
 from relax.utils.http_utils import close_sessions
 from relax.utils.metrics import pass_rates
 from relax.utils.logging import run_token, setup_logging
@@ -112,8 +113,10 @@ class Rollout:
         sglang_rollout.bind(self.args, self.generator)
         data_source_cls = import_object(cfg.data.data_source_path, flag="--data-source-path")
         self.data_source = await asyncio.to_thread(data_source_cls, self.args)
-        start = context["start_rollout_id"]
-        if cfg.ckpt.load and start > 0:
+        start, point = context["start_rollout_id"], context.get("resume")
+        if point is not None and cfg.data.start_rollout_id is None:  # the checkpoint's data position
+            await asyncio.to_thread(self.data_source.load, point.rollout_id)
+        elif cfg.ckpt.load and start > 0:  # --start-rollout-id: the position saved before that step
             await asyncio.to_thread(self.data_source.load, start - 1)
         self.rollout_fn = self._rollout_function()
         eval_path = cfg.eval.eval_function_path or cfg.rollout.rollout_function_path
@@ -396,13 +399,14 @@ class Rollout:
         if self.fleet is not None and self.plan.release_memory:
             await self.fleet.each("resume_memory_occupation")
 
-    async def save(self, rollout_id: int) -> None:
+    async def save(self, rollout_id: int) -> dict[str, str]:
         """Save the data position after step `rollout_id`. When steps run ahead of training, the
         snapshot taken when that step drew its prompts is written."""
+        part = {"rollout": str(checkpoints.data_state_path(self.cfg.ckpt.save, rollout_id))}
         snapshot = self.snapshots.get(rollout_id)
         if snapshot is None:
             await asyncio.to_thread(self.data_source.save, rollout_id)
-            return
+            return part
         current = self.data_source.state_dict()  # swap in and out within one loop turn: no get_samples between
         self.data_source.load_state_dict(snapshot)
         try:
@@ -411,6 +415,7 @@ class Rollout:
             self.data_source.load_state_dict(current)
         for step in [s for s in self.snapshots if s <= rollout_id]:
             del self.snapshots[step]
+        return part
 
 
 def engine_options(cfg: RelaxConfig, context_len: int | None) -> dict[str, Any] | None:

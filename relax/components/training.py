@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 from pathlib import Path
 
 from relax.algorithms.policy_loss import PolicyLossConfig
@@ -21,6 +20,7 @@ from relax.config.schema import OptimizerConfig, RelaxConfig
 from relax.distributed import transfer_queue as tq
 from relax.distributed.ray.actor_group import RayActorGroup
 from relax.types import TrainBatch
+from relax.utils import checkpoints
 from relax.utils.plugins import import_object
 
 logger = logging.getLogger(__name__)
@@ -147,30 +147,28 @@ def mean_over_ranks(results: list[dict[str, float]], *, prefix: str) -> dict[str
 
 # ---- checkpoints and the reference refresh -----------------------------------------------------
 
-async def save_checkpoint(group: RayActorGroup, save_dir: str, rollout_id: int, *, save_optim: bool,
-                          keep: int | None) -> str:
-    """`save_dir/iter_<rollout_id>` (DCP) plus the latest-iteration marker; prunes to `keep`."""
-    path = Path(save_dir) / f"iter_{rollout_id:07d}"
-    path.mkdir(parents=True, exist_ok=True)
-    await group.call("save", str(path), rollout_id, save_optim)
-    (Path(save_dir) / "latest_checkpointed_iteration.txt").write_text(str(rollout_id))
-    prune_checkpoints(Path(save_dir), keep)
-    return str(path)
+async def save_checkpoint(group: RayActorGroup, save_dir: str, rollout_id: int, *, save_optim: bool) -> str:
+    """The ranks write `save_dir/iter_<rollout_id>` (DCP shards, RNG, meta) under a temporary name,
+    then it moves into place. Committed (manifest, pointer) by the Controller once every role saved."""
+    final = checkpoints.iter_dir(save_dir, rollout_id)
+    partial = checkpoints.stage(final)
+    await group.call("save", str(partial), rollout_id, save_optim)
+    checkpoints.publish(partial, final)
+    return str(final)
 
 
-def latest_checkpoint(load_dir: str) -> Path | None:
-    marker = Path(load_dir) / "latest_checkpointed_iteration.txt"
-    if not marker.is_file():
-        logger.info("--load %s holds no checkpoint yet; starting from the initial weights", load_dir)
+def trainer_checkpoint(load_dir: str) -> Path | None:
+    """The latest complete training checkpoint under `load_dir` by its own pointer (a directory
+    given on its own, e.g. --critic-load); None when it holds none."""
+    pointer = Path(load_dir) / checkpoints.POINTER
+    if not pointer.is_file():
+        logger.info("%s holds no checkpoint yet; starting from the initial weights", load_dir)
         return None
-    return Path(load_dir) / f"iter_{int(marker.read_text().strip()):07d}"
-
-
-def prune_checkpoints(save_dir: Path, keep: int | None) -> None:
-    if not keep:
-        return
-    for old in sorted(save_dir.glob("iter_*"))[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
+    path = checkpoints.iter_dir(load_dir, int(pointer.read_text().strip()))
+    missing = checkpoints.trainer_part_missing(path)
+    if missing:
+        raise checkpoints.CheckpointError(f"{path} is incomplete, missing: {', '.join(missing)}")
+    return path
 
 
 def reference_sync_dir(cfg: RelaxConfig) -> str:

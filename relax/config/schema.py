@@ -83,6 +83,8 @@ class CheckpointConfig:
     ref_load: str | None = opt(None, "Reference model checkpoint (initial actor weights when --load is unset).")
     ref_ckpt_step: int | None = opt(None, "Reference checkpoint step.", supported=False)
     load: str | None = opt(None, "Actor checkpoint directory to resume from.")
+    load_fallback: bool = opt(False, "When the latest checkpoint under --load is incomplete (a save that did not "
+                                     "finish), resume from the newest complete one before it instead of refusing.")
     save: str | None = opt(None, "Directory to save checkpoints to.")
     save_interval: int | None = opt(None, "Save every N rollout steps.")
     save_hf: str | None = opt(None, "Also export an HF model here (may contain {rollout_id}).")

@@ -25,7 +25,6 @@ import json
 import logging
 import math
 import os
-import signal
 import sys
 import time
 from typing import Any
@@ -33,6 +32,7 @@ from typing import Any
 from relax.config.plan import RunPlan
 from relax.config.schema import RelaxConfig
 from relax.core.service import Runtime
+from relax.utils import checkpoints
 from relax.utils.metrics import MetricsTracker, format_step_summary
 
 logger = logging.getLogger(__name__)
@@ -153,13 +153,23 @@ class Controller:
         if cfg.eval.eval_interval and (due(step + 1, cfg.eval.eval_interval) or last):
             metrics |= self.record_eval(step + 1, await self.rollout.evaluate(step + 1))
         if cfg.ckpt.save and (due(step + 1, cfg.ckpt.save_interval) or last):
-            for role in self._with("checkpoints"):
-                await role.save(step)
+            await self.checkpoint(step)
         if cfg.ckpt.save_hf and last:
             metrics["export/hf_path"] = await self.actor.export_hf(step)
         metrics["time/step"] = time.perf_counter() - t0
         self.tracker.log(step, metrics)
         print(format_step_summary(step, self.num_rollout, metrics), flush=True)
+
+    async def checkpoint(self, step: int) -> None:
+        """Every checkpointing role writes its part; then the checkpoint is committed (manifest,
+        pointer) and old ones pruned. A crash before the commit leaves the previous one latest."""
+        parts: dict[str, str] = {}
+        for role in self._with("checkpoints"):
+            parts |= await role.save(step)
+        checkpoints.commit(self.cfg.ckpt.save, step, parts)
+        for name in ("actor", "critic"):
+            if name in parts:
+                checkpoints.prune(os.path.dirname(parts[name]), self.cfg.ckpt.max_actor_ckpt_to_keep, protect=step)
 
     async def with_progress(self, call: Any, step: int) -> dict[str, float]:
         """Await the rollout while drawing a progress bar from its counters."""
@@ -213,15 +223,10 @@ async def _run(cfg: RelaxConfig, runtime: Runtime) -> dict[str, Any]:
         await controller.shutdown()
 
 
-def _raise_keyboard_interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
 def run(cfg: RelaxConfig) -> int:
     """Run a whole training job; every process it started is gone when this returns."""
     os.makedirs(cfg.misc.exp_dir, exist_ok=True)
-    signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
-    with Runtime(cfg) as runtime:
+    with Runtime(cfg) as runtime:  # SIGTERM stops it like Ctrl-C (see Runtime)
         summary = asyncio.run(_run(cfg, runtime))
     with open(os.path.join(cfg.misc.exp_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)

@@ -10,9 +10,12 @@ started them. `deploy_role` turns a component class into a one-replica Serve dep
 
 from __future__ import annotations
 
+import _thread
 import logging
 import os
+import signal
 import sys
+import threading
 import time
 import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -20,9 +23,11 @@ from typing import Any
 
 from relax.config.plan import REPLICA_CPUS, RolePlan, RunPlan, check_cluster, resolve_plan
 from relax.config.schema import RelaxConfig
+from relax.core import reaper
 from relax.core.registry import ROLES
+from relax.distributed.ray.local import bind_serve_grpc, start_local_ray
 from relax.distributed.transfer_queue import RUN_ENV
-from relax.utils.logging import TOKEN_ENV, new_run_token
+from relax.utils.logging import TOKEN_FILE_ENV, new_run_token, remove_token_file, write_token_file
 from relax.utils.plugins import import_object
 from relax.utils.poll import Backoff
 
@@ -45,18 +50,37 @@ def env_file_vars(path: str = ENV_FILE) -> dict[str, str]:
     return {str(k): str(v) for k, v in (loaded.get("env_vars") or {}).items()}
 
 
-def runtime_env_vars(token: str, run_id: str) -> dict[str, str]:
-    """Env for every role process: configs/env.yaml defaults, the run token, the run id (its
-    data-plane namespace), and the launch directory on PYTHONPATH so plugins given as dotted
-    paths (`examples.x.reward.fn`) import in remote processes too. Variables already set in the
-    launching environment win."""
+def runtime_env_vars(token_file: str, run_id: str) -> dict[str, str]:
+    """Env for every role process: configs/env.yaml defaults, where the run token is (the file,
+    not the token: Ray logs runtime environments), the run id (its data-plane namespace), and
+    the launch directory on PYTHONPATH so plugins given as dotted paths (`examples.x.reward.fn`)
+    import in remote processes too. Variables already set in the launching environment win."""
     path = os.pathsep.join(p for p in [os.getcwd(), os.environ.get("PYTHONPATH", "")] if p)
     env = {k: os.environ.get(k, v) for k, v in env_file_vars().items()}
-    env.update({TOKEN_ENV: token, RUN_ENV: run_id, "PYTHONPATH": path, "RAY_USAGE_STATS_ENABLED": "0"})
+    env.update({TOKEN_FILE_ENV: token_file, RUN_ENV: run_id, "PYTHONPATH": path, "RAY_USAGE_STATS_ENABLED": "0"})
     for key in ("RELAX_LOG_LEVEL", "NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS"):
         if key in os.environ:
             env[key] = os.environ[key]
     return env
+
+
+def replica_class(cls: type) -> type:
+    """`cls` as a Serve replica runs it: first the replica's inter-deployment gRPC server is bound to
+    the run's address instead of every interface (`bind_serve_grpc`; Serve starts that server
+    after the constructor), then `cls.__init__`."""
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        bind_serve_grpc()
+        cls.__init__(self, *args, **kwargs)
+
+    # A name no module defines, so the class travels by value (by reference it would be `cls`).
+    return type(f"{cls.__name__}Replica", (cls,), {"__init__": __init__, "__module__": __name__,
+                                                   "__qualname__": f"replica_class.<locals>.{cls.__name__}"})
+
+
+def _sigterm_as_ctrl_c(signum: int, frame: Any) -> None:
+    """SIGTERM takes Ctrl-C's path: the main thread gets SIGINT's handler (asyncio's, which
+    cancels the run's task; else KeyboardInterrupt), so teardown runs the same either way."""
+    _thread.interrupt_main(signal.SIGINT)
 
 
 def serve_running() -> bool:
@@ -74,11 +98,14 @@ class Runtime:
         self.cfg = cfg
         self.token = new_run_token()
         self.run_id = uuid.uuid4().hex[:8]
-        self.env = runtime_env_vars(self.token, self.run_id)
+        self.token_file = os.path.join(cfg.misc.exp_dir, ".relax", f"run_token-{self.run_id}")
+        self.env = runtime_env_vars(self.token_file, self.run_id)
         self.started_ray = False
         self.started_serve = False
         self.started_tq = False
         self._tq: Future | None = None  # TransferQueue's start-up (a thread: see __enter__)
+        self._sigterm: Any = None  # SIGTERM's handler before this run (restored on exit)
+        self._reaper: Any = None  # relax.core.reaper, when this run starts its own Ray
         self.apps: list[str] = []
         self.failed_apps: set[str] = set()  # apps whose replica could not start (wait_running)
         self.plan: RunPlan | None = None  # resolved for this cluster on entering
@@ -89,6 +116,7 @@ class Runtime:
 
         from relax.distributed import transfer_queue as tq
 
+        write_token_file(self.token_file, self.token)
         os.environ.update(self.env)  # the driver is a role process too (token for direct calls)
         address = self.cfg.cluster.ray_address or os.environ.get("RAY_ADDRESS")
         runtime_env = {"env_vars": self.env}
@@ -98,10 +126,15 @@ class Runtime:
             ray.init(address=address, runtime_env=runtime_env, log_to_driver=True)
             logger.info("joined Ray cluster at %s", address)
         else:
+            self._reaper = reaper.start(self.run_id, RUN_ENV)  # a SIGKILLed driver leaves nothing behind
             num_cpus = self.cfg.cluster.ray_num_cpus or max(8, os.cpu_count() or 1)
-            ray.init(num_cpus=num_cpus, include_dashboard=False, runtime_env=runtime_env, log_to_driver=True)
+            start_local_ray(num_cpus, runtime_env=runtime_env, log_to_driver=True)  # listens on loopback only
             self.started_ray = True
             logger.info("started a local Ray instance with %d logical CPUs", num_cpus)
+        # ray.init installs a SIGTERM handler that exits the driver mid-run (apps, TransferQueue
+        # and Ray's agents are left behind): a run stops on SIGTERM as on Ctrl-C instead.
+        if threading.current_thread() is threading.main_thread():
+            self._sigterm = signal.signal(signal.SIGTERM, _sigterm_as_ctrl_c)
         self.plan = self._plan()
         # TransferQueue starts its controller, then its storage units (~8 s of actor start-ups):
         # in a thread, while Serve starts and the roles deploy. Its controller is up before any
@@ -137,8 +170,8 @@ class Runtime:
         deployment = serve.deployment(
             # The roles shut down first (Controller.shutdown); the replica then has nothing in flight,
             # so deletion need not poll for ongoing requests on Serve's 2 s default period.
-            cls, name=role.name, num_replicas=1, max_ongoing_requests=1024, graceful_shutdown_timeout_s=30,
-            graceful_shutdown_wait_loop_s=0.1,
+            replica_class(cls), name=role.name, num_replicas=1, max_ongoing_requests=1024,
+            graceful_shutdown_timeout_s=30, graceful_shutdown_wait_loop_s=0.1,
             # A role's constructor is deterministic: a failure fails the run at once, not 3 retries later.
             max_constructor_retry_count=1,
             health_check_timeout_s=600, logging_config={"enable_access_log": False},
@@ -204,6 +237,8 @@ class Runtime:
 
         from relax.distributed import transfer_queue as tq
 
+        if self._sigterm is not None:  # already stopping: a SIGTERM now must not cut teardown short
+            signal.signal(signal.SIGTERM, lambda *_: logger.warning("SIGTERM during teardown: already stopping"))
         self._delete_apps()
         try:
             if self._tq is not None:
@@ -214,8 +249,13 @@ class Runtime:
                 tq.clear_run()
         except Exception as err:  # noqa: BLE001 - teardown continues
             logger.warning("closing TransferQueue failed: %s", err)
-        if self.started_serve and not serve.status().applications:
+        if self.started_serve and not self.started_ray and not serve.status().applications:
             serve.shutdown()  # this run brought Serve up on a shared cluster: take it down again
         if self.started_ray:
             ray.shutdown()
+        remove_token_file(self.token_file)
+        if self._reaper is not None:
+            reaper.release(self._reaper)
+        if self._sigterm is not None:
+            signal.signal(signal.SIGTERM, self._sigterm)
         sys.stdout.flush()

@@ -29,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
-import ipaddress
 import logging
 import math
 import socket
@@ -42,8 +41,8 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 import torch
 import torch.distributed as dist
 
-from relax.utils.http_utils import error_message
-from relax.utils.net import free_port
+from relax.utils.http_utils import CLIENT_KEEP_ALIVE_S, IDEMPOTENT_PATHS, TRANSPORT_RETRIES, error_message
+from relax.distributed.store import bind_host, is_loopback, listen, tcp_store
 
 logger = logging.getLogger(__name__)
 
@@ -145,32 +144,28 @@ class WeightGroup:
             pg.shutdown()
 
 
-def _is_loopback(address: str) -> bool:
-    try:
-        return ipaddress.ip_address(socket.gethostbyname(address)).is_loopback
-    except (OSError, ValueError):
-        return False
-
-
 def create_weight_group(*, master_address: str, master_port: int, rank: int, world_size: int,
                         group_name: str, backend: str = "gloo", timeout_s: float = 300.0,
-                        device: torch.device | str | None = None) -> WeightGroup:
+                        device: torch.device | str | None = None, listener: socket.socket | None = None,
+                        ) -> WeightGroup:
     """Join (rank > 0) or host (rank 0) a new broadcast group; blocks until every rank has joined.
 
-    `device`: nccl only, the CUDA device of this rank (default: the calling thread's current one).
+    The store listens on `master_address` only (rank 0 may pass the `listener` socket it already
+    bound to publish the port). `device`: nccl only, the CUDA device of this rank (default: the
+    calling thread's current one).
     """
     if backend not in ("gloo", "nccl"):
         raise ValueError(f"backend must be 'gloo' (CPU) or 'nccl' (GPU), got {backend!r}")
     if not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} is outside world_size {world_size}")
     timeout = datetime.timedelta(seconds=timeout_s)
-    store = dist.TCPStore(master_address, master_port, world_size, rank == 0, timeout=timeout,
-                          wait_for_workers=False)
+    store = tcp_store(master_address, master_port, world_size, is_master=rank == 0, timeout=timeout,
+                      listener=listener)
     prefixed = dist.PrefixStore(group_name, store)
     if backend == "gloo":
         options = dist.ProcessGroupGloo._Options()
         options._timeout = timeout
-        hostname = "127.0.0.1" if _is_loopback(master_address) else socket.gethostname()
+        hostname = "127.0.0.1" if is_loopback(master_address) else bind_host()
         options._devices = [dist.ProcessGroupGloo.create_device(hostname=hostname)]
         pg = dist.ProcessGroupGloo(prefixed, rank, world_size, options)
         device = torch.device("cpu")
@@ -258,17 +253,26 @@ class _EngineHTTP:
         import httpx
 
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._client = httpx.AsyncClient(headers=headers, transport=transport)
+        self._client = httpx.AsyncClient(headers=headers, transport=transport,
+                                         limits=httpx.Limits(keepalive_expiry=CLIENT_KEEP_ALIVE_S))
 
     async def post(self, url: Any, path: str, payload: dict, timeout_s: float) -> Any:
         import httpx
 
         if not isinstance(url, str):  # a non-HTTP receiver (e.g. a Ray actor) speaking the same protocol
             return await url.post(path, payload, timeout_s)
-        try:
-            response = await self._client.post(url.rstrip("/") + path, json=payload, timeout=max(timeout_s, 0.001))
-        except httpx.HTTPError as exc:
-            raise WeightSyncError(f"{url}{path}: {type(exc).__name__}: {exc}") from exc
+        retries = TRANSPORT_RETRIES if path in IDEMPOTENT_PATHS else 0  # pause/continue, never the group
+        for attempt in range(retries + 1):
+            try:
+                response = await self._client.post(url.rstrip("/") + path, json=payload,
+                                                   timeout=max(timeout_s, 0.001))
+                break
+            except httpx.TransportError as exc:
+                if attempt == retries or isinstance(exc, httpx.TimeoutException):
+                    raise WeightSyncError(f"{url}{path}: {type(exc).__name__}: {exc}") from exc
+                await asyncio.sleep(0.2 * 2 ** attempt)
+            except httpx.HTTPError as exc:
+                raise WeightSyncError(f"{url}{path}: {type(exc).__name__}: {exc}") from exc
         body: Any = None
         if response.content:
             try:
@@ -351,7 +355,8 @@ class WeightSender:
         if self.backend == "nccl" and self.device is None:  # resolve here: the join runs in another thread
             self.device = torch.device("cuda", torch.cuda.current_device())
         deadline = time.monotonic() + self.timeout_s
-        port = free_port(self.master_address)
+        listener = listen(self.master_address)  # held from here: no other process can take the port
+        port = listener.getsockname()[1]
         world_size = 1 + len(self.engine_urls)
         http = [asyncio.ensure_future(self._http.post(url, "/init_weights_update_group", {
             "master_address": self.master_address, "master_port": port, "rank_offset": 1 + i,
@@ -360,8 +365,12 @@ class WeightSender:
         join = run_in_daemon_thread(
             create_weight_group, master_address=self.master_address, master_port=port, rank=0,
             world_size=world_size, group_name=self.group_name, backend=self.backend, timeout_s=self.timeout_s,
-            device=self.device)
-        await self._wait_all([*http, join], deadline, "init_weights_update_group")
+            device=self.device, listener=listener)
+        try:
+            await self._wait_all([*http, join], deadline, "init_weights_update_group")
+        except BaseException:
+            listener.close()
+            raise
         self._group, self._broken = join.result(), False
         logger.info("weight group %s up: %d engine(s), backend %s, port %d",
                     self.group_name, len(self.engine_urls), self.backend, port)

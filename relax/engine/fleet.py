@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from relax.backends.base import EngineHandle
-from relax.backends.engine_client import EngineClient
+from relax.backends.engine_client import EngineClient, EngineError
 from relax.backends.registry import INFERENCE_BACKENDS
 from relax.engine.rollout.generator import parse_weight_version
 from relax.engine.router.router import Router
@@ -67,7 +67,8 @@ class EngineFleet:
             raise
         for engine in launched:
             self._join(engine)
-        self.router = Router(self.urls, api_key=self.spec.api_key, timeout_s=self.spec.http_timeout)
+        self.router = Router(self.urls, api_key=self.spec.api_key, timeout_s=self.spec.http_timeout,
+                             describe=self.describe)
         await self.router.start()
         logger.info("%s: %d %s engine(s) of %s behind %s", self.spec.name, count, self.spec.backend,
                     self.spec.model_path, self.router.url)
@@ -136,9 +137,23 @@ class EngineFleet:
     def alive(self) -> int:
         return sum(e.alive() for e in self.engines)
 
+    def describe(self, url: str) -> str:
+        """The engine at `url`: pid, exited (code) / stopped / silent, its log and the log's end."""
+        engine = next((e for e in self.engines if e.url == url), None)
+        return engine.describe() if engine is not None else f"{url} is not an engine of the {self.spec.name} fleet"
+
+    async def _call(self, url: str, method: str, *args: Any) -> Any:
+        try:
+            return await getattr(self.clients[url], method)(*args)
+        except EngineError as err:
+            if err.status is not None and err.status < 500:
+                raise  # the engine answered and refused: its message says why
+            raise err.about(f"{self.spec.name} {self.describe(url)}") from err
+
     async def each(self, method: str, *args: Any) -> list[Any]:
-        """`EngineClient.<method>(*args)` on every engine at once; results in engine order."""
-        return list(await asyncio.gather(*(getattr(c, method)(*args) for c in self.clients.values())))
+        """`EngineClient.<method>(*args)` on every engine at once; results in engine order. An engine
+        that does not answer fails the call with its process state and log tail."""
+        return list(await asyncio.gather(*(self._call(url, method, *args) for url in self.clients)))
 
     async def weight_version(self) -> int:
         """The oldest weight version any engine holds (SGLang's "default" before an update is 0)."""

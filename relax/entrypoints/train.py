@@ -1,7 +1,8 @@
 """`relax-train` / `python3 relax/entrypoints/train.py`: parse and validate the flags, resolve
-the run plan, then start the run (`--dry-run`: print the plan and stop). Heavy imports (torch,
-ray) happen only after validation passed, so `--help`, `--dry-run` and flag errors are instant
-and nothing is started for a bad command line."""
+the run plan, check the inputs (data rows, --save, --load: relax.config.preflight), then start
+the run (`--dry-run`: print the plan and stop). Heavy imports (torch, ray) happen only after
+validation passed, so `--help`, `--dry-run` and input errors come in about a second and nothing
+is started for a bad command line."""
 
 from __future__ import annotations
 
@@ -15,12 +16,14 @@ if __package__ in (None, ""):  # run as a script: make the repo root importable
 def main(argv: list[str] | None = None) -> int:
     from relax.config import ConfigError, parse_config
     from relax.config.plan import PlanError, format_plan, local_gpus, resolve_plan
+    from relax.config.preflight import check_inputs
     from relax.utils.logging import setup_logging
 
     setup_logging()
     try:
         cfg = parse_config(argv)
         plan = resolve_plan(cfg, local_gpus())  # rejects what the mode cannot use, before Ray starts
+        check_inputs(cfg)  # data rows, --save, --load: read before anything starts
     except (ConfigError, PlanError) as err:
         print(f"relax-train: error: {err}", file=sys.stderr)
         return 2

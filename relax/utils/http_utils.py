@@ -10,11 +10,25 @@ timeout; a non-2xx reply raises `HTTPError` with the server's message.
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import aiohttp
 
 DEFAULT_TIMEOUT_S = 600.0
+# SGLang calls that leave an engine in the same state when repeated: one whose connection broke
+# before a reply (an engine that stalled, a dropped idle keep-alive connection) is sent again.
+# Generation and weight-group calls are never repeated (a collective must not run twice).
+IDEMPOTENT_PATHS = frozenset({
+    "/health", "/health_generate", "/get_model_info", "/get_server_info", "/get_weight_version",
+    "/pause_generation", "/continue_generation", "/flush_cache", "/abort_request",
+    "/release_memory_occupation", "/resume_memory_occupation", "/update_weight_version",
+})
+TRANSPORT_RETRIES = 3  # attempts after the first, for an idempotent call whose connection broke
+# Idle pooled connections are dropped by the client before the engine would drop them (it keeps
+# them ENGINE_KEEP_ALIVE_S), so a request never goes out on a connection the server is closing.
+CLIENT_KEEP_ALIVE_S = 15.0
+ENGINE_KEEP_ALIVE_S = 120
 _sessions: dict[int, aiohttp.ClientSession] = {}
 
 
@@ -30,9 +44,20 @@ def error_message(body: Any) -> str:
     return str(body)
 
 
+def clip(text: str, limit: int = 4000) -> str:
+    """`text` cut to about `limit` characters, keeping its start and its end (a log tail's end)."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit // 3]}\n[... {len(text) - limit} characters ...]\n{text[-(limit - limit // 3):]}"
+
+
 class HTTPError(RuntimeError):
     def __init__(self, url: str, status: int, body: str) -> None:
-        super().__init__(f"{url} -> HTTP {status}: {body[:500]}")
+        try:
+            text = error_message(json.loads(body))  # the server's message, with its line breaks
+        except ValueError:
+            text = body
+        super().__init__(f"{url} -> HTTP {status}: {clip(text)}")
         self.url, self.status, self.body = url, status, body
 
 

@@ -2,8 +2,11 @@
 
 Every process of a run (driver, Serve replicas, train workers, engines) calls
 `setup_logging()` so `logging.getLogger(__name__)` output looks the same everywhere.
-`run_token()` is the per-run token that state-changing engine endpoints require; the driver
-generates it and hands it to every role through the runtime environment.
+`run_token()` is the per-run token that state-changing engine endpoints require. The driver
+generates it and writes it to a file only its user can read (`write_token_file`, mode 0600 in a
+0700 directory of the run directory, removed when the run ends); roles learn the file's path,
+never the token, from the runtime environment, because Ray logs runtime environments to
+world-readable files. Engines started by a role get the token in their own environment.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import logging
 import os
 import secrets
 
-TOKEN_ENV = "RELAX_RUN_TOKEN"
+TOKEN_FILE_ENV = "RELAX_RUN_TOKEN_FILE"
 _FORMAT = "%(asctime)s %(levelname).1s %(name)s: %(message)s"
 
 
@@ -32,5 +35,39 @@ def new_run_token() -> str:
     return secrets.token_urlsafe(24)
 
 
+def write_token_file(path: str, token: str) -> None:
+    """Write `token` to `path`, readable by this user only (the directory too)."""
+    directory = os.path.dirname(path)
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    os.chmod(directory, 0o700)
+    if os.path.exists(path):
+        os.unlink(path)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(token)
+
+
+def remove_token_file(path: str) -> None:
+    try:
+        os.unlink(path)
+        os.rmdir(os.path.dirname(path))
+    except OSError:
+        pass
+
+
+_token_cache: dict[str, str] = {}
+
+
 def run_token() -> str | None:
-    return os.environ.get(TOKEN_ENV)
+    """The run's token, read from `$RELAX_RUN_TOKEN_FILE` (None outside a run)."""
+    path = os.environ.get(TOKEN_FILE_ENV)
+    if not path:
+        return None
+    if path not in _token_cache:
+        try:
+            with open(path) as f:
+                _token_cache[path] = f.read().strip()
+        except OSError as err:
+            raise RuntimeError(f"cannot read the run token file {path} ({err.strerror}): a role on another "
+                               "node needs the run directory (--exp-dir) on a filesystem every node mounts") from err
+    return _token_cache[path]

@@ -17,9 +17,10 @@ import pytest
 def ray_cluster():
     import ray
 
+    from relax.distributed.ray.local import start_local_ray
+
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": os.getcwd()}})
+    start_local_ray(8, log_to_driver=False, runtime_env={"env_vars": {"PYTHONPATH": os.getcwd()}})
     from relax.distributed import transfer_queue as tq
 
     tq.init_data_system()  # one data system for the session: each run attaches, clears it, leaves it
@@ -99,17 +100,30 @@ TRUE_ON_POLICY = ("--true-on-policy-mode", "--rollout-temperature", "0.8", "--lr
 
 @pytest.fixture(scope="session")
 def interrupted_run(tiny_setup, tmp_path_factory):
-    """A colocate `relax-train` subprocess (its own Ray) in --true-on-policy-mode, interrupted with
-    SIGINT once two steps are done. Returns the `Run` (marker, exit code, its run directory)."""
+    """A colocate `relax-train` subprocess (its own Ray) in --true-on-policy-mode, stopped with
+    SIGTERM once two steps are done. Before the signal it records what the running run exposes:
+    every listening socket of its processes (`run.sockets`), its token, and the files of the run
+    directory and of its Ray session that hold the token (`run.token_files_during`). Returns the
+    `Run` (marker, exit code, run directory)."""
     import signal
 
-    from subprocess_runs import Run, marked_processes
+    from subprocess_runs import Run, files_containing, listening_sockets, marked_processes, ray_session_dirs
 
     run = Run(tiny_setup, tmp_path_factory.mktemp("interrupted"), 1000, TRUE_ON_POLICY)
     try:
         assert run.wait_for("step 2/1000"), run.output()[-5000:]  # training is really under way
-        run.processes_before_signal = len(marked_processes(run.marker))
-        run.proc.send_signal(signal.SIGINT)
+        pids = marked_processes(run.marker)
+        run.processes_before_signal = len(pids)
+        run.sockets = listening_sockets(pids)
+        run.session_dirs = ray_session_dirs(pids)
+        token_files = list((run.exp_dir / ".relax").glob("run_token-*"))
+        run.token_file = token_files[0] if token_files else None
+        run.token = run.token_file.read_bytes() if run.token_file else None
+        run.token_modes = (run.token_file.stat().st_mode & 0o777, run.token_file.parent.stat().st_mode & 0o777) \
+            if run.token_file else None
+        run.token_files_during = [p for root in [run.exp_dir, *run.session_dirs]
+                                  for p in files_containing(root, run.token)] if run.token else []
+        run.proc.send_signal(signal.SIGTERM)
         run.proc.wait(timeout=120)
     finally:
         if run.proc.poll() is None:

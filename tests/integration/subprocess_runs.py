@@ -3,7 +3,9 @@ process it started: each one inherits a marker environment variable."""
 
 from __future__ import annotations
 
+import ipaddress
 import os
+import re
 import subprocess
 import sys
 import time
@@ -23,6 +25,51 @@ def marked_processes(marker: str) -> list[int]:
         if f"RELAX_TEST_MARKER={marker}".encode() in environ:
             pids.append(int(proc.name))
     return pids
+
+
+def listening_sockets(pids: list[int]) -> list[tuple[int, str, str, int]]:
+    """(pid, process name, address, port) of every listening TCP socket the processes hold."""
+    import psutil
+
+    found = []
+    for pid in pids:
+        try:
+            proc = psutil.Process(pid)
+            found += [(pid, proc.name(), c.laddr.ip, c.laddr.port) for c in proc.net_connections(kind="inet")
+                      if c.status == psutil.CONN_LISTEN]
+        except psutil.Error:  # gone meanwhile
+            continue
+    return found
+
+
+def is_loopback(address: str) -> bool:
+    ip = ipaddress.ip_address(address.split("%")[0])
+    mapped = getattr(ip, "ipv4_mapped", None)  # ::ffff:127.0.0.1
+    return (mapped or ip).is_loopback
+
+
+def ray_session_dirs(pids: list[int]) -> set[Path]:
+    """The Ray session directories named on the processes' command lines."""
+    dirs = set()
+    for pid in pids:
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        dirs |= {Path(m) for m in re.findall(r"(/[^\x00 =]*/session_\d{4}-[^/\x00 ]+)", cmdline)}
+    return {d for d in dirs if d.is_dir()}
+
+
+def files_containing(root: Path, secret: bytes) -> list[Path]:
+    """Every readable file under `root` whose bytes contain `secret`."""
+    hits = []
+    for path in root.rglob("*"):
+        try:
+            if path.is_file() and not path.is_symlink() and secret in path.read_bytes():
+                hits.append(path)
+        except OSError:
+            continue
+    return hits
 
 
 def wait_until_gone(marker: str, timeout: float = 60.0) -> list[int]:

@@ -11,6 +11,8 @@ import pytest
 import torch
 from run_helpers import run_relax, step_rows
 
+from relax.utils import checkpoints
+
 pytestmark = pytest.mark.integration
 
 
@@ -49,6 +51,8 @@ def test_ppo_critic_only_steps_then_policy_and_critic_train_and_save(ray_cluster
     assert any(r["train/grad_norm"] > 0 for r in steps[1:])
     assert (tmp_path / "ckpt" / "critic" / "latest_checkpointed_iteration.txt").read_text() == "2"
     assert (tmp_path / "ckpt" / "latest_checkpointed_iteration.txt").read_text() == "2"
+    point = checkpoints.resume_point(str(tmp_path / "ckpt"))  # one checkpoint, three parts, complete
+    assert point.rollout_id == 2 and set(point.parts) == {"actor", "critic", "rollout"}
 
     before = load_file(str(tiny_setup / "model" / "model.safetensors"))
     after_critic_only = actor_weights(tmp_path / "ckpt" / "iter_0000000")
@@ -103,7 +107,7 @@ def test_critic_checkpoint_round_trips_through_the_component(ray_cluster, tiny_s
         metrics = await first.train(1)
         assert metrics["critic/grad_norm"] > 0 and await tq.list_keys(1) == []  # the critic clears the step
         trained = await values_of(first, 2)
-        await first.save(1)
+        checkpoints.commit(str(tmp_path / "ckpt"), 1, await first.save(1))  # as the Controller does
         await first.shutdown()
         second = critic(parse_config(ppo_args(tiny_setup, tmp_path, "--num-rollout", "1",
                                               "--critic-load", str(tmp_path / "ckpt" / "critic"))))

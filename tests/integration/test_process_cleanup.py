@@ -1,4 +1,5 @@
-"""A run leaves no process behind: not after a normal exit, not after Ctrl-C.
+"""A run leaves no process behind: not after a normal exit, not after Ctrl-C or SIGTERM, and not
+for more than a few seconds after its driver is killed with SIGKILL.
 
 Each run is a real `relax-train` subprocess with its own private Ray instance. Every process
 it starts (raylet, workers, Serve replicas, train workers, engines) inherits a marker env
@@ -27,12 +28,23 @@ def test_normal_exit_leaves_no_process(tiny_setup, tmp_path):
     assert wait_until_gone(run.marker) == []
 
 
-def test_ctrl_c_leaves_no_process(interrupted_run):
-    """Colocate; the run (shared with the true on-policy test) was interrupted after two steps."""
+def test_sigterm_stops_like_ctrl_c_and_leaves_no_process(interrupted_run):
+    """Colocate; the run (shared with the true on-policy test) got SIGTERM after two steps: the
+    driver takes Ctrl-C's path (exit 130, not Ray's abort) and Ray's agents go with it."""
     run = interrupted_run
     assert run.processes_before_signal > 3  # driver, raylet, workers, engine...
-    assert run.proc.returncode != 0
-    assert wait_until_gone(run.marker) == []
+    assert run.proc.returncode == 130, run.output()[-3000:]
+    assert "relax-train: interrupted; all run processes were stopped" in run.output()
+    assert wait_until_gone(run.marker, timeout=10) == []
+
+
+def test_sigkill_of_the_driver_leaves_nothing_after_a_few_seconds(tiny_setup, tmp_path):
+    run = Run(tiny_setup, tmp_path, 1000)
+    assert run.wait_for("step 1/1000"), run.output()[-5000:]
+    assert len(marked_processes(run.marker)) > 3
+    run.proc.kill()
+    run.proc.wait(timeout=30)
+    assert wait_until_gone(run.marker, timeout=10) == []
 
 
 def test_ctrl_c_in_fully_async_mode_leaves_no_process(tiny_setup, tmp_path):

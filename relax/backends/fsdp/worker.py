@@ -40,6 +40,7 @@ from relax.algorithms.value_loss import ValueLossInputs, compute_value_loss
 from relax.backends.base import TrainerSpec
 from relax.backends.fsdp.batching import pad_inputs, pad_response, response_positions, split_micro_batches
 from relax.config.schema import OptimizerConfig
+from relax.distributed.store import pin_gloo_interface, tcp_store
 from relax.types import TrainBatch
 from relax.utils.plugins import load_plugin
 
@@ -121,9 +122,11 @@ class FSDPTrainWorker:
         self.device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
         if self.device.type == "cpu":
             torch.set_num_threads(spec.threads or max(1, (os.cpu_count() or 1) // world_size))
-        dist.init_process_group(spec.dist_backend if self.device.type == "cuda" else "gloo",
-                                init_method=f"tcp://{master_addr}:{master_port}", rank=rank,
-                                world_size=world_size, timeout=timedelta(minutes=spec.timeout_minutes))
+        timeout = timedelta(minutes=spec.timeout_minutes)
+        pin_gloo_interface(master_addr)  # gloo and the store listen on the group's address only
+        store = tcp_store(master_addr, master_port, world_size, is_master=rank == 0, timeout=timeout)
+        dist.init_process_group(spec.dist_backend if self.device.type == "cuda" else "gloo", store=store,
+                                rank=rank, world_size=world_size, timeout=timeout)
         self._seed(spec.optim.seed + rank)
         self.model = self._build_model(spec.model_path)
         self.optimizer = self.scheduler = None
@@ -518,6 +521,7 @@ class FSDPTrainWorker:
                    path / f"rng_rank{self.rank}.pt")
         if self.rank == 0:
             meta = {"rollout_id": rollout_id, "train_step": self.step, "has_optim": "optim" in state,
+                    "world_size": self.world_size,
                     "scheduler": self.scheduler.state_dict() if self.scheduler else None, "time": time.time()}
             (path / "meta.json").write_text(json.dumps(meta))
         dist.barrier()
@@ -538,12 +542,16 @@ class FSDPTrainWorker:
         if self.scheduler is not None and meta.get("scheduler"):
             self.scheduler.load_state_dict(meta["scheduler"])
         rng_file = path / f"rng_rank{self.rank}.pt"
-        if rng_file.exists():
-            rng = torch.load(rng_file, weights_only=False)
-            torch.set_rng_state(rng["torch"])
-            random.setstate(rng["python"])
-            if rng.get("cuda") and torch.cuda.is_available():
-                torch.cuda.set_rng_state_all(rng["cuda"])
+        if not rng_file.exists():  # resuming without it would change every later sample
+            saved = meta.get("world_size", "?")
+            raise FileNotFoundError(f"{rng_file} is missing (the checkpoint was saved by {saved} ranks, this "
+                                    f"group has {self.world_size}): resume with the same number of ranks "
+                                    "from a complete checkpoint")
+        rng = torch.load(rng_file, weights_only=False)
+        torch.set_rng_state(rng["torch"])
+        random.setstate(rng["python"])
+        if rng.get("cuda") and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(rng["cuda"])
         self.step = meta["train_step"]
         return meta
 

@@ -29,6 +29,7 @@ from typing import Any, Mapping, Sequence
 import httpx
 
 from relax.utils.net import free_port
+from relax.utils.proc import describe_process, log_tail
 
 logger = logging.getLogger(__name__)
 
@@ -51,16 +52,6 @@ def die_with_parent() -> None:
         os._exit(1)
 
 
-def _log_tail(path: str, chars: int = 4000) -> str:
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - chars))
-            return f.read().decode(errors="replace")
-    except OSError as exc:
-        return f"<cannot read {path}: {exc}>"
-
-
 class EngineProcess:
     """A running engine server: `url`, `wait_ready()`, `alive()`, `terminate()`."""
 
@@ -70,13 +61,17 @@ class EngineProcess:
     def alive(self) -> bool:
         return self.process.poll() is None
 
+    def describe(self) -> str:
+        """Which engine this is, its state (exited with what, stopped, silent) and its log's end."""
+        return describe_process("hf", self.process, self.url, self.log_path)
+
     def wait_ready(self, timeout: float = 120.0) -> "EngineProcess":
         """Poll GET /health until 200; raise RuntimeError with the log tail if it dies or times out."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if not self.alive():
                 raise RuntimeError(f"hf engine at {self.url} exited with code {self.process.returncode} "
-                                   f"before becoming ready; log {self.log_path}:\n{_log_tail(self.log_path)}")
+                                   f"before becoming ready; log {self.log_path}:\n{log_tail(self.log_path)}")
             try:
                 if httpx.get(self.url + "/health", timeout=2.0).status_code == 200:
                     return self
@@ -84,7 +79,7 @@ class EngineProcess:
                 pass
             time.sleep(0.1)
         raise RuntimeError(f"hf engine at {self.url} not ready after {timeout:.0f}s; "
-                           f"log {self.log_path}:\n{_log_tail(self.log_path)}")
+                           f"log {self.log_path}:\n{log_tail(self.log_path)}")
 
     def terminate(self, timeout: float = 10.0) -> int | None:
         """SIGTERM, then SIGKILL after `timeout` seconds; returns the exit code."""

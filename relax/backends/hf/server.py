@@ -40,6 +40,7 @@ from relax.backends.hf.protocol import (
 )
 from relax.backends.hf.weights import parse_specs
 from relax.distributed.weight_sync import run_in_daemon_thread
+from relax.utils.http_utils import ENGINE_KEEP_ALIVE_S
 
 logger = logging.getLogger(__name__)
 
@@ -285,7 +286,7 @@ def main(argv: list[str] | None = None) -> None:
     app = create_app(engine, api_key=args.api_key,
                      on_started=lambda: _announce_when_bound(holder["server"], args.host, args.port))
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level.lower(),
-                            timeout_keep_alive=30)
+                            timeout_keep_alive=ENGINE_KEEP_ALIVE_S)
     holder["server"] = uvicorn.Server(config)
     holder["server"].run()
 

@@ -32,6 +32,7 @@ from typing import Any, Callable, Protocol, runtime_checkable
 
 from relax.engine.specs import DataSpec
 from relax.types import Sample
+from relax.utils import checkpoints
 from relax.utils.data import EpochSampler, PromptDataset, StreamingPromptDataset
 from relax.utils.plugins import load_plugin
 
@@ -60,8 +61,8 @@ class DataSource(Protocol):
 
 
 def state_path(directory: str, rollout_id: int) -> str:
-    """`{directory}/rollout/global_dataset_state_dict_{rollout_id}.pt`."""
-    return os.path.join(directory, STATE_SUBDIR, f"global_dataset_state_dict_{rollout_id}.pt")
+    """`{directory}/rollout/global_dataset_state_dict_{rollout_id}.pt` (a checkpoint's data part)."""
+    return str(checkpoints.data_state_path(directory, rollout_id))
 
 
 def latest_saved_rollout_id(directory: str) -> int | None:
@@ -232,10 +233,14 @@ class RolloutDataSource:
         requested = rollout_id
         if rollout_id is None:
             rollout_id = latest_saved_rollout_id(load_dir)
+        if requested is not None and requested >= 0 and not os.path.exists(state_path(load_dir, requested)):
+            raise FileNotFoundError(
+                f"data source: no saved data position for step {requested} ({state_path(load_dir, requested)}); "
+                "resuming without it would restart the data from the first prompt. Resume from a complete "
+                "checkpoint (--load-fallback takes the newest one) or drop --start-rollout-id")
         if rollout_id is None or rollout_id < 0 or not os.path.exists(state_path(load_dir, rollout_id)):
-            log = logger.warning if requested is not None and requested >= 0 else logger.info
-            log("data source: no saved state for rollout %s under %s; starting from the first prompt",
-                rollout_id, os.path.join(load_dir, STATE_SUBDIR))
+            logger.info("data source: no saved state under %s; starting from the first prompt",
+                        os.path.join(load_dir, STATE_SUBDIR))
             return
         path = state_path(load_dir, rollout_id)
         self.load_state_dict(_read_state(path))

@@ -10,19 +10,22 @@ run's engine API key so plugins never handle it.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
-from typing import Any
+from typing import Any, Callable
 
 import aiohttp
 from aiohttp import web
 
 logger = logging.getLogger(__name__)
+ROUTE_ATTEMPTS = 3  # a generate request whose connection broke before any reply is sent again
 
 
 class Router:
     def __init__(self, engine_urls: list[str], *, api_key: str | None = None, host: str = "127.0.0.1",
-                 timeout_s: float = 600.0) -> None:
+                 timeout_s: float = 600.0, describe: Callable[[str], str] | None = None) -> None:
+        """`describe(url)`: what is known of an engine's process, added to a failed request's error."""
         if not engine_urls:
             raise ValueError("Router needs at least one engine URL")
         self.engine_urls = list(engine_urls)
@@ -32,6 +35,8 @@ class Router:
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._rr = itertools.count()
+        self._describe = describe
+        self._reported: set[str] = set()  # engines whose failure was logged
         self._session: aiohttp.ClientSession | None = None
         self._runner: web.AppRunner | None = None
 
@@ -84,20 +89,34 @@ class Router:
             payload: Any = await request.json()
         except ValueError:
             return web.json_response({"error": "request body is not valid JSON"}, status=400)
-        url = self.pick()
-        self.in_flight[url] += 1
         self.served += 1
-        try:
-            assert self._session is not None
-            async with self._session.post(f"{url}/generate", json=payload, headers=self._headers) as resp:
-                body = await resp.read()
-                return web.Response(body=body, status=resp.status, content_type="application/json")
-        except aiohttp.ClientError as exc:
-            logger.warning("engine %s failed a request: %s", url, exc)
-            return web.json_response({"error": f"engine {url} unreachable: {exc}"}, status=502)
-        finally:
-            if url in self.in_flight:  # (the engine may have left the fleet meanwhile)
-                self.in_flight[url] -= 1
+        for attempt in range(ROUTE_ATTEMPTS):
+            url = self.pick()
+            self.in_flight[url] += 1
+            try:
+                assert self._session is not None
+                async with self._session.post(f"{url}/generate", json=payload, headers=self._headers) as resp:
+                    body = await resp.read()
+                    return web.Response(body=body, status=resp.status, content_type="application/json")
+            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+                timed_out = isinstance(exc, asyncio.TimeoutError)
+                # The connection broke before a reply (a dropped keep-alive connection, an engine that
+                # died): nothing came back, so the request goes out again, to the least busy engine.
+                if (attempt + 1 < ROUTE_ATTEMPTS and not timed_out
+                        and isinstance(exc, aiohttp.ClientConnectionError)):
+                    logger.warning("engine %s dropped a request (%s); sending it again", url, exc)
+                    continue
+                what = "did not reply in time" if timed_out else "unreachable"
+                details = f"\n{self._describe(url)}" if self._describe else ""
+                if url not in self._reported:  # the engine's state and log once, not per request
+                    self._reported.add(url)
+                    logger.warning("engine %s %s: %r%s", url, what, exc, details)
+                return web.json_response({"error": f"engine {url} {what}: {type(exc).__name__}: {exc}{details}"},
+                                         status=504 if timed_out else 502)
+            finally:
+                if url in self.in_flight:  # (the engine may have left the fleet meanwhile)
+                    self.in_flight[url] -= 1
+        raise AssertionError("unreachable")
 
     async def _health(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "ok", "engines": len(self.engine_urls)})

@@ -143,7 +143,7 @@ def iter_jsonl_lines(path: str) -> Iterator[tuple[RowLocation, str]]:
 def parse_jsonl_line(location: RowLocation, line: str) -> dict | DataError:
     """Decode one jsonl line into a row dict, or a `DataError` that says what is wrong."""
     try:
-        row = json.loads(line)
+        row = json.loads(line.rstrip("\r\n"))  # (with the newline, an error at the end reads "line 2 column 1")
     except json.JSONDecodeError as exc:
         return DataError(f"{location}: invalid JSON ({exc.msg} at column {exc.colno}); fix or remove this line")
     if not isinstance(row, dict):

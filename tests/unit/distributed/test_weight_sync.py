@@ -12,8 +12,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from relax.utils.net import free_port
 from relax.distributed.weight_sync import (
-    WeightSender, WeightSyncError, create_weight_group, free_port, iter_buckets,
+    WeightSender, WeightSyncError, create_weight_group, iter_buckets,
 )
 
 

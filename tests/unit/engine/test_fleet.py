@@ -33,6 +33,9 @@ class FakeEngine:
     def terminate(self, timeout: float = 10.0) -> None:
         self.terminated = True
 
+    def describe(self) -> str:
+        return f"fake engine at {self.url} exited with code 7; log /logs/fake.log, ending:\nCUDA error: boom"
+
 
 def fake_launch(model_path, *, api_key=None, num_threads=None, log_path=None, options=None, device="cpu"):
     url, version = SERVERS.pop(0)
@@ -109,3 +112,33 @@ def test_a_bad_engine_option_names_the_fleet(spec):
     bad = dataclasses.replace(spec, backend="hf", options={"bogus": 1})
     with pytest.raises(ValueError, match="rollout engine options: unknown engine option 'bogus'"):
         asyncio.run(EngineFleet(bad).start(1))
+
+
+def test_an_engine_that_stops_answering_is_named_with_its_state_and_log(spec):
+    """A fleet call and a routed generate that reach a dead engine say which engine, how it ended
+    and the end of its log (EngineHandle.describe), not only a connection error."""
+    from relax.backends.engine_client import EngineError
+
+    async def main():
+        runner = await serve(1, "e1")
+        fleet = EngineFleet(spec)
+        await fleet.start(1)
+        await runner.cleanup()  # the engine is gone: connections are refused
+        try:
+            with pytest.raises(EngineError) as err:
+                await fleet.each("get_weight_version")
+            routed = None
+            try:
+                await post(fleet.router_url + "/generate", {})
+            except Exception as exc:  # noqa: BLE001 - the router's 502 comes back as HTTPError
+                routed = exc
+        finally:
+            await fleet.stop()
+            await close_sessions()
+        return str(err.value), routed
+
+    message, routed = asyncio.run(main())
+    assert "no reply" in message and "ConnectError" in message and "(after 4 attempts)" in message
+    assert "rollout fake engine at" in message and "exited with code 7" in message and "CUDA error: boom" in message
+    assert routed is not None and routed.status == 502
+    assert "unreachable" in routed.body and "exited with code 7" in routed.body and "CUDA error: boom" in routed.body

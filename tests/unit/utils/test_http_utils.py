@@ -38,3 +38,14 @@ def test_post_returns_json_and_errors_carry_the_body():
             await runner.cleanup()
 
     asyncio.run(scenario())
+
+
+def test_an_http_error_shows_the_servers_message_with_its_line_breaks_and_the_end_of_a_long_one():
+    import json
+
+    tail = "\n".join(f"log line {i}" for i in range(1000))
+    err = HTTPError("http://r/generate", 502, json.dumps({"error": f"engine unreachable\n{tail}"}))
+    text = str(err)
+    assert text.startswith("http://r/generate -> HTTP 502: engine unreachable\nlog line 0")
+    assert text.endswith("log line 999") and "characters ...]" in text and len(text) < 4200
+    assert str(HTTPError("u", 500, "plain text")) == "u -> HTTP 500: plain text"

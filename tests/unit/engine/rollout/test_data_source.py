@@ -173,9 +173,16 @@ def test_load_without_rollout_id_takes_the_latest_state(tmp_path):
 def test_load_with_no_saved_state_starts_fresh_and_says_so(tmp_path, caplog):
     source = RolloutDataSourceWithBuffer(make_args(tmp_path))
     with caplog.at_level(logging.INFO, logger="relax.engine.rollout.data_source"):
-        source.load(7)
+        source.load()  # the latest, and there is none: a fresh start
     assert "starting from the first prompt" in caplog.text
     assert labels(source.get_samples(1)) == ["0"]
+
+
+def test_a_requested_position_that_was_never_saved_is_an_error_not_a_silent_restart(tmp_path):
+    source = RolloutDataSourceWithBuffer(make_args(tmp_path))
+    with pytest.raises(FileNotFoundError,
+                       match=r"no saved data position for step 7 \(.*global_dataset_state_dict_7.pt\)"):
+        source.load(7)
 
 
 def test_streaming_source_resumes_exactly(tmp_path):

@@ -1,0 +1,61 @@
+"""A private Ray instance on this machine whose every listener is on loopback.
+
+Ray normally gives a node its network address, and its GCS, raylet, worker, dashboard-agent
+and runtime-env-agent servers listen there or on every interface, even when `ray.init` is
+given `_node_ip_address="127.0.0.1"` (Ray swaps a loopback address for the network one). With
+cluster mode off (`RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`, Ray's own switch for single-machine
+platforms) the node address stays 127.0.0.1 and every Ray server binds loopback; the processes
+Ray starts inherit the switch through the environment. TransferQueue and the run's own servers
+follow Ray's node address (relax.distributed.store.bind_host), so a local run opens nothing to
+the network. A run that joins a cluster (`--ray-address`) binds the cluster's node addresses
+instead (docs/launch.md, "What listens where").
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+LOCAL_ONLY_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+# A private Ray's GCS never comes back once gone (no GCS fault tolerance), so its processes need not
+# wait Ray's default 60 s for it: after a SIGKILL of the driver, Ray's agents report the raylet's
+# death to the dead GCS and would linger that long.
+GCS_RECONNECT_ENV, GCS_RECONNECT_S = "RAY_gcs_rpc_server_reconnect_timeout_s", "5"
+
+
+def start_local_ray(num_cpus: int, **init_kwargs: Any) -> None:
+    """`ray.init` a new single-machine instance bound to loopback (see the module doc)."""
+    os.environ[LOCAL_ONLY_ENV] = "0"  # before Ray starts its processes: they read it at import
+    os.environ.setdefault(GCS_RECONNECT_ENV, GCS_RECONNECT_S)
+    import ray
+    from ray._private import ray_constants
+
+    ray_constants.ENABLE_RAY_CLUSTER = False  # this process may have imported Ray already
+    ray.init(num_cpus=num_cpus, include_dashboard=False, _node_ip_address="127.0.0.1", **init_kwargs)
+
+
+def bind_serve_grpc() -> None:
+    """Run first in every role's Serve replica (relax.core.service.replica_class).
+
+    A Serve replica starts an inter-deployment gRPC server on every interface (`[::]:0`,
+    hard-coded in Serve 2.60, no option), beside Ray's own servers that do follow the node
+    address. This binds it to the run's bind address instead (loopback on one node, the node's
+    cluster address across nodes); the socket test of tests/integration/test_security.py fails
+    if a Serve release moves the call."""
+    from ray.serve._private import replica
+
+    from relax.distributed.store import bind_host
+
+    original = replica.add_port_to_grpc_server
+    if getattr(original, "_relax_bound", False):
+        return
+    host = bind_host()
+    host = f"[{host}]" if ":" in host else host
+
+    def add_port(server, address: str, *args, **kwargs):
+        if address.startswith(("[::]:", "0.0.0.0:")):
+            address = f"{host}:{address.rsplit(':', 1)[1]}"
+        return original(server, address, *args, **kwargs)
+
+    add_port._relax_bound = True  # type: ignore[attr-defined]
+    replica.add_port_to_grpc_server = add_port
