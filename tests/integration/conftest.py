@@ -129,3 +129,34 @@ def interrupted_run(tiny_setup, tmp_path_factory):
         if run.proc.poll() is None:
             run.proc.kill()
     return run
+
+
+@pytest.fixture(scope="session")
+def fully_async_interrupted_run(tiny_setup, tmp_path_factory):
+    """A fully-async PPO `relax-train` subprocess (its own Ray) at --max-staleness 2 with every
+    streaming role (Rollout, Reference, ActorFwd, Critic, Advantages), interrupted with Ctrl-C
+    (SIGINT) once four steps are done, while the roles' loops are in flight. Returns the `Run`."""
+    import signal
+
+    from subprocess_runs import Run, marked_processes
+
+    root = tiny_setup
+    args = ["--hf-checkpoint", str(root / "model"), "--prompt-data", str(root / "train.jsonl"),
+            "--input-key", "prompt", "--label-key", "label", "--apply-chat-template",
+            "--custom-rm-path", "tests.integration.digit_reward.reward_func", "--rollout-shuffle",
+            "--rollout-batch-size", "4", "--n-samples-per-prompt", "4", "--rollout-max-response-len", "6",
+            "--lr", "1e-2", "--progress-bar", "false", "--num-rollout", "1000",
+            "--use-kl-loss", "--kl-loss-coef", "0.05", "--kl-loss-type", "low_var_kl",
+            "--fully-async", "--max-staleness", "2", "--advantage-estimator", "ppo", "--gamma", "1.0",
+            "--lambd", "0.95", "--resource", '{"actor": [1, 1], "rollout": [1, 1], "reference": [1, 1], '
+                                             '"actor_fwd": [1, 1], "advantages": [1, 0], "critic": [1, 1]}']
+    run = Run(root, tmp_path_factory.mktemp("fully_async_interrupted"), 0, args=args)
+    try:
+        assert run.wait_for("step 4/1000"), run.output()[-5000:]
+        run.processes_before_signal = len(marked_processes(run.marker))
+        run.proc.send_signal(signal.SIGINT)
+        run.proc.wait(timeout=120)
+    finally:
+        if run.proc.poll() is None:
+            run.proc.kill()
+    return run

@@ -85,18 +85,21 @@ def wait_until_gone(marker: str, timeout: float = 60.0) -> list[int]:
 class Run:
     """A `relax-train` subprocess with its own marker; its output goes to a log file."""
 
-    def __init__(self, tiny_setup, exp_dir: Path, num_rollout: int, mode: tuple[str, ...] = ()) -> None:
+    def __init__(self, tiny_setup, exp_dir: Path, num_rollout: int, mode: tuple[str, ...] = (),
+                 args: list[str] | None = None) -> None:
+        """The default task's flags plus `mode`, or exactly `args` (then `num_rollout` is unused)."""
         root = tiny_setup
         self.exp_dir, self.marker, self.log = exp_dir, uuid.uuid4().hex, exp_dir / "stdout.log"
         self.processes_before_signal = 0
         exp_dir.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ, RELAX_TEST_MARKER=self.marker, PYTHONUNBUFFERED="1")
         env.pop("RAY_ADDRESS", None)
-        cmd = [sys.executable, "relax/entrypoints/train.py", "--hf-checkpoint", str(root / "model"),
-               "--prompt-data", str(root / "train.jsonl"), "--input-key", "prompt", "--label-key", "label",
-               "--apply-chat-template", "--rm-type", "math", "--rollout-batch-size", "4", "--n-samples-per-prompt",
-               "2", "--rollout-max-response-len", "8", "--num-rollout", str(num_rollout), "--progress-bar", "false",
-               "--ray-num-cpus", "8", "--exp-dir", str(exp_dir), *mode]
+        flags = args if args is not None else [
+            "--hf-checkpoint", str(root / "model"), "--prompt-data", str(root / "train.jsonl"), "--input-key",
+            "prompt", "--label-key", "label", "--apply-chat-template", "--rm-type", "math", "--rollout-batch-size",
+            "4", "--n-samples-per-prompt", "2", "--rollout-max-response-len", "8", "--num-rollout", str(num_rollout),
+            "--progress-bar", "false", *mode]
+        cmd = [sys.executable, "relax/entrypoints/train.py", *flags, "--ray-num-cpus", "8", "--exp-dir", str(exp_dir)]
         with open(self.log, "w") as out:
             self.proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, text=True,
                                          cwd=Path(__file__).resolve().parents[2])

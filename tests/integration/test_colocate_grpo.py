@@ -1,27 +1,34 @@
 """The real service graph on CPU: Ray Serve roles, TransferQueue, `hf` engines over HTTP,
 FSDP training, weight sync. A few GRPO steps must raise the reward, and the weight version
-stamped on samples must advance with every step."""
+stamped on samples must advance with every step. The run is a real `relax-train` subprocess
+with its own Ray, which must exit 0 and leave no process behind (the normal-exit case of
+test_process_cleanup.py)."""
 
 from __future__ import annotations
 
 import pytest
-from run_helpers import read_metrics, run_relax
+from run_helpers import read_metrics
+from subprocess_runs import Run, wait_until_gone
 
 pytestmark = pytest.mark.integration
 
 
-def test_colocate_grpo_learns_and_versions_advance(ray_cluster, tiny_setup, tmp_path):
+def test_colocate_grpo_learns_versions_advance_and_the_run_exits_clean(tiny_setup, tmp_path):
     root = tiny_setup
-    run_relax([
+    run = Run(root, tmp_path, 0, args=[
         "--hf-checkpoint", str(root / "model"), "--prompt-data", str(root / "train.jsonl"),
         "--input-key", "prompt", "--label-key", "label", "--apply-chat-template",
         "--custom-rm-path", "tests.integration.digit_reward.reward_func",
         "--rollout-batch-size", "8", "--n-samples-per-prompt", "8", "--rollout-max-response-len", "8",
         "--num-rollout", "8", "--lr", "2e-2", "--rollout-shuffle",
-        "--resource", '{"actor": [1, 2], "rollout": [1, 2]}', "--exp-dir", str(tmp_path),
+        "--resource", '{"actor": [1, 2], "rollout": [1, 2]}',
         "--progress-bar", "false", "--save", str(tmp_path / "ckpt"), "--save-interval", "4",
         "--save-hf", str(tmp_path / "hf"),
     ])
+    run.proc.wait(timeout=600)
+    assert run.proc.returncode == 0, run.output()[-3000:]
+    assert "step 8/8" in run.output()
+    assert wait_until_gone(run.marker, timeout=10) == []
     rows = [r for r in read_metrics(tmp_path) if "rollout/reward_mean" in r]
     rewards = [r["rollout/reward_mean"] for r in rows]
     versions = [r["rollout/weight_version_min"] for r in rows]

@@ -16,15 +16,6 @@ from run_helpers import run_relax as run
 pytestmark = pytest.mark.integration
 
 
-def common(root, n_rollout: int) -> list[str]:
-    return ["--hf-checkpoint", str(root / "model"), "--prompt-data", str(root / "train.jsonl"),
-            "--input-key", "prompt", "--label-key", "label", "--apply-chat-template",
-            "--custom-rm-path", "tests.integration.digit_reward.reward_func", "--rollout-shuffle",
-            "--rollout-batch-size", "4", "--n-samples-per-prompt", "4", "--rollout-max-response-len", "6",
-            "--lr", "1e-2", "--progress-bar", "false", "--num-rollout", str(n_rollout),
-            "--use-kl-loss", "--kl-loss-coef", "0.05", "--kl-loss-type", "low_var_kl"]
-
-
 def by_step(exp_dir) -> dict[int, dict]:
     return {r["step"]: r for r in step_rows(exp_dir)}
 
@@ -52,16 +43,12 @@ def test_staleness_zero_equals_colocate(reference_run, tiny_setup, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def bounded_ppo_run(ray_cluster, tiny_setup, tmp_path_factory):
-    """Four PPO steps at --max-staleness 2 with every streaming role: Rollout, Reference, ActorFwd,
-    the Critic (values streamed onto rows) and Advantages (GAE), the critic training after the
-    Actor on each step."""
-    exp = tmp_path_factory.mktemp("bounded_ppo")
-    run(common(tiny_setup, 4) + ["--exp-dir", str(exp), "--fully-async", "--max-staleness", "2",
-                                 "--advantage-estimator", "ppo", "--gamma", "1.0", "--lambd", "0.95",
-                                 "--resource", '{"actor": [1, 1], "rollout": [1, 1], "reference": [1, 1], '
-                                               '"actor_fwd": [1, 1], "advantages": [1, 0], "critic": [1, 1]}'])
-    return by_step(exp)
+def bounded_ppo_run(fully_async_interrupted_run):
+    """PPO at --max-staleness 2 with every streaming role: Rollout, Reference, ActorFwd, the Critic
+    (values streamed onto rows) and Advantages (GAE), the critic training after the Actor on each
+    step; the session's fully-async run, Ctrl-C'd after its fourth step (the first four read)."""
+    rows = by_step(fully_async_interrupted_run.exp_dir)
+    return {s: rows[s] for s in range(4) if s in rows}
 
 
 def test_staleness_bound_holds(bounded_ppo_run):

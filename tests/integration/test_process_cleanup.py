@@ -3,29 +3,17 @@ for more than a few seconds after its driver is killed with SIGKILL.
 
 Each run is a real `relax-train` subprocess with its own private Ray instance. Every process
 it starts (raylet, workers, Serve replicas, train workers, engines) inherits a marker env
-var; after the run we look for any live process that still carries it.
+var; after the run we look for any live process that still carries it. The normal exit is
+checked on the colocate GRPO run (test_colocate_grpo.py), itself such a subprocess.
 """
 
 from __future__ import annotations
-
-import signal
 
 import pytest
 from subprocess_runs import Run, marked_processes, wait_until_gone
 
 pytestmark = pytest.mark.integration
 
-
-FULLY_ASYNC = ("--fully-async", "--max-staleness", "1", "--resource",
-               '{"actor": [1, 1], "rollout": [1, 1], "actor_fwd": [1, 1], "advantages": [1, 0]}')
-
-
-def test_normal_exit_leaves_no_process(tiny_setup, tmp_path):
-    run = Run(tiny_setup, tmp_path, 1)
-    run.proc.wait(timeout=300)
-    assert run.proc.returncode == 0, run.output()[-3000:]
-    assert "step 1/1" in run.output()
-    assert wait_until_gone(run.marker) == []
 
 
 def test_sigterm_stops_like_ctrl_c_and_leaves_no_process(interrupted_run):
@@ -47,12 +35,10 @@ def test_sigkill_of_the_driver_leaves_nothing_after_a_few_seconds(tiny_setup, tm
     assert wait_until_gone(run.marker, timeout=10) == []
 
 
-def test_ctrl_c_in_fully_async_mode_leaves_no_process(tiny_setup, tmp_path):
-    """Fully async adds role loops in flight (rollout ahead, ActorFwd mid-forward) at the signal."""
-    run = Run(tiny_setup, tmp_path, 1000, FULLY_ASYNC)
-    assert run.wait_for("step 1/1000"), run.output()[-5000:]  # training is really under way
-    assert len(marked_processes(run.marker)) > 3
-    run.proc.send_signal(signal.SIGINT)
-    run.proc.wait(timeout=120)
-    assert run.proc.returncode != 0
-    assert wait_until_gone(run.marker) == []
+def test_ctrl_c_in_fully_async_mode_leaves_no_process(fully_async_interrupted_run):
+    """Fully async adds role loops in flight (rollout ahead, ActorFwd, Critic and Advantages
+    mid-step) at the signal; the run is shared with the staleness-bound test."""
+    run = fully_async_interrupted_run
+    assert run.processes_before_signal > 6
+    assert run.proc.returncode == 130, run.output()[-3000:]
+    assert wait_until_gone(run.marker, timeout=10) == []
