@@ -48,9 +48,10 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from relax.algorithms.logprobs import row_response_log_probs
-from relax.backends.hf.sampling import SamplingBatch, SamplingParams, sample_next_tokens
+from relax.backends.hf.sampling import SamplingBatch, SamplingParams, apply_penalties, sample_next_tokens
 
 ABORT_MESSAGE = "request aborted"
+REGEX_WINDOW = 64  # output tokens whose text a stop_regex is searched in
 
 
 @dataclass
@@ -230,6 +231,12 @@ class _RowState:
                 for stop in self.params.stop:
                     if stop in tail:
                         return {"type": "stop", "matched": stop}
+            if self.params.stop_regex:  # over the last REGEX_WINDOW tokens' text
+                tail = self.tokenizer.decode(self.output_ids[-REGEX_WINDOW:])
+                for pattern in self.params.stop_regex:
+                    found = pattern.search(tail)
+                    if found and found.group(0):
+                        return {"type": "stop", "matched": found.group(0)}
         if len(self.output_ids) >= self.max_new:
             return {"type": "length", "length": len(self.output_ids)}
         return None
@@ -382,7 +389,7 @@ class BatchDecoder:
     def _sample(self, logits_BV: torch.Tensor, rows: list[int], states: list[_RowState], sampling: SamplingBatch,
                 finish: Callable[[int, dict], None]) -> tuple[torch.Tensor, list[int]]:
         """Draw one token per row, record it, answer finished rows. Returns (tokens_B, kept positions)."""
-        self._mask_early_stops(logits_BV, [states[i] for i in rows])
+        self._apply_penalizers(logits_BV, [states[i] for i in rows])
         tokens_B, logprobs_B = sample_next_tokens(logits_BV, sampling, self.shared_generator)
         self.stats.generated_tokens += len(rows)
         keep = []
@@ -404,9 +411,12 @@ class BatchDecoder:
         self.stats.forward_calls += 1
         return logp_R.tolist()
 
-    def _mask_early_stops(self, logits_BV: torch.Tensor, states: list[_RowState]) -> None:
-        """Stop tokens cannot be sampled before min_new_tokens (SGLang's min-new-tokens penalizer)."""
+    def _apply_penalizers(self, logits_BV: torch.Tensor, states: list[_RowState]) -> None:
+        """SGLang's penalizers: repetition/frequency/presence penalties and the logit bias, and no
+        stop token before min_new_tokens."""
         for b, state in enumerate(states):
+            if state.params.has_penalties:
+                apply_penalties(logits_BV[b], state.params, state.row.prompt_ids, state.output_ids)
             if state.stop_ids and len(state.output_ids) < state.params.min_new_tokens:
                 logits_BV[b, state.stop_ids] = float("-inf")
 

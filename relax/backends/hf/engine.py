@@ -97,6 +97,9 @@ class HFEngine:
     # ---- generation ------------------------------------------------------------------
     async def generate(self, items: list[GenerateItem]) -> list[RowResult]:
         """Run every item through the scheduler (they batch with whatever else is queued)."""
+        if self.rl_on_policy_target and any(item.params.has_penalties for item in items):
+            raise ValueError("sampling penalties and logit_bias change the sampled distribution, which the "
+                             "trainer cannot reproduce (--rl-on-policy-target): send them neutral")
         if self.released_tags:
             raise EngineUnavailable(f"engine memory is released (tags {sorted(self.released_tags)}); "
                                     "call /resume_memory_occupation before generating")

@@ -3,6 +3,8 @@
 `parse_sampling_params` turns SGLang's `sampling_params` dict into a validated
 `SamplingParams` (same key names and defaults as SGLang's `SamplingParams`), rejecting
 unknown keys and features this engine does not implement with a message that names them.
+`apply_penalties` is SGLang's penalizers on one row's logits (repetition, frequency, presence,
+logit bias), applied by the decoder before sampling.
 
 `sample_next_tokens` draws one token per row of a batch:
 
@@ -21,6 +23,7 @@ default (its sampler scales logits by temperature before computing log-probs).
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -43,18 +46,19 @@ _SUPPORTED_DEFAULTS: dict[str, Any] = {
     "spaces_between_special_tokens": True,
     "no_stop_trim": False,
     "sampling_seed": None,
+    "frequency_penalty": 0.0,
+    "presence_penalty": 0.0,
+    "repetition_penalty": 1.0,
+    "logit_bias": None,
+    "stop_regex": None,
 }
 # Keys SGLang accepts that this engine only accepts at their neutral value.
 _NEUTRAL_ONLY: dict[str, Any] = {
     "n": 1,
-    "frequency_penalty": 0.0,
-    "presence_penalty": 0.0,
-    "repetition_penalty": 1.0,
     "regex": None,
     "json_schema": None,
     "ebnf": None,
     "structural_tag": None,
-    "logit_bias": None,
     "custom_params": None,
     "stream_interval": None,
 }
@@ -76,6 +80,16 @@ class SamplingParams:
     skip_special_tokens: bool = True
     no_stop_trim: bool = False
     sampling_seed: int | None = None
+    frequency_penalty: float = 0.0  # minus this times a token's count in the output so far
+    presence_penalty: float = 0.0  # minus this once a token occurs in the output
+    repetition_penalty: float = 1.0  # prompt or output tokens: logit / p if positive, * p if not
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit)
+    stop_regex: tuple[re.Pattern, ...] = ()  # a match in the output text stops the row
+
+    @property
+    def has_penalties(self) -> bool:
+        return bool(self.frequency_penalty or self.presence_penalty or self.repetition_penalty != 1.0
+                    or self.logit_bias)
 
     @property
     def is_greedy(self) -> bool:
@@ -121,6 +135,36 @@ def _stop_ids(value: Any) -> tuple[int, ...]:
     return tuple(value)
 
 
+def _logit_bias(value: Any) -> tuple[tuple[int, float], ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, dict):
+        raise ValueError(f"sampling_params.logit_bias must map token ids to biases, got {value!r}")
+    out = []
+    for key, bias in value.items():
+        try:
+            token = int(key)
+        except (TypeError, ValueError):
+            raise ValueError(f"sampling_params.logit_bias: {key!r} is not a token id") from None
+        if token < 0 or isinstance(bias, bool) or not isinstance(bias, (int, float)) or not math.isfinite(bias):
+            raise ValueError(f"sampling_params.logit_bias[{key!r}] must be a finite number for a token id >= 0, "
+                             f"got {bias!r}")
+        out.append((token, float(bias)))
+    return tuple(out)
+
+
+def _stop_regex(value: Any) -> tuple[re.Pattern, ...]:
+    if value is None:
+        return ()
+    patterns = [value] if isinstance(value, str) else value
+    if not isinstance(patterns, list) or not all(isinstance(p, str) and p for p in patterns):
+        raise ValueError(f"sampling_params.stop_regex must be a regex or a list of them, got {value!r}")
+    try:
+        return tuple(re.compile(p) for p in patterns)
+    except re.error as exc:
+        raise ValueError(f"sampling_params.stop_regex {exc.pattern!r}: {exc}") from None
+
+
 def _check_keys(params: dict[str, Any]) -> None:
     unknown = sorted(set(params) - set(_SUPPORTED_DEFAULTS) - set(_NEUTRAL_ONLY))
     if unknown:
@@ -159,13 +203,44 @@ def parse_sampling_params(params: dict[str, Any] | None) -> SamplingParams:
         raise ValueError(f"sampling_params.max_new_tokens must be >= 0, got {max_new_tokens}")
     if min_new_tokens < 0 or (max_new_tokens is not None and min_new_tokens > max_new_tokens):
         raise ValueError(f"sampling_params.min_new_tokens must be in [0, max_new_tokens], got {min_new_tokens}")
+    frequency, presence = _number(params, "frequency_penalty", float), _number(params, "presence_penalty", float)
+    repetition = _number(params, "repetition_penalty", float)
+    if not -2 <= frequency <= 2 or not -2 <= presence <= 2:
+        raise ValueError(f"sampling_params.frequency_penalty and presence_penalty must be in [-2, 2] (SGLang's "
+                         f"range), got {frequency}, {presence}")
+    if not 0 < repetition <= 2:
+        raise ValueError(f"sampling_params.repetition_penalty must be in (0, 2], got {repetition}")
     return SamplingParams(
         temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
         max_new_tokens=max_new_tokens, min_new_tokens=min_new_tokens,
         stop=_stop_strings(params.get("stop")), stop_token_ids=_stop_ids(params.get("stop_token_ids")),
         ignore_eos=_flag(params, "ignore_eos"), skip_special_tokens=_flag(params, "skip_special_tokens"),
         no_stop_trim=_flag(params, "no_stop_trim"), sampling_seed=seed,
+        frequency_penalty=frequency, presence_penalty=presence, repetition_penalty=repetition,
+        logit_bias=_logit_bias(params.get("logit_bias")), stop_regex=_stop_regex(params.get("stop_regex")),
     )
+
+
+def apply_penalties(logits_V: torch.Tensor, params: SamplingParams, prompt_ids: Sequence[int],
+                    output_ids: Sequence[int]) -> None:
+    """SGLang's penalizers on one row's next-token logits, in place (before temperature): the
+    repetition penalty over prompt and output tokens, frequency and presence over the output,
+    then the logit bias. Log-probs are taken after them, as SGLang does."""
+    vocab = logits_V.shape[-1]
+    if params.repetition_penalty != 1.0:
+        seen = torch.tensor(sorted({t for t in (*prompt_ids, *output_ids) if t < vocab}), dtype=torch.long,
+                            device=logits_V.device)
+        if len(seen):
+            values = logits_V[seen]
+            logits_V[seen] = torch.where(values > 0, values / params.repetition_penalty,
+                                         values * params.repetition_penalty)
+    if (params.frequency_penalty or params.presence_penalty) and output_ids:
+        counts = torch.bincount(torch.tensor(list(output_ids), dtype=torch.long), minlength=vocab)[:vocab]
+        counts = counts.to(logits_V.device, logits_V.dtype)
+        logits_V -= params.frequency_penalty * counts + params.presence_penalty * (counts > 0).to(logits_V.dtype)
+    for token, bias in params.logit_bias:
+        if token < vocab:
+            logits_V[token] += bias
 
 
 @dataclass

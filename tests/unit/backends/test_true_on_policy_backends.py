@@ -101,3 +101,22 @@ def test_first_step_sees_zero_mismatch_and_unit_ratio(model_dir, worker):
     assert metrics["train_rollout_importance_ratio_min"] == metrics["train_rollout_importance_ratio_max"] == 1.0
     assert metrics["ppo_kl"] == 0.0 and metrics["pg_clipfrac"] == 0.0
     assert metrics["grad_norm"] > 0
+
+
+def test_penalties_are_refused_in_true_on_policy_mode(model_dir):
+    """The trainer cannot reproduce a penalised distribution: a penalty or bias is a clear error."""
+    from relax.backends.hf.engine import HFEngine
+    from relax.backends.hf.protocol import GenerateItem
+    from relax.backends.hf.sampling import parse_sampling_params
+
+    async def run():
+        engine = HFEngine(model_dir, rl_on_policy_target="fsdp", seed=0)
+        await engine.start()
+        try:
+            await engine.generate([GenerateItem("r", PROMPTS[0], parse_sampling_params({"repetition_penalty": 1.1}),
+                                                True)])
+        finally:
+            await engine.stop()
+
+    with pytest.raises(ValueError, match="cannot reproduce"):
+        asyncio.run(run())

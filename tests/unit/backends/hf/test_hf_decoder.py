@@ -238,3 +238,33 @@ def test_an_aborted_joining_row_is_answered_without_stopping_the_batch(tiny_mode
     assert results[1].finish_reason["type"] == "abort" and results[1].output_ids == []
     assert results[0].finish_reason == {"type": "length", "length": 6}
     assert finished == [1, 0]
+
+
+def test_penalties_act_per_row_in_a_batch(tiny_model_and_tokenizer):
+    """A logit bias forces its token; a repetition penalty changes a greedy row that repeats; a row
+    without penalties in the same batch decodes as alone."""
+    model, tokenizer = tiny_model_and_tokenizer
+    plain = _decoder(model, tokenizer).run([_row(PROMPTS[0], temperature=0, max_new_tokens=12, ignore_eos=True)])[0]
+    assert len(set(plain.output_ids)) < len(plain.output_ids)  # the tiny model repeats itself
+    rows = [_row(PROMPTS[0], temperature=0, max_new_tokens=12, ignore_eos=True, logit_bias={"9": 100.0}),
+            _row(PROMPTS[0], temperature=0, max_new_tokens=12, ignore_eos=True, repetition_penalty=2.0,
+                 frequency_penalty=1.0),
+            _row(PROMPTS[0], temperature=0, max_new_tokens=12, ignore_eos=True)]
+    biased, penalised, same = _decoder(model, tokenizer).run(rows)
+    assert biased.output_ids == [9] * 12
+    assert penalised.output_ids != plain.output_ids
+    assert len(set(penalised.output_ids)) > len(set(plain.output_ids))
+    assert same.output_ids == plain.output_ids
+
+
+def test_stop_regex_stops_at_the_first_match_and_trims_it(tiny_model_and_tokenizer):
+    import re
+
+    model, tokenizer = tiny_model_and_tokenizer
+    three = tokenizer.decode([9, 9, 9])  # the text of three forced tokens
+    row = _row(PROMPTS[1], temperature=0, max_new_tokens=20, ignore_eos=True, logit_bias={"9": 100.0},
+               stop_regex=["never-matches", re.escape(three)])
+    result = _decoder(model, tokenizer).run([row])[0]
+    assert result.output_ids == [9, 9, 9]
+    assert result.finish_reason == {"type": "stop", "matched": three}
+    assert result.text == ""  # the match is trimmed, as a stop string is

@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from relax.backends.hf.sampling import SamplingBatch, filter_probs, parse_sampling_params, sample_next_tokens
+from relax.backends.hf.sampling import (
+    SamplingBatch, apply_penalties, filter_probs, parse_sampling_params, sample_next_tokens,
+)
 
 
 def _batch(params: list[dict], generators=None) -> SamplingBatch:
@@ -25,7 +27,13 @@ def test_defaults_follow_sglang():
     ({"top_p": 0}, "top_p"),
     ({"temperature": -1}, "temperature"),
     ({"max_new_tokens": 2, "min_new_tokens": 3}, "min_new_tokens"),
-    ({"repetition_penalty": 1.2}, "repetition_penalty=1.2 is not supported"),
+    ({"n": 2}, "n=2 is not supported"),
+    ({"regex": "a+"}, "regex='a+' is not supported"),
+    ({"repetition_penalty": 0}, "repetition_penalty must be in (0, 2]"),
+    ({"frequency_penalty": 3}, "must be in [-2, 2]"),
+    ({"logit_bias": {"x": 1.0}}, "'x' is not a token id"),
+    ({"logit_bias": {"3": "big"}}, "logit_bias['3']"),
+    ({"stop_regex": "(unclosed"}, "stop_regex '(unclosed'"),
     ({"stop_token_ids": [1, "a"]}, "stop_token_ids"),
     ({"max_new_tokens": 1.5}, "integer"),
     ({"ignore_eos": "yes"}, "ignore_eos"),
@@ -81,3 +89,28 @@ def test_seeded_rows_ignore_their_batch_mates():
                                                     [None, torch.Generator().manual_seed(7), None]),
                                      torch.Generator().manual_seed(99))
     assert together[1].item() == alone.item()
+
+
+def test_penalties_follow_sglang():
+    """Repetition over prompt+output (divide positive logits, multiply negative ones), frequency
+    per occurrence and presence once over the output, then the logit bias."""
+    logits = torch.tensor([2.0, -1.0, 0.5, 1.0, 0.0])
+    params = parse_sampling_params({"repetition_penalty": 2.0, "frequency_penalty": 0.5, "presence_penalty": 0.25,
+                                    "logit_bias": {"4": 3.0}})
+    out = logits.clone()
+    apply_penalties(out, params, prompt_ids=[0], output_ids=[1, 3, 3])
+    assert out.tolist() == pytest.approx([2.0 / 2, -1.0 * 2 - 0.5 - 0.25, 0.5, 1.0 / 2 - 1.0 - 0.25, 0.0 + 3.0])
+    assert params.has_penalties and not parse_sampling_params({}).has_penalties
+
+
+def test_penalised_logits_drive_sampling_and_logprobs():
+    logits = torch.tensor([[5.0, 0.0, 0.0]])
+    params = parse_sampling_params({"temperature": 0, "logit_bias": {"0": -100}})
+    apply_penalties(logits[0], params, prompt_ids=[], output_ids=[])
+    tokens, logprobs = sample_next_tokens(logits, _batch([{"temperature": 0}]))
+    assert tokens.item() != 0 and logprobs.item() == pytest.approx(torch.log_softmax(logits, -1)[0, tokens].item())
+
+
+def test_stop_regex_compiles_one_or_several():
+    assert [p.pattern for p in parse_sampling_params({"stop_regex": r"\d+\."}).stop_regex] == [r"\d+\."]
+    assert len(parse_sampling_params({"stop_regex": ["a", "b+"]}).stop_regex) == 2
