@@ -18,6 +18,7 @@ engine serves on-policy distillation. `top_logprobs_num` is not supported.
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -159,7 +160,23 @@ def normalize_generate(req: GenerateRequest, tokenizer: Any, *, vocab_size: int,
     for i, (ids, p) in enumerate(zip(prompts, params)):
         _check_prompt(i, ids, p, vocab_size, max_context_len)
     items = [GenerateItem(r, ids, p, lp, k) for r, ids, p, lp, k in zip(rids, prompts, params, logprob, starts)]
+    if any(p.n > 1 for p in params):  # parallel sampling: n rows per prompt, prompt-major, a list reply
+        items = [sample for item in items for sample in _copies(item)]
+        if len(items) > MAX_BATCH_ITEMS:
+            raise ValueError(f"a batch must have at most {MAX_BATCH_ITEMS} samples, got {len(items)} (prompts x n)")
+        batched = True
     return items, batched
+
+
+def _copies(item: GenerateItem) -> list[GenerateItem]:
+    """The n samples of one item: rids `<rid>_<j>`; a seeded request's copy j is seeded `seed + j`
+    (the same seed would give n equal samples)."""
+    n = item.params.n
+    if n == 1:
+        return [item]
+    return [dataclasses.replace(item, rid=f"{item.rid}_{j}", params=dataclasses.replace(
+        item.params, n=1, sampling_seed=None if item.params.sampling_seed is None else item.params.sampling_seed + j))
+        for j in range(n)]
 
 
 def _logprob_start(i: int, value: int | None, prompt_len: int) -> int | None:

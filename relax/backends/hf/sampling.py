@@ -51,10 +51,11 @@ _SUPPORTED_DEFAULTS: dict[str, Any] = {
     "repetition_penalty": 1.0,
     "logit_bias": None,
     "stop_regex": None,
+    "n": 1,
 }
+MAX_N = 256  # samples per prompt in one request
 # Keys SGLang accepts that this engine only accepts at their neutral value.
 _NEUTRAL_ONLY: dict[str, Any] = {
-    "n": 1,
     "regex": None,
     "json_schema": None,
     "ebnf": None,
@@ -85,6 +86,7 @@ class SamplingParams:
     repetition_penalty: float = 1.0  # prompt or output tokens: logit / p if positive, * p if not
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit)
     stop_regex: tuple[re.Pattern, ...] = ()  # a match in the output text stops the row
+    n: int = 1  # samples of the prompt (the request expands into n rows)
 
     @property
     def has_penalties(self) -> bool:
@@ -210,6 +212,9 @@ def parse_sampling_params(params: dict[str, Any] | None) -> SamplingParams:
                          f"range), got {frequency}, {presence}")
     if not 0 < repetition <= 2:
         raise ValueError(f"sampling_params.repetition_penalty must be in (0, 2], got {repetition}")
+    n = _number(params, "n", int)
+    if not 1 <= n <= MAX_N:
+        raise ValueError(f"sampling_params.n must be in [1, {MAX_N}], got {n}")
     return SamplingParams(
         temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
         max_new_tokens=max_new_tokens, min_new_tokens=min_new_tokens,
@@ -217,7 +222,7 @@ def parse_sampling_params(params: dict[str, Any] | None) -> SamplingParams:
         ignore_eos=_flag(params, "ignore_eos"), skip_special_tokens=_flag(params, "skip_special_tokens"),
         no_stop_trim=_flag(params, "no_stop_trim"), sampling_seed=seed,
         frequency_penalty=frequency, presence_penalty=presence, repetition_penalty=repetition,
-        logit_bias=_logit_bias(params.get("logit_bias")), stop_regex=_stop_regex(params.get("stop_regex")),
+        logit_bias=_logit_bias(params.get("logit_bias")), stop_regex=_stop_regex(params.get("stop_regex")), n=n,
     )
 
 

@@ -27,7 +27,7 @@ def test_defaults_follow_sglang():
     ({"top_p": 0}, "top_p"),
     ({"temperature": -1}, "temperature"),
     ({"max_new_tokens": 2, "min_new_tokens": 3}, "min_new_tokens"),
-    ({"n": 2}, "n=2 is not supported"),
+    ({"n": 0}, "sampling_params.n must be in [1, 256]"),
     ({"regex": "a+"}, "regex='a+' is not supported"),
     ({"repetition_penalty": 0}, "repetition_penalty must be in (0, 2]"),
     ({"frequency_penalty": 3}, "must be in [-2, 2]"),

@@ -127,6 +127,24 @@ def test_state_changing_endpoints_need_the_api_key(engine):
     assert httpx.get(engine.url + "/get_model_info").json()["is_generation"] is True
 
 
+def test_parallel_sampling_n_returns_n_samples_per_prompt_prompt_major(engine):
+    async def go():
+        async with EngineClient(engine.url, API_KEY) as client:
+            one = await client.generate({"input_ids": [5, 6], "rid": "p", "sampling_params": {
+                "n": 3, "max_new_tokens": 4, "ignore_eos": True, "sampling_seed": 1}})
+            two = await client.generate({"input_ids": [[5, 6], [7]], "rid": "b", "sampling_params": {
+                "n": 2, "max_new_tokens": 2, "ignore_eos": True}})
+            again = await client.generate({"input_ids": [5, 6], "rid": "p", "sampling_params": {
+                "n": 3, "max_new_tokens": 4, "ignore_eos": True, "sampling_seed": 1}})
+            return one, two, again
+    one, two, again = run(go())
+    assert [r["meta_info"]["id"] for r in one] == ["p_0", "p_1", "p_2"]
+    assert len({tuple(r["output_ids"]) for r in one}) > 1  # copies are seeded apart: not all equal
+    assert [r["output_ids"] for r in again] == [r["output_ids"] for r in one]  # and reproducible
+    assert [r["meta_info"]["id"] for r in two] == ["b_0_0", "b_0_1", "b_1_0", "b_1_1"]
+    assert [r["meta_info"]["prompt_tokens"] for r in two] == [2, 2, 1, 1]
+
+
 @pytest.mark.parametrize("payload, needle", [
     ({"input_ids": [5], "text": "a"}, "exactly one of"),
     ({"input_ids": [999]}, "outside [0, 64)"),
@@ -138,6 +156,8 @@ def test_state_changing_endpoints_need_the_api_key(engine):
     ({"input_ids": [[5], [6]], "sampling_params": [{}]}, "sampling_params has 1 entries"),
     ({"input_ids": [5, 6], "return_logprob": True, "logprob_start_len": 2}, "logprob_start_len"),
     ({"input_ids": [5], "top_logprobs_num": 3}, "top_logprobs_num"),
+    ({"input_ids": [5], "sampling_params": {"n": 0}}, "sampling_params.n must be in [1, 256]"),
+    ({"input_ids": [5], "sampling_params": {"json_schema": "{}"}}, "json_schema='{}' is not supported"),
 ])
 def test_bad_generate_payload_is_400_and_engine_keeps_serving(engine, payload, needle):
     response = httpx.post(engine.url + "/generate", json=payload, headers=AUTH)
