@@ -120,7 +120,7 @@ def _prompts(req: GenerateRequest, tokenizer: Any) -> tuple[list[list[int]], boo
     return [list(p) for p in prompts], batched
 
 
-def _check_prompt(i: int, ids: list[int], params: SamplingParams, vocab_size: int, max_context_len: int) -> None:
+def check_prompt(i: int, ids: list[int], params: SamplingParams, vocab_size: int, max_context_len: int) -> None:
     where = f"prompt {i}"
     if not ids:
         raise ValueError(f"{where} is empty")
@@ -158,14 +158,19 @@ def normalize_generate(req: GenerateRequest, tokenizer: Any, *, vocab_size: int,
         rids = _per_item(req.rid, n, "rid", None)
         rids = [r if r is not None else uuid.uuid4().hex for r in rids]
     for i, (ids, p) in enumerate(zip(prompts, params)):
-        _check_prompt(i, ids, p, vocab_size, max_context_len)
+        check_prompt(i, ids, p, vocab_size, max_context_len)
     items = [GenerateItem(r, ids, p, lp, k) for r, ids, p, lp, k in zip(rids, prompts, params, logprob, starts)]
     if any(p.n > 1 for p in params):  # parallel sampling: n rows per prompt, prompt-major, a list reply
-        items = [sample for item in items for sample in _copies(item)]
+        items = expand_samples(items)
         if len(items) > MAX_BATCH_ITEMS:
             raise ValueError(f"a batch must have at most {MAX_BATCH_ITEMS} samples, got {len(items)} (prompts x n)")
         batched = True
     return items, batched
+
+
+def expand_samples(items: list[GenerateItem]) -> list[GenerateItem]:
+    """Each item as its `n` samples (prompt-major)."""
+    return [sample for item in items for sample in _copies(item)]
 
 
 def _copies(item: GenerateItem) -> list[GenerateItem]:

@@ -33,6 +33,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 
 from relax.backends.hf.engine import DTYPE_CHOICES, EngineUnavailable, HFEngine
+from relax.backends.hf.openai_api import add_openai_routes
 from relax.backends.hf.protocol import (
     AbortRequest, GenerateRequest, GroupNameRequest, InitWeightsUpdateGroupRequest, MemoryRequest,
     PauseGenerationRequest, UpdateWeightsFromDistributedRequest, UpdateWeightVersionRequest, build_output,
@@ -231,6 +232,7 @@ def create_app(engine: HFEngine, *, api_key: str | None = None, on_started: Any 
     add_generate_routes(app, engine)
     add_control_routes(app, engine)
     add_weight_routes(app, engine)
+    add_openai_routes(app, engine, error_response)
     return app
 
 

@@ -233,3 +233,51 @@ def test_release_memory_refuses_generation_until_resume(engine):
     assert error.status == 503 and "resume_memory_occupation" in error.message
     assert reply["meta_info"]["completion_tokens"] == 1
     assert healthy
+
+
+def test_openai_client_completions_and_chat_against_the_engine(engine, tiny_model_and_tokenizer):
+    """The real `openai` client (what agent code uses) against /v1: models, completions with n and
+    a seed, chat through the model's chat template; greedy text equals /generate's."""
+    import openai
+
+    _, tokenizer = tiny_model_and_tokenizer
+    client = openai.OpenAI(base_url=engine.url + "/v1", api_key=API_KEY, max_retries=0)
+    assert [m.id for m in client.models.list().data] == [engine_model_name(engine)]
+    done = client.completions.create(model="tiny", prompt="the cat", max_tokens=5, temperature=0,
+                                     extra_body={"ignore_eos": True})
+    direct = httpx.post(engine.url + "/generate", headers=AUTH, json={
+        "text": "the cat", "sampling_params": {"temperature": 0, "max_new_tokens": 5, "ignore_eos": True}}).json()
+    assert done.choices[0].text == direct["text"] and done.choices[0].finish_reason == "length"
+    assert done.usage.completion_tokens == 5 and done.usage.prompt_tokens == len(tokenizer.encode("the cat"))
+    several = client.completions.create(model="tiny", prompt=["a", "b c"], max_tokens=3, n=2, seed=3,
+                                        extra_body={"ignore_eos": True})
+    assert len(several.choices) == 4 and [c.index for c in several.choices] == [0, 1, 2, 3]
+    chat = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hello"}],
+                                          max_tokens=4, temperature=0, extra_body={"ignore_eos": True})
+    rendered = tokenizer.apply_chat_template([{"role": "user", "content": "hello"}], add_generation_prompt=True,
+                                             tokenize=False)
+    direct = httpx.post(engine.url + "/generate", headers=AUTH, json={
+        "text": rendered, "sampling_params": {"temperature": 0, "max_new_tokens": 4, "ignore_eos": True}}).json()
+    assert chat.choices[0].message.role == "assistant" and chat.choices[0].message.content == direct["text"]
+    assert chat.object == "chat.completion" and chat.usage.completion_tokens == 4
+
+
+def engine_model_name(engine) -> str:
+    return httpx.get(engine.url + "/get_model_info").json()["served_model_name"]
+
+
+@pytest.mark.parametrize("path, payload, needle", [
+    ("/v1/completions", {"prompt": "a", "stream": True}, "stream: not supported"),
+    ("/v1/completions", {"prompt": "a", "echo": True}, "echo: not supported"),
+    ("/v1/completions", {"prompt": "a", "logprobs": 2}, "logprobs: not supported"),
+    ("/v1/completions", {"prompt": "a", "temperature": -1}, "temperature must be >= 0"),
+    ("/v1/completions", {"prompt": "a", "max_tokens": 10000}, "context length"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
+                              "response_format": {"type": "json_object"}}, "response_format: not supported"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"},
+     "tool_choice: not supported"),
+])
+def test_openai_fields_the_engine_does_not_do_are_400_naming_them(engine, path, payload, needle):
+    response = httpx.post(engine.url + path, json=payload, headers=AUTH)
+    assert response.status_code == 400 and needle in response.json()["error"]["message"]
+    assert httpx.post(engine.url + path, json=payload).status_code == 401  # the API key guards /v1 too
