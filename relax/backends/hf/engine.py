@@ -161,4 +161,8 @@ class HFEngine:
             "served_model_name": self.served_model_name, "max_context_len": self.max_context_len,
             "device": str(self.device), "dtype": str(self.model.dtype).replace("torch.", ""),
             "backend": "hf", "rl_on_policy_target": self.rl_on_policy_target,
+            # SGLang's /get_model_info fields that clients read
+            "model_type": getattr(self.model.config, "model_type", None),
+            "architectures": list(getattr(self.model.config, "architectures", None) or []),
+            "has_image_understanding": False, "has_audio_understanding": False,
         }

@@ -262,6 +262,12 @@ def test_openai_client_completions_and_chat_against_the_engine(engine, tiny_mode
     assert chat.object == "chat.completion" and chat.usage.completion_tokens == 4
 
 
+def test_model_info_has_the_fields_sglang_clients_read(engine):
+    info = httpx.get(engine.url + "/get_model_info").json()
+    assert info["is_generation"] is True and info["model_type"] == "qwen3"
+    assert info["architectures"] == ["Qwen3ForCausalLM"] and info["has_image_understanding"] is False
+
+
 def engine_model_name(engine) -> str:
     return httpx.get(engine.url + "/get_model_info").json()["served_model_name"]
 
