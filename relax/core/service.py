@@ -106,6 +106,7 @@ class Runtime:
         self._tq: Future | None = None  # TransferQueue's start-up (a thread: see __enter__)
         self._sigterm: Any = None  # SIGTERM's handler before this run (restored on exit)
         self._reaper: Any = None  # relax.core.reaper, when this run starts its own Ray
+        self._saved_env: dict[str, str | None] = {}
         self.apps: list[str] = []
         self.failed_apps: set[str] = set()  # apps whose replica could not start (wait_running)
         self.plan: RunPlan | None = None  # resolved for this cluster on entering
@@ -117,6 +118,7 @@ class Runtime:
         from relax.distributed import transfer_queue as tq
 
         write_token_file(self.token_file, self.token)
+        self._saved_env = {k: os.environ.get(k) for k in self.env}  # restored on exit
         os.environ.update(self.env)  # the driver is a role process too (token for direct calls)
         address = self.cfg.cluster.ray_address or os.environ.get("RAY_ADDRESS")
         runtime_env = {"env_vars": self.env}
@@ -254,6 +256,11 @@ class Runtime:
         if self.started_ray:
             ray.shutdown()
         remove_token_file(self.token_file)
+        for key, value in self._saved_env.items():  # a later run in this process starts clean
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
         if self._reaper is not None:
             reaper.release(self._reaper)
         if self._sigterm is not None:
