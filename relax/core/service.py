@@ -112,6 +112,13 @@ class Runtime:
         self.plan: RunPlan | None = None  # resolved for this cluster on entering
 
     def __enter__(self) -> Runtime:
+        try:
+            return self._enter()
+        except BaseException:  # e.g. the plan does not fit the cluster: undo what was started
+            self.__exit__(*sys.exc_info())
+            raise
+
+    def _enter(self) -> Runtime:
         import ray
         from ray import serve
 
@@ -216,6 +223,8 @@ class Runtime:
         they are gone: one after another costs ~3 s per app."""
         from ray import serve
 
+        if not self.apps:
+            return
         for app in reversed(self.apps):
             try:
                 serve.delete(app, _blocking=False)
@@ -243,12 +252,12 @@ class Runtime:
             signal.signal(signal.SIGTERM, lambda *_: logger.warning("SIGTERM during teardown: already stopping"))
         self._delete_apps()
         try:
-            if self._tq is not None:
+            if self._tq is not None:  # (None: entering failed before TransferQueue started)
                 self.started_tq = self._tq.result()
-            if self.started_tq:
-                tq.close_data_system()
-            else:  # a shared data system (another job's, a test session's): take only this run's rows
-                tq.clear_run()
+                if self.started_tq:
+                    tq.close_data_system()
+                else:  # a shared data system (another job's, a test session's): take only this run's rows
+                    tq.clear_run()
         except Exception as err:  # noqa: BLE001 - teardown continues
             logger.warning("closing TransferQueue failed: %s", err)
         if self.started_serve and not self.started_ray and not serve.status().applications:

@@ -34,6 +34,9 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         return run(cfg)
+    except PlanError as err:  # the plan does not fit the cluster it joined (checked once Ray is up)
+        print(f"relax-train: error: {err}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("relax-train: interrupted; all run processes were stopped", file=sys.stderr)
         return 130

@@ -99,7 +99,7 @@ class Run:
             "prompt", "--label-key", "label", "--apply-chat-template", "--rm-type", "math", "--rollout-batch-size",
             "4", "--n-samples-per-prompt", "2", "--rollout-max-response-len", "8", "--num-rollout", str(num_rollout),
             "--progress-bar", "false", *mode]
-        cmd = [sys.executable, "relax/entrypoints/train.py", *flags, "--ray-num-cpus", "8", "--exp-dir", str(exp_dir)]
+        cmd = [sys.executable, "relax/entrypoints/train.py", "--ray-num-cpus", "8", *flags, "--exp-dir", str(exp_dir)]
         with open(self.log, "w") as out:
             self.proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, text=True,
                                          cwd=Path(__file__).resolve().parents[2])

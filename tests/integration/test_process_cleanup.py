@@ -42,3 +42,14 @@ def test_ctrl_c_in_fully_async_mode_leaves_no_process(fully_async_interrupted_ru
     assert run.processes_before_signal > 6
     assert run.proc.returncode == 130, run.output()[-3000:]
     assert wait_until_gone(run.marker, timeout=10) == []
+
+
+def test_a_plan_that_does_not_fit_the_cluster_fails_cleanly_and_leaves_nothing(tiny_setup, tmp_path):
+    """Checked once the run's own Ray is up (1 logical CPU here): exit 2 with the plan error, and the
+    Ray it started, its reaper and its token file are gone."""
+    run = Run(tiny_setup, tmp_path, 1, ("--ray-num-cpus", "1"))
+    run.proc.wait(timeout=120)
+    assert run.proc.returncode == 2, run.output()[-3000:]
+    assert "relax-train: error:" in run.output() and "CPU" in run.output()
+    assert wait_until_gone(run.marker, timeout=10) == []
+    assert list((tmp_path / ".relax").glob("run_token-*")) == []
