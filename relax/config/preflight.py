@@ -116,22 +116,32 @@ def checkpoint_bytes(cfg: RelaxConfig) -> int:
     return int(weights * CKPT_SIZE_FACTOR[not cfg.ckpt.no_save_optim] * (2 if cfg.optim.bf16 else 1))
 
 
-def _probe_writable(directory: str, flag: str) -> None:
+def _probe_writable(directory: str, flag: str) -> str:
+    """Raise unless `directory` can be written (or created: its nearest existing ancestor must be a
+    writable directory; nothing is created here). Returns the directory that exists."""
+    existing = os.path.abspath(directory)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
     try:
-        os.makedirs(directory, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=directory, prefix=".relax-write-check-"):
-            pass
+        if not os.path.isdir(existing):
+            raise NotADirectoryError(20, "Not a directory")
+        if existing == os.path.abspath(directory):
+            with tempfile.NamedTemporaryFile(dir=existing, prefix=".relax-write-check-"):
+                pass
+        elif not os.access(existing, os.W_OK | os.X_OK):
+            raise PermissionError(13, "Permission denied")
     except OSError as exc:
-        raise ConfigError(f"{flag} {directory}: cannot write there ({exc.strerror}); choose a directory "
-                          "this user can write") from exc
+        raise ConfigError(f"{flag} {directory}: cannot write there ({exc.strerror} at {existing}); choose a "
+                          "directory this user can write") from exc
+    return existing
 
 
 def check_writable(cfg: RelaxConfig) -> None:
     _probe_writable(cfg.misc.exp_dir, "--exp-dir")
     if not cfg.ckpt.save:
         return
-    _probe_writable(cfg.ckpt.save, "--save")
-    need, free = checkpoint_bytes(cfg), shutil.disk_usage(cfg.ckpt.save).free
+    existing = _probe_writable(cfg.ckpt.save, "--save")
+    need, free = checkpoint_bytes(cfg), shutil.disk_usage(existing).free
     if need > free:
         raise ConfigError(f"--save {cfg.ckpt.save}: one checkpoint needs about {need / 2**30:.1f} GiB and only "
                           f"{free / 2**30:.1f} GiB is free there; free space, save elsewhere, or pass "

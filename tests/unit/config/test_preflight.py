@@ -125,3 +125,11 @@ def test_numeric_ranges(base, flag, value, needle):
 def test_the_entrypoint_reports_input_errors_with_status_2(base, tmp_path, capsys):
     assert main(with_data(base, tmp_path, '{"prompt": "b", "label": 1\n') + ["--dry-run"]) == 2
     assert "relax-train: error: --prompt-data" in capsys.readouterr().err
+
+
+def test_checking_creates_nothing(base, tmp_path):
+    """--dry-run and the checks leave no directory behind: --save and --exp-dir are created when the
+    run starts, and only their nearest existing parent is checked here."""
+    save = tmp_path / "not" / "yet" / "ckpt"
+    check(base + ["--save", str(save)])
+    assert not (tmp_path / "not").exists() and not (tmp_path / "exp").exists()
