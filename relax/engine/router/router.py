@@ -37,6 +37,7 @@ class Router:
         self._rr = itertools.count()
         self._describe = describe
         self._reported: set[str] = set()  # engines whose failure was logged
+        self._dropped: set[str] = set()  # engines whose dropped connection was logged
         self._session: aiohttp.ClientSession | None = None
         self._runner: web.AppRunner | None = None
 
@@ -58,10 +59,12 @@ class Router:
             self.engine_urls.remove(url)
             del self.in_flight[url]
 
-    def pick(self) -> str:
-        """The engine with the fewest requests in flight; ties broken round robin."""
-        least = min(self.in_flight.values())
-        candidates = [u for u in self.engine_urls if self.in_flight[u] == least]
+    def pick(self, avoid: set[str] | frozenset[str] = frozenset()) -> str:
+        """The engine with the fewest requests in flight, other than `avoid` (engines that just failed
+        this request) while there is another; ties broken round robin."""
+        pool = [u for u in self.engine_urls if u not in avoid] or self.engine_urls
+        least = min(self.in_flight[u] for u in pool)
+        candidates = [u for u in pool if self.in_flight[u] == least]
         return candidates[next(self._rr) % len(candidates)]
 
     async def start(self) -> None:
@@ -90,8 +93,9 @@ class Router:
         except ValueError:
             return web.json_response({"error": "request body is not valid JSON"}, status=400)
         self.served += 1
+        failed: set[str] = set()
         for attempt in range(ROUTE_ATTEMPTS):
-            url = self.pick()
+            url = self.pick(avoid=failed)
             self.in_flight[url] += 1
             try:
                 assert self._session is not None
@@ -104,7 +108,10 @@ class Router:
                 # died): nothing came back, so the request goes out again, to the least busy engine.
                 if (attempt + 1 < ROUTE_ATTEMPTS and not timed_out
                         and isinstance(exc, aiohttp.ClientConnectionError)):
-                    logger.warning("engine %s dropped a request (%s); sending it again", url, exc)
+                    failed.add(url)
+                    log = logger.debug if url in self._dropped else logger.warning  # once per engine
+                    self._dropped.add(url)
+                    log("engine %s dropped a request (%s); sending it again", url, exc)
                     continue
                 what = "did not reply in time" if timed_out else "unreachable"
                 details = f"\n{self._describe(url)}" if self._describe else ""

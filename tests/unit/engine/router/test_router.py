@@ -70,3 +70,45 @@ def test_engines_join_and_leave_a_running_router():
     assert r.pick() == "http://a" and "http://b" not in r.in_flight
     with pytest.raises(ValueError, match="last engine"):
         r.remove_engine("http://a")
+
+
+def test_pick_avoids_engines_that_just_failed_while_another_is_left():
+    r = Router(["http://a", "http://b"])
+    assert r.pick(avoid={"http://a"}) == "http://b"
+    assert r.pick(avoid={"http://a", "http://b"}) in {"http://a", "http://b"}
+
+
+def test_a_request_refused_by_a_dead_engine_goes_to_a_live_one():
+    """One engine is gone (its port refuses connections): every request still succeeds, sent again
+    to the other engine, instead of failing or retrying the dead one."""
+    import socket
+
+    import aiohttp
+
+    async def scenario():
+        async def generate(request):
+            return web.json_response({"text": "live", "meta_info": {}})
+
+        app = web.Application()
+        app.router.add_post("/generate", generate)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        live = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+        with socket.socket() as s:  # a port nothing listens on
+            s.bind(("127.0.0.1", 0))
+            dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+        router = Router([dead, live], describe=lambda url: f"described {url}")
+        await router.start()
+        async with aiohttp.ClientSession() as s:
+            async def one():
+                async with s.post(f"{router.url}/generate", json={"input_ids": [1]}) as resp:
+                    return resp.status, await resp.json()
+            results = await asyncio.gather(*(one() for _ in range(6)))
+        await router.stop()
+        await runner.cleanup()
+        return results
+
+    results = asyncio.run(scenario())
+    assert all(status == 200 and body["text"] == "live" for status, body in results)
