@@ -33,7 +33,7 @@ import torch
 
 from relax.components.step_advantages import AdvantageSpec, jagged, opd_metrics, step_advantages
 from relax.components.training import (
-    make_worker_group, mean_over_ranks, optimizer_steps_total, ref_update_due,
+    make_worker_group, mean_over_ranks, move_ranks, optimizer_steps_total, ref_update_due,
     reference_sync_dir, save_checkpoint, step_plan, train_on_rows, trains_actor,
 )
 from relax.config.plan import ActorPlan
@@ -103,7 +103,7 @@ class Actor:
         if topology["version"] == self.topology_version or not topology["endpoints"]:
             return {}
         backend = (await self.group.call("connect_receivers", topology["endpoints"], self.token,
-                                         self.plan.pause_mode))[0]
+                                         self.plan.pause_mode, topology.get("devices")))[0]
         self.topology_version = topology["version"]
         logger.info("weight group rebuilt for topology v%d over %s: %s", topology["version"], backend,
                     topology["roles"])
@@ -125,6 +125,13 @@ class Actor:
                                                   {k.split("/")[-1]: v for k, v in stats.items()})
         self.version = version
         return stats
+
+    async def offload(self) -> dict[str, float]:
+        """Colocate on shared GPUs: this role's ranks move their state to the host (rollout runs)."""
+        return await move_ranks(self.group, "offload")
+
+    async def onload(self) -> dict[str, float]:
+        return await move_ranks(self.group, "onload")
 
     # ---- training ----------------------------------------------------------------------
     async def train(self, rollout_id: int) -> dict[str, float]:

@@ -22,7 +22,9 @@ from pathlib import Path
 from typing import Any, Awaitable, Callable
 
 from relax.components.step_advantages import jagged
-from relax.components.training import make_worker_group, read_rows, ref_update_due, reference_sync_dir, score_rows
+from relax.components.training import (
+    make_worker_group, move_ranks, read_rows, ref_update_due, reference_sync_dir, score_rows,
+)
 from relax.config.plan import RolePlan
 from relax.config.schema import RelaxConfig
 from relax.distributed import transfer_queue as tq
@@ -63,12 +65,24 @@ class ActorFwd:
         self.group = make_worker_group(self.cfg, self.plan, "reference", model_path, threads=overrides.get("threads"))
         await self.group.ready()  # weight_receivers() hands out these ranks: they must be the final ones
 
+    async def offload(self) -> dict[str, float]:
+        """Colocate on shared GPUs: this role's ranks move their state to the host (rollout runs)."""
+        return await move_ranks(self.group, "offload")
+
+    async def onload(self) -> dict[str, float]:
+        return await move_ranks(self.group, "onload")
+
     async def setup(self, context: dict[str, Any]) -> dict[str, Any]:
         return {}
 
     def weight_receivers(self) -> list[RayEndpoint]:
         """This role's ranks as weight receivers (ActorFwd takes every actor update)."""
         return [RayEndpoint(w, f"{self.role}[{r}]") for r, w in enumerate(self.group.workers)]
+
+    async def receiver_devices(self) -> list[tuple[str, ...]]:
+        """Per rank, the GPU it holds its weights on (empty on CPU): the sender reaches ranks on
+        its own GPU by CUDA IPC."""
+        return [(gpu,) if gpu else () for gpu in await self.group.call("gpu_identity")]
 
     async def _log_probs(self, tokens: list[list[int]], lengths: list[int]) -> list[list[float]]:
         logps, compute = await score_rows(self.group, tokens, lengths, "compute_log_probs")

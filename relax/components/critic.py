@@ -33,7 +33,7 @@ from typing import Any
 from relax.components.actor_fwd import stream_steps
 from relax.components.step_advantages import jagged
 from relax.components.training import (
-    make_worker_group, mean_over_ranks, optimizer_steps_total, read_rows, save_checkpoint,
+    make_worker_group, mean_over_ranks, move_ranks, optimizer_steps_total, read_rows, save_checkpoint,
     score_rows, train_on_rows, trainer_checkpoint,
 )
 from relax.config.plan import RolePlan
@@ -72,6 +72,13 @@ class Critic:
         self.group = make_worker_group(cfg, self.plan, "critic", cfg.ckpt.hf_checkpoint,
                                        total_steps=optimizer_steps_total(cfg), optim=critic_optim(cfg))
         await self.group.ready()
+
+    async def offload(self) -> dict[str, float]:
+        """Colocate on shared GPUs: this role's ranks move their state to the host (rollout runs)."""
+        return await move_ranks(self.group, "offload")
+
+    async def onload(self) -> dict[str, float]:
+        return await move_ranks(self.group, "onload")
 
     async def setup(self, context: dict[str, Any]) -> dict[str, Any]:
         """Load the critic's part of the checkpoint the run resumes from, or the latest one under an

@@ -11,6 +11,7 @@ judge's weights never change during the run (no weight sync).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from typing import Any
@@ -30,16 +31,20 @@ class GenRM:
         self.cfg, self.plan = cfg, plan
         self.token = run_token()
         self.fleet: EngineFleet | None = None
+        self.gpu_slots: Any = None
 
     async def start(self) -> None:
         """Launch the judge engines behind their router."""
         cfg, n = self.cfg, self.plan.workers
+        from relax.distributed.ray.placement import engine_gpus
+
+        self.gpu_slots = await asyncio.to_thread(engine_gpus, self.plan)  # GPU clusters: the judges' GPUs
         self.fleet = EngineFleet(FleetSpec(
             name="genrm", backend=cfg.cluster.rollout_backend, model_path=cfg.reward.genrm_model_path,
             api_key=self.token, log_dir=cfg.misc.exp_dir or ".",
             threads=cfg.cluster.engine_threads or max(1, (os.cpu_count() or 1) // n),
             options=cfg.reward.genrm_engine_config, startup_timeout=cfg.rollout.engine_startup_timeout,
-            http_timeout=cfg.rollout.http_timeout))
+            http_timeout=cfg.rollout.http_timeout, devices=tuple(self.gpu_slots.devices) if self.gpu_slots else ()))
         try:
             await self.fleet.start(n)
         except ValueError as exc:  # a bad engine option: name the flag
@@ -63,4 +68,6 @@ class GenRM:
         if self.fleet is not None:
             await self.fleet.stop()
             self.fleet = None
+        if self.gpu_slots is not None:
+            self.gpu_slots.release()
         await close_sessions()

@@ -21,7 +21,7 @@ import os
 import statistics
 import time
 from argparse import Namespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from relax.config.eval_config import EvalDataset, eval_datasets
 from relax.config.plan import RolloutPlan
@@ -43,6 +43,9 @@ from relax.utils.metrics import pass_rates
 from relax.utils.logging import run_token, setup_logging
 from relax.utils.plugins import call_maybe_async, import_object, load_plugin
 from relax.utils.poll import Backoff
+
+if TYPE_CHECKING:
+    from relax.distributed.ray.placement import GpuSlots
 
 logger = logging.getLogger(__name__)
 
@@ -69,6 +72,7 @@ class Rollout:
         self.cfg, self.plan = cfg, plan
         self.token = run_token()
         self.fleet: EngineFleet | None = None
+        self.gpu_slots: GpuSlots | None = None  # GPU clusters: what holds the engines' GPUs
         self.tokenizer: Any = None
         self.eval_sets: dict[str, tuple[EvalDataset, list[Sample]]] = {}
         self._evaluators: dict[str, tuple[Any, Any]] = {}  # dataset -> (plugin args, generator or None)
@@ -88,8 +92,14 @@ class Rollout:
         """Launch the engines behind their router (from this replica's long-lived event-loop
         thread: an engine's parent-death signal fires when the launching thread exits); the
         tokenizer loads meanwhile."""
+        role = self.plan.role
+        if role.slots:  # a GPU cluster: hold each engine's share of its GPUs, then start it on them
+            from relax.distributed.ray.placement import GpuSlots
+
+            self.gpu_slots = await asyncio.to_thread(GpuSlots, role.slots, role.gpu_fraction)
         self.fleet = EngineFleet(self._fleet_spec())
-        await asyncio.gather(self.fleet.start(self.plan.role.workers), asyncio.to_thread(self._tokenizer))
+        launched = 0 if self.cfg.rollout.rollout_external else self.plan.role.workers  # external: all running
+        await asyncio.gather(self.fleet.start(launched), asyncio.to_thread(self._tokenizer))
 
     def _tokenizer(self) -> Any:
         if self.tokenizer is None:
@@ -138,15 +148,21 @@ class Rollout:
         return {"num_prompts": len(self.data_source)}
 
     def _fleet_spec(self) -> FleetSpec:
-        cfg, n = self.cfg, self.plan.role.workers
+        cfg, n, r = self.cfg, self.plan.role.workers, self.cfg.rollout
         context = engine_context_len(cfg.rollout.rollout_max_context_len, eval_datasets(cfg.args))
+        external = tuple(f"http://{a}" for a in r.rollout_external_engine_addrs or ()) if r.rollout_external else ()
+        if external and cfg.sglang:
+            logger.warning("--sglang-* options %s configure engines Relax launches; the external engines keep the "
+                           "options they were started with", sorted(cfg.sglang))
+        host = f"[{r.sglang_router_ip}]" if ":" in (r.sglang_router_ip or "") else r.sglang_router_ip
         return FleetSpec(
             name="rollout", backend=cfg.cluster.rollout_backend, model_path=cfg.ckpt.hf_checkpoint, api_key=self.token,
             log_dir=cfg.misc.exp_dir or ".", threads=cfg.cluster.engine_threads or max(1, (os.cpu_count() or 1) // n),
             options=engine_options(cfg, context), startup_timeout=cfg.rollout.engine_startup_timeout,
             http_timeout=cfg.rollout.http_timeout, log_names=tuple(f"engine_{i}.log" for i in range(n)),
-            # On a GPU cluster the replica holds one GPU per engine (Ray sets its CUDA_VISIBLE_DEVICES).
-            devices=tuple(f"cuda:{i}" if self.plan.role.replica_gpus else "cpu" for i in range(n)))
+            # On a GPU cluster: the GPUs the engine's slots hold in the run's placement group.
+            devices=tuple(self.gpu_slots.devices) if self.gpu_slots is not None else ("cpu",) * n,
+            external=external, router=f"http://{host}:{r.sglang_router_port}" if host else None)
 
     def _rollout_function(self) -> Any:
         """`async fn(step, rollout_id)`: the Generator for the default rollout function, else the
@@ -187,6 +203,8 @@ class Rollout:
         self.stopping = True
         if self.fleet is not None:
             await self.fleet.stop()
+        if self.gpu_slots is not None:
+            self.gpu_slots.release()
         if hasattr(self, "rewards"):
             self.rewards.close()
         for _, generator in self._evaluators.values():
@@ -197,6 +215,13 @@ class Rollout:
     def weight_receivers(self) -> list[str]:
         """The engines take every weight push (their URLs; the DCS coordinator lists them)."""
         return self.fleet.urls if self.fleet else []
+
+    def receiver_devices(self) -> list[tuple[str, ...]]:
+        """Per engine, the GPUs it runs on (empty on CPU): a sender on one of them uses CUDA IPC."""
+        urls = self.weight_receivers()
+        if self.gpu_slots is None:
+            return [()] * len(urls)
+        return list(self.gpu_slots.identities[:len(urls)])
 
     # ---- fully async ---------------------------------------------------------------------
     async def run(self, start: int, end: int) -> None:
@@ -390,14 +415,23 @@ class Rollout:
             return await self.eval_fn(args, rollout_id, source, evaluation=True)
         return await asyncio.to_thread(self.eval_fn, args, rollout_id, source, evaluation=True)
 
-    async def release_memory(self) -> None:
-        """Colocate: the engines free their memory while the trainer runs (the plan's offload)."""
-        if self.fleet is not None and self.plan.release_memory:
-            await self.fleet.each("release_memory_occupation")
+    async def release_memory(self) -> dict[str, float]:
+        """Colocate: the engines free their memory while the trainer runs (the plan's offload).
+        Returns the GPU memory of the rollout phase (the whole GPU's, engines at work) and what
+        the engines still hold once released, where the backend reports it."""
+        if self.fleet is None or not self.plan.release_memory:
+            return {}
+        before = await self.fleet.each("get_server_info")
+        await self.fleet.each("release_memory_occupation")
+        after = await self.fleet.each("get_server_info")
+        return memory_metrics({"memory/rollout_gpu_used_gib": [i.get("gpu_used_bytes") for i in before],
+                               "memory/engine_released_gib": [i.get("cuda_memory_reserved") for i in after]})
 
-    async def resume_memory(self) -> None:
+    async def resume_memory(self, tags: list[str] | None = None) -> None:
+        """`tags` ("weights", "kv_cache"; None = both): the weights come back before a push, the
+        KV cache once the trainer has offloaded."""
         if self.fleet is not None and self.plan.release_memory:
-            await self.fleet.each("resume_memory_occupation")
+            await self.fleet.each("resume_memory_occupation", tags)
 
     async def save(self, rollout_id: int) -> dict[str, str]:
         """Save the data position after step `rollout_id`. When steps run ahead of training, the
@@ -416,6 +450,12 @@ class Rollout:
         for step in [s for s in self.snapshots if s <= rollout_id]:
             del self.snapshots[step]
         return part
+
+
+def memory_metrics(values: dict[str, list[Any]]) -> dict[str, float]:
+    """Bytes per engine -> the largest engine's GiB, for the metrics the backend reported."""
+    return {key: max(v for v in per_engine if v is not None) / 2**30
+            for key, per_engine in values.items() if any(v is not None for v in per_engine)}
 
 
 def engine_options(cfg: RelaxConfig, context_len: int | None) -> dict[str, Any] | None:

@@ -19,6 +19,7 @@ fully-async plan `run` streams over each step's rows as Rollout writes them, lik
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import Any, Protocol
@@ -26,7 +27,7 @@ from typing import Any, Protocol
 from relax.backends.engine_client import EngineClient
 from relax.components.actor_fwd import stream_steps
 from relax.components.step_advantages import jagged
-from relax.components.training import make_worker_group, read_rows, score_rows
+from relax.components.training import make_worker_group, move_ranks, read_rows, score_rows
 from relax.config.plan import RolePlan
 from relax.config.schema import RelaxConfig
 from relax.distributed import transfer_queue as tq
@@ -79,6 +80,7 @@ class EngineTeacher:
 
     def __init__(self, cfg: RelaxConfig, plan: RolePlan) -> None:
         self.cfg, self.plan, self.fleet = cfg, plan, None
+        self.gpu_slots: Any = None
         if cfg.rollout.rollout_temperature != 1.0:
             logger.warning("--opd-type sglang: the engine's input-token logprobs are at temperature 1, the "
                            "student's at --rollout-temperature %s; the KL compares different temperatures",
@@ -89,12 +91,16 @@ class EngineTeacher:
         """Launch the teacher engine from --opd-teacher-load (or use the external one at --rm-url)."""
         cfg, api_key = self.cfg, None
         if self.plan.workers:  # our own engine from the teacher checkpoint
+            from relax.distributed.ray.placement import engine_gpus
+
             api_key = run_token()
+            self.gpu_slots = await asyncio.to_thread(engine_gpus, self.plan)  # GPU clusters: its GPUs
             self.fleet = EngineFleet(FleetSpec(
                 name="teacher", backend=cfg.cluster.rollout_backend, model_path=cfg.algo.opd_teacher_load,
                 api_key=api_key, log_dir=cfg.misc.exp_dir or ".", threads=cfg.cluster.engine_threads or 1,
                 startup_timeout=cfg.rollout.engine_startup_timeout, http_timeout=cfg.rollout.http_timeout,
-                log_names=("teacher_engine.log",) if self.plan.workers == 1 else ()))
+                log_names=("teacher_engine.log",) if self.plan.workers == 1 else (),
+                devices=tuple(self.gpu_slots.devices) if self.gpu_slots else ()))
             await self.fleet.start(self.plan.workers)
             url = self.fleet.router_url
         else:
@@ -116,6 +122,8 @@ class EngineTeacher:
             await self.client.close()
         if self.fleet is not None:
             await self.fleet.stop()
+        if self.gpu_slots is not None:
+            self.gpu_slots.release()
 
 
 TEACHERS: dict[str, type] = {"megatron": WorkerTeacher, "sglang": EngineTeacher}
@@ -155,6 +163,13 @@ class Teacher:
 
         await stream_steps(start, end, task="teacher", chunk=self.cfg.rollout.n_samples_per_prompt,
                            fields=["tokens", "response_lengths"], score=score, alive=lambda: self.scorer is not None)
+
+    async def offload(self) -> dict[str, float]:
+        """Colocate on shared GPUs: a training-backend teacher's ranks go to the host during rollout."""
+        return await move_ranks(getattr(self.scorer, "group", None), "offload")
+
+    async def onload(self) -> dict[str, float]:
+        return await move_ranks(getattr(self.scorer, "group", None), "onload")
 
     async def shutdown(self) -> None:
         if self.scorer is not None:

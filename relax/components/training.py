@@ -3,7 +3,8 @@ training and scoring calls over the ranks, checkpoints on disk.
 
 Shared by the Actor, the Critic, ActorFwd / Reference and the OPD Teacher. A worker group is
 `--resource <role>`'s ranks of the training backend (`relax.backends.registry`), placed as
-the run plan says (one GPU per rank on a GPU cluster, a process per rank on CPU).
+the run plan says (on a GPU cluster, each rank on its share of a GPU of the run's placement
+group, `relax.config.placement`; a process per rank on CPU).
 """
 
 from __future__ import annotations
@@ -58,7 +59,13 @@ def make_worker_group(cfg: RelaxConfig, role: RolePlan, kind: str, model_path: s
         pg_loss_reducer_path=cfg.algo.custom_pg_loss_reducer_function_path, tis_path=cfg.algo.custom_tis_function_path,
         true_on_policy=cfg.cluster.true_on_policy_mode,
     )
-    return RayActorGroup(worker_cls, role.workers, spec, num_cpus=1, num_gpus=role.gpus_per_worker, name=role.name,
+    placed = None
+    if role.slots:  # a GPU cluster: each rank on its bundle of the run's placement group
+        from relax.distributed.ray.placement import on_bundle, run_gpu_group
+
+        pg = run_gpu_group()
+        placed = [on_bundle(pg, slot[0], role.gpu_fraction) for slot in role.slots]
+    return RayActorGroup(worker_cls, role.workers, spec, num_cpus=1, name=role.name, rank_options=placed,
                          env_vars={k: str(v) for k, v in cfg.misc.train_env_vars.items()})
 
 
@@ -132,17 +139,30 @@ async def read_rows(rollout_id: int) -> tuple[list[str], list[list[int]], list[i
 
 
 def mean_over_ranks(results: list[dict[str, float]], *, prefix: str) -> dict[str, float]:
-    """Per-rank metrics -> one value each: max/min keys by max/min, the rest by mean."""
+    """Per-rank metrics -> one value each: max/min keys by max/min, the rest by mean. Keys that
+    name their own group ("memory/train_peak_gib") take the largest rank's value, under the
+    actor's own name and the `prefix` of the others."""
     out: dict[str, float] = {}
     for key in results[0]:
         values = [r[key] for r in results]
-        if key.endswith("_max"):
+        if "/" in key:
+            out[key if prefix == "train" else f"{prefix}/{key}"] = max(values)
+        elif key.endswith("_max"):
             out[f"{prefix}/{key}"] = max(values)
         elif key.endswith("_min"):
             out[f"{prefix}/{key}"] = min(values)
         else:
             out[f"{prefix}/{key}"] = sum(values) / len(values)
     return out
+
+
+async def move_ranks(group: RayActorGroup | None, method: str) -> dict[str, float]:
+    """`offload` / `onload` on every rank of a training role (colocate on shared GPUs); the
+    largest rank's figures."""
+    if group is None:
+        return {}
+    results = await group.call(method)
+    return {key: max(r.get(key, 0.0) for r in results) for key in results[0]} if results else {}
 
 
 # ---- checkpoints and the reference refresh -----------------------------------------------------

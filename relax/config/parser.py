@@ -45,7 +45,9 @@ def _add_field(group: argparse._ArgumentGroup, f: dataclasses.Field, hints: dict
     if not meta.get("supported", True):
         help_text += " [accepted for compatibility; not implemented in this build]"
     if base_type(hint) is bool and meta.get("type") is None:
-        group.add_argument(*names, dest=f.name, action="store_true", default=default, help=help_text)
+        # `bool | None` (None: decided by the mode) also takes --no-<flag> to turn it off.
+        action = argparse.BooleanOptionalAction if default is None else "store_true"
+        group.add_argument(*names, dest=f.name, action=action, default=default, help=help_text)
         return
     kwargs: dict[str, Any] = {"dest": f.name, "default": default, "help": f"{help_text} (default: {default!r})",
                               "type": _cli_type(f, hint)}

@@ -26,6 +26,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from relax.config.placement import GpuAsk, GpuPlacement, PlacementError, place_gpus
+from relax.config.placement import describe as describe_placement
 from relax.config.schema import RelaxConfig
 from relax.types import COLUMNS, ROLLOUT_COLUMNS
 
@@ -51,9 +53,12 @@ class RolePlan:
 
     name: str
     workers: int = 0
-    unit: str = ""  # "rank" (training-backend process), "engine" (inference server) or "" (none)
-    gpus_per_worker: float = 0.0
-    replica_gpus: float = 0.0  # GPUs the Serve replica reserves (the rollout engines run under it)
+    unit: str = ""  # "rank" (training-backend process), "engine" (inference server), "external engine" or ""
+    gpus_each: int = 1  # GPUs per engine (tensor parallel size); ranks use one
+    # On a GPU cluster (`relax.config.placement`): per worker, the run's placement-group bundles
+    # (GPUs) it runs on, and the fraction of each that its process reserves.
+    slots: tuple[tuple[int, ...], ...] = ()
+    gpu_fraction: float = 0.0
     writes: tuple[str, ...] = ()
     reads: tuple[str, ...] = ()
     scores: bool = False
@@ -70,7 +75,8 @@ class RolePlan:
 
     @property
     def gpus(self) -> float:
-        return self.replica_gpus + (self.workers * self.gpus_per_worker if self.unit == "rank" else 0.0)
+        """GPUs this role's processes reserve in Ray (fractions of shared GPUs add up)."""
+        return round(sum(len(s) for s in self.slots) * self.gpu_fraction, 2)
 
 
 @dataclass(frozen=True)
@@ -122,6 +128,8 @@ class RunPlan:
     clearer: str  # the role that clears a trained step's partition
     weight_receivers: tuple[str, ...]
     data_plane_cpus: float
+    placement: GpuPlacement | None = None  # GPU clusters: the run's placement group (one bundle a GPU)
+    offload_train: bool = False  # training ranks move their state to the host while the engines generate
     notes: tuple[str, ...] = field(default=())  # flags accepted here with no effect, and why
 
     def role(self, name: str) -> RolePlan:
@@ -143,7 +151,8 @@ class RunPlan:
 
     @property
     def gpus(self) -> float:
-        return sum(r.gpus for r in self.roles)
+        """GPUs the run holds: its placement group's bundles (0 on CPU)."""
+        return float(self.placement.bundles) if self.placement is not None else 0.0
 
 
 # ---- which roles a config deploys ----------------------------------------------------------
@@ -180,6 +189,16 @@ def _ranks(cfg: RelaxConfig, role: str) -> int:
     return (cfg.cluster.resource.get(role) or [1, 1])[1] or 1
 
 
+def rollout_engines(cfg: RelaxConfig, gpus_per_engine: int) -> int:
+    """`--resource rollout [_, N]` gives the rollout's GPUs (processes on CPU); an engine takes
+    `--rollout-num-gpus-per-engine` of them."""
+    n = cfg.cluster.resource["rollout"][1]
+    if n % gpus_per_engine:
+        raise PlanError(f"--resource rollout asks for {n} GPUs, not a multiple of --rollout-num-gpus-per-engine "
+                        f"{gpus_per_engine} (each engine takes that many); make them divide")
+    return n // gpus_per_engine
+
+
 # ---- columns -------------------------------------------------------------------------------
 
 def advantage_inputs(cfg: RelaxConfig) -> tuple[str, ...]:
@@ -207,7 +226,6 @@ def resolve_plan(cfg: RelaxConfig, gpus: float = 0.0) -> RunPlan:
     """The plan of a validated config on a cluster with `gpus` GPUs (0: CPU processes)."""
     mode: Mode = "fully_async" if cfg.cluster.fully_async else "colocate"
     device = "gpu" if gpus > 0 else "cpu"
-    per_gpu = 1.0 if device == "gpu" else 0.0
     fully_async = mode == "fully_async"
     old_policy = "rollout_log_probs" if cfg.algo.use_rollout_logprobs else "old_log_probs"
     critic = uses_critic(cfg)
@@ -215,7 +233,7 @@ def resolve_plan(cfg: RelaxConfig, gpus: float = 0.0) -> RunPlan:
     roles: list[RolePlan] = []
     if needs_genrm(cfg):  # first: the Rollout's rewards need the judge's router
         judges = max(1, cfg.reward.genrm_num_gpus // max(1, cfg.reward.genrm_num_gpus_per_engine))
-        roles.append(RolePlan("genrm", judges, "engine"))
+        roles.append(RolePlan("genrm", judges, "engine", gpus_each=cfg.reward.genrm_num_gpus_per_engine))
     actor_reads = ["tokens", "response_lengths", "loss_masks", "rollout_log_probs", "rewards", "weight_versions"]
     # Streaming readers key rows by their sample index; whole-step readers list the partition's keys.
     scorer_reads = ("tokens", "response_lengths") + (("sample_indices",) if fully_async else ())
@@ -227,35 +245,50 @@ def resolve_plan(cfg: RelaxConfig, gpus: float = 0.0) -> RunPlan:
         actor_reads.append("values")
     if fully_async:  # written by ActorFwd and Advantages
         actor_reads += ["advantages"] + (["old_log_probs"] if needs_actor_fwd(cfg) else [])
-    engines = cfg.cluster.resource["rollout"][1]
     debug_train = cfg.debug.debug_train_only
-    roles.append(RolePlan("actor", 0 if cfg.debug.debug_rollout_only else _ranks(cfg, "actor"), "rank", per_gpu,
+    roles.append(RolePlan("actor", 0 if cfg.debug.debug_rollout_only else _ranks(cfg, "actor"), "rank",
                           reads=tuple(dict.fromkeys(actor_reads)),
                           writes=("returns",) if critic and not fully_async else (), checkpoints=True))
-    roles.append(RolePlan("rollout", 0 if debug_train else engines, "" if debug_train else "engine",
-                          replica_gpus=0.0 if debug_train else engines * per_gpu, writes=ROLLOUT_COLUMNS,
-                          streams=fully_async, receives_weights=not debug_train, checkpoints=True,
-                          reward_workers=cfg.reward.reward_num_workers))
+    external = cfg.rollout.rollout_external  # engines already running: none launched, no GPUs reserved
+    tp = cfg.cluster.rollout_num_gpus_per_engine if device == "gpu" and not external else 1
+    if tp > 1 and cfg.cluster.rollout_backend == "hf":
+        raise PlanError(f"--rollout-num-gpus-per-engine {tp}: an hf engine runs on one GPU (tensor parallelism is "
+                        "SGLang's); use --rollout-backend sglang or 1 GPU per engine")
+    engines = len(cfg.rollout.rollout_external_engine_addrs or ()) if external else rollout_engines(cfg, tp)
+    unit = "" if debug_train else "external engine" if external else "engine"
+    roles.append(RolePlan("rollout", 0 if debug_train else engines, unit, gpus_each=tp,
+                          writes=ROLLOUT_COLUMNS, streams=fully_async, receives_weights=not debug_train,
+                          checkpoints=True, reward_workers=cfg.reward.reward_num_workers))
     if needs_reference(cfg):
-        roles.append(RolePlan("reference", _ranks(cfg, "reference"), "rank", per_gpu, writes=("ref_log_probs",),
+        roles.append(RolePlan("reference", _ranks(cfg, "reference"), "rank", writes=("ref_log_probs",),
                               reads=scorer_reads, scores=not fully_async, streams=fully_async))
     if needs_teacher(cfg):  # --opd-type sglang: engines (none for an external one at --rm-url); megatron: ranks
         engine = cfg.algo.opd_type == "sglang"
         launched = not engine or bool(cfg.algo.opd_teacher_load)
         roles.append(RolePlan("teacher", _ranks(cfg, "teacher") if launched else 0, "engine" if engine else "rank",
-                              0.0 if engine else per_gpu, writes=("teacher_log_probs",), reads=scorer_reads,
+                              writes=("teacher_log_probs",), reads=scorer_reads,
                               scores=not fully_async, streams=fully_async))
     if critic:
-        roles.append(RolePlan("critic", _ranks(cfg, "critic"), "rank", per_gpu, writes=("values",),
+        roles.append(RolePlan("critic", _ranks(cfg, "critic"), "rank", writes=("values",),
                               reads=scorer_reads + ("loss_masks", "values", "returns"), scores=not fully_async,
                               streams=fully_async, trains_after_actor=True, checkpoints=True))
     if needs_actor_fwd(cfg):
-        roles.append(RolePlan("actor_fwd", _ranks(cfg, "actor_fwd"), "rank", per_gpu, writes=("old_log_probs",),
+        roles.append(RolePlan("actor_fwd", _ranks(cfg, "actor_fwd"), "rank", writes=("old_log_probs",),
                               reads=scorer_reads + ("weight_versions",), streams=True, receives_weights=True))
     if fully_async:
         roles.append(RolePlan("advantages", writes=("advantages",) + (("returns",) if critic else ()),
                               reads=advantage_inputs(cfg) + ("sample_indices",), streams=True))
     roles.append(RolePlan("dcs"))
+    placement = None
+    if device == "gpu":
+        asks = [GpuAsk(r.name, r.workers, r.gpus_each if r.unit == "engine" else 1, 1.0 if r.unit == "rank" else 0.0)
+                for r in roles if r.unit in ("rank", "engine")]
+        try:
+            placement = place_gpus(asks, colocate=not fully_async, cluster_gpus=int(gpus))
+        except PlacementError as exc:
+            raise PlanError(str(exc)) from None
+        roles = [dataclasses.replace(r, slots=placement.role_slots(r.name), gpu_fraction=placement.fraction)
+                 if placement.role_slots(r.name) else r for r in roles]
     check_resource_roles(cfg, roles)
 
     computes = () if fully_async else (("old_log_probs",) if old_policy == "old_log_probs" else ()) + (
@@ -270,7 +303,8 @@ def resolve_plan(cfg: RelaxConfig, gpus: float = 0.0) -> RunPlan:
         cfg.reward.custom_convert_samples_to_train_data_path is None
     rollout = RolloutPlan(role=by_name["rollout"], stream_groups=fully_async and streamable,
                           overlapping_steps=fully_async,
-                          release_memory=not fully_async, eval_waits_for_version=fully_async,
+                          release_memory=releases_engine_memory(cfg) and not external,
+                          eval_waits_for_version=fully_async,
                           max_staleness=cfg.cluster.max_staleness)
     return RunPlan(
         mode=mode, train_backend=cfg.cluster.train_backend, rollout_backend=cfg.cluster.rollout_backend,
@@ -278,6 +312,7 @@ def resolve_plan(cfg: RelaxConfig, gpus: float = 0.0) -> RunPlan:
         clearer="critic" if critic else "actor",
         weight_receivers=tuple(r.name for r in roles if r.receives_weights),
         data_plane_cpus=TQ_CONTROLLER_CPUS + TQ_STORAGE_CPUS * cfg.cluster.num_data_storage_units,
+        placement=placement, offload_train=offload_train(cfg, device, placement),
         notes=tuple(ignored_flags(cfg, device)),
     )
 
@@ -303,20 +338,28 @@ def check_resource_roles(cfg: RelaxConfig, roles: list[RolePlan]) -> None:
 
 # ---- flags this run accepts without effect ---------------------------------------------------
 
+def offload_train(cfg: RelaxConfig, device: str, placement: GpuPlacement | None) -> bool:
+    """Colocate on GPUs: the training ranks move their state to the host while the engines
+    generate, unless --no-offload-train (fully async never offloads: validated)."""
+    c = cfg.cluster
+    wanted = c.offload or (c.offload_train if c.offload_train is not None else not c.fully_async)
+    return bool(wanted and device == "gpu" and placement is not None and placement.shared and not c.fully_async)
+
+
+def releases_engine_memory(cfg: RelaxConfig) -> bool:
+    """Colocate: engines release weights and KV cache while the trainer runs, unless --no-offload-rollout."""
+    c = cfg.cluster
+    return not c.fully_async and (c.offload or c.offload_rollout is not False)
+
+
 def ignored_flags(cfg: RelaxConfig, device: str) -> list[str]:
     """A note for every flag set to a non-default value that this run accepts but does not act on,
     with the reason; the run logs them at start and `--dry-run` prints them. Flags that would be
     silently wrong are rejected instead (`PlanError`)."""
     c, notes = cfg.cluster, []
-    offload_train = c.offload or c.offload_train
-    if offload_train and device == "gpu":
-        raise PlanError("--offload / --offload-train: the fsdp trainer does not offload its state to the host yet, so "
-                        "on GPUs the flag would do nothing; drop it")
-    if offload_train:
-        notes.append("--offload/--offload-train: on CPU there is no device memory to free; ignored")
-    if c.offload_rollout or c.offload:
-        notes.append("--offload-rollout: the engines release their memory around training in colocate mode "
-                     "anyway (always on with --colocate)")
+    if device == "cpu" and (c.offload or c.offload_train):
+        notes.append("--offload/--offload-train: on CPU there is no device memory to free; the ranks keep their "
+                     "state (engines still release theirs around training)")
     from relax.config.validate import ignored_flag_notes
 
     notes += ignored_flag_notes(cfg)
@@ -333,10 +376,11 @@ def check_cluster(plan: RunPlan, resources: dict[str, float]) -> None:
     have_cpu, have_gpu = float(resources.get("CPU", 0)), float(resources.get("GPU", 0))
     asks = ", ".join(f"{r.name} {_amount(r)}" for r in plan.roles if r.gpus or r.unit == "rank")
     if plan.gpus > have_gpu + 1e-9:
+        how = ("colocate shares them between the trainer and the engines" if plan.mode == "colocate" else
+               "fully async gives each role GPUs of its own when there are enough")
         raise PlanError(
-            f"the run needs {plan.gpus:g} GPUs ({asks}) but the Ray cluster has {have_gpu:g}. Lower the --resource "
-            "entries (one GPU per training rank and per rollout engine; colocate does not share a GPU between the "
-            "trainer and the engines in this build) or add GPUs")
+            f"the run needs {plan.gpus:g} GPUs ({asks}) but the Ray cluster has {have_gpu:g} ({how}). Lower the "
+            "--resource entries or add GPUs")
     if plan.cpus > have_cpu + 1e-9:
         raise PlanError(
             f"the run needs {plan.cpus:g} Ray CPUs ({asks}, {plan.data_plane_cpus:g} for TransferQueue, "
@@ -346,7 +390,8 @@ def check_cluster(plan: RunPlan, resources: dict[str, float]) -> None:
 
 def _amount(role: RolePlan) -> str:
     unit = f"{role.workers} {role.unit}{'s' if role.workers != 1 else ''}" if role.unit else "service"
-    return f"{unit} = {role.gpus:g} GPU" if role.gpus else f"{unit} = {role.cpus:g} CPU"
+    gpus = len({b for slot in role.slots for b in slot})
+    return f"{unit} on {gpus} GPU{'s' if gpus != 1 else ''}" if role.slots else f"{unit} = {role.cpus:g} CPU"
 
 
 def local_gpus() -> int:
@@ -373,6 +418,8 @@ def format_plan(plan: RunPlan, cfg: RelaxConfig | None = None) -> str:
         workers = f"{r.workers} {r.unit}{'s' if r.workers != 1 else ''}" if r.unit else "-"
         if r.unit == "engine" and plan.device == "cpu":
             workers += " (processes)"
+        elif r.unit == "engine" and r.gpus_each > 1:
+            workers += f" (tp {r.gpus_each})"
         lines.append(f"  {r.name:<11}{workers:<22}{r.cpus:>9.1f}{r.gpus:>6g}  {_part(plan, r)}")
     lines += [f"  {'TransferQueue':<33}{plan.data_plane_cpus:>9.1f}{0:>6}  data plane (controller + storage)",
               f"  {'total':<33}{plan.cpus:>9.1f}{plan.gpus:>6g}", "", "columns of partition train_{step}:",
@@ -388,6 +435,9 @@ def format_plan(plan: RunPlan, cfg: RelaxConfig | None = None) -> str:
               f"partition cleared by: {plan.clearer} (after training the step)",
               f"weights: actor rank 0 -> {', '.join(plan.weight_receivers) or 'nobody'} through the DCS coordinator"
               + (", overlapping the next step" if a.overlap_weight_push else ", after every step")]
+    if plan.placement is not None:
+        lines.append(f"GPUs: {describe_placement(plan.placement)}"
+                     + ("; training ranks offload to the host during rollout" if plan.offload_train else ""))
     if plan.mode == "fully_async":
         lines.append(f"staleness: rollout runs at most {a.max_staleness} weight version(s) ahead of training")
     if cfg is not None:

@@ -44,8 +44,11 @@ class ClusterConfig:
                                    "Advantages run concurrently, rollout at most --max-staleness steps ahead "
                                    "(docs/fully-async.md).")
     offload: bool = opt(False, "Same as --offload-train --offload-rollout.")
-    offload_train: bool | None = opt(None, "Offload the training actor during rollout (always on with --colocate).")
-    offload_rollout: bool | None = opt(None, "Release engine memory during training (always on with --colocate).")
+    offload_train: bool | None = opt(None, "Move the training ranks' parameters, gradients and optimizer state to the "
+                                     "host while the engines generate (on by default with --colocate on GPUs; "
+                                     "--no-offload-train keeps them on the GPU).")
+    offload_rollout: bool | None = opt(None, "Engines release weights and KV cache while the trainer runs (on by "
+                                       "default with --colocate; --no-offload-rollout keeps them).")
     rollout_num_gpus_per_engine: int = opt(1, "GPUs per inference engine (SGLang tp_size).", ignored=SGLANG_ONLY)
     num_gpus_per_node: int = opt(8, "GPUs per node.", ignored="placement is by --resource per role and Ray's view of "
                                  "the cluster; a per-node GPU count is not used")
@@ -164,9 +167,15 @@ class RolloutConfig:
     update_weights_interval: int = opt(1, "Push weights to engines every N steps.", supported=False)
     weight_sync_timeout: float = opt(120.0, "Deadline of one weight sync, seconds.")
     keep_old_actor: bool = opt(False, "Keep the rollout model during training.", supported=False)
-    rollout_external: bool = opt(False, "Use external engines.", supported=False)
-    rollout_external_engine_addrs: list | None = opt(None, "External engine host:port list.", nargs="+",
-                                                     supported=False)
+    rollout_external: bool = opt(False, "Use engines already running elsewhere (SGLang's HTTP API, at "
+                                 "--rollout-external-engine-addrs) instead of launching them: they receive weights and "
+                                 "are never launched or stopped by Relax (docs/rollout.md).")
+    rollout_external_engine_addrs: list | None = opt(None, "The external engines as host:port, one per engine "
+                                                     "(with --rollout-external).", nargs="+")
+    sglang_router_ip: str | None = opt(None, "Address of an already-running router (with --sglang-router-port): "
+                                       "generate requests go there, Relax starts none and registers the engines it "
+                                       "launches with it. Default: Relax starts its built-in router.")
+    sglang_router_port: int | None = opt(None, "Port of the router at --sglang-router-ip.")
     rollout_function_path: str = opt("relax.engine.rollout.sglang_rollout.generate_rollout",
                                      "Rollout function fn(args, rollout_id, data_source, evaluation=False).")
     custom_generate_function_path: str | None = opt(None, "Generate fn(args, sample, sampling_params[, evaluation]).")

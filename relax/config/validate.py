@@ -168,6 +168,62 @@ def check_debug(cfg: RelaxConfig) -> RelaxConfig:
     return cfg
 
 
+def host_port(address: str) -> tuple[str, int] | None:
+    """"10.0.0.5:30000" / "[::1]:30000" -> (host, port); None when not a well-formed host:port."""
+    host, sep, port = address.strip().rpartition(":")
+    bracketed = host.startswith("[") and host.endswith("]")
+    host = host[1:-1] if bracketed else host
+    if not sep or not host or "/" in host or (":" in host and not bracketed) or not port.isdigit():
+        return None
+    return (host, int(port)) if 0 < int(port) < 65536 else None
+
+
+def check_external(cfg: RelaxConfig) -> RelaxConfig:
+    """--rollout-external with its addresses (the addresses are the engines: `--resource rollout`
+    defaults to their count, and a different count fails), and a router given by ip and port."""
+    r, c = cfg.rollout, cfg.cluster
+    addrs = r.rollout_external_engine_addrs or []
+    if r.sglang_router_ip is not None or r.sglang_router_port is not None:
+        if r.sglang_router_ip is None or r.sglang_router_port is None:
+            raise ConfigError("--sglang-router-ip and --sglang-router-port name a running router together; give both "
+                              "(or neither: Relax then starts its own router)")
+        if host_port(f"{r.sglang_router_ip}:{r.sglang_router_port}") is None:
+            raise ConfigError(f"--sglang-router-ip {r.sglang_router_ip} --sglang-router-port {r.sglang_router_port}: "
+                              "expected a host (no scheme, no port) and a port in 1..65535, e.g. "
+                              "--sglang-router-ip 10.0.0.5 --sglang-router-port 30000")
+    if not r.rollout_external:
+        if addrs:
+            raise ConfigError("--rollout-external-engine-addrs lists engines Relax would not use: add "
+                              "--rollout-external (use these running engines instead of launching any) or drop them")
+        return cfg
+    if not addrs:
+        raise ConfigError("--rollout-external needs --rollout-external-engine-addrs host:port [host:port ...] (the "
+                          "running engines, one address each)")
+    bad = [a for a in addrs if host_port(str(a)) is None]
+    if bad:
+        raise ConfigError(f"--rollout-external-engine-addrs {bad[0]!r} is not host:port (no scheme), e.g. "
+                          "10.0.0.5:30000 or [fd00::5]:30000")
+    if len(set(addrs)) != len(addrs):
+        raise ConfigError(f"--rollout-external-engine-addrs lists an engine twice: {addrs}")
+    if c.true_on_policy_mode:
+        raise ConfigError("--true-on-policy-mode launches the engines in float32 with the trainer's numerics "
+                          "(--rl-on-policy-target fsdp); external engines run with the options they were started "
+                          "with, so the log-probs cannot be matched: drop --rollout-external or --true-on-policy-mode")
+    if c.offload_rollout:
+        raise ConfigError("--offload-rollout: external engines do not share the trainer's GPUs and Relax does not "
+                          "release their memory; drop --offload-rollout (or --rollout-external)")
+    if c.resource is not None and not isinstance(c.resource, dict):
+        return cfg  # check_resource says what --resource must look like
+    res = dict(c.resource or {"actor": [1, 1]})
+    given = res.setdefault("rollout", [1, len(addrs)])
+    if not isinstance(given, list) or len(given) != 2 or given[1] != len(addrs):
+        raise ConfigError(f"--resource rollout {given} disagrees with the {len(addrs)} address(es) of "
+                          "--rollout-external-engine-addrs: with --rollout-external the addresses are the engines "
+                          f"(Relax launches none and reserves no GPUs for them); set \"rollout\": [1, {len(addrs)}] "
+                          "or drop the rollout entry")
+    return cfg.replace(resource=res)
+
+
 def check_resource(cfg: RelaxConfig) -> RelaxConfig:
     res = cfg.cluster.resource
     if res is None:
@@ -523,9 +579,9 @@ def check_exp_dir(cfg: RelaxConfig) -> RelaxConfig:
 
 
 # In order: a check may rely on what the ones before derived (the mode, the resource, the batch).
-CHECKS = (check_unsupported, check_ranges, check_mode, check_partial_rollout, check_debug, check_resource,
-          check_batches, check_algorithm, check_paths, check_eval, check_context, check_prefetch, check_genrm,
-          check_true_on_policy, check_backends, check_plugins, check_exp_dir)
+CHECKS = (check_unsupported, check_ranges, check_mode, check_partial_rollout, check_debug, check_external,
+          check_resource, check_batches, check_algorithm, check_paths, check_eval, check_context, check_prefetch,
+          check_genrm, check_true_on_policy, check_backends, check_plugins, check_exp_dir)
 
 
 def validate_config(cfg: RelaxConfig) -> RelaxConfig:

@@ -9,9 +9,10 @@ weight receivers register with the DCS coordinator and the engines get the Actor
 
 Colocate, one rollout step per iteration (roles take turns on the same devices):
     rollout.generate(k)   -> samples in TransferQueue partition train_{k}
+    rollout.release_memory, trainers onload (GPUs: engines free weights and KV cache)
     scorers.forward(k)    -> their columns on the same rows (reference, teacher, critic)
     actor.train(k)        -> optimizer steps on the step (the critic then trains on its returns)
-    actor.update_weights(k+1)
+    engines resume weights, actor.update_weights(k+1), trainers offload, engines resume KV cache
 Fully async: every streaming role runs its own loop over the steps (`run()`); the Controller
 only paces the Actor:
     rollout.wait_step(k) -> actor.train(k) -> actor.update_weights(k+1)
@@ -94,9 +95,11 @@ class Controller:
             context["num_prompts"] * self.cfg.rollout.num_epoch / self.cfg.rollout.rollout_batch_size)
         dcs = self.roles["dcs"]
         for name in self.plan.weight_receivers:
-            await dcs.register(name, await self.roles[name].weight_receivers())
+            role = self.roles[name]
+            await dcs.register(name, await role.weight_receivers(), await role.receiver_devices())
         await self.actor.connect_dcs(dcs.handle)
         await self.actor.update_weights(self.start)  # engines serve the actor's weights from step 0
+        await self.move_trainers("offload")  # colocate on shared GPUs: the engines generate first
 
     @property
     def actor(self) -> RoleHandle:
@@ -120,15 +123,29 @@ class Controller:
         for step in range(self.start, self.num_rollout):
             t0 = time.perf_counter()
             metrics = await self.with_progress(self.rollout.generate(step), step)
-            await self.rollout.release_memory()
+            metrics |= await self.rollout.release_memory()
+            metrics |= await self.move_trainers("onload")
             for scorer in self._with("scores"):
                 metrics |= await scorer.forward(step)
             metrics |= await self.actor.train(step)
             for trainer in self._with("trains_after_actor"):  # the critic fits the returns the actor wrote
                 metrics |= await trainer.train(step)
-            await self.rollout.resume_memory()
+            await self.rollout.resume_memory(["weights"])
             metrics |= await self.actor.update_weights(step + 1)
+            metrics |= await self.move_trainers("offload")
+            await self.rollout.resume_memory(["kv_cache"])
             await self.after_step(step, metrics, t0)
+
+    async def move_trainers(self, method: str) -> dict[str, float]:
+        """Colocate on shared GPUs: every training role's ranks `offload` their state to the host
+        while the engines generate and `onload` it before scoring and training (the plan says)."""
+        metrics: dict[str, float] = {}
+        if self.plan.offload_train:
+            for role in self.plan.roles:
+                if role.unit == "rank" and role.workers:
+                    for key, value in (await getattr(self.roles[role.name], method)()).items():
+                        metrics[key] = max(value, metrics.get(key, value))  # the GPU's worst case
+        return metrics
 
     async def fully_async_loop(self) -> None:
         background = [asyncio.ensure_future(role.run(self.start, self.num_rollout)) for role in self._with("streams")]

@@ -110,6 +110,7 @@ class Runtime:
         self.apps: list[str] = []
         self.failed_apps: set[str] = set()  # apps whose replica could not start (wait_running)
         self.plan: RunPlan | None = None  # resolved for this cluster on entering
+        self._gpu_group: Any = None  # the run's GPUs (a Ray placement group), on GPU clusters
 
     def __enter__(self) -> Runtime:
         try:
@@ -145,6 +146,10 @@ class Runtime:
         if threading.current_thread() is threading.main_thread():
             self._sigterm = signal.signal(signal.SIGTERM, _sigterm_as_ctrl_c)
         self.plan = self._plan()
+        if self.plan.placement is not None and self.plan.placement.bundles:
+            from relax.distributed.ray.placement import create_gpu_group
+
+            self._gpu_group = create_gpu_group(self.run_id, self.plan.placement)
         # TransferQueue starts its controller, then its storage units (~8 s of actor start-ups):
         # in a thread, while Serve starts and the roles deploy. Its controller is up before any
         # role may attach, and `wait_running` waits for the whole data system.
@@ -166,6 +171,11 @@ class Runtime:
         check_cluster(plan, resources)
         for note in plan.notes:
             logger.warning("%s", note)
+        if plan.placement is not None:
+            from relax.config.placement import describe
+
+            logger.info("GPUs: %s%s", describe(plan.placement),
+                        "; training ranks offload to the host during rollout" if plan.offload_train else "")
         return plan
 
     def deploy_role(self, role: RolePlan, *init_args: Any, wait: bool = False) -> Any:
@@ -184,8 +194,9 @@ class Runtime:
             # A role's constructor is deterministic: a failure fails the run at once, not 3 retries later.
             max_constructor_retry_count=1,
             health_check_timeout_s=600, logging_config={"enable_access_log": False},
-            ray_actor_options={"num_cpus": REPLICA_CPUS, "num_gpus": role.replica_gpus,
-                               "runtime_env": {"env_vars": self.env}},
+            # No GPU for the replica itself: its ranks and engines hold their GPU shares in the
+            # run's placement group (relax.distributed.ray.placement).
+            ray_actor_options={"num_cpus": REPLICA_CPUS, "runtime_env": {"env_vars": self.env}},
         )
         target = serve.RunTarget(deployment.bind(*init_args), name=app_name, route_prefix=None)
         handle = serve.run_many([target], wait_for_applications_running=wait)[0]
@@ -251,6 +262,10 @@ class Runtime:
         if self._sigterm is not None:  # already stopping: a SIGTERM now must not cut teardown short
             signal.signal(signal.SIGTERM, lambda *_: logger.warning("SIGTERM during teardown: already stopping"))
         self._delete_apps()
+        if self._gpu_group is not None:
+            from ray.util.placement_group import remove_placement_group
+
+            remove_placement_group(self._gpu_group)
         try:
             if self._tq is not None:  # (None: entering failed before TransferQueue started)
                 self.started_tq = self._tq.result()

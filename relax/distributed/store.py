@@ -41,6 +41,21 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def address_towards(peer: str) -> str:
+    """This process's address for a group with a member at `peer`: loopback for a loopback peer, else
+    the run's bind address, else (a run on one node reaching another host, e.g. an external engine) the
+    address of the interface the kernel routes to `peer` through (nothing is sent)."""
+    if is_loopback(peer):
+        return "127.0.0.1"
+    host = bind_host()
+    if not is_loopback(host):
+        return host
+    family, kind, _, _, address = socket.getaddrinfo(peer, 1, type=socket.SOCK_DGRAM)[0]
+    with socket.socket(family, kind) as sock:
+        sock.connect(address)
+        return sock.getsockname()[0]
+
+
 def listen(host: str, port: int = 0) -> socket.socket:
     """A TCP socket bound to `host:port` (0: any free port) and listening."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET

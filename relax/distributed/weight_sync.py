@@ -3,7 +3,8 @@
 Protocol (the one SGLang serves and slime drives):
 1. `connect()`: the trainer picks a free port and POSTs `/init_weights_update_group`
    {master_address, master_port, rank_offset=1+i, world_size=1+n, group_name, backend} to every
-   engine while joining the same group as rank 0 itself.
+   engine while joining the same group as rank 0 itself. The group listens on loopback unless an
+   engine is on another host (an external engine): then on this host's address towards it.
 2. `push(named_tensors, version=v)`: `/pause_generation` and `/flush_cache` on every engine,
    then per bucket of at most `bucket_bytes` a POST `/update_weights_from_distributed`
    {names, dtypes, shapes, group_name, flush_cache, weight_version} to every engine while rank 0
@@ -36,13 +37,14 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import torch
 import torch.distributed as dist
 
 from relax.utils.http_utils import CLIENT_KEEP_ALIVE_S, IDEMPOTENT_PATHS, TRANSPORT_RETRIES, error_message
-from relax.distributed.store import bind_host, is_loopback, listen, tcp_store
+from relax.distributed.store import BIND_ENV, address_towards, is_loopback, listen, tcp_store
 
 logger = logging.getLogger(__name__)
 
@@ -165,7 +167,7 @@ def create_weight_group(*, master_address: str, master_port: int, rank: int, wor
     if backend == "gloo":
         options = dist.ProcessGroupGloo._Options()
         options._timeout = timeout
-        hostname = "127.0.0.1" if is_loopback(master_address) else bind_host()
+        hostname = address_towards(master_address)
         options._devices = [dist.ProcessGroupGloo.create_device(hostname=hostname)]
         pg = dist.ProcessGroupGloo(prefixed, rank, world_size, options)
         device = torch.device("cpu")
@@ -178,6 +180,29 @@ def create_weight_group(*, master_address: str, master_port: int, rank: int, wor
         pg = dist.ProcessGroupNCCL(prefixed, rank, world_size, options)
     return WeightGroup(pg, store, rank=rank, world_size=world_size, backend=backend, group_name=group_name,
                        device=device)
+
+
+def _resolves(host: str) -> bool:
+    try:
+        return bool(socket.getaddrinfo(host, None))
+    except OSError:
+        return False
+
+
+def group_master_address(master_address: str, engine_urls: Sequence[Any]) -> str:
+    """Where rank 0's store listens: `master_address`, unless that is loopback and an engine is on another
+    host (an external engine), which could not reach it: then this host's address towards that engine."""
+    hosts = [urlsplit(u).hostname or u for u in engine_urls if isinstance(u, str)]
+    # (a host that does not resolve is left to the engine's HTTP call, which names it)
+    remote = [h for h in hosts if not is_loopback(h) and _resolves(h)]
+    if not remote or not is_loopback(master_address):
+        return master_address
+    try:
+        return address_towards(remote[0])
+    except OSError as exc:
+        raise WeightSyncError(f"the weight-update group must listen where the engine at {remote[0]} can reach it, "
+                              f"but no local address routes there ({exc}); set ${BIND_ENV} to this host's address "
+                              "on the engines' network") from exc
 
 
 def run_in_daemon_thread(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> asyncio.Future:
@@ -295,15 +320,23 @@ class WeightSender:
     def __init__(self, engine_urls: Sequence[Any], *, api_key: str | None = None, backend: str = "gloo",
                  bucket_bytes: int = DEFAULT_BUCKET_BYTES, timeout_s: float = 300.0,
                  master_address: str = "127.0.0.1", group_name: str | None = None, transport: Any = None,
-                 device: torch.device | str | None = None, pause_mode: str = "abort"):
+                 device: torch.device | str | None = None, pause_mode: str = "abort",
+                 ipc_ranks: Sequence[int] | None = None):
         """`engine_urls`: SGLang HTTP base URLs, or receiver objects with the same protocol as
         `async post(path, payload, timeout_s)` (training-backend ranks that take weights too).
         `pause_mode`: what `/pause_generation` does to in-flight requests while weights load
         ("abort" in colocate, where none are in flight; "in_place" keeps them running on the new
-        weights; partial rollout aborts and resubmits them)."""
+        weights; partial rollout aborts and resubmits them). `ipc_ranks`, per receiver: 0 for one
+        on another GPU (it joins the broadcast group), else it shares this GPU and takes CUDA IPC
+        handles through `/update_weights_from_tensor`, one copy per tensor-parallel rank."""
         if not engine_urls:
             raise ValueError("WeightSender needs at least one engine URL")
         self.engine_urls = [u.rstrip("/") if isinstance(u, str) else u for u in engine_urls]
+        ipc = list(ipc_ranks) if ipc_ranks is not None else [0] * len(self.engine_urls)
+        if len(ipc) != len(self.engine_urls):
+            raise ValueError(f"ipc_ranks has {len(ipc)} entries for {len(self.engine_urls)} receivers")
+        self.group_urls = [u for u, n in zip(self.engine_urls, ipc) if not n]
+        self.ipc_urls = [(u, n) for u, n in zip(self.engine_urls, ipc) if n]
         self.pause_mode = pause_mode
         self.backend, self.bucket_bytes, self.timeout_s = backend, bucket_bytes, timeout_s
         self.master_address, self.device = master_address, device
@@ -311,6 +344,7 @@ class WeightSender:
         self._api_key, self._transport = api_key, transport
         self._http: _EngineHTTP | None = None
         self._group: WeightGroup | None = None
+        self._connected = False
         self._broken = False
         self._lock = asyncio.Lock()
 
@@ -349,19 +383,24 @@ class WeightSender:
     # ---- protocol --------------------------------------------------------------------
     async def connect(self) -> None:
         """Create the group: every engine joins as rank 1 + i while this process joins as rank 0."""
-        if self._group is not None:
+        if self._group is not None or self._connected:
             raise WeightSyncError("connect() called twice; call close() first")
         self._http = self._http or _EngineHTTP(self._api_key, self._transport)
+        self._connected = True
+        if not self.group_urls:  # every receiver shares this GPU: handles only, no group
+            logger.info("weight push by CUDA IPC to %d receiver(s) on this GPU", len(self.ipc_urls))
+            return
         if self.backend == "nccl" and self.device is None:  # resolve here: the join runs in another thread
             self.device = torch.device("cuda", torch.cuda.current_device())
         deadline = time.monotonic() + self.timeout_s
+        self.master_address = group_master_address(self.master_address, self.group_urls)
         listener = listen(self.master_address)  # held from here: no other process can take the port
         port = listener.getsockname()[1]
-        world_size = 1 + len(self.engine_urls)
+        world_size = 1 + len(self.group_urls)
         http = [asyncio.ensure_future(self._http.post(url, "/init_weights_update_group", {
             "master_address": self.master_address, "master_port": port, "rank_offset": 1 + i,
             "world_size": world_size, "group_name": self.group_name, "backend": self.backend,
-        }, self.timeout_s)) for i, url in enumerate(self.engine_urls)]
+        }, self.timeout_s)) for i, url in enumerate(self.group_urls)]
         join = run_in_daemon_thread(
             create_weight_group, master_address=self.master_address, master_port=port, rank=0,
             world_size=world_size, group_name=self.group_name, backend=self.backend, timeout_s=self.timeout_s,
@@ -372,12 +411,13 @@ class WeightSender:
             listener.close()
             raise
         self._group, self._broken = join.result(), False
-        logger.info("weight group %s up: %d engine(s), backend %s, port %d",
-                    self.group_name, len(self.engine_urls), self.backend, port)
+        logger.info("weight group %s up: %d engine(s), backend %s, port %d%s", self.group_name,
+                    len(self.group_urls), self.backend, port,
+                    f"; {len(self.ipc_urls)} more on this GPU by CUDA IPC" if self.ipc_urls else "")
 
     async def push(self, named_tensors: Iterable[tuple[str, torch.Tensor]], *, version: int) -> SyncStats:
         """Pause, send every bucket, resume. Raises WeightSyncError naming the engine on failure."""
-        if self._group is None:
+        if not self._connected:
             raise WeightSyncError("push() before connect(): call `await sender.connect()` first")
         if self._broken:
             raise WeightSyncError("the weight group is broken by an earlier failed sync; "
@@ -405,20 +445,32 @@ class WeightSender:
 
     async def _push_bucket(self, bucket: list[tuple[str, torch.Tensor]], weight_version: str | None,
                            deadline: float) -> int:
-        device = self._group.device
+        device = self._group.device if self._group is not None else self.device
         tensors = [t.detach().to(device).contiguous() for _, t in bucket]
-        payload = {"names": [n for n, _ in bucket], "dtypes": [dtype_name(t.dtype) for t in tensors],
-                   "shapes": [list(t.shape) for t in tensors], "group_name": self.group_name,
-                   "flush_cache": False}
-        if weight_version is not None:
-            payload["weight_version"] = weight_version
         remaining = self._remaining(deadline)
-        http = [asyncio.ensure_future(self._http.post(u, "/update_weights_from_distributed", payload, remaining))
-                for u in self.engine_urls]
-        broadcast = run_in_daemon_thread(self._broadcast, tensors)
-        tasks = [*http, broadcast]
+        tasks: list[asyncio.Future] = []
+        if self.ipc_urls:  # receivers on this GPU open handles to `tensors` (kept alive until they answer)
+            from relax.distributed.ipc import serialize
+
+            if device is not None and torch.device(device).type == "cuda":
+                torch.cuda.current_stream(device).synchronize()  # the handles' bytes are written
+            handles = serialize([(n, t) for (n, _), t in zip(bucket, tensors)])
+            tasks += [asyncio.ensure_future(self._http.post(u, "/update_weights_from_tensor", {
+                "serialized_named_tensors": [handles] * tp, "load_format": None, "flush_cache": False,
+                "weight_version": weight_version}, remaining)) for u, tp in self.ipc_urls]
+        if self.group_urls:
+            payload = {"names": [n for n, _ in bucket], "dtypes": [dtype_name(t.dtype) for t in tensors],
+                       "shapes": [list(t.shape) for t in tensors], "group_name": self.group_name,
+                       "flush_cache": False}
+            if weight_version is not None:
+                payload["weight_version"] = weight_version
+            tasks += [asyncio.ensure_future(self._http.post(u, "/update_weights_from_distributed", payload,
+                                                            remaining)) for u in self.group_urls]
+            tasks.append(run_in_daemon_thread(self._broadcast, tensors))
         try:
             await self._wait_all(tasks, deadline, "update_weights_from_distributed")
+            if self.ipc_urls and torch.cuda.is_available():  # receivers dropped their handles: free the blocks
+                torch.cuda.ipc_collect()
         except BucketRejected as rejected:
             await self._settle(tasks, deadline)  # the group stays usable once every receiver is done
             raise rejected
@@ -456,13 +508,14 @@ class WeightSender:
         """Destroy the group on the engines and here, at the same time (an NCCL group's shutdown
         waits for every rank's: destroying here only after the engines answered deadlocked until
         the 30 s timeout); safe to call twice."""
+        self._connected = False
         if self._group is not None:
             group, self._group = self._group, None
             local = [] if self._broken else [run_in_daemon_thread(group.destroy)]
             results = await asyncio.gather(*(self._http.post(u, "/destroy_weights_update_group",
                                                              {"group_name": self.group_name}, 30.0)
-                                             for u in self.engine_urls), *local, return_exceptions=True)
-            for url, result in zip([*self.engine_urls, "this rank"], results):
+                                             for u in self.group_urls), *local, return_exceptions=True)
+            for url, result in zip([*self.group_urls, "this rank"], results):
                 if isinstance(result, Exception):
                     logger.warning("destroy_weights_update_group on %s failed: %s", url, result)
         if self._http is not None:
@@ -554,6 +607,18 @@ class WeightReceiver:
         with self.step_lock, torch.no_grad():
             for spec, tensor in zip(specs, tensors):
                 targets[spec.name].copy_(tensor)
+
+    def load_named(self, named: list[tuple[str, torch.Tensor]]) -> tuple[bool, str]:
+        """`/update_weights_from_tensor`: tensors already here (opened CUDA IPC handles); checked
+        like a received bucket, then copied in. Returns SGLang's (success, message)."""
+        specs = [TensorSpec(name, t.dtype, tuple(t.shape)) for name, t in named]
+        problems = self.problems(specs)
+        if problems:
+            return False, f"rejected {len(specs)} tensors, nothing loaded: " + "; ".join(problems)
+        self.load(specs, [t for _, t in named])
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()  # done reading the sender's memory
+        return True, f"loaded {len(specs)} tensors by CUDA IPC"
 
     def receive_and_load(self, specs: list[TensorSpec], group_name: str) -> tuple[bool, str]:
         """Blocking; returns SGLang's (success, message)."""

@@ -8,20 +8,35 @@ starts the router in front of them and keeps one HTTP client per engine. Engines
 and removed while it runs (`add`, `remove`), so a later health manager or an elastic rollout
 only calls these. Launch from the process's long-lived event-loop thread: an engine's
 parent-death signal fires when the launching thread exits.
+
+External engines (`--rollout-external`, `FleetSpec.external`) join the same way as an
+`ExternalEngine` handle: health-checked, routed to and sent every fleet-wide call (weights
+included), but never launched or stopped here. The router is the built-in one
+(`relax.engine.router.router`), or a router already running at `FleetSpec.router`
+(`--sglang-router-ip/--sglang-router-port`), which gets the engines this fleet launches
+registered with it, or sglang-router launched by the fleet (`FleetSpec.sglang_router`;
+`relax.engine.router.remote`). sglang-router is not the default even when installed: 0.3.2
+refuses batched requests with one `sampling_params` per item (HTTP 422), which is how the
+default rollout sends a group.
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import os
+import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping
+
+import httpx
 
 from relax.backends.base import EngineHandle
 from relax.backends.engine_client import EngineClient, EngineError
 from relax.backends.registry import INFERENCE_BACKENDS
 from relax.engine.rollout.generator import parse_weight_version
+from relax.engine.router.remote import RemoteRouter, launch_sglang_router, sglang_router_installed
 from relax.engine.router.router import Router
 from relax.utils.plugins import import_object
 
@@ -43,6 +58,53 @@ class FleetSpec:
     startup_timeout: float = 300.0
     http_timeout: float = 600.0
     log_names: tuple[str, ...] = field(default=())  # per-engine log file names (default <name>_engine_<i>.log)
+    external: tuple[str, ...] = ()  # URLs of running engines that join (never launched or stopped here)
+    router: str | None = None  # URL of a running router to use instead of starting one
+    sglang_router: bool = False  # launch sglang-router instead of the built-in router (see the module doc)
+
+
+class ExternalEngine:
+    """An engine Relax did not launch: `wait_ready` polls its health, `terminate` does nothing."""
+
+    def __init__(self, url: str, api_key: str | None = None) -> None:
+        self.url, self._api_key = url.rstrip("/"), api_key
+        self._healthy, self._last = False, "not checked yet"
+
+    def _probe(self, timeout: float) -> bool:
+        try:
+            status = httpx.get(self.url + "/health", timeout=timeout, trust_env=False).status_code
+            self._last = f"GET /health -> HTTP {status}"
+        except httpx.HTTPError as exc:
+            status, self._last = None, f"GET /health failed: {type(exc).__name__}: {exc}"
+        self._healthy = status == 200
+        return self._healthy
+
+    def wait_ready(self, timeout: float) -> None:
+        """Poll GET /health until 200, then check the engine takes the run's API key."""
+        deadline = time.monotonic() + timeout
+        while not self._probe(timeout=min(5.0, max(0.5, timeout))):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"external engine at {self.url} is not healthy after {timeout:.0f}s ({self._last}); "
+                                   "start it first, or fix its address in --rollout-external-engine-addrs (this host "
+                                   "must reach it)")
+            time.sleep(0.5)
+        # Every weight update flushes the cache with the run's key; an engine started with a key of its
+        # own refuses it here rather than at the first update.
+        headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
+        status = httpx.post(self.url + "/flush_cache", headers=headers, timeout=30.0, trust_env=False).status_code
+        if status in (401, 403):
+            raise RuntimeError(f"external engine at {self.url} refuses the run's API key (HTTP {status}): it was "
+                               "started with --api-key, and Relax authenticates with a key it generates per run; start "
+                               "it without --api-key, reachable on the cluster's private network only")
+
+    def alive(self) -> bool:
+        return self._healthy  # as of the last health check (no request from here)
+
+    def describe(self) -> str:
+        return f"external engine at {self.url} (not launched by Relax); last health check: {self._last}"
+
+    def terminate(self, timeout: float = 10.0) -> None:
+        """Never launched by Relax, so never stopped by it."""
 
 
 class EngineFleet:
@@ -50,28 +112,63 @@ class EngineFleet:
         self.spec = spec
         self.engines: list[EngineHandle] = []
         self.clients: dict[str, EngineClient] = {}
-        self.router: Router | None = None
+        self.router: Router | RemoteRouter | None = None
         self._launched = 0
 
     # ---- lifecycle ---------------------------------------------------------------------
     async def start(self, count: int) -> None:
-        """Launch `count` engines side by side, wait until all are healthy, start the router."""
-        launched: list[EngineHandle] = []
+        """Launch `count` engines side by side and join the spec's external ones; once all are
+        healthy, start the router (or reach the spec's)."""
+        s = self.spec
+        engines: list[EngineHandle] = [ExternalEngine(url, s.api_key) for url in s.external]
         try:
             for _ in range(count):
-                launched.append(self._launch())
-            await asyncio.gather(*(asyncio.to_thread(e.wait_ready, self.spec.startup_timeout) for e in launched))
+                engines.append(self._launch())
+            await asyncio.gather(*(asyncio.to_thread(e.wait_ready, s.startup_timeout) for e in engines))
+            for engine in engines:
+                self._join(engine)
+            self.router = await self._start_router()
         except BaseException:
-            for engine in launched:
+            for engine in engines:
                 engine.terminate()
+            for client in self.clients.values():
+                await client.close()
+            self.engines, self.clients = [], {}
             raise
-        for engine in launched:
-            self._join(engine)
-        self.router = Router(self.urls, api_key=self.spec.api_key, timeout_s=self.spec.http_timeout,
-                             describe=self.describe)
-        await self.router.start()
-        logger.info("%s: %d %s engine(s) of %s behind %s", self.spec.name, count, self.spec.backend,
-                    self.spec.model_path, self.router.url)
+        logger.info("%s: %d %s engine(s)%s of %s behind %s", s.name, count, s.backend,
+                    f" and {len(s.external)} external one(s)" if s.external else "", s.model_path, self.router.url)
+
+    async def _start_router(self) -> Router | RemoteRouter:
+        """A router someone runs gets the engines this fleet launched; a launched sglang-router or the
+        built-in router gets every engine."""
+        s = self.spec
+        if s.sglang_router and s.router is None and not sglang_router_installed():
+            raise RuntimeError(f"{s.name}: sglang-router is not installed (pip install sglang-router)")
+        if s.router is None and not s.sglang_router:
+            router = Router(self.urls, api_key=s.api_key, timeout_s=s.http_timeout, describe=self.describe)
+            await router.start()
+            return router
+        if s.router is not None:
+            remote, joining = RemoteRouter(s.router, api_key=s.api_key), [e.url for e in self.engines
+                                                                          if not isinstance(e, ExternalEngine)]
+        else:
+            remote = launch_sglang_router(os.path.join(s.log_dir, f"{s.name}_router.log"), timeout_s=s.http_timeout,
+                                          api_key=s.api_key)
+            joining = self.urls
+        try:
+            await remote.start()
+            for url in joining:
+                await remote.add_engine(url)
+        except BaseException:
+            await remote.stop()
+            raise
+        return remote
+
+    async def _route(self, method: str, url: str) -> None:
+        """`add_engine` / `remove_engine` on the router (the built-in one's are plain calls)."""
+        result = getattr(self.router, method)(url)
+        if inspect.isawaitable(result):
+            await result
 
     async def add(self) -> str:
         """Launch one more engine; it joins the router once healthy. Returns its URL."""
@@ -83,21 +180,23 @@ class EngineFleet:
             raise
         self._join(engine)
         if self.router is not None:
-            self.router.add_engine(engine.url)
+            await self._route("add_engine", engine.url)
         return engine.url
 
     async def remove(self, url: str) -> None:
-        """Take one engine out of the router and stop it."""
+        """Take one engine out of the router and stop it (an external one only leaves the fleet)."""
         engine = next((e for e in self.engines if e.url == url), None)
         if engine is None:
             raise KeyError(f"{self.spec.name}: no engine at {url}; engines: {self.urls}")
         if self.router is not None:
-            self.router.remove_engine(url)
+            await self._route("remove_engine", url)
         self.engines.remove(engine)
         await self.clients.pop(url).close()
         engine.terminate()
 
     async def stop(self) -> None:
+        """Stop the router this fleet started (a running one forgets the engines registered with it) and
+        the engines it launched; external engines keep running."""
         if self.router is not None:
             await self.router.stop()
             self.router = None

@@ -71,6 +71,31 @@ def test_health_and_info(engine):
     assert isinstance(call(engine, "get_server_info"), dict)
 
 
+def test_server_and_model_info_have_sglangs_fields(engine):
+    """The fields SGLang's /get_server_info (ServerArgs + scheduler info + internal_states + version) and
+    /get_model_info return that clients read, and those Relax reads; no API key is reported."""
+    info = call(engine, "get_server_info")
+    for key in ("model_path", "tokenizer_path", "host", "port", "tp_size", "dp_size", "context_length",
+                "max_running_requests", "max_total_num_tokens", "random_seed", "served_model_name", "version",
+                "internal_states"):
+        assert key in info, key
+    assert info["tp_size"] >= 1 and info["dp_size"] >= 1 and info["context_length"] > len(PROMPT)
+    assert info["max_total_num_tokens"] >= info["context_length"] and info["port"] == int(engine.url.rsplit(":", 1)[1])
+    assert isinstance(info["version"], str) and info["version"]
+    states = info["internal_states"]
+    assert isinstance(states, list) and states and all(isinstance(s, dict) for s in states)
+    assert all(s.get("last_gen_throughput", 0) >= 0 for s in states)
+    assert API_KEY not in str(info)
+    if engine.backend == "hf":  # what Relax reads from its own engine
+        for key in ("busy_seconds", "cuda_memory_allocated", "weight_version", "released_tags", "queued_requests"):
+            assert key in info, key
+        assert all("load" in s for s in states)
+    model = call(engine, "get_model_info")
+    for key in ("model_path", "tokenizer_path", "served_model_name", "is_generation", "weight_version",
+                "model_type", "architectures", "has_image_understanding"):
+        assert key in model, key
+
+
 def test_generate_reply_shape_and_logprobs(engine):
     reply = call(engine, "generate", {**greedy(6), "rid": "contract-1"})
     meta = reply["meta_info"]

@@ -94,6 +94,15 @@ def reduce_metric(op: str, current: float | None, value: float) -> float:
     return {"max": max, "min": min}.get(op, lambda a, b: a + b)(current, value)
 
 
+GIB = float(1 << 30)
+
+
+def gpu_used_bytes(device: torch.device) -> int:
+    """Memory in use on the whole GPU (every process on it, CUDA contexts included)."""
+    free, total = torch.cuda.mem_get_info(device)
+    return total - free
+
+
 def sync_metrics(stats: Any) -> dict[str, float]:
     return {"weight_sync/bytes": float(stats.bytes), "weight_sync/seconds": float(stats.seconds),
             "weight_sync/gbps": float(stats.gbps), "weight_sync/buckets": float(stats.num_buckets),
@@ -299,6 +308,8 @@ class FSDPTrainWorker:
         streamed pass computes exactly what a whole-shard pass does."""
         if self.optimizer is None:
             raise RuntimeError(f"{self.spec.role} workers do not train")
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)  # train_end reports this pass's peak
         per_step = len(lengths) // num_steps
         plan = []
         for s in range(num_steps):
@@ -349,6 +360,9 @@ class FSDPTrainWorker:
             raise RuntimeError(f"{self.spec.role} rank {self.rank}: train_end with {missing} row(s) of the pass "
                                "never sent; every row of the shard must arrive through train_rows")
         p.totals["compute_seconds"] = self.pop_compute_seconds()
+        if self.device.type == "cuda":
+            p.totals |= {"memory/train_peak_gib": torch.cuda.max_memory_allocated(self.device) / GIB,
+                         "memory/train_gpu_used_gib": gpu_used_bytes(self.device) / GIB}
         return p.totals
 
     def _optimizer_step(self, sums: dict[str, float]) -> dict[str, float]:
@@ -405,6 +419,42 @@ class FSDPTrainWorker:
                                  num_global_tokens=num_tokens)
         return compute_value_loss(inputs, value_clip=self.spec.value_clip,
                                   per_token_loss=self.spec.optim.calculate_per_token_loss)
+
+    # ---- offload (colocate on shared GPUs) -----------------------------------------------
+    @torch.no_grad()
+    def offload(self) -> dict[str, float]:
+        """Move parameters, gradients and optimizer state to the host and return the GPU memory
+        to the driver, so the engines on this GPU have it while they generate."""
+        if self.device.type != "cuda":
+            return {}
+        start = time.perf_counter()
+        self._move_state(torch.device("cpu"))
+        torch.cuda.synchronize(self.device)
+        # cuBLAS keeps its workspaces in the caching allocator; one left inside a large segment
+        # pins the whole segment (seen: 64 MiB of workspace holding 2.1 GiB of a Qwen3-0.6B run).
+        if hasattr(torch._C, "_cuda_clearCublasWorkspaces"):
+            torch._C._cuda_clearCublasWorkspaces()
+        torch.cuda.empty_cache()
+        return {"memory/trainer_offloaded_gib": torch.cuda.memory_reserved(self.device) / GIB,
+                "memory/rollout_phase_gpu_used_gib": gpu_used_bytes(self.device) / GIB,
+                "time/offload_train": time.perf_counter() - start}
+
+    @torch.no_grad()
+    def onload(self) -> dict[str, float]:
+        """Back to the GPU before scoring and training."""
+        if self.device.type != "cuda":
+            return {}
+        start = time.perf_counter()
+        self._move_state(self.device)
+        torch.cuda.synchronize(self.device)
+        return {"time/onload_train": time.perf_counter() - start}
+
+    def _move_state(self, device: torch.device) -> None:
+        self.model.to(device)  # FSDP2 swaps each parameter's data in place: the optimizer's keys stay valid
+        for state in (self.optimizer.state.values() if self.optimizer is not None else ()):
+            for key, value in state.items():
+                if isinstance(value, torch.Tensor) and value.device != device:
+                    state[key] = value.to(device)
 
     # ---- weights out -------------------------------------------------------------------
     def _full_state(self):
@@ -464,9 +514,12 @@ class FSDPTrainWorker:
         self._pending_push = self._submit(self._sender.push(snapshot, version=version))
         return finished
 
-    def connect_receivers(self, endpoints: list[Any], api_key: str | None, pause_mode: str = "in_place") -> str | None:
-        """(Re)build the weight group for a new topology: engine URLs and receiver endpoints.
-        Returns the backend (rank 0; None on the other ranks)."""
+    def connect_receivers(self, endpoints: list[Any], api_key: str | None, pause_mode: str = "in_place",
+                          devices: list[Any] | None = None) -> str | None:
+        """(Re)build the weight group for a new topology: engine URLs and receiver endpoints, with
+        the GPUs each holds its weights on (`devices`, identities as `gpu_identity()` gives them).
+        Receivers on this rank's GPU take CUDA IPC handles; the others join the broadcast group.
+        Returns how weights travel (rank 0; None on the other ranks)."""
         if self.rank != 0:
             return None
         from relax.distributed.weight_sync import WeightSender
@@ -474,11 +527,22 @@ class FSDPTrainWorker:
         self._finish_pending_push()
         if self._sender is not None:
             self._run_async(self._sender.close())
+        mine = self.gpu_identity()
+        ipc_ranks = [len(gpus) if mine is not None and mine in (gpus or ()) else 0
+                     for gpus in (devices or [()] * len(endpoints))]
         self._sender = WeightSender(endpoints, api_key=api_key, backend=self._weight_backend(),
                                     bucket_bytes=self.spec.bucket_bytes, timeout_s=self.spec.sync_timeout_s,
-                                    device=self.device, pause_mode=pause_mode)
+                                    device=self.device, pause_mode=pause_mode, ipc_ranks=ipc_ranks)
         self._run_async(self._sender.connect())
-        return self._sender.backend
+        ipc = sum(1 for n in ipc_ranks if n)
+        return self._sender.backend if not ipc else f"cuda-ipc x{ipc}" + (
+            f" + {self._sender.backend}" if ipc < len(ipc_ranks) else "")
+
+    def gpu_identity(self) -> str | None:
+        """This rank's GPU as weight receivers are described to the sender (None on CPU)."""
+        from relax.distributed.ray.placement import gpu_identity
+
+        return gpu_identity() if self.device.type == "cuda" else None
 
     # ---- weights in (fully async: ActorFwd takes the actor's weights) ------------------
     def receive_weights(self, path: str, payload: dict) -> dict[str, Any]:
@@ -495,6 +559,14 @@ class FSDPTrainWorker:
                 return {"success": True, "message": self._receiver.init_group(**payload)}
             if path == "/update_weights_from_distributed":
                 success, message = self._receiver.update(payload)
+                return {"success": success, "message": message, "received": True}
+            if path == "/update_weights_from_tensor":  # the sender shares this GPU: CUDA IPC handles
+                from relax.distributed.ipc import deserialize, named_tensors
+
+                success, message = self._receiver.load_named(
+                    named_tensors(deserialize(payload["serialized_named_tensors"][0])))
+                if success and payload.get("weight_version") is not None:
+                    self._receiver.version = int(payload["weight_version"])
                 return {"success": success, "message": message, "received": True}
             if path == "/destroy_weights_update_group":
                 return {"success": True, "message": self._receiver.destroy_group(payload["group_name"])}

@@ -154,6 +154,15 @@ class HFEngine:
     def cuda_memory_allocated(self) -> int | None:
         return torch.cuda.memory_allocated(self.device) if self.device.type == "cuda" else None
 
+    def memory_info(self) -> dict[str, int | None]:
+        """GPU memory: this engine's tensors, what its allocator holds, and what the whole GPU has in
+        use (every process on it). None on CPU."""
+        if self.device.type != "cuda":
+            return {"cuda_memory_allocated": None, "cuda_memory_reserved": None, "gpu_used_bytes": None}
+        free, total = torch.cuda.mem_get_info(self.device)
+        return {"cuda_memory_allocated": torch.cuda.memory_allocated(self.device),
+                "cuda_memory_reserved": torch.cuda.memory_reserved(self.device), "gpu_used_bytes": total - free}
+
     def info(self) -> dict[str, Any]:
         return {
             "model_path": self.model_path, "tokenizer_path": self.tokenizer_path, "is_generation": True,

@@ -129,12 +129,26 @@ def engine_option_args(options: Mapping[str, Any] | None) -> list[str]:
     return args
 
 
+def split_device(device: str) -> tuple[str, str | None]:
+    """"cuda:3" -> ("cuda", "3"): the engine sees only that GPU. "cpu" / "cuda" stay as they are."""
+    kind, _, ids = device.partition(":")
+    if kind != "cuda" or not ids:
+        return device, None
+    if "," in ids:
+        raise ValueError(f"device {device!r}: an hf engine runs on one GPU (tensor parallelism is SGLang's); "
+                         "use --rollout-num-gpus-per-engine 1 with --rollout-backend hf")
+    return "cuda", ids
+
+
 def launch_hf_engine(model_path: str, *, host: str = "127.0.0.1", port: int | None = None,
                      api_key: str | None = None, device: str = "cpu", extra_args: Sequence[str] = (),
                      env: Mapping[str, str] | None = None, log_path: str | None = None,
                      num_threads: int | None = None, options: Mapping[str, Any] | None = None) -> EngineProcess:
-    """Start the server (not yet ready: call `.wait_ready()`). `options`: see `ENGINE_OPTIONS`."""
+    """Start the server (not yet ready: call `.wait_ready()`). `options`: see `ENGINE_OPTIONS`.
+    `device`: "cpu", or "cuda:<GPU ids>" — the physical GPU the engine runs on (the fleet's GPU
+    slot), set as its CUDA_VISIBLE_DEVICES; one GPU per hf engine."""
     option_args = engine_option_args(options)
+    device, visible = split_device(device)
     port = port or free_port(host)
     if num_threads is None and device == "cpu":
         num_threads = 1
@@ -148,6 +162,8 @@ def launch_hf_engine(model_path: str, *, host: str = "127.0.0.1", port: int | No
     if num_threads:
         child_env["OMP_NUM_THREADS"] = str(num_threads)
         cmd += ["--num-threads", str(num_threads)]
+    if visible is not None:
+        child_env["CUDA_VISIBLE_DEVICES"] = visible
     child_env.pop(API_KEY_ENV, None)
     if api_key:
         child_env[API_KEY_ENV] = api_key

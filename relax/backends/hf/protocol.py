@@ -65,6 +65,17 @@ class UpdateWeightsFromDistributedRequest(BaseModel):
     load_format: StrictStr | None = None
 
 
+class UpdateWeightsFromTensorRequest(BaseModel):
+    """SGLang's colocated update: per tensor-parallel rank, base64 of torch's multiprocessing
+    pickle of [(name, tensor)] (CUDA IPC handles; `relax.distributed.ipc`)."""
+
+    serialized_named_tensors: list[StrictStr] = Field(min_length=1)
+    load_format: StrictStr | None = None
+    flush_cache: StrictBool = True
+    abort_all_requests: StrictBool = False
+    weight_version: StrictStr | None = None
+
+
 class GroupNameRequest(BaseModel):
     group_name: StrictStr = "weight_update_group"
 

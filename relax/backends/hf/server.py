@@ -6,13 +6,15 @@ Run: `python -m relax.backends.hf.server --model-path DIR [--host 127.0.0.1] [--
 [--rl-on-policy-target fsdp] [--log-level info]`.
 
 Endpoints (field names as SGLang's): POST /generate; GET /health, /health_generate,
-/get_model_info, /get_weight_version, /get_server_info; /flush_cache; POST /pause_generation,
+/get_model_info (/model_info), /get_weight_version, /get_server_info (/server_info: SGLang's
+fields, see `server_info`); /flush_cache; POST /pause_generation,
 /continue_generation, /abort_request, /init_weights_update_group,
-/update_weights_from_distributed, /destroy_weights_update_group, /update_weight_version;
+/update_weights_from_distributed, /update_weights_from_tensor (CUDA IPC from a trainer on the same GPU),
+/destroy_weights_update_group, /update_weight_version;
 /release_memory_occupation, /resume_memory_occupation. See docs/backends/hf.md.
 
 Security (ARCHITECTURE.md §9): binds to --host (loopback by default); with --api-key every
-endpoint except GET /health* and GET /get_* needs `Authorization: Bearer <key>` (constant-time
+endpoint except GET /health*, /get_*, /model_info and /server_info needs `Authorization: Bearer <key>` (constant-time
 compare, 401 otherwise). Payloads are validated and rejected with 400 {"error": {"message"}};
 a bad request never takes the engine down.
 """
@@ -36,7 +38,8 @@ from relax.backends.hf.engine import DTYPE_CHOICES, EngineUnavailable, HFEngine
 from relax.backends.hf.openai_api import add_openai_routes
 from relax.backends.hf.protocol import (
     AbortRequest, GenerateRequest, GroupNameRequest, InitWeightsUpdateGroupRequest, MemoryRequest,
-    PauseGenerationRequest, UpdateWeightsFromDistributedRequest, UpdateWeightVersionRequest, build_output,
+    PauseGenerationRequest, UpdateWeightsFromDistributedRequest, UpdateWeightsFromTensorRequest,
+    UpdateWeightVersionRequest, build_output,
     normalize_generate,
 )
 from relax.backends.hf.weights import parse_specs
@@ -46,6 +49,8 @@ from relax.utils.http_utils import ENGINE_KEEP_ALIVE_S
 logger = logging.getLogger(__name__)
 
 API_KEY_ENV = "RELAX_HF_API_KEY"
+SGLANG_API_VERSION = "0.5.23"  # the SGLang release whose HTTP API this engine follows (`version` of /server_info)
+PUBLIC_INFO = ("/model_info", "/server_info")  # SGLang's newer names of /get_model_info, /get_server_info
 
 
 def error_response(status: int, message: str) -> JSONResponse:
@@ -53,8 +58,8 @@ def error_response(status: int, message: str) -> JSONResponse:
 
 
 def is_public(method: str, path: str) -> bool:
-    """Read-only probes that need no API key: GET /health* and GET /get_*."""
-    return method in ("GET", "HEAD") and (path.startswith("/health") or path.startswith("/get_"))
+    """Read-only probes that need no API key: GET /health*, /get_*, /model_info and /server_info."""
+    return method in ("GET", "HEAD") and (path.startswith(("/health", "/get_")) or path in PUBLIC_INFO)
 
 
 def _validation_message(exc: RequestValidationError) -> str:
@@ -86,7 +91,7 @@ def add_security(app: FastAPI, api_key: str | None) -> None:
         return error_response(400, _validation_message(exc))
 
 
-def add_generate_routes(app: FastAPI, engine: HFEngine) -> None:
+def add_generate_routes(app: FastAPI, engine: HFEngine, launch: dict[str, Any] | None = None) -> None:
     @app.api_route("/generate", methods=["POST", "PUT"])
     async def generate(req: GenerateRequest):
         start = time.perf_counter()
@@ -115,18 +120,49 @@ def add_generate_routes(app: FastAPI, engine: HFEngine) -> None:
         return Response(status_code=200 if await engine.health_generate() else 503)
 
     @app.get("/get_model_info")
+    @app.get("/model_info")
     async def get_model_info():
-        return engine.info()
+        # SGLang's fields this engine has no counterpart of, at SGLang's defaults.
+        return {**engine.info(), "load_format": "auto", "reasoning_parser": None, "tool_call_parser": None,
+                "disaggregation_mode": "null"}
 
     @app.get("/get_weight_version")
     async def get_weight_version():
         return {"weight_version": engine.weight_version}
 
+    throughput_mark = [time.monotonic(), 0]  # (when, generated tokens) at the last /server_info
+
     @app.get("/get_server_info")
+    @app.get("/server_info")
     async def get_server_info():
-        return {**engine.info(), **engine.scheduler.info(), "released_tags": sorted(engine.released_tags),
-                "weight_update_groups": sorted(engine.receiver.groups),
-                "cuda_memory_allocated": engine.cuda_memory_allocated()}
+        return server_info(engine, launch or {}, throughput_mark)
+
+
+def server_info(engine: HFEngine, launch: dict[str, Any], mark: list) -> dict[str, Any]:
+    """SGLang's /server_info: the ServerArgs fields this engine has (SGLang's names; tp/dp size 1,
+    no API key reported), the scheduler's state, `internal_states` (one dict per data-parallel rank,
+    one here; `last_gen_throughput` is tokens/s since the previous call, `load` the requests
+    running or queued) and `version`; then Relax's own fields (busy_seconds, memory, weight groups)."""
+    sched, context = engine.scheduler.info(), engine.max_context_len
+    now, tokens = time.monotonic(), sched["generated_tokens"]
+    throughput = (tokens - mark[1]) / max(now - mark[0], 1e-6)
+    mark[:] = [now, tokens]
+    state = {"last_gen_throughput": throughput, "load": sched["running_requests"] + sched["queued_requests"],
+             "num_running_reqs": sched["running_requests"], "num_waiting_reqs": sched["queued_requests"],
+             "effective_max_running_requests_per_dp": sched["max_running_requests"], "world_size": 1,
+             "weight_version": engine.weight_version}
+    server_args = {
+        "host": launch.get("host"), "port": launch.get("port"), "random_seed": launch.get("random_seed"),
+        "log_level": launch.get("log_level", "info"), "tp_size": 1, "dp_size": 1, "pp_size": 1, "ep_size": 1,
+        "context_length": context, "max_total_num_tokens": sched["max_running_requests"] * context,
+        "max_req_input_len": context - 1, "skip_tokenizer_init": False, "is_embedding": False,
+        "load_format": "auto", "kv_cache_dtype": "auto", "page_size": 1, "trust_remote_code": False,
+        "enable_memory_saver": True,  # weights and cache are released on /release_memory_occupation
+    }
+    return {**engine.info(), **server_args, **sched, "startup_time": launch.get("startup_time"),
+            "internal_states": [state], "version": SGLANG_API_VERSION,
+            "released_tags": sorted(engine.released_tags), "weight_update_groups": sorted(engine.receiver.groups),
+            **engine.memory_info()}
 
 
 def add_control_routes(app: FastAPI, engine: HFEngine) -> None:
@@ -207,6 +243,30 @@ def add_weight_routes(app: FastAPI, engine: HFEngine) -> None:
             message += f" Weight version updated to {req.weight_version}."
         return _result(success, message)
 
+    @app.post("/update_weights_from_tensor")
+    async def update_weights_from_tensor(req: UpdateWeightsFromTensorRequest):
+        """Colocated on one GPU: open the sender's CUDA IPC handles and copy from them."""
+        from relax.distributed.ipc import deserialize, named_tensors
+
+        if req.load_format is not None:
+            return error_response(400, f"load_format={req.load_format!r} is not supported by the hf engine")
+        if engine.device.type != "cuda":
+            return error_response(400, "update_weights_from_tensor carries CUDA IPC handles; this engine runs on "
+                                       f"{engine.device} (use /update_weights_from_distributed over gloo)")
+        try:
+            named = named_tensors(deserialize(req.serialized_named_tensors[0]))  # tp rank 0: this engine
+        except (ValueError, RuntimeError, EOFError) as exc:  # UnsafePayload is a ValueError
+            return error_response(400, f"update_weights_from_tensor: {exc}")
+        async with engine.weight_update_lock:
+            if req.abort_all_requests:
+                engine.scheduler.abort(abort_all=True, message="aborted by a weight update")
+            success, message = await asyncio.to_thread(receiver.load_named, named)
+        del named  # drop the opened handles: the sender may free its memory
+        if success and req.weight_version is not None:
+            engine.weight_version = req.weight_version
+            message += f" Weight version updated to {req.weight_version}."
+        return _result(success, message)
+
     @app.post("/update_weight_version")
     async def update_weight_version(req: UpdateWeightVersionRequest):
         if req.abort_all_requests:
@@ -216,8 +276,10 @@ def add_weight_routes(app: FastAPI, engine: HFEngine) -> None:
                 "new_version": req.new_version}
 
 
-def create_app(engine: HFEngine, *, api_key: str | None = None, on_started: Any = None) -> FastAPI:
-    """The FastAPI app around `engine`; `on_started` is awaited once the scheduler runs."""
+def create_app(engine: HFEngine, *, api_key: str | None = None, on_started: Any = None,
+               launch: dict[str, Any] | None = None) -> FastAPI:
+    """The FastAPI app around `engine`; `on_started` is awaited once the scheduler runs; `launch`:
+    the server's own options (host, port, random_seed, ...), reported by /server_info."""
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI):
@@ -229,7 +291,7 @@ def create_app(engine: HFEngine, *, api_key: str | None = None, on_started: Any 
 
     app = FastAPI(title="relax hf engine", lifespan=lifespan)
     add_security(app, api_key)
-    add_generate_routes(app, engine)
+    add_generate_routes(app, engine, launch)
     add_control_routes(app, engine)
     add_weight_routes(app, engine)
     add_openai_routes(app, engine, error_response)
@@ -285,7 +347,9 @@ def main(argv: list[str] | None = None) -> None:
                       seed=args.random_seed, weight_sync_timeout_s=args.weight_sync_timeout,
                       batch_wait_s=args.batch_wait_ms / 1000, rl_on_policy_target=args.rl_on_policy_target)
     holder: dict[str, Any] = {}
-    app = create_app(engine, api_key=args.api_key,
+    launch = {"host": args.host, "port": args.port, "random_seed": args.random_seed, "log_level": args.log_level,
+              "startup_time": time.time()}
+    app = create_app(engine, api_key=args.api_key, launch=launch,
                      on_started=lambda: _announce_when_bound(holder["server"], args.host, args.port))
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level.lower(),
                             timeout_keep_alive=ENGINE_KEEP_ALIVE_S)

@@ -15,17 +15,23 @@ class Coordinator:
     def __init__(self, cfg: Any = None, role: Any = None) -> None:
         """Deployed like every role (`cfg`, its plan part); its state is only the registrations."""
         self.receivers: dict[str, list[Any]] = {}
+        self.devices: dict[str, list[Any]] = {}  # per receiver, the GPUs it holds weights on
         self.topology_version = 0
         self.published: dict[str, Any] | None = None
         self.history: list[dict[str, Any]] = []
 
-    def register(self, role: str, endpoints: list[Any]) -> int:
-        """Replace `role`'s receivers; returns the new topology version."""
+    def register(self, role: str, endpoints: list[Any], devices: list[Any] | None = None) -> int:
+        """Replace `role`'s receivers; returns the new topology version. `devices`: per endpoint,
+        the GPUs it holds weights on (the sender uses CUDA IPC for those on its own GPU)."""
         self.receivers[role] = list(endpoints)
+        self.devices[role] = list(devices) if devices is not None else [()] * len(endpoints)
+        if len(self.devices[role]) != len(endpoints):
+            raise ValueError(f"{role}: {len(self.devices[role])} device lists for {len(endpoints)} receivers")
         self.topology_version += 1
         return self.topology_version
 
     def unregister(self, role: str) -> int:
+        self.devices.pop(role, None)
         if self.receivers.pop(role, None) is not None:
             self.topology_version += 1
         return self.topology_version
@@ -34,6 +40,7 @@ class Coordinator:
         """Every receiver, in a stable order (roles sorted), with the topology version."""
         roles = sorted(self.receivers)
         return {"version": self.topology_version, "endpoints": [e for r in roles for e in self.receivers[r]],
+                "devices": [d for r in roles for d in self.devices[r]],
                 "roles": {r: len(self.receivers[r]) for r in roles}}
 
     def publish(self, version: int, meta: dict[str, Any]) -> None:

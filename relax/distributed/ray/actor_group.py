@@ -36,14 +36,20 @@ class RayActorGroup:
     """
 
     def __init__(self, worker_cls: type, world_size: int, *args: Any, num_cpus: float = 1.0,
-                 num_gpus: float = 0.0, env_vars: dict[str, str] | None = None, name: str = "worker") -> None:
+                 num_gpus: float = 0.0, env_vars: dict[str, str] | None = None, name: str = "worker",
+                 rank_options: Sequence[dict[str, Any]] | None = None) -> None:
+        """`rank_options`: per rank, Ray options that place it (`relax.distributed.ray.placement.on_bundle`:
+        its GPU share in the run's placement group); they replace `num_gpus`."""
         remote_cls = ray.remote(worker_cls)
         runtime_env = {"env_vars": dict(env_vars or {})}
         self.world_size = world_size
         self.name = name
+        placed = list(rank_options) if rank_options is not None else [{"num_gpus": num_gpus}] * world_size
+        if len(placed) != world_size:
+            raise ValueError(f"{name}: {len(placed)} rank placements for {world_size} ranks")
         self._start = lambda port: [
-            remote_cls.options(num_cpus=num_cpus, num_gpus=num_gpus, runtime_env=runtime_env,
-                               name=None).remote(rank, world_size, "127.0.0.1", port, *args)
+            remote_cls.options(num_cpus=num_cpus, runtime_env=runtime_env, name=None,
+                               **placed[rank]).remote(rank, world_size, "127.0.0.1", port, *args)
             for rank in range(world_size)
         ]
         self.workers = self._start(free_port())

@@ -1,5 +1,5 @@
 """The Rollout role's engine launch options: the context limit, the true on-policy target, and
-where the engines run (one GPU each on a GPU cluster, reserved by the Rollout replica)."""
+where the engines run (their GPU slots on a GPU cluster, the CPU otherwise)."""
 
 from __future__ import annotations
 
@@ -37,13 +37,12 @@ def engines_cfg(n: int) -> RelaxConfig:
                                  rollout_backend="hf")
 
 
-def test_the_rollout_replica_reserves_one_gpu_per_engine_only_on_a_gpu_cluster():
-    assert resolve_plan(engines_cfg(3), gpus=8).role("rollout").gpus == 3
+def test_engines_hold_gpu_shares_only_on_a_gpu_cluster():
+    assert resolve_plan(engines_cfg(3), gpus=8).role("rollout").gpus == 1.5  # shared with the actor (0.5 each)
     assert resolve_plan(engines_cfg(3), gpus=0).role("rollout").gpus == 0
 
 
-def test_engines_take_the_replicas_gpus_in_order_or_the_cpu():
-    for gpus, devices in ((8, ("cuda:0", "cuda:1")), (0, ("cpu", "cpu"))):
-        cfg = engines_cfg(2)
-        rollout = Rollout(cfg, resolve_plan(cfg, gpus=gpus).rollout)
-        assert rollout._fleet_spec().devices == devices
+def test_engines_run_on_the_cpu_without_gpu_slots():
+    cfg = engines_cfg(2)
+    rollout = Rollout(cfg, resolve_plan(cfg, gpus=0).rollout)
+    assert rollout._fleet_spec().devices == ("cpu", "cpu") and rollout.receiver_devices() == []

@@ -134,7 +134,7 @@ def test_megatron_only_flags_are_reported_as_ignored_under_fsdp(base):
     assert ignored_flag_notes(parse_config(base)) == []
 
 
-@pytest.mark.parametrize("flag", [["--rollout-external"], ["--update-weights-interval", "2"]])
+@pytest.mark.parametrize("flag", [["--keep-old-actor"], ["--update-weights-interval", "2"]])
 def test_unimplemented_flags_fail_instead_of_being_ignored(base, flag):
     with pytest.raises(ConfigError, match="not implemented"):
         parse_config(base + flag)

@@ -115,30 +115,65 @@ def test_flags_the_mode_cannot_use_fail_with_the_fix(base, extra, needle):
         parse_config(base + extra)
 
 
-def test_offload_train_is_noted_on_cpu_and_rejected_on_gpus(base):
+def test_offload_train_is_noted_on_cpu_and_acts_on_shared_gpus(base):
     cfg = parse_config(base + ["--offload-train"])
     assert any(n.startswith("--offload/--offload-train: on CPU") for n in resolve_plan(cfg, 0).notes)
-    with pytest.raises(PlanError, match="--offload-train: the fsdp trainer does not offload"):
-        resolve_plan(cfg, 1)
+    assert resolve_plan(cfg, 1).offload_train and resolve_plan(parse_config(base), 1).offload_train  # colocate default
+    kept = parse_config(base + ["--no-offload-train", "--no-offload-rollout"])
+    assert not resolve_plan(kept, 1).offload_train and not resolve_plan(kept, 1).rollout.release_memory
+    assert resolve_plan(parse_config(base), 1).rollout.release_memory
 
 
 def test_num_iters_per_train_update_acts_in_colocate_mode_too(base):
     assert plan_of(base + ["--num-iters-per-train-update", "3"]).actor.passes == 3
 
 
-def test_gpu_placement_one_gpu_per_rank_and_engine(base):
-    plan = plan_of(base + ["--resource", '{"actor": [1, 2], "rollout": [1, 3]}'], gpus=8)
-    assert plan.role("actor").gpus == 2 and plan.role("rollout").replica_gpus == 3 and plan.gpus == 5
+def test_colocate_shares_each_gpu_between_a_rank_and_an_engine(base):
+    plan = plan_of(base + ["--resource", '{"actor": [1, 2], "rollout": [1, 2]}'], gpus=8)
+    assert plan.gpus == 2 and plan.placement.shared and plan.placement.fraction == 0.5
+    assert plan.role("actor").slots == ((0,), (1,)) and plan.role("rollout").slots == ((0,), (1,))
+    assert plan.role("actor").gpus == 1 and plan.placement.bundle_cpus == (1.0, 1.0)
+    assert "GPU 0: actor+rollout" in format_plan(plan)
     cpu = plan_of(base + ["--resource", '{"actor": [1, 2], "rollout": [1, 3]}'])
-    assert cpu.gpus == 0 and cpu.role("actor").cpus == pytest.approx(2.1)
+    assert cpu.gpus == 0 and cpu.placement is None and cpu.role("actor").cpus == pytest.approx(2.1)
+
+
+def test_tensor_parallel_engines_take_consecutive_gpus(base):
+    def tp_plan(resource: str, gpus: int, backend: str = "sglang"):
+        cfg = parse_config(base + ["--resource", resource, "--rollout-num-gpus-per-engine", "2"])
+        return resolve_plan(cfg.replace(rollout_backend=backend), gpus)  # (sglang itself needs a GPU to validate)
+
+    plan = tp_plan('{"actor": [1, 4], "rollout": [1, 4]}', 4)
+    assert plan.role("rollout").workers == 2 and plan.role("rollout").slots == ((0, 1), (2, 3))
+    assert "(tp 2)" in format_plan(plan)
+    with pytest.raises(PlanError, match="not a multiple of --rollout-num-gpus-per-engine 2"):
+        tp_plan('{"actor": [1, 2], "rollout": [1, 3]}', 4)
+    with pytest.raises(PlanError, match="an hf engine runs on one GPU"):
+        tp_plan('{"actor": [1, 4], "rollout": [1, 4]}', 4, backend="hf")
+    with pytest.raises(PlanError, match="an engine takes 2 GPUs .* the Ray cluster has 1"):
+        tp_plan('{"actor": [1, 2], "rollout": [1, 2]}', 1)
+
+
+def test_fully_async_gives_roles_their_own_gpus_when_there_are_enough_else_shares(base):
+    own = plan_of(base + FULLY_ASYNC, gpus=8)
+    assert own.gpus == 4 and not own.placement.shared and own.placement.fraction == 1.0
+    assert [own.role(r).slots for r in ("actor", "rollout", "reference", "actor_fwd")] == [((0,),), ((1,),),
+                                                                                          ((2,),), ((3,),)]
+    one = plan_of(base + FULLY_ASYNC, gpus=1)
+    assert one.gpus == 1 and one.placement.shared and one.placement.fraction == 0.25 and not one.offload_train
+    two = plan_of(base + FULLY_ASYNC, gpus=2)  # laid round two GPUs: two processes on each
+    assert two.placement.fraction == 0.5 and two.placement.sharing() == {0: ["actor", "reference"],
+                                                                          1: ["rollout", "actor_fwd"]}
 
 
 def test_a_plan_larger_than_the_cluster_fails_naming_what_is_missing(base):
-    plan = plan_of(base + ["--use-kl-loss", "--kl-loss-coef", "0.1",
-                           "--resource", '{"actor": [1, 1], "rollout": [1, 2], "reference": [1, 1]}'], gpus=1)
-    with pytest.raises(PlanError, match=r"needs 4 GPUs \(actor 1 rank = 1 GPU, rollout 2 engines = 2 GPU, "
-                                        r"reference 1 rank = 1 GPU\) but the Ray cluster has 1"):
-        check_cluster(plan, {"CPU": 16, "GPU": 1})
+    with pytest.raises(PlanError, match=r"needs 2 GPUs \(actor 1 rank on 1 GPU, rollout 2 engines on 2 GPUs, "
+                                        r"reference 1 rank on 1 GPU\) but the Ray cluster has 1"):
+        check_cluster(plan_of(base + ["--use-kl-loss", "--kl-loss-coef", "0.1", "--resource",
+                                      '{"actor": [1, 1], "rollout": [1, 2], "reference": [1, 1]}'], gpus=2),
+                      {"CPU": 16, "GPU": 1})
+    packed = plan_of(base + ["--resource", '{"actor": [1, 1], "rollout": [1, 2]}'], gpus=1)  # laid round one GPU
+    assert packed.gpus == 1 and packed.role("rollout").slots == ((0,), (0,)) and packed.placement.fraction == 0.33
     with pytest.raises(PlanError, match="Ray CPUs .* the Ray cluster has 2"):
         check_cluster(plan_of(base), {"CPU": 2})
     check_cluster(plan_of(base), {"CPU": 8})

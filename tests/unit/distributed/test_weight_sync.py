@@ -198,3 +198,29 @@ def test_close_destroys_the_local_group_while_the_engines_destroy_theirs():
 
     elapsed = asyncio.run(go())
     assert engine.waited and elapsed < 3, elapsed
+
+
+def test_receivers_on_the_senders_gpu_get_ipc_payloads_and_the_others_the_broadcast():
+    """The split only (CUDA IPC itself needs a GPU: tests/unit/backends/hf/test_hf_gpu.py and the GPU runs):
+    the colocated receiver never joins the group and gets one payload per tensor-parallel rank."""
+    engine, colocated = FakeEngine(), []
+
+    async def route(request: httpx.Request) -> httpx.Response:
+        if request.url.host == "colocated":
+            colocated.append((request.url.path, json.loads(request.content) if request.content else {}))
+            return httpx.Response(200, json={"success": True, "message": "ok"})
+        return await engine(request)
+
+    async def go():
+        sender = WeightSender(["http://colocated:1", "http://fake:1"], backend="gloo", timeout_s=30,
+                              transport=httpx.MockTransport(route), ipc_ranks=[2, 0])
+        await sender.connect()
+        await sender.push([("a", torch.ones(2))], version=3)
+        await sender.close()
+
+    asyncio.run(go())
+    paths = [path for path, _ in colocated]
+    assert paths == ["/pause_generation", "/flush_cache", "/update_weights_from_tensor", "/continue_generation"]
+    body = colocated[2][1]
+    assert len(body["serialized_named_tensors"]) == 2 and body["weight_version"] == "3"
+    assert engine.calls[0] == "/init_weights_update_group" and torch.equal(engine.tensors["a"], torch.ones(2))

@@ -80,3 +80,42 @@ def test_nccl_push_from_another_gpu_changes_generations(engine, other_tiny_model
     stats, reply = asyncio.run(go())
     assert stats.num_buckets > 1 and reply["meta_info"]["weight_version"] == "3"
     assert reply["output_ids"] == _reference(other_tiny_model_dir, engine_device, GREEDY["input_ids"], 8)
+
+
+def test_cuda_ipc_push_on_the_same_gpu_changes_generations_and_refuses_other_pickles(
+        engine, other_tiny_model_dir, engine_device):
+    """Sender and engine on one GPU (colocate): /update_weights_from_tensor with CUDA IPC handles."""
+    import base64
+    import os
+    import pickle
+
+    from transformers import AutoModelForCausalLM
+
+    state = AutoModelForCausalLM.from_pretrained(other_tiny_model_dir).to(engine_device).state_dict()
+
+    class Exploit:
+        def __reduce__(self):
+            return os.system, ("true",)
+
+    async def go():
+        sender = WeightSender([engine.url], backend="nccl", bucket_bytes=16 * 1024, timeout_s=120,
+                              device=torch.device(engine_device), ipc_ranks=[1])
+        await sender.connect()
+        try:
+            stats = await sender.push(state.items(), version=4)
+        finally:
+            await sender.close()
+        async with EngineClient(engine.url) as client:
+            reply = await client.generate(GREEDY)
+            bad = base64.b64encode(pickle.dumps([("w", Exploit())])).decode()
+            try:
+                await client._call("POST", "/update_weights_from_tensor", {"serialized_named_tensors": [bad]})
+                refused = None
+            except Exception as exc:  # noqa: BLE001 - the 400 is what is checked
+                refused = str(exc)
+        return stats, reply, refused
+
+    stats, reply, refused = asyncio.run(go())
+    assert stats.num_buckets > 1 and reply["meta_info"]["weight_version"] == "4"
+    assert reply["output_ids"] == _reference(other_tiny_model_dir, engine_device, GREEDY["input_ids"], 8)
+    assert refused is not None and "names posix.system" in refused

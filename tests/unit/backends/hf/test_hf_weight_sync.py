@@ -121,3 +121,15 @@ def test_malformed_weight_update_is_400_and_quarantines_the_group(engine):
     assert bad_dtype.status == 400 and "unknown dtype 'complex7'" in bad_dtype.message
     assert info["weight_update_groups"] == [] and info["weight_version"] != "9"
     assert reply["meta_info"]["completion_tokens"] == 8
+
+
+def test_ipc_weight_update_on_a_cpu_engine_is_a_clear_400(engine):
+    """CUDA IPC handles need the sender's GPU; a CPU engine says which path to use instead."""
+    async def go():
+        async with EngineClient(engine.url, API_KEY) as client:
+            with pytest.raises(EngineError) as err:
+                await client._call("POST", "/update_weights_from_tensor", {"serialized_named_tensors": ["eA=="]})
+        return err.value
+
+    err = asyncio.run(go())
+    assert err.status == 400 and "CUDA IPC handles" in err.message and "update_weights_from_distributed" in err.message

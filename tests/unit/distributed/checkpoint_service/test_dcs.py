@@ -14,11 +14,14 @@ from relax.distributed.weight_sync import BucketRejected, WeightSyncError
 
 def test_topology_version_bumps_on_every_change_and_orders_roles():
     c = Coordinator()
-    assert c.topology() == {"version": 0, "endpoints": [], "roles": {}}
-    assert c.register("rollout", ["http://a", "http://b"]) == 1
+    assert c.topology() == {"version": 0, "endpoints": [], "devices": [], "roles": {}}
+    assert c.register("rollout", ["http://a", "http://b"], [("n:0",), ("n:1",)]) == 1
     assert c.register("actor_fwd", ["fwd0"]) == 2
     topo = c.topology()
     assert topo["endpoints"] == ["fwd0", "http://a", "http://b"]  # roles sorted, order inside kept
+    assert topo["devices"] == [(), ("n:0",), ("n:1",)]  # aligned with the endpoints (CPU: none)
+    with pytest.raises(ValueError, match="1 device lists for 2 receivers"):
+        c.register("rollout", ["http://a", "http://b"], [("n:0",)])
     assert topo["roles"] == {"actor_fwd": 1, "rollout": 2}
     assert c.register("rollout", ["http://a"]) == 3  # an engine left: the sender must rebuild
     assert c.unregister("actor_fwd") == 4

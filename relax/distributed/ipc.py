@@ -1,0 +1,81 @@
+"""CUDA IPC handles for a weight push between two processes on one GPU.
+
+NCCL refuses a group with two ranks on the same GPU, so a trainer rank and an engine that
+share a GPU (colocate, or fully async on fewer GPUs than roles) cannot broadcast to each
+other. SGLang's answer is `/update_weights_from_tensor`: the sender pickles its tensors with
+torch's multiprocessing reductions (a CUDA tensor becomes an IPC handle to its memory, not
+its bytes), base64-encodes the result per tensor-parallel rank, and the receiver opens the
+handles and copies from the sender's memory. This module is both sides of that encoding,
+byte-compatible with SGLang's `MultiprocessingSerializer`.
+
+Unpickling runs code named by the payload, so the receiving side admits only the callables
+that rebuild a CUDA tensor (`SafeUnpickler`); anything else — `os.system`, a CPU file
+descriptor, a custom class — is refused with the name it asked for. The endpoints that take
+these payloads are behind the run's API token as well.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import pickle
+from typing import Any
+
+import torch
+
+# (module, name) pairs a weight payload may name: the CUDA tensor rebuild, the classes and
+# dtypes its arguments carry, and the containers of the (name, tensor) list.
+ALLOWED_GLOBALS: frozenset[tuple[str, str]] = frozenset({
+    ("torch.multiprocessing.reductions", "rebuild_cuda_tensor"),
+    ("torch._tensor", "Tensor"), ("torch", "Tensor"), ("torch.nn.parameter", "Parameter"),
+    ("torch.storage", "TypedStorage"), ("torch.storage", "UntypedStorage"), ("torch", "Size"),
+    ("builtins", "tuple"), ("builtins", "list"), ("builtins", "dict"), ("collections", "OrderedDict"),
+} | {("torch", name) for name in ("float32", "float16", "bfloat16", "float64", "int64", "int32", "int16",
+                                  "int8", "uint8", "bool", "float8_e4m3fn", "float8_e5m2")})
+
+
+class UnsafePayload(ValueError):
+    """A weight payload named something other than a CUDA tensor rebuild."""
+
+
+class SafeUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) not in ALLOWED_GLOBALS:
+            raise UnsafePayload(f"weight payload refused: it names {module}.{name}, which is not a CUDA tensor "
+                                "rebuild (only CUDA IPC handles of tensors are accepted)")
+        return super().find_class(module, name)
+
+
+def serialize(obj: Any) -> str:
+    """`obj` (e.g. a list of (name, CUDA tensor)) as SGLang's `MultiprocessingSerializer` writes
+    it with `output_str=True`: ForkingPickler bytes, base64. CUDA tensors travel as IPC handles;
+    the caller keeps them alive until the receiver has answered."""
+    from multiprocessing.reduction import ForkingPickler
+
+    import torch.multiprocessing  # noqa: F401 - registers the tensor reductions with ForkingPickler
+
+    buffer = io.BytesIO()
+    ForkingPickler(buffer).dump(obj)
+    return base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def deserialize(text: str | bytes) -> Any:
+    """The receiving side: base64, then `SafeUnpickler`. Raises `UnsafePayload` or ValueError."""
+    import torch.multiprocessing  # noqa: F401 - the rebuild functions
+
+    try:
+        data = base64.b64decode(text, validate=True)
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"weight payload is not base64: {exc}") from exc
+    return SafeUnpickler(io.BytesIO(data)).load()
+
+
+def named_tensors(payload: Any) -> list[tuple[str, torch.Tensor]]:
+    """Check the shape of a deserialized `/update_weights_from_tensor` entry: (name, tensor) pairs."""
+    if isinstance(payload, dict):
+        payload = list(payload.items())
+    if not isinstance(payload, (list, tuple)) or not all(
+            isinstance(item, (list, tuple)) and len(item) == 2 and isinstance(item[0], str)
+            and isinstance(item[1], torch.Tensor) for item in payload):
+        raise ValueError("serialized_named_tensors must hold a list of (name, tensor) pairs")
+    return [(name, tensor) for name, tensor in payload]
