@@ -103,13 +103,14 @@ class EngineClient:
         return True
 
     async def get_model_info(self) -> dict:
-        return await self._call("GET", "/get_model_info")
+        return await self._call("GET", "/model_info")
 
     async def get_server_info(self) -> dict:
-        return await self._call("GET", "/get_server_info")
+        return await self._call("GET", "/server_info")
 
     async def get_weight_version(self) -> str | None:
-        return (await self._call("GET", "/get_weight_version"))["weight_version"]
+        """The engine's weight version, from `/model_info` (SGLang has no `/get_weight_version`)."""
+        return (await self.get_model_info()).get("weight_version")
 
     # ---- control ---------------------------------------------------------------------
     async def pause_generation(self, mode: str = "abort") -> Any:
@@ -156,6 +157,14 @@ class EngineClient:
         if weight_version is not None:
             payload["weight_version"] = str(weight_version)
         return await self._call("POST", "/update_weights_from_distributed", payload, timeout)
+
+    async def begin_weight_update(self) -> Any:
+        """Open SGLang's weight-update session (updates load only inside one, SGLang >= 0.5.23)."""
+        return await self._call("POST", "/begin_weight_update", {})
+
+    async def end_weight_update(self) -> Any:
+        """Close the session: SGLang finalizes the loaded weights."""
+        return await self._call("POST", "/end_weight_update", {})
 
     async def destroy_weights_update_group(self, group_name: str = "weight_update_group") -> Any:
         return await self._call("POST", "/destroy_weights_update_group", {"group_name": group_name})

@@ -7,4 +7,5 @@ TRAIN_BACKENDS: dict[str, str] = {
 
 INFERENCE_BACKENDS: dict[str, str] = {
     "hf": "relax.backends.hf.launcher.launch_hf_engine",
+    "sglang": "relax.backends.sglang.launcher.launch_sglang_engine",
 }

@@ -459,7 +459,20 @@ def memory_metrics(values: dict[str, list[Any]]) -> dict[str, float]:
 
 
 def engine_options(cfg: RelaxConfig, context_len: int | None) -> dict[str, Any] | None:
-    """Launch options of the rollout engines (SGLang `ServerArgs` names; see ENGINE_OPTIONS)."""
+    """Launch options of the rollout engines (SGLang `ServerArgs` names; see ENGINE_OPTIONS).
+    sglang gets every --sglang-* option (checked by SGLang's parser at config time), its
+    tensor parallel size, the context limit as `context_length`, and in colocate SGLang's memory
+    saver, without which `/release_memory_occupation` frees nothing."""
+    if cfg.cluster.rollout_backend == "sglang":
+        from relax.config.plan import releases_engine_memory
+
+        options = {**cfg.sglang, "tp_size": cfg.cluster.rollout_num_gpus_per_engine}
+        options.pop("tensor_parallel_size", None)  # the long name of tp_size: config validation made them agree
+        if context_len:
+            options["context_length"] = context_len
+        if releases_engine_memory(cfg):
+            options.setdefault("enable_memory_saver", True)
+        return options
     # --sglang-<option> passthrough: what this backend understands goes to the engines.
     known = import_object("relax.backends.hf.launcher.ENGINE_OPTIONS", flag="--rollout-backend") \
         if cfg.cluster.rollout_backend == "hf" else None

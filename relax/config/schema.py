@@ -21,7 +21,6 @@ from relax.config.fields import opt, parse_bool, parse_bytes, parse_json
 
 # Why a flag is accepted with no effect in this build (`opt(ignored=...)`).
 MEGATRON_ONLY = "applies to the megatron training backend, which this build does not have (fsdp runs)"
-SGLANG_ONLY = "applies to the sglang rollout backend; hf engines use one device each"
 
 TrainBackend = Literal["megatron", "fsdp", "auto"]
 RolloutBackend = Literal["sglang", "hf", "auto"]
@@ -49,7 +48,9 @@ class ClusterConfig:
                                      "--no-offload-train keeps them on the GPU).")
     offload_rollout: bool | None = opt(None, "Engines release weights and KV cache while the trainer runs (on by "
                                        "default with --colocate; --no-offload-rollout keeps them).")
-    rollout_num_gpus_per_engine: int = opt(1, "GPUs per inference engine (SGLang tp_size).", ignored=SGLANG_ONLY)
+    rollout_num_gpus_per_engine: int = opt(1, "GPUs per inference engine: SGLang's tensor parallel size (tp_size) "
+                                           "with --rollout-backend sglang; an hf engine runs on one GPU (more is an "
+                                           "error); unused on CPU.")
     num_gpus_per_node: int = opt(8, "GPUs per node.", ignored="placement is by --resource per role and Ray's view of "
                                  "the cluster; a per-node GPU count is not used")
     distributed_backend: str = opt("nccl", "torch.distributed backend of the training ranks on GPUs (gloo is used "
@@ -66,8 +67,9 @@ class ClusterConfig:
                                         "{\"threads\": N} sets their torch threads.", type=parse_json)
     train_backend: TrainBackend = opt("auto", "Training backend; auto = megatron when importable with a GPU, else "
                                       "fsdp (this build implements fsdp; the choice is logged).")
-    rollout_backend: RolloutBackend = opt("auto", "Inference backend; auto = sglang when importable with a GPU, "
-                                          "else hf (this build implements hf; the choice is logged).")
+    rollout_backend: RolloutBackend = opt("auto", "Inference backend; auto = sglang when it is installed and a GPU "
+                                          "is visible, else hf (the choice and the reason are logged; "
+                                          "docs/backends/sglang.md).")
     qkv_format: Literal["thd", "bshd"] = opt("thd", "QKV layout for Megatron.", ignored=MEGATRON_ONLY)
     megatron_to_hf_mode: Literal["raw", "bridge"] = opt("raw", "Megatron<->HF weight conversion.",
                                                         ignored=MEGATRON_ONLY)

@@ -9,12 +9,14 @@ other module re-derives them. `validate_config(cfg)` returns the final config.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import logging
 import os
 import time
 from pathlib import Path
 
+from relax.config import plan
 from relax.config.eval_config import eval_datasets
 from relax.config.fields import field_default
 from relax.config.parser import ConfigError
@@ -455,31 +457,93 @@ def _prompt_paths(value: object) -> list[str]:
 
 # Backends this build implements; `auto` picks the first available in order.
 IMPLEMENTED_TRAIN_BACKENDS = ("fsdp",)
-IMPLEMENTED_ROLLOUT_BACKENDS = ("hf",)
+IMPLEMENTED_ROLLOUT_BACKENDS = ("hf", "sglang")
+# The sglang backend's argument module, loaded by name (config imports no backend): it renders the
+# engines' argv and checks it with SGLang's own parser, in a child process.
+SGLANG_ARGS = "relax.backends.sglang.args"
+
+
+def sglang_installed() -> bool:
+    """The sglang package is on this Python's path (found, not imported: importing it costs seconds)."""
+    return importlib.util.find_spec("sglang") is not None
+
+
+NVIDIA_GPUS = "/proc/driver/nvidia/gpus"  # the driver's list of GPUs (what `plan.local_gpus` reads)
+NEEDS_MET = {"sglang": "sglang is installed and a GPU is visible"}  # what `auto` logs when it picks one
+
+
+def backend_needs(backend: str) -> list[str]:
+    """What `backend` needs that this machine lacks (empty: it can run here)."""
+    if backend != "sglang":
+        return []
+    missing = []
+    if not sglang_installed():
+        missing.append("sglang is not installed: pip install 'sglang[all]' in the environment the run starts from")
+    if plan.local_gpus() == 0:
+        listed = len(os.listdir(NVIDIA_GPUS)) if os.path.isdir(NVIDIA_GPUS) else 0
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "<unset>")
+        driver = f"{NVIDIA_GPUS} lists {listed}" if listed else f"{NVIDIA_GPUS} empty"
+        missing.append(f"no NVIDIA GPU is visible (CUDA_VISIBLE_DEVICES={visible}, {driver}): SGLang needs one; "
+                       "use --rollout-backend hf on CPU")
+    return missing
 
 
 def resolve_backend(requested: str, preference: tuple[str, ...], implemented: tuple[str, ...], flag: str) -> str:
-    """`auto` -> the first implemented backend in `preference` order (logged); an unimplemented
-    explicit choice fails."""
+    """`auto` -> the first implemented backend in `preference` order that can run here, logged with
+    why the ones before it cannot; an explicit choice that is not built or cannot run here fails."""
     if requested == "auto":
-        chosen = next(b for b in preference if b in implemented)
-        skipped = [b for b in preference[:preference.index(chosen)]]
-        logger.info("%s auto -> %s%s", flag, chosen,
-                    f" ({', '.join(skipped)} not built in this build)" if skipped else "")
-        return chosen
+        skipped: dict[str, str] = {}
+        for backend in preference:
+            missing = ["not built in this build"] if backend not in implemented else backend_needs(backend)
+            if not missing:
+                why = "; ".join(f"{b}: {reason}" for b, reason in skipped.items()) or NEEDS_MET.get(backend, "")
+                logger.info("%s auto -> %s%s", flag, backend, f" ({why})" if why else "")
+                return backend
+            skipped[backend] = ", ".join(missing)
+        reasons = "; ".join(f"{b}: {reason}" for b, reason in skipped.items())
+        raise ConfigError(f"{flag} auto: no backend can run here ({reasons})")
     if requested not in implemented:
         raise ConfigError(f"{flag} {requested}: this build implements {', '.join(implemented)}; "
                           f"use {flag} auto or {implemented[0]}")
+    missing = backend_needs(requested)
+    if missing:
+        raise ConfigError(f"{flag} {requested} cannot run here: {'; '.join(missing)}")
     return requested
+
+
+def check_sglang_options(cfg: RelaxConfig) -> None:
+    """Every `--sglang-*` option as the engines will get it, through SGLang's own parser. Raises
+    ConfigError naming the flag; ImportError when SGLang's parser does not import here."""
+    from relax.utils.plugins import import_object
+
+    args = import_object(SGLANG_ARGS, flag="--rollout-backend sglang")
+    tp = cfg.cluster.rollout_num_gpus_per_engine
+    try:
+        options = args.normalize_options(cfg.sglang)
+        if options.get("tp_size") is not None and str(options["tp_size"]).strip() != str(tp):
+            raise ValueError(f"--sglang-tp-size {options['tp_size']} contradicts --rollout-num-gpus-per-engine {tp}: "
+                             "an engine runs tensor parallel over the GPUs it is given; drop --sglang-tp-size")
+        argv = args.server_argv(cfg.ckpt.hf_checkpoint or "model", "127.0.0.1", 30000, {**options, "tp_size": tp})
+        args.validate_server_argv(argv)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
 
 
 def check_backends(cfg: RelaxConfig) -> RelaxConfig:
     c = cfg.cluster
-    cfg = cfg.replace(
-        train_backend=resolve_backend(c.train_backend, ("megatron", "fsdp"), IMPLEMENTED_TRAIN_BACKENDS,
-                                      "--train-backend"),
-        rollout_backend=resolve_backend(c.rollout_backend, ("sglang", "hf"), IMPLEMENTED_ROLLOUT_BACKENDS,
-                                        "--rollout-backend"))
+    train = resolve_backend(c.train_backend, ("megatron", "fsdp"), IMPLEMENTED_TRAIN_BACKENDS, "--train-backend")
+    # --true-on-policy-mode is built for the hf engine (check_true_on_policy refused an explicit sglang).
+    preference = ("hf",) if c.true_on_policy_mode else ("sglang", "hf")
+    rollout = resolve_backend(c.rollout_backend, preference, IMPLEMENTED_ROLLOUT_BACKENDS, "--rollout-backend")
+    if rollout == "sglang":
+        try:
+            check_sglang_options(cfg)
+        except ImportError as exc:  # installed, with a GPU, but its parser does not import: say so (auto: use hf)
+            if c.rollout_backend != "auto":
+                raise ConfigError(f"--rollout-backend sglang cannot run here: {exc}") from exc
+            logger.info("--rollout-backend auto -> hf (sglang: %s)", exc)
+            rollout = "hf"
+    cfg = cfg.replace(train_backend=train, rollout_backend=rollout)
     if cfg.cluster.train_backend == "fsdp":
         if cfg.megatron_extra:
             raise ConfigError(f"unknown flag(s) {' '.join(cfg.megatron_extra)}; if these are Megatron flags they only "

@@ -6,7 +6,15 @@ other. SGLang's answer is `/update_weights_from_tensor`: the sender pickles its 
 torch's multiprocessing reductions (a CUDA tensor becomes an IPC handle to its memory, not
 its bytes), base64-encodes the result per tensor-parallel rank, and the receiver opens the
 handles and copies from the sender's memory. This module is both sides of that encoding,
-byte-compatible with SGLang's `MultiprocessingSerializer`.
+byte-compatible with SGLang's `MultiprocessingSerializer` as its tensor-parallel workers read it.
+
+A handle names its GPU. torch writes the sender's device *index*, which means another GPU in a
+process with another CUDA_VISIBLE_DEVICES (an engine over GPUs 2,3 and a trainer that sees only
+GPU 3 as cuda:0). As SGLang's patched reductions do, the index is replaced by the GPU's UUID when
+writing and mapped back to the receiver's own index when reading (`_rebuild_cuda_tensor`).
+Each payload is written once per receiving process: torch counts the readers of a CUDA IPC
+block by the handles it wrote, so one payload read by two tensor-parallel ranks would free
+the block under one of them.
 
 Unpickling runs code named by the payload, so the receiving side admits only the callables
 that rebuild a CUDA tensor (`SafeUnpickler`); anything else — `os.system`, a CPU file
@@ -17,9 +25,11 @@ these payloads are behind the run's API token as well.
 from __future__ import annotations
 
 import base64
+import copyreg
 import io
+import os
 import pickle
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -34,8 +44,33 @@ ALLOWED_GLOBALS: frozenset[tuple[str, str]] = frozenset({
                                   "int8", "uint8", "bool", "float8_e4m3fn", "float8_e5m2")})
 
 
+DEVICE_ARG = 6  # position of the device in torch's `rebuild_cuda_tensor` arguments (stable since torch 1.x)
+
+
 class UnsafePayload(ValueError):
     """A weight payload named something other than a CUDA tensor rebuild."""
+
+
+def device_uuid(index: int) -> str:
+    return str(torch.cuda.get_device_properties(index).uuid)
+
+
+def local_device(device: int | str) -> int:
+    """A handle's device as this process numbers it: an index is kept, a UUID is looked up."""
+    if isinstance(device, int):
+        return device
+    for index in range(torch.cuda.device_count()):
+        if device_uuid(index) == device:
+            return index
+    raise ValueError(f"weight payload names GPU {device}, which this process does not see "
+                     f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')})")
+
+
+def _rebuild_cuda_tensor(*args: Any) -> torch.Tensor:
+    from torch.multiprocessing import reductions
+
+    args = (*args[:DEVICE_ARG], local_device(args[DEVICE_ARG]), *args[DEVICE_ARG + 1:])
+    return reductions.rebuild_cuda_tensor(*args)
 
 
 class SafeUnpickler(pickle.Unpickler):
@@ -43,19 +78,35 @@ class SafeUnpickler(pickle.Unpickler):
         if (module, name) not in ALLOWED_GLOBALS:
             raise UnsafePayload(f"weight payload refused: it names {module}.{name}, which is not a CUDA tensor "
                                 "rebuild (only CUDA IPC handles of tensors are accepted)")
+        if (module, name) == ("torch.multiprocessing.reductions", "rebuild_cuda_tensor"):
+            return _rebuild_cuda_tensor  # the same rebuild, reading a UUID as well as an index
         return super().find_class(module, name)
+
+
+def _reduce_with_uuid(tensor: torch.Tensor) -> tuple[Callable, tuple]:
+    """torch's reduction of a tensor, with a CUDA tensor's device index written as its UUID."""
+    from torch.multiprocessing import reductions
+
+    rebuild, args = reductions.reduce_tensor(tensor)
+    if rebuild is reductions.rebuild_cuda_tensor:
+        args = (*args[:DEVICE_ARG], device_uuid(args[DEVICE_ARG]), *args[DEVICE_ARG + 1:])
+    return rebuild, args
 
 
 def serialize(obj: Any) -> str:
     """`obj` (e.g. a list of (name, CUDA tensor)) as SGLang's `MultiprocessingSerializer` writes
-    it with `output_str=True`: ForkingPickler bytes, base64. CUDA tensors travel as IPC handles;
-    the caller keeps them alive until the receiver has answered."""
+    it with `output_str=True`: ForkingPickler bytes, base64, a CUDA tensor's device as its UUID.
+    CUDA tensors travel as IPC handles; the caller keeps them alive until the receiver has
+    answered. Call once per receiving process (module docstring)."""
     from multiprocessing.reduction import ForkingPickler
 
     import torch.multiprocessing  # noqa: F401 - registers the tensor reductions with ForkingPickler
 
     buffer = io.BytesIO()
-    ForkingPickler(buffer).dump(obj)
+    pickler = ForkingPickler(buffer)
+    pickler.dispatch_table = {**copyreg.dispatch_table, **ForkingPickler._extra_reducers,
+                              torch.Tensor: _reduce_with_uuid, torch.nn.Parameter: _reduce_with_uuid}
+    pickler.dump(obj)
     return base64.b64encode(buffer.getvalue()).decode("ascii")
 
 

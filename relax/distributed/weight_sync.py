@@ -6,9 +6,12 @@ Protocol (the one SGLang serves and slime drives):
    engine while joining the same group as rank 0 itself. The group listens on loopback unless an
    engine is on another host (an external engine): then on this host's address towards it.
 2. `push(named_tensors, version=v)`: `/pause_generation` and `/flush_cache` on every engine,
-   then per bucket of at most `bucket_bytes` a POST `/update_weights_from_distributed`
+   `/begin_weight_update` (SGLang >= 0.5.23 loads weights only inside such a session; an
+   engine that answers 404 predates sessions and is pushed to without one), then per bucket of
+   at most `bucket_bytes` a POST `/update_weights_from_distributed`
    {names, dtypes, shapes, group_name, flush_cache, weight_version} to every engine while rank 0
-   broadcasts each tensor of the bucket, in order; then `/continue_generation`.
+   broadcasts each tensor of the bucket, in order; then `/end_weight_update` (SGLang finalizes
+   the loaded weights there) and `/continue_generation`.
    `weight_version` rides on the last bucket only, so an engine reports the new version only
    once it holds all of it.
 3. `close()`: `/destroy_weights_update_group` and the local group is dropped.
@@ -104,6 +107,10 @@ class BucketRejected(WeightSyncError):
     step. Any other failure (4xx/5xx without `success`, timeout, lost connection) may leave
     bytes on the wire, and the group must be rebuilt.
     """
+
+
+class EndpointMissing(WeightSyncError):
+    """The engine answered 404: it does not serve this endpoint (an older SGLang)."""
 
 
 @dataclass(frozen=True)
@@ -304,6 +311,8 @@ class _EngineHTTP:
                 body = response.json()
             except ValueError:
                 body = response.text
+        if response.status_code == 404:
+            raise EndpointMissing(f"{url}{path}: HTTP 404: {error_message(body)}")
         if isinstance(body, dict) and body.get("success") is False:
             raise BucketRejected(f"{url}{path}: HTTP {response.status_code}: {error_message(body)}")
         if response.status_code >= 400:
@@ -429,9 +438,15 @@ class WeightSender:
             total_bytes = num_buckets = 0
             try:
                 await self._post_all("/flush_cache", {}, deadline)
-                for bucket, is_last in _with_last(iter_buckets(named_tensors, self.bucket_bytes)):
-                    total_bytes += await self._push_bucket(bucket, str(version) if is_last else None, deadline)
-                    num_buckets += 1
+                sessions = await self._begin_sessions(deadline)
+                try:
+                    for bucket, is_last in _with_last(iter_buckets(named_tensors, self.bucket_bytes)):
+                        total_bytes += await self._push_bucket(bucket, str(version) if is_last else None, deadline)
+                        num_buckets += 1
+                except BaseException:
+                    await self._end_sessions(sessions, deadline, raising=False)
+                    raise
+                await self._end_sessions(sessions, deadline, raising=True)
             finally:
                 await self._resume_engines()
             if num_buckets == 0:
@@ -442,6 +457,44 @@ class WeightSender:
         logger.info("weight sync v%d: %d bytes in %.3fs (%.3f GB/s, %d buckets) to %d engine(s)",
                     version, stats.bytes, stats.seconds, stats.gbps, num_buckets, len(self.engine_urls))
         return stats
+
+    async def _begin_sessions(self, deadline: float) -> list[Any]:
+        """`/begin_weight_update` on every engine; the ones that opened a session (404: an engine
+        without sessions). A session left open by a sender that died is closed and opened again."""
+        async def begin(url: Any) -> bool:
+            try:
+                await self._http.post(url, "/begin_weight_update", {}, self._remaining(deadline))
+            except EndpointMissing:
+                return False
+            except BucketRejected as exc:
+                if "already open" not in str(exc):
+                    raise
+                logger.warning("%s had a weight-update session open (a push that did not finish); closing it", url)
+                await self._http.post(url, "/end_weight_update", {}, self._remaining(deadline))
+                await self._http.post(url, "/begin_weight_update", {}, self._remaining(deadline))
+            return True
+
+        results = await asyncio.gather(*(begin(u) for u in self.engine_urls), return_exceptions=True)
+        opened = [u for u, r in zip(self.engine_urls, results) if r is True]
+        failed = [r for r in results if isinstance(r, BaseException)]
+        if failed:
+            await self._end_sessions(opened, deadline, raising=False)
+            raise failed[0] if isinstance(failed[0], WeightSyncError) else WeightSyncError(
+                f"begin_weight_update failed: {failed[0]!r}")
+        return opened
+
+    async def _end_sessions(self, urls: list[Any], deadline: float, *, raising: bool) -> None:
+        """`/end_weight_update` where a session was opened. After a failed push the failures are
+        logged, not raised over the push's own error."""
+        remaining = max(deadline - time.monotonic(), 5.0)
+        results = await asyncio.gather(*(self._http.post(u, "/end_weight_update", {}, remaining) for u in urls),
+                                       return_exceptions=True)
+        for url, result in zip(urls, results):
+            if isinstance(result, BaseException):
+                if raising:
+                    raise result if isinstance(result, WeightSyncError) else WeightSyncError(
+                        f"{url}/end_weight_update: {result!r}")
+                logger.warning("end_weight_update on %s failed: %s", url, result)
 
     async def _push_bucket(self, bucket: list[tuple[str, torch.Tensor]], weight_version: str | None,
                            deadline: float) -> int:
@@ -454,10 +507,12 @@ class WeightSender:
 
             if device is not None and torch.device(device).type == "cuda":
                 torch.cuda.current_stream(device).synchronize()  # the handles' bytes are written
-            handles = serialize([(n, t) for (n, _), t in zip(bucket, tensors)])
+            named = [(n, t) for (n, _), t in zip(bucket, tensors)]
+            # One payload per tensor-parallel rank, each written anew (ipc.py: a payload read twice
+            # would free the block under one of its readers).
             tasks += [asyncio.ensure_future(self._http.post(u, "/update_weights_from_tensor", {
-                "serialized_named_tensors": [handles] * tp, "load_format": None, "flush_cache": False,
-                "weight_version": weight_version}, remaining)) for u, tp in self.ipc_urls]
+                "serialized_named_tensors": [serialize(named) for _ in range(tp)], "load_format": None,
+                "flush_cache": False, "weight_version": weight_version}, remaining)) for u, tp in self.ipc_urls]
         if self.group_urls:
             payload = {"names": [n for n, _ in bucket], "dtypes": [dtype_name(t.dtype) for t in tensors],
                        "shapes": [list(t.shape) for t in tensors], "group_name": self.group_name,

@@ -21,6 +21,7 @@ DEFAULT_TIMEOUT_S = 600.0
 # Generation and weight-group calls are never repeated (a collective must not run twice).
 IDEMPOTENT_PATHS = frozenset({
     "/health", "/health_generate", "/get_model_info", "/get_server_info", "/get_weight_version",
+    "/model_info", "/server_info",
     "/pause_generation", "/continue_generation", "/flush_cache", "/abort_request",
     "/release_memory_occupation", "/resume_memory_occupation", "/update_weight_version",
 })

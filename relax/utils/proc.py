@@ -1,11 +1,30 @@
-"""What an engine's error message says about its process: exited (with which code or signal),
-stopped, or running but silent, and the tail of its log. Shared by every engine launcher."""
+"""Child processes of a launcher (engines, routers): what an error message says about one
+(exited with which code or signal, stopped, or running but silent, and the tail of its log), and
+`die_with_parent`, the first act of every launched server. Shared by every launcher."""
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
+import sys
+
+PR_SET_PDEATHSIG = 1
+PARENT_PID_ENV = "RELAX_ENGINE_PARENT_PID"  # the launcher's pid, set in the child's environment
+
+
+def die_with_parent(parent_env: str = PARENT_PID_ENV) -> None:
+    """Called first thing in a launched process: SIGKILL when the launching *thread* exits
+    (PR_SET_PDEATHSIG, Linux). If the parent named by `parent_env` already died (we were
+    re-parented before prctl took effect), exit now. No `preexec_fn` is used instead: in a Ray
+    process gRPC's fork handlers can abort a child between fork and exec."""
+    expected = os.environ.get(parent_env)
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if expected is not None and os.getppid() != int(expected):
+        os._exit(1)
 
 
 def log_tail(path: str, chars: int = 4000) -> str:

@@ -170,6 +170,21 @@ def test_weight_group_update_and_version(engine):
     assert call(engine, "generate", greedy(4))["output_ids"] == before
 
 
+def test_weight_update_session_opens_once_and_closes_once(engine):
+    """SGLang's session rules (updates load between begin and end): a second begin and an end
+    without a begin are refused with success=false, and the engine keeps serving."""
+    async def go():
+        async with EngineClient(engine.url, API_KEY, timeout=60) as client:
+            assert (await client.begin_weight_update())["success"] is True
+            with pytest.raises(EngineError, match="already open"):
+                await client.begin_weight_update()
+            assert (await client.end_weight_update())["success"] is True
+            with pytest.raises(EngineError, match="no weight-update session is open"):
+                await client.end_weight_update()
+    asyncio.run(go())
+    assert call(engine, "generate", greedy(2))["output_ids"]
+
+
 def test_a_bad_request_is_an_error_and_the_engine_keeps_serving(engine):
     with pytest.raises(EngineError) as err:
         call(engine, "generate", {"input_ids": PROMPT, "sampling_params": {"top_p": 7}})

@@ -85,6 +85,7 @@ class HFEngine:
         self.receiver = WeightReceiver(self.model, step_lock=self.step_lock, timeout_s=weight_sync_timeout_s,
                                        device=self.device)
         self.weight_version = "default"
+        self.weight_session_open = False  # SGLang's /begin_weight_update .. /end_weight_update
         self.released_tags: set[str] = set()
         self.weight_update_lock = asyncio.Lock()
 

@@ -15,10 +15,8 @@ and the handlers never run.
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -29,27 +27,15 @@ from typing import Any, Mapping, Sequence
 import httpx
 
 from relax.utils.net import free_port
-from relax.utils.proc import describe_process, log_tail
+from relax.utils.proc import PARENT_PID_ENV, describe_process, log_tail
 
 logger = logging.getLogger(__name__)
 
-PR_SET_PDEATHSIG = 1
 API_KEY_ENV = "RELAX_HF_API_KEY"  # the key travels by environment, not argv (argv is world-readable)
 _REPO_ROOT = str(Path(__file__).resolve().parents[3])
 
 
-PARENT_PID_ENV = "RELAX_ENGINE_PARENT_PID"
 
-
-def die_with_parent() -> None:
-    """Called first thing in the engine process: SIGKILL when the launching thread exits. If the
-    parent already died (we were re-parented before prctl took effect), exit now."""
-    expected = os.environ.get(PARENT_PID_ENV)
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    if expected is not None and os.getppid() != int(expected):
-        os._exit(1)
 
 
 class EngineProcess:

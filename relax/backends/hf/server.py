@@ -9,8 +9,8 @@ Endpoints (field names as SGLang's): POST /generate; GET /health, /health_genera
 /get_model_info (/model_info), /get_weight_version, /get_server_info (/server_info: SGLang's
 fields, see `server_info`); /flush_cache; POST /pause_generation,
 /continue_generation, /abort_request, /init_weights_update_group,
-/update_weights_from_distributed, /update_weights_from_tensor (CUDA IPC from a trainer on the same GPU),
-/destroy_weights_update_group, /update_weight_version;
+/begin_weight_update, /update_weights_from_distributed, /update_weights_from_tensor (CUDA IPC
+from a trainer on the same GPU), /end_weight_update, /destroy_weights_update_group, /update_weight_version;
 /release_memory_occupation, /resume_memory_occupation. See docs/backends/hf.md.
 
 Security (ARCHITECTURE.md §9): binds to --host (loopback by default); with --api-key every
@@ -217,6 +217,23 @@ def add_weight_routes(app: FastAPI, engine: HFEngine) -> None:
         except ValueError as exc:
             return _result(False, str(exc))
 
+    @app.post("/begin_weight_update")
+    async def begin_weight_update():
+        """SGLang's weight-update session. The hf engine holds weights as they load, so a session
+        has nothing to restore or finalize; it keeps SGLang's rules (one open at a time) so a
+        client is held to the same sequence. Updates outside a session are accepted (older SGLang)."""
+        if engine.weight_session_open:
+            return _result(False, "a weight-update session is already open; call end_weight_update() first")
+        engine.weight_session_open = True
+        return _result(True, "Success")
+
+    @app.post("/end_weight_update")
+    async def end_weight_update():
+        if not engine.weight_session_open:
+            return _result(False, "no weight-update session is open; call begin_weight_update() first")
+        engine.weight_session_open = False
+        return _result(True, "Success")
+
     @app.post("/update_weights_from_distributed")
     async def update_weights_from_distributed(req: UpdateWeightsFromDistributedRequest):
         try:
@@ -331,7 +348,7 @@ async def _announce_when_bound(server: Any, host: str, port: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from relax.backends.hf.launcher import die_with_parent
+    from relax.utils.proc import die_with_parent
 
     die_with_parent()  # before the slow imports: a launcher that dies meanwhile takes us along
     import torch

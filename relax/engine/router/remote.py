@@ -17,11 +17,9 @@ the parent-death signal the engines get, so it never outlives the process that s
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import importlib.util
 import logging
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -30,7 +28,7 @@ from typing import Any
 import aiohttp
 
 from relax.utils.net import free_port
-from relax.utils.proc import log_tail, process_state
+from relax.utils.proc import die_with_parent, log_tail, process_state
 
 logger = logging.getLogger(__name__)
 
@@ -174,11 +172,7 @@ def main() -> None:
     """The launched router's process: die with the launching process, then run sglang-router's CLI."""
     import runpy
 
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    expected = os.environ.get(PARENT_PID_ENV)
-    if expected is not None and os.getppid() != int(expected):
-        os._exit(1)  # the parent died before the death signal was set
+    die_with_parent(PARENT_PID_ENV)
     runpy.run_module("sglang_router.launch_router", run_name="__main__", alter_sys=True)
 
 

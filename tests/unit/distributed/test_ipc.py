@@ -35,3 +35,22 @@ def test_plain_containers_and_names_round_trip_and_the_shape_is_checked():
         named_tensors([("a", 1)])
     with pytest.raises(ValueError, match="not base64"):
         deserialize("%%%")
+
+
+def test_a_handle_names_its_gpu_by_uuid_and_the_receiver_maps_it_to_its_own_index(monkeypatch):
+    """An index means another GPU under another CUDA_VISIBLE_DEVICES; a UUID means one GPU everywhere."""
+    from torch.multiprocessing import reductions
+
+    from relax.distributed import ipc
+
+    uuids = {0: "GPU-aaaa", 1: "GPU-bbbb"}
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(ipc, "device_uuid", uuids.__getitem__)
+    seen = []
+    monkeypatch.setattr(reductions, "rebuild_cuda_tensor", lambda *args: seen.append(args) or "tensor")
+    args = tuple(range(ipc.DEVICE_ARG)) + ("GPU-bbbb", "rest")
+    assert ipc._rebuild_cuda_tensor(*args) == "tensor"
+    assert seen[0][ipc.DEVICE_ARG] == 1 and seen[0][-1] == "rest"
+    assert ipc.local_device(0) == 0  # an index (an older sender) is taken as it is
+    with pytest.raises(ValueError, match="GPU-cccc, which this process does not see"):
+        ipc.local_device("GPU-cccc")

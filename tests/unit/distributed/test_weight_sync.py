@@ -49,15 +49,31 @@ def test_weight_group_broadcasts_without_touching_the_default_group():
 
 
 class FakeEngine:
-    """Speaks the engine side of the protocol through an httpx.MockTransport; rejects names starting 'bad'."""
+    """Speaks the engine side of the protocol through an httpx.MockTransport; rejects names starting 'bad'.
+    `sessions`: SGLang 0.5.23's rule (weights load only between /begin_weight_update and
+    /end_weight_update); False: an older engine, which answers 404 to both."""
 
-    def __init__(self):
+    def __init__(self, sessions: bool = True, session_open: bool = False):
         self.calls, self.tensors, self.group, self.version = [], {}, None, None
+        self.sessions, self.session_open = sessions, session_open
 
     async def __call__(self, request: httpx.Request) -> httpx.Response:
         body = json.loads(request.content) if request.content else {}
         path = request.url.path
         self.calls.append(path)
+        if path in ("/begin_weight_update", "/end_weight_update"):
+            if not self.sessions:
+                return httpx.Response(404, json={"detail": "Not Found"})
+            opening = path == "/begin_weight_update"
+            if self.session_open == opening:
+                return httpx.Response(400, json={"success": False, "message": "a weight-update session is already "
+                                                 "open" if opening else "no weight-update session is open"})
+            self.session_open = opening
+            return httpx.Response(200, json={"success": True, "message": "Success"})
+        if path == "/update_weights_from_distributed" and self.sessions and not self.session_open:
+            await asyncio.to_thread(self._receive, body)  # SGLang receives, then refuses to load
+            return httpx.Response(400, json={"success": False, "message": "update_weights_from_distributed must run "
+                                             "between begin_weight_update() and end_weight_update()"})
         if path == "/init_weights_update_group":
             self.group = await asyncio.to_thread(
                 create_weight_group, master_address=body["master_address"], master_port=body["master_port"],
@@ -111,9 +127,23 @@ def test_push_sends_every_tensor_and_stamps_the_version_on_the_last_bucket():
     assert all(torch.equal(engine.tensors[n], t) for n, t in state.items())
     assert engine.version == "5" and stats.num_buckets == 2 and stats.version == 5  # [a] [b, c]
     assert stats.bytes == 64 + 16 + 24
-    assert engine.calls == ["/init_weights_update_group", "/pause_generation", "/flush_cache",
+    assert engine.calls == ["/init_weights_update_group", "/pause_generation", "/flush_cache", "/begin_weight_update",
                             "/update_weights_from_distributed@None", "/update_weights_from_distributed@5",
-                            "/continue_generation", "/destroy_weights_update_group"]
+                            "/end_weight_update", "/continue_generation", "/destroy_weights_update_group"]
+
+
+@pytest.mark.parametrize("engine", [FakeEngine(sessions=False), FakeEngine(session_open=True)],
+                         ids=["engine-without-sessions", "session-left-open"])
+def test_an_engine_without_sessions_or_with_one_left_open_still_takes_the_weights(engine):
+    async def go():
+        sender = _sender(engine)
+        await sender.connect()
+        await sender.push([("a", torch.ones(2))], version=2)
+        await sender.close()
+
+    asyncio.run(go())
+    assert engine.version == "2" and torch.equal(engine.tensors["a"], torch.ones(2))
+    assert not engine.session_open
 
 
 def test_rejected_bucket_raises_engine_message_quickly_and_resumes_generation():
@@ -134,6 +164,7 @@ def test_rejected_bucket_raises_engine_message_quickly_and_resumes_generation():
     assert elapsed < 5
     assert engine.version is None
     assert "/continue_generation" in engine.calls
+    assert not engine.session_open  # closed after the failure: the next push can open one
 
 
 def test_push_before_connect_is_an_error():
@@ -220,7 +251,8 @@ def test_receivers_on_the_senders_gpu_get_ipc_payloads_and_the_others_the_broadc
 
     asyncio.run(go())
     paths = [path for path, _ in colocated]
-    assert paths == ["/pause_generation", "/flush_cache", "/update_weights_from_tensor", "/continue_generation"]
-    body = colocated[2][1]
+    assert paths == ["/pause_generation", "/flush_cache", "/begin_weight_update", "/update_weights_from_tensor",
+                     "/end_weight_update", "/continue_generation"]
+    body = colocated[3][1]
     assert len(body["serialized_named_tensors"]) == 2 and body["weight_version"] == "3"
     assert engine.calls[0] == "/init_weights_update_group" and torch.equal(engine.tensors["a"], torch.ones(2))

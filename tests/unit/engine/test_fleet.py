@@ -50,8 +50,8 @@ async def serve(version: int, name: str) -> web.AppRunner:
 
     app = web.Application()
     app.router.add_post("/generate", generate)
-    app.router.add_get("/get_weight_version", lambda r: web.json_response({"weight_version": str(version)}))
-    app.router.add_get("/get_server_info", lambda r: web.json_response({"busy_seconds": version * 1.5}))
+    app.router.add_get("/model_info", lambda r: web.json_response({"weight_version": str(version)}))
+    app.router.add_get("/server_info", lambda r: web.json_response({"busy_seconds": version * 1.5}))
     runner = web.AppRunner(app)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)

@@ -11,9 +11,9 @@ import time
 
 import pytest
 
-from relax.backends.hf.launcher import PARENT_PID_ENV
+from relax.utils.proc import PARENT_PID_ENV
 
-CHILD = "from relax.backends.hf.launcher import die_with_parent; import time; die_with_parent(); time.sleep(60)"
+CHILD = "from relax.utils.proc import die_with_parent; import time; die_with_parent(); time.sleep(60)"
 
 
 def alive(pid: int) -> bool:
