@@ -30,6 +30,12 @@ class TrainerSpec:
     # --true-on-policy-mode: score every row alone through relax.algorithms.logprobs (as the
     # engine does), so trainer log-probs equal the engine's bitwise (docs/true-on-policy.md).
     true_on_policy: bool = False
+    # --recompute-*: decoder layers whose activations are recomputed in backward (None: none;
+    # -1: all; k: the first k).
+    recompute_layers: int | None = None
+    # The step is one on-policy pass (relax.config.plan.reuses_training_log_probs): a batch
+    # without old log-probs takes the training forward's own, detached.
+    old_logp_from_training: bool = False
     timeout_minutes: int = 10
     dist_backend: str = "nccl"  # --distributed-backend of the training ranks on GPUs (gloo on CPU)
     bucket_bytes: int = 512 << 20

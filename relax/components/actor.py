@@ -176,7 +176,7 @@ class Actor:
         keys, batch, metrics = await self._read_batch(rollout_id, self.plan.reads)
         metrics["time/wait_rows"] = time.perf_counter() - start
         t0 = time.perf_counter()
-        if "old_log_probs" in self.plan.computes:
+        if "old_log_probs" in self.plan.computes or self._needs_old_forward(batch):
             batch.old_log_probs_RT = await self._old_log_probs(batch)
         metrics["time/old_log_probs"] = time.perf_counter() - t0
         if "advantages" in self.plan.computes:
@@ -249,6 +249,17 @@ class Actor:
         metrics["time/train_step"] = time.perf_counter() - t0
         metrics["time/old_log_probs"] = 0.0  # ActorFwd's job in this plan
         return keys, batch, metrics, results
+
+    def _needs_old_forward(self, batch: TrainBatch) -> bool:
+        """The plan reuses the training forward's log-probs, but this step has more rows than one
+        optimizer step takes (the steps after the first would see moved weights): score them."""
+        if self.plan.old_policy != "training_log_probs":
+            return False
+        num_steps, _, _ = step_plan(batch.loss_masks_RT, self.cfg.batch.global_batch_size, self.group.world_size)
+        if num_steps > 1:
+            logger.warning("%d rows make %d optimizer steps: old log-probs recomputed for this step",
+                           len(batch.loss_masks_RT), num_steps)
+        return num_steps > 1
 
     def _old_policy(self, batch: TrainBatch) -> None:
         """--use-rollout-logprobs: the engine's log-probs are the behaviour policy (the plan's choice)."""

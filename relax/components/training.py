@@ -16,7 +16,7 @@ from pathlib import Path
 from relax.algorithms.policy_loss import PolicyLossConfig
 from relax.backends.base import TrainerSpec
 from relax.backends.registry import TRAIN_BACKENDS
-from relax.config.plan import RolePlan
+from relax.config.plan import RolePlan, reuses_training_log_probs
 from relax.config.schema import OptimizerConfig, RelaxConfig
 from relax.distributed import transfer_queue as tq
 from relax.distributed.ray.actor_group import RayActorGroup
@@ -43,6 +43,14 @@ def policy_loss_config(cfg: RelaxConfig) -> PolicyLossConfig:
     )
 
 
+def recompute_layers(cfg: RelaxConfig) -> int | None:
+    """--recompute-*: None (no recomputation), -1 (every layer) or the first k layers (block)."""
+    p = cfg.parallel
+    if p.recompute_granularity != "full":
+        return None
+    return p.recompute_num_layers if p.recompute_method == "block" and p.recompute_num_layers is not None else -1
+
+
 def make_worker_group(cfg: RelaxConfig, role: RolePlan, kind: str, model_path: str, *, total_steps: int = 1,
                       threads: int | None = None, optim: OptimizerConfig | None = None) -> RayActorGroup:
     """`role.workers` ranks of the training backend. `kind`: "actor" / "critic" train, "reference"
@@ -57,7 +65,8 @@ def make_worker_group(cfg: RelaxConfig, role: RolePlan, kind: str, model_path: s
         sync_timeout_s=cfg.rollout.weight_sync_timeout, weight_sync_backend=cfg.ckpt.checkpoint_engine_backend,
         custom_loss_path=cfg.algo.custom_loss_function_path,
         pg_loss_reducer_path=cfg.algo.custom_pg_loss_reducer_function_path, tis_path=cfg.algo.custom_tis_function_path,
-        true_on_policy=cfg.cluster.true_on_policy_mode,
+        true_on_policy=cfg.cluster.true_on_policy_mode, recompute_layers=recompute_layers(cfg),
+        old_logp_from_training=kind == "actor" and reuses_training_log_probs(cfg),
     )
     placed = None
     if role.slots:  # a GPU cluster: each rank on its bundle of the run's placement group

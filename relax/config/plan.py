@@ -88,7 +88,9 @@ class ActorPlan:
     reads: tuple[str, ...]  # columns read from the step partition
     computes: tuple[str, ...]  # columns computed in the Actor (whole-step loader only)
     writes: tuple[str, ...]  # columns written back (returns for a colocate critic)
-    old_policy: Literal["old_log_probs", "rollout_log_probs"]  # the PPO ratio's denominator
+    # The PPO ratio's denominator: recomputed log-probs, the engine's, or the training forward's
+    # own (detached) when the step is one on-policy pass (`reuses_training_log_probs`).
+    old_policy: Literal["old_log_probs", "rollout_log_probs", "training_log_probs"]
     clears: bool  # the Actor is the step's last consumer
     passes: int  # --num-iters-per-train-update
     overlap_weight_push: bool  # a push overlaps the next step (fully async)
@@ -201,6 +203,17 @@ def rollout_engines(cfg: RelaxConfig, gpus_per_engine: int) -> int:
 
 # ---- columns -------------------------------------------------------------------------------
 
+def reuses_training_log_probs(cfg: RelaxConfig) -> bool:
+    """Colocate, one optimizer step and one pass per rollout step, nothing but the loss reading
+    the old log-probs: the old-policy forward would score the rows with exactly the weights the
+    training forward has, so the training forward's detached log-probs are the old log-probs (the
+    ratio is exactly 1) and the separate forward is skipped."""
+    total = (cfg.rollout.rollout_batch_size or 0) * cfg.rollout.n_samples_per_prompt
+    return (not cfg.cluster.fully_async and not cfg.algo.use_rollout_logprobs
+            and cfg.cluster.num_iters_per_train_update == 1 and cfg.batch.global_batch_size == total
+            and cfg.algo.kl_coef == 0 and not cfg.algo.use_opd)
+
+
 def advantage_inputs(cfg: RelaxConfig) -> tuple[str, ...]:
     """The columns advantages are computed from (estimator, KL shaping, OPD penalty)."""
     old = "rollout_log_probs" if cfg.algo.use_rollout_logprobs else "old_log_probs"
@@ -227,7 +240,8 @@ def resolve_plan(cfg: RelaxConfig, gpus: float = 0.0) -> RunPlan:
     mode: Mode = "fully_async" if cfg.cluster.fully_async else "colocate"
     device = "gpu" if gpus > 0 else "cpu"
     fully_async = mode == "fully_async"
-    old_policy = "rollout_log_probs" if cfg.algo.use_rollout_logprobs else "old_log_probs"
+    old_policy = "rollout_log_probs" if cfg.algo.use_rollout_logprobs else \
+        "training_log_probs" if reuses_training_log_probs(cfg) else "old_log_probs"
     critic = uses_critic(cfg)
 
     roles: list[RolePlan] = []

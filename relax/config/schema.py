@@ -196,6 +196,9 @@ class BatchConfig:
     use_dynamic_batch_size: bool = opt(False, "Pack micro-batches up to --max-tokens-per-gpu tokens.")
     max_tokens_per_gpu: int | None = opt(None, "Token budget of a dynamic micro-batch.")
     log_probs_max_tokens_per_gpu: int | None = opt(None, "Token budget for log-prob passes.")
+    log_probs_chunk_size: int = opt(-1, "Tokens per chunk of the output layer in every fsdp forward: log-probs "
+                                    "and entropy are computed chunk by chunk from the hidden states, never as "
+                                    "[tokens, vocab] logits; -1 sizes a chunk to 128 MiB of float32 logits.")
     balance_data: bool = opt(False, "Balance tokens across DP ranks.", supported=False)
 
 
@@ -207,11 +210,15 @@ class ParallelConfig:
     context_parallel_size: int = opt(1, "Context parallel size (megatron).", ignored=MEGATRON_ONLY)
     expert_model_parallel_size: int = opt(1, "Expert parallel size (megatron).", ignored=MEGATRON_ONLY)
     expert_tensor_parallel_size: int = opt(1, "Expert tensor parallel size (megatron).", ignored=MEGATRON_ONLY)
-    recompute_granularity: Literal["full", "selective"] | None = opt(None, "Recompute granularity (megatron).",
-                                                                     ignored=MEGATRON_ONLY)
-    recompute_method: Literal["uniform", "block"] | None = opt(None, "Recompute method (megatron).",
-                                                               ignored=MEGATRON_ONLY)
-    recompute_num_layers: int | None = opt(None, "Layers to recompute (megatron).", ignored=MEGATRON_ONLY)
+    recompute_granularity: Literal["full", "selective"] | None = opt(
+        None, "Activation recomputation: full keeps only each decoder layer's input and recomputes the layer in "
+        "backward (fsdp: per-layer checkpointing). selective is Megatron's (attention core only): an error with fsdp.")
+    recompute_method: Literal["uniform", "block"] | None = opt(
+        None, "With --recompute-granularity full: uniform recomputes every layer; block only the first "
+        "--recompute-num-layers layers (fsdp).")
+    recompute_num_layers: int | None = opt(None, "Layers recomputed with --recompute-method block (all layers when "
+                                           "unset); with uniform, Megatron's layers per recompute unit (fsdp "
+                                           "recomputes per layer).")
 
 
 @dataclass(frozen=True)

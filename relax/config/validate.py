@@ -548,6 +548,12 @@ def check_backends(cfg: RelaxConfig) -> RelaxConfig:
         if cfg.megatron_extra:
             raise ConfigError(f"unknown flag(s) {' '.join(cfg.megatron_extra)}; if these are Megatron flags they only "
                               "apply with --train-backend megatron (the fsdp backend reads the HF config)")
+        if cfg.parallel.recompute_granularity == "selective":
+            raise ConfigError("--recompute-granularity selective recomputes Megatron's attention core, which the fsdp "
+                              "backend does not have; use --recompute-granularity full (per-layer checkpointing)")
+        if cfg.parallel.recompute_granularity is None and (cfg.parallel.recompute_method or
+                                                           cfg.parallel.recompute_num_layers is not None):
+            raise ConfigError("--recompute-method / --recompute-num-layers need --recompute-granularity full")
         hf = _hf_config(cfg.ckpt.hf_checkpoint)
         for arch, hf_key in ARCH_TO_HF.items():
             value = getattr(cfg.megatron, arch)

@@ -1,6 +1,7 @@
 """One data-parallel rank of the `fsdp` training backend (a Ray actor process).
 
-HF `AutoModelForCausalLM` sharded with FSDP2 `fully_shard` per decoder layer, AdamW, grad
+HF `AutoModelForCausalLM` sharded with FSDP2 `fully_shard` per decoder layer (one float32 rank:
+the plain module, see `sharded`), AdamW, grad
 clipping, micro-batches (fixed or token-budgeted), log-prob passes for the old policy and
 the reference, DCP checkpoints, HF export, and the weight push to inference engines. gloo on
 CPU, NCCL on GPU. The loss itself is `relax.algorithms.policy_loss` — never re-implemented here.
@@ -33,6 +34,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from relax.algorithms.chunked_logprobs import chunked_token_log_probs
 from relax.algorithms.logprobs import row_response_logits, token_log_probs
 from relax.algorithms.losses import entropy_from_logits
 from relax.algorithms.policy_loss import PolicyLossInputs, PolicyLossOutput, compute_policy_loss
@@ -85,6 +87,50 @@ def load_loss_plugins(spec: TrainerSpec) -> tuple[Any, Any]:
                                        keywords=("clip", "clip_low"),
                                        expected="tis(logp_old, logp_rollout, *, clip, clip_low) -> weights")
     return loss_fn, reducer_factory
+
+
+def sharded(world_size: int, bf16: bool) -> bool:
+    """Whether the model is wrapped in FSDP2. One float32 rank has nothing to shard, gather or
+    cast: wrapping would only add a gather (a copy) per layer per pass and hooks around every
+    layer, so it runs as the plain module (same numbers). With --bf16 one rank stays wrapped:
+    FSDP's mixed precision is what computes in bfloat16 over float32 master weights."""
+    return world_size > 1 or bf16
+
+
+class response_head:
+    """Context manager: for one forward, `head` (the model's output embedding, a Linear without
+    bias) returns `[B, T, 2]` = (log-prob, entropy) of the response tokens instead of `[B, L, V]`
+    logits. Row b's token t is read at hidden position `index_BT[b, t]` and predicts
+    `targets_BT[b, t]`; masked-out slots are 0."""
+
+    def __init__(self, head: torch.nn.Module, index_BT: torch.Tensor, mask_BT: torch.Tensor,
+                 targets_BT: torch.Tensor, *, temperature: float, chunk: int | None, entropy: bool,
+                 entropy_grad: bool):
+        if getattr(head, "bias", None) is not None:
+            raise ValueError("the chunked log-prob head needs an output layer without bias")
+        self.head, self.index_BT, self.mask_BT, self.targets_BT = head, index_BT, mask_BT.bool(), targets_BT
+        self.temperature, self.chunk, self.entropy, self.entropy_grad = temperature, chunk, entropy, entropy_grad
+
+    def forward(self, hidden_BLH: torch.Tensor) -> torch.Tensor:
+        b, length, h = hidden_BLH.shape
+        rows_B1 = torch.arange(b, device=hidden_BLH.device)[:, None] * length
+        hidden_NH = hidden_BLH.reshape(b * length, h)[(rows_B1 + self.index_BT)[self.mask_BT]]
+        logp_N, ent_N = chunked_token_log_probs(hidden_NH, self.head.weight, self.targets_BT[self.mask_BT],
+                                                temperature=self.temperature, chunk=self.chunk,
+                                                entropy=self.entropy)
+        def scatter(values_N: torch.Tensor) -> torch.Tensor:
+            return values_N.new_zeros(self.mask_BT.shape).index_put((self.mask_BT,), values_N)
+
+        ent_BT = scatter(ent_N if self.entropy_grad else ent_N.detach()) if ent_N is not None \
+            else torch.zeros_like(self.mask_BT, dtype=torch.float32)
+        return torch.stack([scatter(logp_N), ent_BT], dim=-1)
+
+    def __enter__(self) -> "response_head":
+        self.head.forward = self.forward  # the instance attribute shadows the class's forward
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        del self.head.forward
 
 
 def reduce_metric(op: str, current: float | None, value: float) -> float:
@@ -171,10 +217,19 @@ class FSDPTrainWorker:
         self.pad_id = model.config.pad_token_id or 0
         if self.spec.role not in TRAINABLE_ROLES:
             model.requires_grad_(False)
-        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if self.spec.optim.bf16 else None)
-        for layer in model.model.layers:
-            fully_shard(layer, mp_policy=mp)
-        fully_shard(model, mp_policy=mp)
+        if self.spec.recompute_layers is not None and self.spec.role in TRAINABLE_ROLES:
+            if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.2's name
+                model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            else:
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            keep = self.spec.recompute_layers
+            for layer in model.model.layers[keep:] if keep >= 0 else []:
+                layer.gradient_checkpointing = False  # --recompute-method block: only the first k
+        if sharded(self.world_size, self.spec.optim.bf16):
+            mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if self.spec.optim.bf16 else None)
+            for layer in model.model.layers:
+                fully_shard(layer, mp_policy=mp)
+            fully_shard(model, mp_policy=mp)
         self._apply_freezing(model)
         return model
 
@@ -198,23 +253,29 @@ class FSDPTrainWorker:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(o, self.spec.total_steps))
 
     # ---- forward passes ----------------------------------------------------------------
-    def _forward(self, tokens: list[list[int]], response_lengths: list[int], *, entropy: bool = False):
-        """Response-aligned `logp_BT`, `mask_BT` (and `entropy_BT`) at the rollout temperature."""
+    def _forward(self, tokens: list[list[int]], response_lengths: list[int], *, entropy: bool = False,
+                 entropy_grad: bool = False):
+        """Response-aligned `logp_BT`, `mask_BT` (and `entropy_BT`) at the rollout temperature.
+
+        The model's output layer is swapped for the chunked log-prob head for this forward
+        (`response_head`): no [B, L, V] logits are built, only the response tokens' log-probs
+        (and entropies, detached unless `entropy_grad`). The forward still goes through the
+        model's own `__call__`, so FSDP's hooks see the outputs and inputs they expect."""
         if self.spec.true_on_policy:
             return self._forward_rows(tokens, response_lengths, entropy=entropy)
         ids_BL, attn_BL = pad_inputs(tokens, self.pad_id)
         ids_BL, attn_BL = ids_BL.to(self.device), attn_BL.to(self.device)
-        logits_BLV = self.model(input_ids=ids_BL, attention_mask=attn_BL, use_cache=False).logits.float()
-        logits_BLV = logits_BLV[:, :-1] / self.spec.temperature
         index_BT, mask_BT = response_positions([len(t) for t in tokens], response_lengths)
         # Padded positions of short responses may point past the row; clamp, the mask zeroes them.
-        index_BT = index_BT.clamp(max=logits_BLV.shape[1] - 1).to(self.device)
+        index_BT = index_BT.clamp(max=ids_BL.shape[1] - 2).to(self.device)
         mask_BT = mask_BT.to(self.device)
-        logits_BTV = logits_BLV.gather(1, index_BT[:, :, None].expand(-1, -1, logits_BLV.shape[-1]))
         targets_BT = ids_BL[:, 1:].gather(1, index_BT)
-        logp_BT = torch.log_softmax(logits_BTV, dim=-1).gather(-1, targets_BT[:, :, None]).squeeze(-1)
-        ent_BT = entropy_from_logits(logits_BTV) if entropy else None
-        return logp_BT * mask_BT, mask_BT, ent_BT
+        head = response_head(self.model.get_output_embeddings(), index_BT, mask_BT, targets_BT,
+                             temperature=self.spec.temperature, chunk=self.spec.batch.log_probs_chunk_size,
+                             entropy=entropy, entropy_grad=entropy_grad)
+        with head:
+            out_BTK = self.model(input_ids=ids_BL, attention_mask=attn_BL, use_cache=False).logits
+        return out_BTK[..., 0], mask_BT, out_BTK[..., 1] if entropy else None
 
     def _forward_rows(self, tokens: list[list[int]], response_lengths: list[int], *, entropy: bool = False):
         """`_forward` for true on-policy: one unpadded forward per row (the engine's computation),
@@ -336,7 +397,8 @@ class FSDPTrainWorker:
             if p.micro == 0:
                 self.optimizer.zero_grad(set_to_none=True)
             rows = [r for m in micro for r in m]
-            self.model.set_requires_gradient_sync(p.micro == len(micro) - 1)
+            if hasattr(self.model, "set_requires_gradient_sync"):  # FSDP: reduce-scatter on the last micro-batch only
+                self.model.set_requires_gradient_sync(p.micro == len(micro) - 1)
             out = self._micro_loss(p.batch, micro[p.micro], num_samples=len(rows),
                                    num_tokens=p.global_tokens[p.step] / self.world_size)
             out.loss.backward()
@@ -383,16 +445,20 @@ class FSDPTrainWorker:
             return self._value_micro_loss(batch, rows, num_samples=num_samples, num_tokens=num_tokens)
         cfg = self.spec.loss
         lengths = [batch.response_lengths_R[i] for i in rows]
-        logp_BT, mask_BT, ent_BT = self._forward([batch.tokens_RL[i] for i in rows], lengths,
-                                                 entropy=True)
+        # Entropy is always reported; it carries a gradient only into a loss that can use it.
+        logp_BT, mask_BT, ent_BT = self._forward([batch.tokens_RL[i] for i in rows], lengths, entropy=True,
+                                                 entropy_grad=cfg.entropy_coef != 0 or bool(self.spec.custom_loss_path))
         width = logp_BT.shape[1]
 
         def col(values_RT: list[list[float]] | None) -> torch.Tensor | None:
             return None if values_RT is None else pad_response([values_RT[i] for i in rows], width).to(self.device)
 
         loss_mask_BT = col(batch.loss_masks_RT) * mask_BT
+        old_logp_BT = col(batch.old_log_probs_RT)
+        if old_logp_BT is None and self.spec.old_logp_from_training:  # one on-policy pass: the ratio is exactly 1
+            old_logp_BT = logp_BT.detach()
         inputs = PolicyLossInputs(
-            logp=logp_BT, old_logp=col(batch.old_log_probs_RT), advantages=col(batch.advantages_RT),
+            logp=logp_BT, old_logp=old_logp_BT, advantages=col(batch.advantages_RT),
             mask_BT=loss_mask_BT, ref_logp=col(batch.ref_log_probs_RT), rollout_logp=col(batch.rollout_log_probs_RT),
             entropy=ent_BT, num_global_samples=num_samples, num_global_tokens=num_tokens,
         )

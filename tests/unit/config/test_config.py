@@ -67,6 +67,8 @@ def test_bytes_flag_accepts_suffixes(base):
     (["--fully-async", "--partial-rollout-max-aborted-count", "2"], "only applies with --partial-rollout"),
     (["--fully-async", "--partial-rollout", "--partial-rollout-max-aborted-count", "-1"], "must be >= 0"),
     (["--train-backend", "megatron"], "--train-backend megatron"),
+    (["--recompute-granularity", "selective"], "use --recompute-granularity full"),
+    (["--recompute-method", "block"], "need --recompute-granularity full"),
 ])
 def test_bad_combinations_fail_naming_the_flag(base, extra, needle):
     with pytest.raises((ConfigError, SystemExit)) as err:
@@ -122,6 +124,17 @@ def test_configuration_docs_are_generated_from_the_schema():
     out = subprocess.run([sys.executable, "scripts/tools/gen_config_docs.py", "--check"], capture_output=True,
                          text=True)
     assert out.returncode == 0, out.stdout
+
+
+def test_recompute_flags_reach_the_fsdp_ranks(base):
+    from relax.components.training import recompute_layers
+
+    assert recompute_layers(parse_config(base)) is None
+    assert recompute_layers(parse_config(base + ["--recompute-granularity", "full"])) == -1
+    assert recompute_layers(parse_config(base + ["--recompute-granularity", "full", "--recompute-method", "uniform",
+                                                 "--recompute-num-layers", "1"])) == -1
+    assert recompute_layers(parse_config(base + ["--recompute-granularity", "full", "--recompute-method", "block",
+                                                 "--recompute-num-layers", "3"])) == 3
 
 
 def test_megatron_only_flags_are_reported_as_ignored_under_fsdp(base):

@@ -41,14 +41,28 @@ def flows(plan) -> dict[str, tuple[str, tuple[str, ...]]]:
 
 
 def test_colocate_plan_runs_every_per_step_computation_in_the_actor(base):
-    plan = plan_of(base + ["--use-kl-loss", "--kl-loss-coef", "0.1"])
+    plan = plan_of(base + ["--use-kl-loss", "--kl-loss-coef", "0.1", "--num-steps-per-rollout", "2"])
     assert plan.mode == "colocate" and [r.name for r in plan.roles] == ["actor", "rollout", "reference", "dcs"]
     assert plan.actor.loader == "whole_step" and plan.actor.computes == ("old_log_probs", "advantages")
+    assert plan.actor.old_policy == "old_log_probs"
     assert plan.clearer == "actor" and plan.actor.clears and plan.weight_receivers == ("rollout",)
     assert flows(plan)["ref_log_probs"] == ("reference", ("actor",))
     assert "old_log_probs" not in flows(plan) and "advantages" not in flows(plan)  # computed in the Actor
     assert plan.role("reference").scores and not plan.role("reference").streams
     assert plan.rollout.release_memory and not plan.rollout.stream_groups
+
+
+@pytest.mark.parametrize("extra, reuses", [
+    ([], True),  # one optimizer step, one pass, on-policy: the training forward's log-probs are the old ones
+    (["--num-steps-per-rollout", "2"], False), (["--num-iters-per-train-update", "2"], False),
+    (["--kl-coef", "0.1"], False), (["--use-rollout-logprobs"], False),
+    (FULLY_ASYNC, False),
+])
+def test_one_on_policy_pass_skips_the_old_log_prob_forward(base, extra, reuses):
+    plan = plan_of(base + extra)
+    assert (plan.actor.old_policy == "training_log_probs") == reuses
+    assert ("old_log_probs" in plan.actor.computes) == (not reuses and plan.mode == "colocate"
+                                                        and plan.actor.old_policy == "old_log_probs")
 
 
 def test_fully_async_plan_streams_and_the_actor_computes_nothing(base):

@@ -156,3 +156,4 @@ def test_train_end_names_rows_never_sent(worker):
     worker.train_rows([0], b.rows([0]))
     with pytest.raises(RuntimeError, match="2 row"):
         worker.train_end()
+

@@ -1,0 +1,237 @@
+"""Decode and train throughput on one GPU, each against its plain-HF counterpart, in one run.
+
+(a) Decode: the `hf` engine's decoder (`relax.backends.hf.decoder.BatchDecoder`, the code path a
+    rollout runs, without HTTP) against `model.generate` on the same random Qwen3-0.6B-shaped
+    model (bf16), `--prompt-len` random prompt tokens, `--new-tokens` sampled tokens per row
+    (no early stop), at each `--batches` size. Tokens per second of generated tokens.
+(b) Train: one fsdp rank (`FSDPTrainWorker`, world size 1, the actor's PPO loss, bf16 compute
+    with float32 master weights) against a plain HF step (float32 weights under bf16 autocast,
+    HF's cross-entropy loss, AdamW) on `--train-batch` rows of `--train-len` tokens in one
+    micro-batch. MFU = model FLOPs / time / the GPU's dense bf16 peak, with model FLOPs per token
+    = 6 * (matmul parameters, the LM head included) + 6 * layers * attention width * sequence
+    length (causal attention, forward + backward). Peak GPU memory of each step is reported.
+
+    python3 bench/gpu_throughput.py [--batches 64 256] [--new-tokens 256] [--prompt-len 64]
+        [--train-batch 16] [--train-len 1024] [--layers 28] [--skip-decode] [--skip-train]
+        [--out bench/results/gpu_throughput.json]
+
+Prints a table; the last line is `engine_vs_generate=<r> fsdp_mfu=<x> plain_mfu=<y>` (r at the
+largest batch).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)  # run as `python3 bench/<name>.py`: the repo root imports
+
+PEAK_BF16_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12}  # dense, SXM
+
+
+def qwen3_06b_config(layers: int):
+    from transformers import Qwen3Config
+
+    return Qwen3Config(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=layers,
+                       num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=4096,
+                       tie_word_embeddings=True, rope_theta=1e6, pad_token_id=0, eos_token_id=1)
+
+
+def peak_flops() -> float | None:
+    import torch
+
+    name = torch.cuda.get_device_name()
+    return next((v for k, v in PEAK_BF16_FLOPS.items() if k in name), None)
+
+
+def flops_per_token(config, seq_len: int) -> float:
+    h, v, layers = config.hidden_size, config.vocab_size, config.num_hidden_layers
+    attn = config.num_attention_heads * config.head_dim
+    kv = config.num_key_value_heads * config.head_dim
+    per_layer = h * attn + 2 * h * kv + attn * h + 3 * h * config.intermediate_size
+    return 6 * (layers * per_layer + v * h) + 6 * layers * attn * seq_len
+
+
+class _NoText:
+    """Stands in for a tokenizer: the bench has no vocabulary and asks for no stop strings."""
+
+    def decode(self, ids, **_):
+        return ""
+
+
+def sync():
+    import torch
+
+    torch.cuda.synchronize()
+
+
+def bench_decode(model, batch: int, prompt_len: int, new_tokens: int) -> dict:
+    import torch
+
+    from relax.backends.hf.decoder import BatchDecoder, DecodeRow
+    from relax.backends.hf.sampling import parse_sampling_params
+
+    g = torch.Generator().manual_seed(batch)
+    prompts = torch.randint(2, model.config.vocab_size, (batch, prompt_len), generator=g)
+    out = {"batch": batch}
+    # plain HF generate
+    with torch.inference_mode():
+        model.generate(prompts[:2, :8].cuda(), max_new_tokens=4, min_new_tokens=4, do_sample=True)  # warm-up
+        sync()
+        t0 = time.perf_counter()
+        model.generate(prompts.cuda(), attention_mask=torch.ones_like(prompts).cuda(), max_new_tokens=new_tokens,
+                       min_new_tokens=new_tokens, do_sample=True, temperature=1.0, top_k=0, top_p=1.0)
+        sync()
+    out["generate_tok_s"] = batch * new_tokens / (time.perf_counter() - t0)
+    # the engine's decoder
+    decoder = BatchDecoder(model, _NoText(), device="cuda", eos_token_ids=[1], max_context_len=4096, seed=0)
+    params = parse_sampling_params({"temperature": 1.0, "max_new_tokens": new_tokens, "ignore_eos": True})
+    warm = parse_sampling_params({"temperature": 1.0, "max_new_tokens": 4, "ignore_eos": True})
+    decoder.run([DecodeRow(p[:8].tolist(), warm) for p in prompts[:2]])
+    sync()
+    t0 = time.perf_counter()
+    results = decoder.run([DecodeRow(p.tolist(), params) for p in prompts])
+    sync()
+    assert all(len(r.output_ids) == new_tokens for r in results)
+    out["engine_tok_s"] = batch * new_tokens / (time.perf_counter() - t0)
+    out["engine_vs_generate"] = out["engine_tok_s"] / out["generate_tok_s"]
+    return out
+
+
+def train_batch(config, rows: int, length: int, prompt_len: int):
+    import torch
+
+    from relax.types import TrainBatch
+
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(2, config.vocab_size, (rows, length), generator=g).tolist()
+    n = length - prompt_len
+    return TrainBatch(tokens_RL=tokens, response_lengths_R=[n] * rows, loss_masks_RT=[[1] * n] * rows,
+                      advantages_RT=[[1.0 if r % 2 else -1.0] * n for r in range(rows)],
+                      old_log_probs_RT=[[-12.0] * n] * rows)
+
+
+def bench_fsdp(model_dir: str, config, rows: int, length: int, prompt_len: int, steps: int) -> dict:
+    import torch
+
+    from relax.algorithms.policy_loss import PolicyLossConfig
+    from relax.backends.base import TrainerSpec
+    from relax.backends.fsdp.worker import FSDPTrainWorker
+    from relax.config.schema import BatchConfig, OptimizerConfig
+    from relax.utils.net import free_port
+
+    spec = TrainerSpec(model_path=model_dir, optim=OptimizerConfig(lr=1e-6, bf16=True),
+                       batch=BatchConfig(micro_batch_size=rows), loss=PolicyLossConfig())
+    worker = FSDPTrainWorker(0, 1, "127.0.0.1", free_port(), spec)
+    try:
+        batch = train_batch(config, rows, length, prompt_len)
+        times = []
+        for step in range(steps + 1):  # the first is warm-up
+            torch.cuda.reset_peak_memory_stats()
+            sync()
+            t0 = time.perf_counter()
+            worker.train(batch, 1, [rows * (length - prompt_len)])
+            sync()
+            if step:
+                times.append(time.perf_counter() - t0)
+        return {"seconds": min(times), "peak_gib": torch.cuda.max_memory_allocated() / 2**30}
+    finally:
+        worker.shutdown()
+
+
+def bench_plain_train(model_dir: str, config, rows: int, length: int, steps: int) -> dict:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).cuda().train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(2, config.vocab_size, (rows, length), generator=g).cuda()
+    times = []
+    try:
+        for step in range(steps + 1):
+            torch.cuda.reset_peak_memory_stats()
+            sync()
+            t0 = time.perf_counter()
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            sync()
+            if step:
+                times.append(time.perf_counter() - t0)
+        return {"seconds": min(times), "peak_gib": torch.cuda.max_memory_allocated() / 2**30}
+    except torch.OutOfMemoryError as exc:
+        return {"seconds": None, "peak_gib": None, "error": f"out of memory: {str(exc)[:200]}"}
+    finally:
+        del model, optimizer
+        torch.cuda.empty_cache()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--batches", type=int, nargs="+", default=[64, 256])
+    parser.add_argument("--new-tokens", type=int, default=256)
+    parser.add_argument("--prompt-len", type=int, default=64)
+    parser.add_argument("--train-batch", type=int, default=16)
+    parser.add_argument("--train-len", type=int, default=1024)
+    parser.add_argument("--train-steps", type=int, default=3)
+    parser.add_argument("--layers", type=int, default=28)
+    parser.add_argument("--skip-decode", action="store_true")
+    parser.add_argument("--skip-train", action="store_true")
+    parser.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "gpu_throughput.json"))
+    args = parser.parse_args()
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    if not torch.cuda.is_available():
+        sys.exit("bench/gpu_throughput.py needs a CUDA GPU")
+    config = qwen3_06b_config(args.layers)
+    result: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "args": vars(args)}
+    with tempfile.TemporaryDirectory() as tmp:
+        torch.manual_seed(0)
+        AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(tmp)
+        if not args.skip_decode:
+            model = AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.bfloat16).cuda().eval()
+            result["decode"] = []
+            for batch in args.batches:
+                row = bench_decode(model, batch, args.prompt_len, args.new_tokens)
+                result["decode"].append(row)
+                print(f"decode  batch {batch:>4}: generate {row['generate_tok_s']:>9.0f} tok/s   engine "
+                      f"{row['engine_tok_s']:>9.0f} tok/s   engine/generate {row['engine_vs_generate']:.2f}x",
+                      flush=True)
+            del model
+            torch.cuda.empty_cache()
+        if not args.skip_train:
+            tokens = args.train_batch * args.train_len
+            flops = flops_per_token(config, args.train_len) * tokens
+            peak = peak_flops()
+            result["train"] = {}
+            for name, run in (("fsdp", lambda: bench_fsdp(tmp, config, args.train_batch, args.train_len,
+                                                         args.prompt_len, args.train_steps)),
+                              ("plain", lambda: bench_plain_train(tmp, config, args.train_batch, args.train_len,
+                                                                  args.train_steps))):
+                row = run()
+                row["mfu"] = flops / row["seconds"] / peak if peak and row.get("seconds") else None
+                result["train"][name] = row
+                print(f"train   {name:<6}: {row.get('seconds') or float('nan'):.3f} s/step   peak "
+                      f"{row.get('peak_gib') or float('nan'):.1f} GiB   MFU "
+                      f"{(row['mfu'] or float('nan')):.3f}  {row.get('error', '')}", flush=True)
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1)
+    ratio = result["decode"][-1]["engine_vs_generate"] if result.get("decode") else float("nan")
+    train = result.get("train", {})
+    print(f"engine_vs_generate={ratio:.2f} fsdp_mfu={(train.get('fsdp', {}).get('mfu') or float('nan')):.3f} "
+          f"plain_mfu={(train.get('plain', {}).get('mfu') or float('nan')):.3f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,78 @@
+"""--recompute-granularity full on the fsdp backend: per-layer activation checkpointing that changes
+memory, not the step. Its own module: the workers here need the process's default group, which
+test_fsdp_worker.py's module-scoped worker holds while it lives."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from relax.algorithms.policy_loss import PolicyLossConfig
+from relax.backends.base import TrainerSpec
+from relax.config.schema import BatchConfig, OptimizerConfig
+from relax.distributed.ray.actor_group import free_port
+
+from test_fsdp_worker import batch, log_probs
+
+
+
+@pytest.mark.parametrize("recompute_layers", [-1, 1])
+def test_recomputed_layers_give_the_same_step(tmp_path, recompute_layers):
+    """--recompute-granularity full (every layer, or the first k with block) changes memory, not the step."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from relax.backends.fsdp.worker import FSDPTrainWorker
+
+    torch.manual_seed(0)
+    cfg = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=8, pad_token_id=0)
+    Qwen3ForCausalLM(cfg).save_pretrained(tmp_path)
+    results = []
+    for layers in (None, recompute_layers):
+        spec = TrainerSpec(model_path=str(tmp_path), optim=OptimizerConfig(lr=1e-3),
+                           batch=BatchConfig(micro_batch_size=2), loss=PolicyLossConfig(), threads=1,
+                           recompute_layers=layers)
+        w = FSDPTrainWorker(0, 1, "127.0.0.1", free_port(), spec)
+        try:
+            checkpointed = [layer.gradient_checkpointing for layer in w.model.model.layers]
+            b = batch()
+            b.old_log_probs_RT = log_probs(w, b)
+            metrics = w.train(b, 1, [7])
+            results.append((checkpointed, metrics["grad_norm"], log_probs(w, b)))
+        finally:
+            w.shutdown()
+    assert results[0][0] == [False, False]
+    assert results[1][0] == ([True, True] if recompute_layers == -1 else [True, False])
+    assert results[1][1] == pytest.approx(results[0][1], rel=1e-5)
+    assert torch.allclose(torch.tensor(sum(results[1][2], [])), torch.tensor(sum(results[0][2], [])), atol=1e-6)
+
+
+def test_one_on_policy_pass_takes_the_training_forwards_log_probs_as_the_old_ones(tmp_path):
+    """old_logp_from_training: no old log-probs in the batch, the same step as with them recomputed."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from relax.backends.fsdp.worker import FSDPTrainWorker
+
+    torch.manual_seed(0)
+    cfg = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=8, pad_token_id=0)
+    Qwen3ForCausalLM(cfg).save_pretrained(tmp_path)
+    results = []
+    for reuse in (False, True):
+        spec = TrainerSpec(model_path=str(tmp_path), optim=OptimizerConfig(lr=1e-3),
+                           batch=BatchConfig(micro_batch_size=2), loss=PolicyLossConfig(), threads=1,
+                           old_logp_from_training=reuse)
+        w = FSDPTrainWorker(0, 1, "127.0.0.1", free_port(), spec)
+        try:
+            b = batch()
+            b.rollout_log_probs_RT = [[-1.0] * n for n in b.response_lengths_R]
+            if not reuse:
+                b.old_log_probs_RT = log_probs(w, b)
+            metrics = w.train(b, 1, [7])
+            results.append((metrics, log_probs(w, b)))
+        finally:
+            w.shutdown()
+    (plain, after_plain), (reused, after_reused) = results
+    assert reused["ppo_kl"] == 0.0 and reused["pg_clipfrac"] == 0.0
+    assert reused["grad_norm"] == pytest.approx(plain["grad_norm"], rel=1e-4)
+    assert torch.allclose(torch.tensor(sum(after_reused, [])), torch.tensor(sum(after_plain, [])), atol=1e-5)
