@@ -3,16 +3,22 @@
 (a) Decode: the `hf` engine's decoder (`relax.backends.hf.decoder.BatchDecoder`, the code path a
     rollout runs, without HTTP) against `model.generate` on the same random Qwen3-0.6B-shaped
     model (bf16), `--prompt-len` random prompt tokens, `--new-tokens` sampled tokens per row
-    (no early stop), at each `--batches` size. Tokens per second of generated tokens.
+    (no early stop), at each `--batches` size. Tokens per second of generated tokens. cuDNN
+    attention is off for both (the engine turns it off; for `generate` it is the faster
+    baseline, since cuDNN builds a plan for every new KV length).
 (b) Train: one fsdp rank (`FSDPTrainWorker`, world size 1, the actor's PPO loss, bf16 compute
-    with float32 master weights) against a plain HF step (float32 weights under bf16 autocast,
-    HF's cross-entropy loss, AdamW) on `--train-batch` rows of `--train-len` tokens in one
-    micro-batch. MFU = model FLOPs / time / the GPU's dense bf16 peak, with model FLOPs per token
-    = 6 * (matmul parameters, the LM head included) + 6 * layers * attention width * sequence
-    length (causal attention, forward + backward). Peak GPU memory of each step is reported.
+    with float32 master weights, the batch in one micro-batch, at each `--chunks` log-prob chunk
+    size) against a plain HF step (float32 weights under bf16 autocast, HF's cross-entropy loss,
+    fused AdamW, micro-batches of `--plain-micro-batch` rows with gradient accumulation, since
+    HF's loss makes float32 logits) on `--train-batch` rows of `--train-len` tokens. MFU = model
+    FLOPs / time / the GPU's dense bf16 peak, with model FLOPs per token = 6 * (matmul
+    parameters, the LM head included) + 6 * layers * attention width * sequence length (causal
+    attention, forward + backward). Peak GPU memory of each step is reported; `--profile` prints
+    the top GPU kernels of one fsdp step.
 
     python3 bench/gpu_throughput.py [--batches 64 256] [--new-tokens 256] [--prompt-len 64]
-        [--train-batch 16] [--train-len 1024] [--layers 28] [--skip-decode] [--skip-train]
+        [--train-batch 16] [--train-len 1024] [--layers 28] [--chunks -1 2048] [--plain-micro-batch 4]
+        [--compile] [--profile] [--skip-decode] [--skip-train]
         [--out bench/results/gpu_throughput.json]
 
 Prints a table; the last line is `engine_vs_generate=<r> fsdp_mfu=<x> plain_mfu=<y>` (r at the
@@ -116,7 +122,8 @@ def train_batch(config, rows: int, length: int, prompt_len: int):
                       old_log_probs_RT=[[-12.0] * n] * rows)
 
 
-def bench_fsdp(model_dir: str, config, rows: int, length: int, prompt_len: int, steps: int) -> dict:
+def bench_fsdp(model_dir: str, config, rows: int, length: int, prompt_len: int, steps: int, chunk: int,
+               profile: bool = False, compile_layers: bool = False) -> dict:
     import torch
 
     from relax.algorithms.policy_loss import PolicyLossConfig
@@ -126,7 +133,8 @@ def bench_fsdp(model_dir: str, config, rows: int, length: int, prompt_len: int, 
     from relax.utils.net import free_port
 
     spec = TrainerSpec(model_path=model_dir, optim=OptimizerConfig(lr=1e-6, bf16=True),
-                       batch=BatchConfig(micro_batch_size=rows), loss=PolicyLossConfig())
+                       batch=BatchConfig(micro_batch_size=rows, log_probs_chunk_size=chunk), loss=PolicyLossConfig(),
+                       compile_layers=compile_layers)
     worker = FSDPTrainWorker(0, 1, "127.0.0.1", free_port(), spec)
     try:
         batch = train_batch(config, rows, length, prompt_len)
@@ -139,17 +147,25 @@ def bench_fsdp(model_dir: str, config, rows: int, length: int, prompt_len: int, 
             sync()
             if step:
                 times.append(time.perf_counter() - t0)
+        if profile:  # one more step under the profiler: where the GPU time goes
+            from torch.profiler import ProfilerActivity
+            from torch.profiler import profile as torch_profile
+
+            with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                worker.train(batch, 1, [rows * (length - prompt_len)])
+                sync()
+            print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=60))
         return {"seconds": min(times), "peak_gib": torch.cuda.max_memory_allocated() / 2**30}
     finally:
         worker.shutdown()
 
 
-def bench_plain_train(model_dir: str, config, rows: int, length: int, steps: int) -> dict:
+def bench_plain_train(model_dir: str, config, rows: int, length: int, steps: int, micro: int) -> dict:
     import torch
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).cuda().train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6, fused=True)
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(2, config.vocab_size, (rows, length), generator=g).cuda()
     times = []
@@ -158,9 +174,10 @@ def bench_plain_train(model_dir: str, config, rows: int, length: int, steps: int
             torch.cuda.reset_peak_memory_stats()
             sync()
             t0 = time.perf_counter()
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                loss = model(input_ids=ids, labels=ids).loss
-            loss.backward()
+            for start in range(0, rows, micro):  # gradient accumulation: HF's loss needs fp32 logits
+                with torch.autocast("cuda", dtype=torch.bfloat16):
+                    loss = model(input_ids=ids[start:start + micro], labels=ids[start:start + micro]).loss
+                (loss * len(ids[start:start + micro]) / rows).backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             sync()
@@ -183,7 +200,14 @@ def main() -> None:
     parser.add_argument("--train-len", type=int, default=1024)
     parser.add_argument("--train-steps", type=int, default=3)
     parser.add_argument("--layers", type=int, default=28)
+    parser.add_argument("--chunks", type=int, nargs="+", default=[-1],
+                        help="--log-probs-chunk-size values the fsdp step is timed with")
+    parser.add_argument("--plain-micro-batch", type=int, default=4,
+                        help="rows per forward of the plain step (it accumulates gradients over the batch)")
     parser.add_argument("--skip-decode", action="store_true")
+    parser.add_argument("--profile", action="store_true", help="print the top GPU kernels of one fsdp step")
+    parser.add_argument("--compile", action="store_true",
+                        help="also time the fsdp step with --use-torch-compile (decoder layers compiled)")
     parser.add_argument("--skip-train", action="store_true")
     parser.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "gpu_throughput.json"))
     args = parser.parse_args()
@@ -194,6 +218,7 @@ def main() -> None:
     if not torch.cuda.is_available():
         sys.exit("bench/gpu_throughput.py needs a CUDA GPU")
     config = qwen3_06b_config(args.layers)
+    torch.backends.cuda.enable_cudnn_sdp(False)  # see the module doc
     result: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "args": vars(args)}
     with tempfile.TemporaryDirectory() as tmp:
         torch.manual_seed(0)
@@ -214,14 +239,18 @@ def main() -> None:
             flops = flops_per_token(config, args.train_len) * tokens
             peak = peak_flops()
             result["train"] = {}
-            for name, run in (("fsdp", lambda: bench_fsdp(tmp, config, args.train_batch, args.train_len,
-                                                         args.prompt_len, args.train_steps)),
-                              ("plain", lambda: bench_plain_train(tmp, config, args.train_batch, args.train_len,
-                                                                  args.train_steps))):
+            runs = [(f"fsdp chunk {c}{' compiled' if comp else ''}",
+                     lambda c=c, comp=comp: bench_fsdp(tmp, config, args.train_batch, args.train_len, args.prompt_len,
+                                                       args.train_steps, c, args.profile, comp))
+                    for comp in ([False, True] if args.compile else [False]) for c in args.chunks]
+            runs.append((f"plain mb {args.plain_micro_batch}",
+                         lambda: bench_plain_train(tmp, config, args.train_batch, args.train_len, args.train_steps,
+                                                   args.plain_micro_batch)))
+            for name, run in runs:
                 row = run()
                 row["mfu"] = flops / row["seconds"] / peak if peak and row.get("seconds") else None
                 result["train"][name] = row
-                print(f"train   {name:<6}: {row.get('seconds') or float('nan'):.3f} s/step   peak "
+                print(f"train   {name:<24}: {row.get('seconds') or float('nan'):.3f} s/step   peak "
                       f"{row.get('peak_gib') or float('nan'):.1f} GiB   MFU "
                       f"{(row['mfu'] or float('nan')):.3f}  {row.get('error', '')}", flush=True)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
@@ -229,8 +258,9 @@ def main() -> None:
         json.dump(result, f, indent=1)
     ratio = result["decode"][-1]["engine_vs_generate"] if result.get("decode") else float("nan")
     train = result.get("train", {})
-    print(f"engine_vs_generate={ratio:.2f} fsdp_mfu={(train.get('fsdp', {}).get('mfu') or float('nan')):.3f} "
-          f"plain_mfu={(train.get('plain', {}).get('mfu') or float('nan')):.3f}")
+    fsdp = max((r["mfu"] or 0.0 for k, r in train.items() if k.startswith("fsdp")), default=float("nan"))
+    plain = next((r["mfu"] or float("nan") for k, r in train.items() if k.startswith("plain")), float("nan"))
+    print(f"engine_vs_generate={ratio:.2f} fsdp_mfu={fsdp:.3f} plain_mfu={plain:.3f}")
 
 
 if __name__ == "__main__":

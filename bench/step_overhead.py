@@ -9,9 +9,12 @@ time (`time/step`) into
 The first step is reported but left out of the fraction (one-time warm-up: first allocations,
 first weight-sync group use).
 
-    python3 bench/step_overhead.py [--steps 8] [--out bench/results/step_overhead.json]
+    python3 bench/step_overhead.py [--steps 8] [--shape quickstart|lean] [--out bench/results/step_overhead.json]
 
-Prints a table and ends with `overhead_fraction=<x>`.
+`--shape lean` is the small step of issue 13: the quickstart's 1.1M-parameter model, 8 prompts x
+8 samples of at most 24 tokens, colocate, 2 engines, 1 training rank, dynamic batching, no
+reference (KL_LOSS_COEF=0). Prints a table and ends with `overhead_fraction=<x>
+samples_per_s=<y>` (steady-state steps: samples per step / median step time).
 """
 
 from __future__ import annotations
@@ -27,13 +30,22 @@ sys.path.insert(0, ROOT)  # run as `python3 bench/<name>.py`: the repo root (exa
 COMPUTE_KEYS = ("compute/generate_seconds", "compute/train_seconds", "compute/reference_seconds")
 
 
-def run_quickstart(steps: int, exp_dir: str) -> str:
-    env = dict(os.environ, EXP_DIR=exp_dir, NUM_ROLLOUT=str(steps), EVAL_INTERVAL="0", SAVE_INTERVAL="0")
+SHAPES = {  # extra environment and flags of the quickstart script
+    "quickstart": ({}, []),
+    "lean": ({"KL_LOSS_COEF": "0"}, ["--rollout-batch-size", "8", "--n-samples-per-prompt", "8",
+                                     "--global-batch-size", "64", "--rollout-max-response-len", "24"]),
+}
+
+
+def run_quickstart(steps: int, exp_dir: str, shape: str = "quickstart") -> str:
+    extra_env, extra_args = SHAPES[shape]
+    env = dict(os.environ, EXP_DIR=exp_dir, NUM_ROLLOUT=str(steps), EVAL_INTERVAL="0", SAVE_INTERVAL="0",
+               **extra_env)
     metrics = os.path.join(exp_dir, "run", "metrics.jsonl")
     if os.path.exists(metrics):
         os.remove(metrics)  # the tracker appends; this run's steps only
-    subprocess.run(["bash", os.path.join(ROOT, "scripts/training/text/run-tiny-cpu.sh")], env=env, check=True,
-                   cwd=ROOT)
+    subprocess.run(["bash", os.path.join(ROOT, "scripts/training/text/run-tiny-cpu.sh"), *extra_args], env=env,
+                   check=True, cwd=ROOT)
     return metrics
 
 
@@ -44,7 +56,8 @@ def step_rows(metrics_path: str) -> list[dict[str, float]]:
     out = []
     for r in steps:
         compute = sum(r.get(k, 0.0) for k in COMPUTE_KEYS)
-        out.append({"step": r["step"] + 1, "wall": r["time/step"], "generate": r.get(COMPUTE_KEYS[0], 0.0),
+        out.append({"step": r["step"] + 1, "wall": r["time/step"], "samples": r.get("rollout/num_samples", 0.0),
+                    "generate": r.get(COMPUTE_KEYS[0], 0.0),
                     "train": r.get(COMPUTE_KEYS[1], 0.0), "reference": r.get(COMPUTE_KEYS[2], 0.0),
                     "compute": compute, "overhead": r["time/step"] - compute,
                     "sync": r.get("weight_sync/seconds", 0.0), "rollout": r.get("time/rollout", 0.0)})
@@ -67,22 +80,27 @@ def print_table(rows: list[dict[str, float]]) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="quickstart")
     parser.add_argument("--exp-dir", default=os.path.join(ROOT, "outputs", "bench-step-overhead"))
     parser.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "step_overhead.json"))
     parser.add_argument("--metrics", help="analyse an existing metrics.jsonl instead of running")
     args = parser.parse_args()
-    metrics = args.metrics or run_quickstart(args.steps, args.exp_dir)
+    metrics = args.metrics or run_quickstart(args.steps, args.exp_dir, args.shape)
     rows = step_rows(metrics)
     if not rows:
         print(f"no step metrics in {metrics}", file=sys.stderr)
         return 1
     print_table(rows)
     fraction = overhead_fraction(rows)
+    steady = rows[1:] or rows
+    median = sorted(r["wall"] for r in steady)[len(steady) // 2]
+    samples_per_s = (steady[0]["samples"] or 0.0) / median
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
-        json.dump({"rows": rows, "overhead_fraction": fraction, "steady_state_steps": len(rows[1:] or rows)}, f,
-                  indent=2)
-    print(f"overhead_fraction={fraction:.3f}")
+        json.dump({"shape": args.shape, "rows": rows, "overhead_fraction": fraction, "median_step_s": median,
+                   "samples_per_s": samples_per_s, "steady_state_steps": len(steady)}, f, indent=2)
+    print(f"median step {median:.3f} s, {samples_per_s:.1f} samples/s")
+    print(f"overhead_fraction={fraction:.3f} samples_per_s={samples_per_s:.1f}")
     return 0
 
 

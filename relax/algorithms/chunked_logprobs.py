@@ -11,7 +11,7 @@ chunk of hidden states by the output embedding, reduces it to the chunk's log-su
 log-prob and entropy, and drops it. Backward does the same per chunk (recomputing the chunk's
 logits from the saved hidden states, weight and log-sum-exp) and accumulates the gradients of
 the hidden states and the weight. Peak extra memory is three [chunk, V] float32 tensors;
-`auto_chunk` sizes a chunk to 128 MiB of float32 logits.
+`auto_chunk` sizes a chunk to 1 GiB of float32 logits.
 
 Numerics equal the plain computation's: the matmul runs in the inputs' dtype, everything after
 it in float32 (as `logits.float()` then `log_softmax`), and the gradient of a log-prob and of
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-AUTO_CHUNK_BYTES = 128 << 20  # float32 logits of one chunk
+AUTO_CHUNK_BYTES = 1 << 30  # float32 logits of one chunk (bigger chunks: fewer, larger matmuls)
 
 
 def auto_chunk(vocab_size: int, chunk_bytes: int = AUTO_CHUNK_BYTES) -> int:
@@ -30,11 +30,10 @@ def auto_chunk(vocab_size: int, chunk_bytes: int = AUTO_CHUNK_BYTES) -> int:
     return max(1, chunk_bytes // (4 * max(vocab_size, 1)))
 
 
-def _chunk_stats(hidden_CH: torch.Tensor, weight_VH: torch.Tensor, temperature: float
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Scaled float32 logits `z_CV` of a chunk and their log-sum-exp `lse_C`."""
-    z_CV = (hidden_CH @ weight_VH.T).float() / temperature
-    return z_CV, torch.logsumexp(z_CV, dim=-1)
+def _scaled_logits(hidden_CH: torch.Tensor, weight_VH: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Float32 `hidden @ weight.T / temperature` of a chunk (one new [C, V] tensor)."""
+    z_CV = (hidden_CH @ weight_VH.T).float()
+    return z_CV.div_(temperature) if temperature != 1.0 else z_CV
 
 
 class _ChunkedLogProbs(torch.autograd.Function):
@@ -47,7 +46,8 @@ class _ChunkedLogProbs(torch.autograd.Function):
         ent_N = hidden_NH.new_empty(n if with_entropy else 0, dtype=torch.float32)
         for s in range(0, n, chunk):
             e = min(s + chunk, n)
-            z_CV, lse_C = _chunk_stats(hidden_NH[s:e], weight_VH, temperature)
+            z_CV = _scaled_logits(hidden_NH[s:e], weight_VH, temperature)
+            lse_C = torch.logsumexp(z_CV, dim=-1)
             lse_N[s:e] = lse_C
             logp_N[s:e] = z_CV.gather(1, targets_N[s:e, None]).squeeze(1) - lse_C
             if with_entropy:
@@ -69,18 +69,23 @@ class _ChunkedLogProbs(torch.autograd.Function):
         grad_w = torch.zeros(weight_VH.shape, dtype=torch.float32, device=weight_VH.device) if want_w else None
         for s in range(0, n, ctx.chunk):
             e = min(s + ctx.chunk, n)
-            z_CV, _ = _chunk_stats(hidden_NH[s:e], weight_VH, temperature)
-            logp_CV = z_CV.sub_(lse_N[s:e, None])
+            # The chunk's logits again (the saved log-sum-exp spares their reduction); then the
+            # gradient with respect to the scaled logits, built in place in the p tensor:
+            # d logp[target]/dz = onehot - p, dH/dz = -p (log p - E_p[log p]).
+            logp_CV = _scaled_logits(hidden_NH[s:e], weight_VH, temperature).sub_(lse_N[s:e, None])
             p_CV = logp_CV.exp()
-            grad_z_CV = torch.zeros_like(p_CV)
-            if grad_ent_N is not None and grad_ent_N.numel():  # dH/dz = -p (log p - E_p[log p])
-                mean_C = (p_CV * logp_CV).sum(-1, keepdim=True)
-                grad_z_CV -= p_CV * (logp_CV - mean_C) * grad_ent_N[s:e, None]
-            if grad_logp_N is not None:  # d logp[target]/dz = onehot - p
-                g_C = grad_logp_N[s:e, None]
-                grad_z_CV -= p_CV * g_C
-                grad_z_CV.scatter_add_(1, targets_N[s:e, None], g_C)
-            grad_z_CV = (grad_z_CV / temperature).to(hidden_NH.dtype)
+            coef_C = -grad_logp_N[s:e] if grad_logp_N is not None else torch.zeros_like(lse_N[s:e])
+            if grad_ent_N is not None and grad_ent_N.numel():
+                mean_C = (p_CV * logp_CV).sum(-1)
+                coef_C = coef_C + grad_ent_N[s:e] * mean_C
+                grad_z_CV = logp_CV.mul_(-grad_ent_N[s:e, None]).add_(coef_C[:, None]).mul_(p_CV)
+            else:
+                grad_z_CV = p_CV.mul_(coef_C[:, None])
+            if grad_logp_N is not None:
+                grad_z_CV.scatter_add_(1, targets_N[s:e, None], grad_logp_N[s:e, None])
+            if temperature != 1.0:
+                grad_z_CV.div_(temperature)
+            grad_z_CV = grad_z_CV.to(hidden_NH.dtype)
             if want_h:
                 grad_h[s:e] = grad_z_CV @ weight_VH
             if want_w:

@@ -33,6 +33,7 @@ class TrainerSpec:
     # --recompute-*: decoder layers whose activations are recomputed in backward (None: none;
     # -1: all; k: the first k).
     recompute_layers: int | None = None
+    compile_layers: bool = False  # --use-torch-compile: torch.compile each decoder layer (GPU only)
     # The step is one on-policy pass (relax.config.plan.reuses_training_log_probs): a batch
     # without old log-probs takes the training forward's own, detached.
     old_logp_from_training: bool = False

@@ -43,6 +43,16 @@ def policy_loss_config(cfg: RelaxConfig) -> PolicyLossConfig:
     )
 
 
+def cpu_threads(cfg: RelaxConfig, ranks: int) -> int:
+    """Torch threads of each CPU training rank. Colocate: the phases take turns on the machine
+    (engines generate, then the ranks score and train), so a phase's ranks share every core.
+    Fully async: every role runs at once, each process on --engine-threads. --true-on-policy-mode:
+    --engine-threads too, the engines' count (a reduction split by thread changes the bits)."""
+    if cfg.cluster.fully_async or cfg.cluster.true_on_policy_mode:
+        return cfg.cluster.engine_threads
+    return max(1, (os.cpu_count() or 1) // max(1, ranks))
+
+
 def recompute_layers(cfg: RelaxConfig) -> int | None:
     """--recompute-*: None (no recomputation), -1 (every layer) or the first k layers (block)."""
     p = cfg.parallel
@@ -59,7 +69,7 @@ def make_worker_group(cfg: RelaxConfig, role: RolePlan, kind: str, model_path: s
     spec = TrainerSpec(
         model_path=model_path, role=kind, optim=optim or cfg.optim, batch=cfg.batch, value_clip=cfg.algo.value_clip,
         loss=policy_loss_config(cfg) if kind == "actor" else None, temperature=cfg.rollout.rollout_temperature,
-        total_steps=total_steps, threads=threads or cfg.cluster.engine_threads,
+        total_steps=total_steps, threads=threads or cpu_threads(cfg, role.workers),
         timeout_minutes=cfg.cluster.distributed_timeout_minutes, dist_backend=cfg.cluster.distributed_backend,
         bucket_bytes=cfg.rollout.update_weight_buffer_size,
         sync_timeout_s=cfg.rollout.weight_sync_timeout, weight_sync_backend=cfg.ckpt.checkpoint_engine_backend,
@@ -67,6 +77,7 @@ def make_worker_group(cfg: RelaxConfig, role: RolePlan, kind: str, model_path: s
         pg_loss_reducer_path=cfg.algo.custom_pg_loss_reducer_function_path, tis_path=cfg.algo.custom_tis_function_path,
         true_on_policy=cfg.cluster.true_on_policy_mode, recompute_layers=recompute_layers(cfg),
         old_logp_from_training=kind == "actor" and reuses_training_log_probs(cfg),
+        compile_layers=cfg.parallel.use_torch_compile,
     )
     placed = None
     if role.slots:  # a GPU cluster: each rank on its bundle of the run's placement group

@@ -79,7 +79,10 @@ class ClusterConfig:
                                     "extra forward per response (docs/true-on-policy.md).")
     ray_address: str | None = opt(None, "Ray cluster to join (default: $RAY_ADDRESS, else start a local one).")
     ray_num_cpus: int | None = opt(None, "Logical CPUs for a locally started Ray (default: max(8, cores)).")
-    engine_threads: int = opt(1, "Torch threads per CPU engine/train worker process (CPU runs only).")
+    engine_threads: int = opt(1, "Torch threads per CPU engine process, and per training rank in fully async mode "
+                              "(CPU runs only); in colocate mode the training ranks share every core while they "
+                              "run (cores / ranks), since the engines wait meanwhile (with --true-on-policy-mode "
+                              "they use this count, as the engines do).")
 
 
 @dataclass(frozen=True)
@@ -198,7 +201,7 @@ class BatchConfig:
     log_probs_max_tokens_per_gpu: int | None = opt(None, "Token budget for log-prob passes.")
     log_probs_chunk_size: int = opt(-1, "Tokens per chunk of the output layer in every fsdp forward: log-probs "
                                     "and entropy are computed chunk by chunk from the hidden states, never as "
-                                    "[tokens, vocab] logits; -1 sizes a chunk to 128 MiB of float32 logits.")
+                                    "[tokens, vocab] logits; -1 sizes a chunk to 1 GiB of float32 logits.")
     balance_data: bool = opt(False, "Balance tokens across DP ranks.", supported=False)
 
 
@@ -216,6 +219,8 @@ class ParallelConfig:
     recompute_method: Literal["uniform", "block"] | None = opt(
         None, "With --recompute-granularity full: uniform recomputes every layer; block only the first "
         "--recompute-num-layers layers (fsdp).")
+    use_torch_compile: bool = opt(False, "fsdp on GPUs: compile each decoder layer with torch.compile (fuses "
+                                  "the norms, RoPE and activations; the first steps compile). Off on CPU.")
     recompute_num_layers: int | None = opt(None, "Layers recomputed with --recompute-method block (all layers when "
                                            "unset); with uniform, Megatron's layers per recompute unit (fsdp "
                                            "recomputes per layer).")

@@ -225,11 +225,19 @@ class FSDPTrainWorker:
             keep = self.spec.recompute_layers
             for layer in model.model.layers[keep:] if keep >= 0 else []:
                 layer.gradient_checkpointing = False  # --recompute-method block: only the first k
+        if self.spec.compile_layers and self.device.type == "cuda":
+            for layer in model.model.layers:  # before FSDP wraps it, as torchtitan does
+                layer.compile(dynamic=True)
+        elif self.spec.compile_layers:
+            logger.warning("--use-torch-compile applies to GPU ranks; this rank runs on %s uncompiled", self.device)
         if sharded(self.world_size, self.spec.optim.bf16):
             mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if self.spec.optim.bf16 else None)
+            # One rank: keep each layer's gathered (bf16) parameters from forward to backward
+            # instead of gathering and casting them again; there is no shard to save memory on.
+            reshard = self.world_size > 1
             for layer in model.model.layers:
-                fully_shard(layer, mp_policy=mp)
-            fully_shard(model, mp_policy=mp)
+                fully_shard(layer, mp_policy=mp, reshard_after_forward=reshard)
+            fully_shard(model, mp_policy=mp, reshard_after_forward=reshard)
         self._apply_freezing(model)
         return model
 
@@ -248,8 +256,9 @@ class FSDPTrainWorker:
     def _build_optimizer(self) -> None:
         o = self.spec.optim
         params = [p for p in self.model.parameters() if p.requires_grad]
+        # On GPUs the fused kernel: one launch per parameter group instead of several per tensor.
         self.optimizer = torch.optim.AdamW(params, lr=o.lr, betas=(o.adam_beta1, o.adam_beta2), eps=o.adam_eps,
-                                           weight_decay=o.weight_decay)
+                                           weight_decay=o.weight_decay, fused=self.device.type == "cuda")
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(o, self.spec.total_steps))
 
     # ---- forward passes ----------------------------------------------------------------

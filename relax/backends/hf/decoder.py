@@ -272,6 +272,10 @@ class BatchDecoder:
             self.shared_generator.manual_seed(seed)
         self.can_join = cache_supports_join(model.config)
         self.stats = DecodeStats()
+        if self.device.type == "cuda":
+            # cuDNN attention builds a plan per new shape (and thread); a decode step's shapes are
+            # new nearly every step (the KV length grows, batches join and finish): ~3.5x slower.
+            torch.backends.cuda.enable_cudnn_sdp(False)
 
     def max_new_tokens(self, row: DecodeRow) -> int:
         room = self.max_context_len - len(row.prompt_ids)

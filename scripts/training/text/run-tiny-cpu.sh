@@ -38,7 +38,8 @@ case "${MODE}" in
   colocate)
     # Phases take turns on both cores: 2 engines generate, then the trainer ranks run.
     MODE_ARGS=(--colocate)
-    RESOURCE='{"actor": [1, 1], "rollout": [1, 2], "reference": [1, 1]}' ;;
+    RESOURCE='{"actor": [1, 1], "rollout": [1, 2], "reference": [1, 1]}'
+    [ "${KL_LOSS_COEF:-0.05}" = "0" ] && RESOURCE='{"actor": [1, 1], "rollout": [1, 2]}' ;;
   async)
     # Roles run at once: 1 engine keeps generating while Actor, ActorFwd, Reference and
     # Advantages train and score behind it, at most MAX_STALENESS steps behind the rollout.
@@ -92,11 +93,12 @@ ALGO_ARGS=(
   --advantage-estimator "${ESTIMATOR}"
   --eps-clip 0.2
   --entropy-coef 0
-  # A small KL to the SFT policy keeps the response format (eos) intact as accuracy climbs.
-  --use-kl-loss
-  --kl-loss-coef 0.05
-  --kl-loss-type low_var_kl
 )
+# A small KL to the SFT policy keeps the response format (eos) intact as accuracy climbs.
+# KL_LOSS_COEF=0 drops it, and with it the Reference role (bench/step_overhead.py --shape lean).
+if [ "${KL_LOSS_COEF:-0.05}" != "0" ]; then
+  ALGO_ARGS+=(--use-kl-loss --kl-loss-coef "${KL_LOSS_COEF:-0.05}" --kl-loss-type low_var_kl)
+fi
 if [ "${ESTIMATOR}" = "ppo" ]; then
   # PPO: a critic (the policy's body + a value head) gives GAE advantages. Its value head starts
   # random, so it trains alone for a few steps before the policy moves.

@@ -62,7 +62,7 @@ def test_bf16_inputs_match_the_plain_bf16_matmul_then_float32():
 
 
 def test_auto_chunk_and_bad_temperature():
-    assert auto_chunk(151936) == (128 << 20) // (4 * 151936)
+    assert auto_chunk(151936) == (1 << 30) // (4 * 151936)
     assert auto_chunk(10) > 1_000_000 and auto_chunk(0) >= 1
     hidden, weight, targets = _inputs()
     with pytest.raises(ValueError, match="temperature must be > 0"):

@@ -50,7 +50,7 @@ def test_critic_values_are_the_head_at_the_positions_that_choose_each_token(mode
         assert [len(v) for v in got] == b.response_lengths_R
         for toks, n, row in zip(b.tokens_RL, b.response_lengths_R, got):
             with torch.no_grad():
-                head = critic.model(input_ids=torch.tensor([toks])).logits[0, :, 0]
+                head = critic.model(input_ids=torch.tensor([toks], device=critic.device)).logits[0, :, 0].cpu()
             assert torch.allclose(torch.tensor(row), head[len(toks) - n - 1: len(toks) - 1], atol=1e-5)
         assert critic.model.config.num_labels == 1
     finally:

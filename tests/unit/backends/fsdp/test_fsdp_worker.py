@@ -47,7 +47,7 @@ def test_log_probs_match_a_plain_forward(worker):
     model = worker.model
     for toks, n, lp in zip(b.tokens_RL, b.response_lengths_R, got):
         with torch.no_grad():
-            logits = model(input_ids=torch.tensor([toks])).logits[0, :-1]
+            logits = model(input_ids=torch.tensor([toks], device=worker.device)).logits[0, :-1].cpu()
         ref = torch.log_softmax(logits.float(), -1)[torch.arange(len(toks) - n - 1, len(toks) - 1),
                                                      torch.tensor(toks[-n:])]
         assert torch.allclose(torch.tensor(lp), ref, atol=1e-5)
@@ -145,8 +145,13 @@ def test_streamed_pass_equals_the_whole_shard_pass(worker):
     streamed = worker.train_end()
     assert ran == [0, 0, 2]  # 2 optimizer steps of 2 rows, micro_batch_size 2: one micro-batch each
     whole.pop("compute_seconds"), streamed.pop("compute_seconds")
-    assert streamed == whole
-    assert all(torch.equal(a, b) for a, b in zip(params(), after_whole))
+    if worker.device.type == "cpu":  # bitwise; CUDA kernels may reduce in another order between two runs
+        assert streamed == whole
+        assert all(torch.equal(a, b) for a, b in zip(params(), after_whole))
+    else:
+        same = lambda m: {k: v for k, v in m.items() if not k.startswith("memory/")}  # noqa: E731 (allocator state)
+        assert same(streamed) == pytest.approx(same(whole), rel=1e-4, abs=1e-6)
+        assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(params(), after_whole))
 
 
 def test_train_end_names_rows_never_sent(worker):
