@@ -76,7 +76,7 @@ def sync():
     torch.cuda.synchronize()
 
 
-def bench_decode(model, batch: int, prompt_len: int, new_tokens: int) -> dict:
+def bench_decode(model, batch: int, prompt_len: int, new_tokens: int, samples: int = 1) -> dict:
     import torch
 
     from relax.backends.hf.decoder import BatchDecoder, DecodeRow
@@ -106,6 +106,13 @@ def bench_decode(model, batch: int, prompt_len: int, new_tokens: int) -> dict:
     assert all(len(r.output_ids) == new_tokens for r in results)
     out["engine_tok_s"] = batch * new_tokens / (time.perf_counter() - t0)
     out["engine_vs_generate"] = out["engine_tok_s"] / out["generate_tok_s"]
+    if samples > 1:  # the RL shape: `samples` rows per prompt, the prompt prefilled once
+        group = [DecodeRow(p.tolist(), params) for p in prompts[:batch // samples] for _ in range(samples)]
+        sync()
+        t0 = time.perf_counter()
+        decoder.run(group)
+        sync()
+        out[f"engine_{samples}_per_prompt_tok_s"] = len(group) * new_tokens / (time.perf_counter() - t0)
     return out
 
 
@@ -205,6 +212,10 @@ def main() -> None:
     parser.add_argument("--plain-micro-batch", type=int, default=4,
                         help="rows per forward of the plain step (it accumulates gradients over the batch)")
     parser.add_argument("--skip-decode", action="store_true")
+    parser.add_argument("--samples-per-prompt", type=int, default=1,
+                        help="also decode batch/N prompts x N samples each (prefix sharing)")
+    parser.add_argument("--engine-compile", action="store_true",
+                        help="compile the decoder layers of the decode model (torch.compile, dynamic shapes)")
     parser.add_argument("--profile", action="store_true", help="print the top GPU kernels of one fsdp step")
     parser.add_argument("--compile", action="store_true",
                         help="also time the fsdp step with --use-torch-compile (decoder layers compiled)")
@@ -225,9 +236,12 @@ def main() -> None:
         AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(tmp)
         if not args.skip_decode:
             model = AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.bfloat16).cuda().eval()
+            if args.engine_compile:  # experiment: compiled decoder layers for both generate and the engine
+                for layer in model.model.layers:
+                    layer.compile(dynamic=True)
             result["decode"] = []
             for batch in args.batches:
-                row = bench_decode(model, batch, args.prompt_len, args.new_tokens)
+                row = bench_decode(model, batch, args.prompt_len, args.new_tokens, args.samples_per_prompt)
                 result["decode"].append(row)
                 print(f"decode  batch {batch:>4}: generate {row['generate_tok_s']:>9.0f} tok/s   engine "
                       f"{row['engine_tok_s']:>9.0f} tok/s   engine/generate {row['engine_vs_generate']:.2f}x",

@@ -43,14 +43,23 @@ def policy_loss_config(cfg: RelaxConfig) -> PolicyLossConfig:
     )
 
 
+TRAINING_ROLES = ("actor", "reference", "critic", "actor_fwd", "teacher")  # roles that may run training-backend ranks
+
+
 def cpu_threads(cfg: RelaxConfig, ranks: int) -> int:
     """Torch threads of each CPU training rank. Colocate: the phases take turns on the machine
-    (engines generate, then the ranks score and train), so a phase's ranks share every core.
+    (engines generate, then the ranks score and train), so the training-backend ranks share
+    every core.
     Fully async: every role runs at once, each process on --engine-threads. --true-on-policy-mode:
     --engine-threads too, the engines' count (a reduction split by thread changes the bits)."""
     if cfg.cluster.fully_async or cfg.cluster.true_on_policy_mode:
         return cfg.cluster.engine_threads
-    return max(1, (os.cpu_count() or 1) // max(1, ranks))
+    # Scoring roles (reference, critic, a training-backend teacher) may run beside the actor's
+    # ranks within a phase: the cores are split over all of them, never oversubscribed (OpenMP
+    # threads that outnumber the cores spin and slow every process down).
+    resource = cfg.cluster.resource or {}
+    total = sum(int((resource.get(name) or [1, 0])[1] or 0) for name in TRAINING_ROLES) or ranks
+    return max(1, (os.cpu_count() or 1) // max(1, total, ranks))
 
 
 def recompute_layers(cfg: RelaxConfig) -> int | None:

@@ -80,9 +80,9 @@ class ClusterConfig:
     ray_address: str | None = opt(None, "Ray cluster to join (default: $RAY_ADDRESS, else start a local one).")
     ray_num_cpus: int | None = opt(None, "Logical CPUs for a locally started Ray (default: max(8, cores)).")
     engine_threads: int = opt(1, "Torch threads per CPU engine process, and per training rank in fully async mode "
-                              "(CPU runs only); in colocate mode the training ranks share every core while they "
-                              "run (cores / ranks), since the engines wait meanwhile (with --true-on-policy-mode "
-                              "they use this count, as the engines do).")
+                              "(CPU runs only); in colocate mode the training-backend ranks (actor, reference, "
+                              "critic) split every core between them while they run, since the engines wait "
+                              "meanwhile (with --true-on-policy-mode they use this count, as the engines do).")
 
 
 @dataclass(frozen=True)

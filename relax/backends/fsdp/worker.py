@@ -97,7 +97,7 @@ def sharded(world_size: int, bf16: bool) -> bool:
     return world_size > 1 or bf16
 
 
-class response_head:
+class ResponseHead:
     """Context manager: for one forward, `head` (the model's output embedding, a Linear without
     bias) returns `[B, T, 2]` = (log-prob, entropy) of the response tokens instead of `[B, L, V]`
     logits. Row b's token t is read at hidden position `index_BT[b, t]` and predicts
@@ -118,6 +118,7 @@ class response_head:
         logp_N, ent_N = chunked_token_log_probs(hidden_NH, self.head.weight, self.targets_BT[self.mask_BT],
                                                 temperature=self.temperature, chunk=self.chunk,
                                                 entropy=self.entropy)
+
         def scatter(values_N: torch.Tensor) -> torch.Tensor:
             return values_N.new_zeros(self.mask_BT.shape).index_put((self.mask_BT,), values_N)
 
@@ -125,7 +126,7 @@ class response_head:
             else torch.zeros_like(self.mask_BT, dtype=torch.float32)
         return torch.stack([scatter(logp_N), ent_BT], dim=-1)
 
-    def __enter__(self) -> "response_head":
+    def __enter__(self) -> "ResponseHead":
         self.head.forward = self.forward  # the instance attribute shadows the class's forward
         return self
 
@@ -267,7 +268,7 @@ class FSDPTrainWorker:
         """Response-aligned `logp_BT`, `mask_BT` (and `entropy_BT`) at the rollout temperature.
 
         The model's output layer is swapped for the chunked log-prob head for this forward
-        (`response_head`): no [B, L, V] logits are built, only the response tokens' log-probs
+        (`ResponseHead`): no [B, L, V] logits are built, only the response tokens' log-probs
         (and entropies, detached unless `entropy_grad`). The forward still goes through the
         model's own `__call__`, so FSDP's hooks see the outputs and inputs they expect."""
         if self.spec.true_on_policy:
@@ -279,7 +280,7 @@ class FSDPTrainWorker:
         index_BT = index_BT.clamp(max=ids_BL.shape[1] - 2).to(self.device)
         mask_BT = mask_BT.to(self.device)
         targets_BT = ids_BL[:, 1:].gather(1, index_BT)
-        head = response_head(self.model.get_output_embeddings(), index_BT, mask_BT, targets_BT,
+        head = ResponseHead(self.model.get_output_embeddings(), index_BT, mask_BT, targets_BT,
                              temperature=self.spec.temperature, chunk=self.spec.batch.log_probs_chunk_size,
                              entropy=entropy, entropy_grad=entropy_grad)
         with head:

@@ -90,6 +90,7 @@ class DecodeStats:
     joins: int = 0
     joined_requests: int = 0
     generated_tokens: int = 0
+    prefill_rows_shared: int = 0  # rows whose prompt another row of the same prefill computed
     busy_seconds: float = 0.0  # wall time inside batched prefill/decode (forwards, sampling, cache merges)
     recent_batch_sizes: list[int] = field(default_factory=list)
 
@@ -166,6 +167,17 @@ def _pad_left(tensor: torch.Tensor, length: int, dim: int) -> torch.Tensor:
     shape = list(tensor.shape)
     shape[dim] = missing
     return torch.cat([tensor.new_zeros(shape), tensor], dim=dim)
+
+
+def shared_prefill(prompts: Sequence[Sequence[int]]) -> tuple[list[Sequence[int]], list[int]]:
+    """The distinct prompts in first-seen order, and for each row the index of its prompt there."""
+    position: dict[tuple[int, ...], int] = {}
+    index = [position.setdefault(tuple(p), len(position)) for p in prompts]
+    firsts: list[Sequence[int]] = [None] * len(position)  # type: ignore[list-item]
+    for p, i in zip(prompts, index):
+        if firsts[i] is None:
+            firsts[i] = p
+    return firsts, index
 
 
 def cache_supports_join(config: Any) -> bool:
@@ -370,13 +382,25 @@ class BatchDecoder:
 
     def _prefill(self, rows: list[int], states: list[_RowState], finish: Callable[[int, dict], None]
                  ) -> _Batch | None:
-        """Prefill rows as one left-padded group with a fresh cache; sample their first tokens."""
-        input_ids_BL, mask_BL, position_ids_BL = left_pad([states[i].row.prompt_ids for i in rows],
-                                                          self.pad_token_id, self.device)
+        """Prefill rows as one left-padded group with a fresh cache; sample their first tokens.
+
+        Rows with the same prompt (the n samples of a GRPO group) share one prefill: the distinct
+        prompts go through the model once, then each row takes a copy of its prompt's cache rows
+        and last logits (`shared_prefill`)."""
+        firsts, index = shared_prefill([states[i].row.prompt_ids for i in rows]) if self.can_join \
+            else ([states[i].row.prompt_ids for i in rows], list(range(len(rows))))
+        input_ids_UL, mask_UL, position_ids_UL = left_pad(firsts, self.pad_token_id, self.device)
         sampling = SamplingBatch.build([states[i].params for i in rows],
                                        [self._row_generator(states[i].params) for i in rows], self.device)
         cache = DynamicCache(config=self.model.config)
-        logits_BV = self._forward(input_ids_BL, mask_BL, position_ids_BL, cache)
+        logits_UV = self._forward(input_ids_UL, mask_UL, position_ids_UL, cache)
+        if len(firsts) < len(rows):
+            index_B = torch.tensor(index, dtype=torch.long, device=self.device)
+            cache.batch_select_indices(index_B)  # each row's own copy: rows decode apart from here on
+            logits_BV, mask_BL, position_ids_BL = logits_UV[index_B], mask_UL[index_B], position_ids_UL[index_B]
+            self.stats.prefill_rows_shared += len(rows) - len(firsts)
+        else:
+            logits_BV, mask_BL, position_ids_BL = logits_UV, mask_UL, position_ids_UL
         tokens_B, keep = self._sample(logits_BV, rows, states, sampling, finish)
         group = _Batch(rows, cache, mask_BL, tokens_B, position_ids_BL[:, -1] + 1, sampling)
         return group.select(keep)

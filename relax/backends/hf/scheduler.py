@@ -142,6 +142,7 @@ class Scheduler:
             "max_running_requests": self.max_running_requests, "num_batches": stats.batches,
             "num_joins": stats.joins, "num_joined_requests": stats.joined_requests,
             "num_forward_calls": stats.forward_calls, "generated_tokens": stats.generated_tokens,
+            "prefill_rows_shared": stats.prefill_rows_shared,
             "busy_seconds": stats.busy_seconds,
             "recent_batch_sizes": list(stats.recent_batch_sizes),
         }

@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from relax.backends.hf.decoder import BatchDecoder, DecodeRow, merge_caches, trim_left_padding
+from relax.backends.hf.decoder import BatchDecoder, DecodeRow, merge_caches, shared_prefill, trim_left_padding
 from relax.backends.hf.sampling import parse_sampling_params
 
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [40, 41], [3], [12, 13, 14, 15]]
@@ -30,6 +30,29 @@ def test_batched_greedy_matches_each_prompt_decoded_alone(tiny_model_and_tokeniz
         assert result.output_ids == tokens
         assert result.output_logprobs == pytest.approx(logprobs, abs=1e-4)
         assert result.finish_reason == {"type": "length", "length": n}
+
+
+def test_shared_prefill_maps_each_row_to_its_distinct_prompt():
+    assert shared_prefill([[1, 2], [3], [1, 2], [3], [4]]) == ([[1, 2], [3], [4]], [0, 1, 0, 1, 2])
+
+
+def test_a_group_of_samples_of_one_prompt_prefills_it_once_and_decodes_apart(tiny_model_and_tokenizer,
+                                                                             reference_greedy):
+    """Four samples of PROMPTS[0] and two of PROMPTS[1]: two prompts prefilled, six rows decoded,
+    greedy rows as decoded alone, seeded rows as alone, and the samples differ from each other."""
+    model, tokenizer = tiny_model_and_tokenizer
+    decoder = _decoder(model, tokenizer)
+    rows = [_row(PROMPTS[0], temperature=0, max_new_tokens=6, ignore_eos=True)] + \
+        [_row(PROMPTS[0], temperature=1.0, max_new_tokens=6, sampling_seed=s, ignore_eos=True) for s in (1, 2, 3)] + \
+        [_row(PROMPTS[1], temperature=0, max_new_tokens=4, ignore_eos=True)] * 2
+    results = decoder.run(rows)
+    assert decoder.stats.prefill_rows_shared == 4
+    tokens, _ = reference_greedy(model, PROMPTS[0], 6)
+    assert results[0].output_ids == tokens
+    assert results[4].output_ids == results[5].output_ids == reference_greedy(model, PROMPTS[1], 4)[0]
+    alone = _decoder(model, tokenizer).run([rows[2]])[0]
+    assert results[2].output_ids == alone.output_ids
+    assert len({tuple(r.output_ids) for r in results[1:4]}) > 1
 
 
 def test_logprobs_match_log_softmax_of_one_full_forward(tiny_model_and_tokenizer):
