@@ -252,9 +252,13 @@ class Actor:
 
     def _needs_old_forward(self, batch: TrainBatch) -> bool:
         """The plan reuses the training forward's log-probs, but this step has more rows than one
-        optimizer step takes (the steps after the first would see moved weights): score them."""
+        optimizer step takes (the steps after the first would see moved weights), or the batch is
+        dumped (`--save-debug-train-data`, `--dump-details`: the dump holds the old log-probs):
+        score them."""
         if self.plan.old_policy != "training_log_probs":
             return False
+        if self.cfg.debug.save_debug_train_data or self.cfg.debug.dump_details:
+            return True
         num_steps, _, _ = step_plan(batch.loss_masks_RT, self.cfg.batch.global_batch_size, self.group.world_size)
         if num_steps > 1:
             logger.warning("%d rows make %d optimizer steps: old log-probs recomputed for this step",
