@@ -15,24 +15,31 @@ from relax.distributed.ray.actor_group import free_port
 from test_fsdp_worker import batch, log_probs
 
 
-
-@pytest.mark.parametrize("recompute_layers", [-1, 1])
-def test_recomputed_layers_give_the_same_step(tmp_path, recompute_layers):
-    """--recompute-granularity full (every layer, or the first k with block) changes memory, not the step."""
+def _save_tiny_model(path) -> None:
     from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    from relax.backends.fsdp.worker import FSDPTrainWorker
 
     torch.manual_seed(0)
     cfg = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, head_dim=8, pad_token_id=0)
-    Qwen3ForCausalLM(cfg).save_pretrained(tmp_path)
+    Qwen3ForCausalLM(cfg).save_pretrained(path)
+
+
+def _worker(path, **spec):
+    from relax.backends.fsdp.worker import FSDPTrainWorker
+
+    return FSDPTrainWorker(0, 1, "127.0.0.1", free_port(), TrainerSpec(
+        model_path=str(path), optim=OptimizerConfig(lr=1e-3), batch=BatchConfig(micro_batch_size=2),
+        loss=PolicyLossConfig(), threads=1, **spec))
+
+
+
+@pytest.mark.parametrize("recompute_layers", [-1, 1])
+def test_recomputed_layers_give_the_same_step(tmp_path, recompute_layers):
+    """--recompute-granularity full (every layer, or the first k with block) changes memory, not the step."""
+    _save_tiny_model(tmp_path)
     results = []
     for layers in (None, recompute_layers):
-        spec = TrainerSpec(model_path=str(tmp_path), optim=OptimizerConfig(lr=1e-3),
-                           batch=BatchConfig(micro_batch_size=2), loss=PolicyLossConfig(), threads=1,
-                           recompute_layers=layers)
-        w = FSDPTrainWorker(0, 1, "127.0.0.1", free_port(), spec)
+        w = _worker(tmp_path, recompute_layers=layers)
         try:
             checkpointed = [layer.gradient_checkpointing for layer in w.model.model.layers]
             b = batch()
@@ -49,20 +56,10 @@ def test_recomputed_layers_give_the_same_step(tmp_path, recompute_layers):
 
 def test_one_on_policy_pass_takes_the_training_forwards_log_probs_as_the_old_ones(tmp_path):
     """old_logp_from_training: no old log-probs in the batch, the same step as with them recomputed."""
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    from relax.backends.fsdp.worker import FSDPTrainWorker
-
-    torch.manual_seed(0)
-    cfg = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=8, pad_token_id=0)
-    Qwen3ForCausalLM(cfg).save_pretrained(tmp_path)
+    _save_tiny_model(tmp_path)
     results = []
     for reuse in (False, True):
-        spec = TrainerSpec(model_path=str(tmp_path), optim=OptimizerConfig(lr=1e-3),
-                           batch=BatchConfig(micro_batch_size=2), loss=PolicyLossConfig(), threads=1,
-                           old_logp_from_training=reuse)
-        w = FSDPTrainWorker(0, 1, "127.0.0.1", free_port(), spec)
+        w = _worker(tmp_path, old_logp_from_training=reuse)
         try:
             b = batch()
             b.rollout_log_probs_RT = [[-1.0] * n for n in b.response_lengths_R]
