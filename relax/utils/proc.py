@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 PR_SET_PDEATHSIG = 1
 PARENT_PID_ENV = "RELAX_ENGINE_PARENT_PID"  # the launcher's pid, set in the child's environment
@@ -82,3 +83,59 @@ def processes_with_env(key: str, value: str) -> list[int]:
         except OSError:
             continue
     return pids
+
+
+class ChildServer:
+    """A launched HTTP server process: `url`, `alive()`, `describe()`, `wait_ready()` (polls
+    `GET /health` until 200), `terminate()` (SIGTERM, then SIGKILL). Each engine launcher
+    subclasses it with its name, poll interval and not-ready hint."""
+
+    name = "engine"
+    poll_s, health_timeout_s, trust_env = 0.1, 2.0, True
+    not_ready_hint = ""  # appended to the not-ready error, e.g. which flag raises the timeout
+
+    def __init__(self, process: subprocess.Popen, url: str, log_path: str):
+        self.process, self.url, self.log_path = process, url, log_path
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def describe(self) -> str:
+        """Which engine this is, its state (exited with what, stopped, silent) and its log's end."""
+        return describe_process(self.name, self.process, self.url, self.log_path)
+
+    def wait_ready(self, timeout: float = 120.0) -> "ChildServer":
+        """Poll GET /health until 200; RuntimeError with the log tail if it dies or times out."""
+        import httpx
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self.alive():
+                raise RuntimeError(f"{self.name} engine at {self.url} exited with code {self.process.returncode} "
+                                   f"before becoming ready; log {self.log_path}:\n{log_tail(self.log_path)}")
+            try:
+                if httpx.get(self.url + "/health", timeout=self.health_timeout_s,
+                             trust_env=self.trust_env).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass  # not listening yet
+            time.sleep(self.poll_s)
+        raise RuntimeError(f"{self.name} engine at {self.url} not ready after {timeout:.0f}s{self.not_ready_hint}; "
+                           f"log {self.log_path}:\n{log_tail(self.log_path)}")
+
+    def terminate(self, timeout: float = 10.0) -> int | None:
+        """SIGTERM, then SIGKILL after `timeout` seconds; returns the exit code."""
+        if self.alive():
+            self.process.terminate()
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout)
+        return self.process.returncode
+
+    def __enter__(self) -> "ChildServer":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.terminate()

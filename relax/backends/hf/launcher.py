@@ -20,14 +20,12 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-import httpx
 
 from relax.utils.net import free_port
-from relax.utils.proc import PARENT_PID_ENV, describe_process, log_tail
+from relax.utils.proc import PARENT_PID_ENV, ChildServer
 
 logger = logging.getLogger(__name__)
 
@@ -38,51 +36,14 @@ _REPO_ROOT = str(Path(__file__).resolve().parents[3])
 
 
 
-class EngineProcess:
-    """A running engine server: `url`, `wait_ready()`, `alive()`, `terminate()`."""
+class EngineProcess(ChildServer):
+    """A running hf engine server (`relax.utils.proc.ChildServer`), with the key it was given."""
+
+    name = "hf"
 
     def __init__(self, process: subprocess.Popen, url: str, log_path: str, api_key: str | None):
-        self.process, self.url, self.log_path, self.api_key = process, url, log_path, api_key
-
-    def alive(self) -> bool:
-        return self.process.poll() is None
-
-    def describe(self) -> str:
-        """Which engine this is, its state (exited with what, stopped, silent) and its log's end."""
-        return describe_process("hf", self.process, self.url, self.log_path)
-
-    def wait_ready(self, timeout: float = 120.0) -> "EngineProcess":
-        """Poll GET /health until 200; raise RuntimeError with the log tail if it dies or times out."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if not self.alive():
-                raise RuntimeError(f"hf engine at {self.url} exited with code {self.process.returncode} "
-                                   f"before becoming ready; log {self.log_path}:\n{log_tail(self.log_path)}")
-            try:
-                if httpx.get(self.url + "/health", timeout=2.0).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        raise RuntimeError(f"hf engine at {self.url} not ready after {timeout:.0f}s; "
-                           f"log {self.log_path}:\n{log_tail(self.log_path)}")
-
-    def terminate(self, timeout: float = 10.0) -> int | None:
-        """SIGTERM, then SIGKILL after `timeout` seconds; returns the exit code."""
-        if self.alive():
-            self.process.terminate()
-            try:
-                self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout)
-        return self.process.returncode
-
-    def __enter__(self) -> "EngineProcess":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.terminate()
+        super().__init__(process, url, log_path)
+        self.api_key = api_key
 
 
 # Engine options (`--genrm-engine-config`, the rollout's context limit) -> server flags.

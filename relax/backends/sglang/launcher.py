@@ -27,15 +27,13 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-import httpx
 
 from relax.backends.sglang.args import sglang_available, server_argv
 from relax.utils.net import free_port
-from relax.utils.proc import PARENT_PID_ENV, describe_process, log_tail
+from relax.utils.proc import PARENT_PID_ENV, ChildServer
 
 logger = logging.getLogger(__name__)
 
@@ -44,52 +42,16 @@ _REPO_ROOT = str(Path(__file__).resolve().parents[3])
 
 
 
-class SGLangEngine:
-    """A running SGLang server: `url`, `wait_ready()`, `alive()`, `describe()`, `terminate()`."""
+class SGLangEngine(ChildServer):
+    """A running SGLang server (`relax.utils.proc.ChildServer`). SGLang answers /health 503
+    until its warm-up request has run, so readiness waits longer by default."""
 
-    def __init__(self, process: subprocess.Popen, url: str, log_path: str):
-        self.process, self.url, self.log_path = process, url, log_path
-
-    def alive(self) -> bool:
-        return self.process.poll() is None
-
-    def describe(self) -> str:
-        """Which engine this is, its state (exited with what, stopped, silent) and its log's end."""
-        return describe_process("sglang", self.process, self.url, self.log_path)
+    name = "sglang"
+    poll_s, health_timeout_s, trust_env = 0.5, 5.0, False
+    not_ready_hint = " (raise --engine-startup-timeout if it was still loading)"
 
     def wait_ready(self, timeout: float = 600.0) -> "SGLangEngine":
-        """Poll GET /health until 200; RuntimeError with the log tail if it dies or times out."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if not self.alive():
-                raise RuntimeError(f"sglang engine at {self.url} exited with code {self.process.returncode} before "
-                                   f"becoming ready; log {self.log_path}:\n{log_tail(self.log_path)}")
-            try:
-                if httpx.get(self.url + "/health", timeout=5.0, trust_env=False).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass  # not listening yet
-            time.sleep(0.5)
-        raise RuntimeError(f"sglang engine at {self.url} not ready after {timeout:.0f}s (raise "
-                           f"--engine-startup-timeout if it was still loading); log {self.log_path}:\n"
-                           f"{log_tail(self.log_path)}")
-
-    def terminate(self, timeout: float = 10.0) -> int | None:
-        """SIGTERM, then SIGKILL after `timeout` seconds; returns the exit code."""
-        if self.alive():
-            self.process.terminate()
-            try:
-                self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout)
-        return self.process.returncode
-
-    def __enter__(self) -> "SGLangEngine":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.terminate()
+        return super().wait_ready(timeout)
 
 
 def gpu_ids(device: str) -> list[str] | None:
