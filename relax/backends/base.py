@@ -42,6 +42,10 @@ class TrainerSpec:
     bucket_bytes: int = 512 << 20
     sync_timeout_s: float = 120.0
     weight_sync_backend: str = "nccl"  # --checkpoint-engine-backend; CPU ranks always use gloo
+    # The dtype weights travel in (None: the parameters' own, float32). bf16 training pushes bf16:
+    # half the bytes, and every receiver computes with exactly those values (engines hold bf16,
+    # a bf16 ActorFwd casts its float32 copy back to the same bf16).
+    push_dtype: str | None = None
     value_clip: float = 0.2  # --value-clip (critic only)
     # Dotted paths of loss plugins, loaded in each rank (see docs/algorithms.md "Plugins").
     custom_loss_path: str | None = None

@@ -70,6 +70,12 @@ def recompute_layers(cfg: RelaxConfig) -> int | None:
     return p.recompute_num_layers if p.recompute_method == "block" and p.recompute_num_layers is not None else -1
 
 
+def push_dtype(cfg: RelaxConfig) -> str | None:
+    """bf16 training pushes bf16 weights (see TrainerSpec.push_dtype); true-on-policy mode keeps
+    float32, since its engines reproduce the trainer's float32 numerics."""
+    return "bfloat16" if cfg.optim.bf16 and not cfg.cluster.true_on_policy_mode else None
+
+
 def make_worker_group(cfg: RelaxConfig, role: RolePlan, kind: str, model_path: str, *, total_steps: int = 1,
                       threads: int | None = None, optim: OptimizerConfig | None = None) -> RayActorGroup:
     """`role.workers` ranks of the training backend. `kind`: "actor" / "critic" train, "reference"
@@ -82,7 +88,7 @@ def make_worker_group(cfg: RelaxConfig, role: RolePlan, kind: str, model_path: s
         timeout_minutes=cfg.cluster.distributed_timeout_minutes, dist_backend=cfg.cluster.distributed_backend,
         bucket_bytes=cfg.rollout.update_weight_buffer_size,
         sync_timeout_s=cfg.rollout.weight_sync_timeout, weight_sync_backend=cfg.ckpt.checkpoint_engine_backend,
-        custom_loss_path=cfg.algo.custom_loss_function_path,
+        push_dtype=push_dtype(cfg), custom_loss_path=cfg.algo.custom_loss_function_path,
         pg_loss_reducer_path=cfg.algo.custom_pg_loss_reducer_function_path, tis_path=cfg.algo.custom_tis_function_path,
         true_on_policy=cfg.cluster.true_on_policy_mode, recompute_layers=recompute_layers(cfg),
         old_logp_from_training=kind == "actor" and reuses_training_log_probs(cfg),

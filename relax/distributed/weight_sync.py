@@ -675,12 +675,40 @@ class WeightReceiver:
             torch.cuda.current_stream(self.device).synchronize()  # done reading the sender's memory
         return True, f"loaded {len(specs)} tensors by CUDA IPC"
 
+    def _in_place(self, specs: list[TensorSpec], group: WeightGroup) -> list[torch.Tensor | None]:
+        """Per spec, the model tensor the bytes can be received straight into (same dtype, shape,
+        device, contiguous), else None (received into scratch, then copied in)."""
+        targets = self._targets()
+        direct = []
+        for spec in specs:
+            t = targets[spec.name]
+            ok = t.dtype == spec.dtype and tuple(t.shape) == spec.shape and t.device == group.device and t.is_contiguous()
+            direct.append(t if ok else None)
+        return direct
+
     def receive_and_load(self, specs: list[TensorSpec], group_name: str) -> tuple[bool, str]:
-        """Blocking; returns SGLang's (success, message)."""
-        tensors = self.receive(specs, self.group(group_name))
+        """Blocking; returns SGLang's (success, message). A bucket that fits the model is received
+        under the step lock straight into the model's tensors where their layout allows (no
+        scratch copy: on GPUs that copy costs as much as the broadcast). A subclass whose `load`
+        transforms (shards) receives into scratch and loads after."""
+        group = self.group(group_name)
         problems = self.problems(specs)
         if problems:
+            self.receive(specs, group)  # the sender is blocked in the broadcast: take the bytes, load nothing
             return False, f"rejected the bucket of {len(specs)} tensors, nothing loaded: " + "; ".join(problems)
-        self.load(specs, tensors)
+        if type(self).load is not WeightReceiver.load:
+            tensors = self.receive(specs, group)
+            self.load(specs, tensors)
+        else:
+            direct, targets = self._in_place(specs, group), self._targets()
+            with self.step_lock, torch.no_grad():
+                tensors = [t if t is not None else torch.empty(s.shape, dtype=s.dtype, device=group.device)
+                           for s, t in zip(specs, direct)]
+                for tensor in tensors:
+                    group.broadcast(tensor, src=0)
+                group.synchronize()
+                for spec, target, tensor in zip(specs, direct, tensors):
+                    if target is None:
+                        targets[spec.name].copy_(tensor)
         nbytes = sum(math.prod(s.shape) * t.element_size() for s, t in zip(specs, tensors))
         return True, f"loaded {len(specs)} tensors ({nbytes} bytes)"

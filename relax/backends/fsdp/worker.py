@@ -43,6 +43,7 @@ from relax.backends.base import TrainerSpec
 from relax.backends.fsdp.batching import pad_inputs, pad_response, response_positions, split_micro_batches
 from relax.config.schema import OptimizerConfig
 from relax.distributed.store import pin_gloo_interface, tcp_store
+from relax.distributed.weight_sync import parse_dtype
 from relax.types import TrainBatch
 from relax.utils.plugins import load_plugin
 
@@ -533,11 +534,17 @@ class FSDPTrainWorker:
                     state[key] = value.to(device)
 
     # ---- weights out -------------------------------------------------------------------
-    def _full_state(self):
-        """(name, full tensor) for every parameter; a collective, so every rank iterates."""
+    def _full_state(self, dtype: torch.dtype | None = None):
+        """(name, full tensor, fresh) for every parameter; a collective, so every rank iterates.
+        `dtype`: floating tensors are cast first (a sharded one before its gather: half the bytes
+        for bf16); `fresh` says the tensor is a copy, not the parameter's own memory."""
         for name, p in self.model.named_parameters():
-            full = p.full_tensor() if hasattr(p, "full_tensor") else p
-            yield name, full.detach()
+            t = p.detach()
+            if dtype is not None and t.is_floating_point() and t.dtype != dtype:
+                t = t.to(dtype)
+            full = t.full_tensor() if hasattr(t, "full_tensor") else t
+            own = p.to_local() if hasattr(p, "to_local") else p
+            yield name, full, full.data_ptr() != own.data_ptr()
 
     def _submit(self, coro):
         """Run `coro` on the weight-sync thread's loop; returns a concurrent future."""
@@ -580,13 +587,15 @@ class FSDPTrainWorker:
         while this rank goes on to the next training step; the next push, a topology change or
         shutdown waits for it first (and raises its error). The metrics returned are then those
         of the push that finished meanwhile (the previous one)."""
-        state = list(self._full_state())
+        dtype = parse_dtype(self.spec.push_dtype) if self.spec.push_dtype else None
+        state = list(self._full_state(dtype))
         if self.rank != 0:
             return {}
         finished = self._finish_pending_push()
         if not background:
-            return sync_metrics(self._run_async(self._sender.push(state, version=version)))
-        snapshot = [(name, t.clone()) for name, t in state]  # training must not change what is sent
+            return sync_metrics(self._run_async(self._sender.push([(n, t) for n, t, _ in state], version=version)))
+        # Training must not change what is sent: parameters' own memory is copied.
+        snapshot = [(name, t if fresh else t.clone()) for name, t, fresh in state]
         self._pending_push = self._submit(self._sender.push(snapshot, version=version))
         return finished
 

@@ -31,6 +31,9 @@ MEMORY_TAGS = ("weights", "kv_cache")
 # SGLang's `--rl-on-policy-target`: the trainer whose log-prob numerics the engine reproduces.
 # "fsdp": report log-probs recomputed by `relax.algorithms.logprobs` (see decoder.py).
 RL_ON_POLICY_TARGETS = (None, "fsdp")
+# SGLang's `--load-format`: "auto" reads the checkpoint's weights; "dummy" builds the model from
+# its config.json with random weights (benchmarks, and engines whose weights arrive by a push).
+LOAD_FORMATS = ("auto", "dummy")
 
 
 class EngineUnavailable(RuntimeError):
@@ -56,20 +59,29 @@ class HFEngine:
                  max_running_requests: int = 256, max_context_len: int | None = None,
                  served_model_name: str | None = None, tokenizer_path: str | None = None,
                  seed: int | None = None, weight_sync_timeout_s: float = 600.0, batch_wait_s: float = 0.02,
-                 rl_on_policy_target: str | None = None):
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+                 rl_on_policy_target: str | None = None, load_format: str = "auto"):
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
         if dtype not in DTYPE_CHOICES:
             raise ValueError(f"--dtype must be one of {sorted(DTYPE_CHOICES)}, got {dtype!r}")
         if rl_on_policy_target not in RL_ON_POLICY_TARGETS:
             raise ValueError(f"--rl-on-policy-target must be one of {sorted(t for t in RL_ON_POLICY_TARGETS if t)} "
                              f"or unset, got {rl_on_policy_target!r}")
+        if load_format not in LOAD_FORMATS:
+            raise ValueError(f"--load-format must be one of {list(LOAD_FORMATS)}, got {load_format!r}")
         self.rl_on_policy_target = rl_on_policy_target
         self.model_path, self.tokenizer_path = model_path, tokenizer_path or model_path
         self.served_model_name = served_model_name or model_path
         self.device = torch.device(device)
         self.tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_path)
-        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=DTYPE_CHOICES[dtype])
+        self.load_format = load_format
+        if load_format == "dummy":  # random weights, made on the device (no host copy of a large model)
+            config = AutoConfig.from_pretrained(model_path)
+            torch_dtype = DTYPE_CHOICES[dtype] if dtype != "auto" else getattr(config, "dtype", None) or torch.float32
+            with self.device:
+                self.model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype)
+        else:
+            self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=DTYPE_CHOICES[dtype])
         self.model.to(self.device).eval()
         self.vocab_size = int(self.model.config.vocab_size)
         self.max_context_len = max_context_len or int(getattr(self.model.config, "max_position_embeddings", 4096))

@@ -52,7 +52,7 @@ ENGINE_OPTIONS: dict[str, str] = {
     "max_context_len": "--max-context-len", "context_length": "--max-context-len",
     "max_running_requests": "--max-running-requests", "dtype": "--dtype", "batch_wait_ms": "--batch-wait-ms",
     "random_seed": "--random-seed", "served_model_name": "--served-model-name",
-    "rl_on_policy_target": "--rl-on-policy-target",
+    "rl_on_policy_target": "--rl-on-policy-target", "load_format": "--load-format",
 }
 # SGLang-only options (parallelism, memory pools) that mean nothing to this engine: accepted so
 # one config serves both backends, and logged as ignored.

@@ -34,7 +34,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 
-from relax.backends.hf.engine import DTYPE_CHOICES, EngineUnavailable, HFEngine
+from relax.backends.hf.engine import DTYPE_CHOICES, LOAD_FORMATS, EngineUnavailable, HFEngine
 from relax.backends.hf.openai_api import add_openai_routes
 from relax.backends.hf.protocol import (
     AbortRequest, GenerateRequest, GroupNameRequest, InitWeightsUpdateGroupRequest, MemoryRequest,
@@ -123,7 +123,7 @@ def add_generate_routes(app: FastAPI, engine: HFEngine, launch: dict[str, Any] |
     @app.get("/model_info")
     async def get_model_info():
         # SGLang's fields this engine has no counterpart of, at SGLang's defaults.
-        return {**engine.info(), "load_format": "auto", "reasoning_parser": None, "tool_call_parser": None,
+        return {**engine.info(), "load_format": engine.load_format, "reasoning_parser": None, "tool_call_parser": None,
                 "disaggregation_mode": "null"}
 
     @app.get("/get_weight_version")
@@ -156,7 +156,7 @@ def server_info(engine: HFEngine, launch: dict[str, Any], mark: list) -> dict[st
         "log_level": launch.get("log_level", "info"), "tp_size": 1, "dp_size": 1, "pp_size": 1, "ep_size": 1,
         "context_length": context, "max_total_num_tokens": sched["max_running_requests"] * context,
         "max_req_input_len": context - 1, "skip_tokenizer_init": False, "is_embedding": False,
-        "load_format": "auto", "kv_cache_dtype": "auto", "page_size": 1, "trust_remote_code": False,
+        "load_format": engine.load_format, "kv_cache_dtype": "auto", "page_size": 1, "trust_remote_code": False,
         "enable_memory_saver": True,  # weights and cache are released on /release_memory_occupation
     }
     return {**engine.info(), **server_args, **sched, "startup_time": launch.get("startup_time"),
@@ -325,6 +325,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help=f"require 'Authorization: Bearer KEY' on state changes (default: ${API_KEY_ENV})")
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:i")
     parser.add_argument("--dtype", default="auto", choices=sorted(DTYPE_CHOICES))
+    parser.add_argument("--load-format", default="auto", choices=LOAD_FORMATS,
+                        help="auto: the checkpoint's weights; dummy: random weights from config.json (benchmarks)")
     parser.add_argument("--max-running-requests", type=int, default=256, help="largest decode batch")
     parser.add_argument("--batch-wait-ms", type=float, default=20.0,
                         help="longest wait for a burst of requests to gather before a batch starts from idle "
@@ -362,7 +364,8 @@ def main(argv: list[str] | None = None) -> None:
                       max_running_requests=args.max_running_requests, max_context_len=args.max_context_len,
                       served_model_name=args.served_model_name, tokenizer_path=args.tokenizer_path,
                       seed=args.random_seed, weight_sync_timeout_s=args.weight_sync_timeout,
-                      batch_wait_s=args.batch_wait_ms / 1000, rl_on_policy_target=args.rl_on_policy_target)
+                      batch_wait_s=args.batch_wait_ms / 1000, rl_on_policy_target=args.rl_on_policy_target,
+                      load_format=args.load_format)
     holder: dict[str, Any] = {}
     launch = {"host": args.host, "port": args.port, "random_seed": args.random_seed, "log_level": args.log_level,
               "startup_time": time.time()}

@@ -73,3 +73,32 @@ def test_one_on_policy_pass_takes_the_training_forwards_log_probs_as_the_old_one
     assert reused["ppo_kl"] == 0.0 and reused["pg_clipfrac"] == 0.0
     assert reused["grad_norm"] == pytest.approx(plain["grad_norm"], rel=1e-4)
     assert torch.allclose(torch.tensor(sum(after_reused, [])), torch.tensor(sum(after_plain, [])), atol=1e-5)
+
+
+def test_weights_travel_in_the_push_dtype(tmp_path):
+    """TrainerSpec.push_dtype: floating parameters are cast before they are sent (bf16 training
+    pushes half the bytes); without it the parameters' own memory goes out, marked not fresh, so
+    a background push knows to snapshot it."""
+    _save_tiny_model(tmp_path)
+    w = _worker(tmp_path)
+    try:
+        params = dict(w.model.named_parameters())
+        as_is = list(w._full_state())
+        assert [n for n, _, _ in as_is] == list(params)
+        assert all(t.dtype == torch.float32 and not fresh for _, t, fresh in as_is)
+        cast = list(w._full_state(torch.bfloat16))
+        assert all(t.dtype == torch.bfloat16 and fresh for _, t, fresh in cast)
+        for name, t, _ in cast:
+            assert torch.equal(t, params[name].detach().to(torch.bfloat16))
+    finally:
+        w.shutdown()
+
+
+def test_bf16_training_pushes_bf16_except_true_on_policy():
+    from relax.components.training import push_dtype
+    from relax.config.parser import parse_config
+
+    base = ["--hf-checkpoint", "m", "--prompt-data", "d.jsonl"]
+    assert push_dtype(parse_config(base, validate=False)) is None
+    assert push_dtype(parse_config(base + ["--bf16"], validate=False)) == "bfloat16"
+    assert push_dtype(parse_config(base + ["--bf16", "--true-on-policy-mode"], validate=False)) is None

@@ -36,3 +36,26 @@ def test_engine_rejects_an_unknown_rl_on_policy_target(tiny_model_dir):
 
     with pytest.raises(ValueError, match="--rl-on-policy-target must be one of \\['fsdp'\\]"):
         HFEngine(str(tiny_model_dir), rl_on_policy_target="megatron")
+
+
+def test_load_format_dummy_builds_random_weights_from_the_config_alone(tiny_model_dir, tmp_path):
+    """SGLang's `--load-format dummy`: config.json and the tokenizer suffice (no weight files);
+    the model has the checkpoint's shapes and different (random) values."""
+    import shutil
+
+    import torch
+
+    from relax.backends.hf.engine import HFEngine
+
+    assert engine_option_args({"load_format": "dummy"}) == ["--load-format", "dummy"]
+    config_only = tmp_path / "config-only"
+    shutil.copytree(tiny_model_dir, config_only,
+                    ignore=shutil.ignore_patterns("*.safetensors", "*.bin", "*.index.json"))
+    dummy = HFEngine(str(config_only), load_format="dummy")
+    real = HFEngine(str(tiny_model_dir))
+    assert dummy.load_format == "dummy"
+    shapes = {n: p.shape for n, p in real.model.named_parameters()}
+    assert {n: p.shape for n, p in dummy.model.named_parameters()} == shapes
+    assert any(not torch.equal(p, dict(real.model.named_parameters())[n]) for n, p in dummy.model.named_parameters())
+    with pytest.raises(ValueError, match="--load-format must be one of \\['auto', 'dummy'\\], got 'pt'"):
+        HFEngine(str(tiny_model_dir), load_format="pt")

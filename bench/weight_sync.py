@@ -1,0 +1,249 @@
+"""Actor -> engine weight push against a raw NCCL broadcast of the same bytes, in one run.
+
+For each model shape (`--shapes`: Qwen3-0.6B- and 4B-shaped, random weights):
+  engine  - a real `hf` engine server on the second device (`--load-format dummy`: random bf16
+            weights made from config.json on the GPU, no checkpoint read), reached over HTTP;
+  actor   - this process on the first device holds the float32 master weights and pushes them
+            the way an fsdp actor rank does: `FSDPTrainWorker._full_state` casts them to the push
+            dtype (bf16, `TrainerSpec.push_dtype` of a `--bf16` run) and
+            `relax.distributed.weight_sync.WeightSender` sends them in buckets of each
+            `--buckets-mib` size (SGLang's protocol: pause, flush, weight-update session, one
+            `/update_weights_from_distributed` per bucket with the broadcasts, end, continue);
+            one warm-up push per bucket size, then `--repeats` timed pushes (median);
+  raw     - a second process on the engine's device joins a group with this one and receives
+            the same tensors (same shapes, same dtype, same order) by `torch.distributed.broadcast`,
+            then the same bytes as one flat buffer; the faster of the two is `nccl_gbps`.
+GB/s are 1e9 bytes of weights per second of wall time, control calls included for the push.
+
+    python3 bench/weight_sync.py [--shapes 0.6b 4b] [--buckets-mib 64 256 512 1024 2048] [--repeats 3]
+                                 [--out bench/results/weight_sync.json]
+    python3 bench/weight_sync.py --cpu --shapes tiny     # CPU variant (gloo), the code path CI runs
+
+Needs two GPUs (or `--cpu`). Prints a table; the last line is
+`weight_sync_gbps=<x> nccl_gbps=<y> ratio=<r>` for the last shape (the largest), at its best bucket size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing as mp
+import os
+import statistics
+import sys
+import tempfile
+import time
+import types
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)  # run as `python3 bench/<name>.py`: the repo root imports
+
+
+def model_config(shape: str):
+    """Qwen3 shapes: 0.6B and 4B as published (vocab 151936); `tiny` for the CPU variant."""
+    from transformers import Qwen3Config
+
+    common = dict(vocab_size=151936, max_position_embeddings=4096, rope_theta=1e6, pad_token_id=0,
+                  eos_token_id=1, head_dim=128, num_key_value_heads=8)
+    shapes = {
+        "0.6b": dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
+                     tie_word_embeddings=True),
+        "4b": dict(hidden_size=2560, intermediate_size=9728, num_hidden_layers=36, num_attention_heads=32,
+                   tie_word_embeddings=True),
+        "tiny": dict(vocab_size=4096, hidden_size=128, intermediate_size=256, num_hidden_layers=4,
+                     num_attention_heads=4, num_key_value_heads=2, head_dim=32, tie_word_embeddings=False),
+    }
+    if shape not in shapes:
+        raise SystemExit(f"--shapes: unknown shape {shape!r}; choose from {sorted(shapes)}")
+    return Qwen3Config(**{**common, **shapes[shape]})
+
+
+def write_config_dir(shape: str, out: str) -> str:
+    """config.json + a small tokenizer: all an engine with `--load-format dummy` reads."""
+    from relax.backends.hf.tiny_model import build_tiny_tokenizer
+
+    model_config(shape).save_pretrained(out)
+    build_tiny_tokenizer().save_pretrained(out)
+    return out
+
+
+def raw_receiver(specs, repeats: int, port: int, device: str, backend: str) -> None:
+    """Child process: rank 1 of a plain group; receives the tensors, then the flat buffer, `repeats` times each."""
+    import torch
+
+    from relax.distributed.weight_sync import create_weight_group
+
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    group = create_weight_group(master_address="127.0.0.1", master_port=port, rank=1, world_size=2,
+                                group_name="raw", backend=backend, timeout_s=600,
+                                device=dev if backend == "nccl" else None)
+    tensors = [torch.empty(shape, dtype=dtype, device=dev) for shape, dtype in specs]
+    flat = torch.empty(sum(t.numel() * t.element_size() for t in tensors), dtype=torch.uint8, device=dev)
+    done = torch.zeros(1, device=dev)
+    for _ in range(repeats + 1):  # the first of each is the warm-up
+        for t in tensors:
+            group.broadcast(t, src=0)
+        group.broadcast(done, src=1)
+    for _ in range(repeats + 1):
+        group.broadcast(flat, src=0)
+        group.broadcast(done, src=1)
+    group.synchronize()
+    group.destroy()
+
+
+def raw_broadcast(named, repeats: int, receiver_device: str, backend: str, sender_device) -> dict:
+    """Seconds per broadcast of `named`'s tensors one by one, and of the same bytes as one buffer."""
+    import torch
+
+    from relax.distributed.store import listen
+    from relax.distributed.weight_sync import create_weight_group
+
+    listener = listen("127.0.0.1")
+    port = listener.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    child = ctx.Process(target=raw_receiver, args=([(tuple(t.shape), t.dtype) for _, t in named], repeats, port,
+                                                   receiver_device, backend))
+    child.start()
+    group = create_weight_group(master_address="127.0.0.1", master_port=port, rank=0, world_size=2,
+                                group_name="raw", backend=backend, timeout_s=600,
+                                device=sender_device if backend == "nccl" else None, listener=listener)
+    tensors = [t for _, t in named]
+    flat = torch.cat([t.reshape(-1).view(torch.uint8) for t in tensors])
+    done = torch.zeros(1, device=sender_device)
+
+    def timed(send) -> float:
+        times = []
+        for _ in range(repeats + 1):
+            if sender_device.type == "cuda":
+                torch.cuda.synchronize(sender_device)
+            start = time.perf_counter()
+            send()
+            group.broadcast(done, src=1)  # the receiver has everything once its reply arrives
+            group.synchronize()
+            times.append(time.perf_counter() - start)
+        return statistics.median(times[1:])
+
+    per_tensor = timed(lambda: [group.broadcast(t, src=0) for t in tensors])
+    one_buffer = timed(lambda: group.broadcast(flat, src=0))
+    group.synchronize()
+    child.join(timeout=120)
+    group.destroy()
+    if child.exitcode != 0:
+        raise RuntimeError(f"raw broadcast receiver exited with {child.exitcode}")
+    return {"per_tensor_s": per_tensor, "one_buffer_s": one_buffer}
+
+
+async def push_sweep(url: str, named, buckets_mib: list[int], repeats: int, backend: str, device) -> list[dict]:
+    """Median push seconds (and buckets) for each bucket size, through a fresh sender each."""
+    from relax.distributed.weight_sync import WeightSender
+
+    rows, version = [], 0
+    for mib in buckets_mib:
+        sender = WeightSender([url], backend=backend, bucket_bytes=mib << 20, timeout_s=600, device=device)
+        await sender.connect()
+        stats = []
+        try:
+            for _ in range(repeats + 1):
+                version += 1
+                stats.append(await sender.push(named, version=version))
+        finally:
+            await sender.close()
+        timed = stats[1:]
+        rows.append({"bucket_mib": mib, "seconds": statistics.median(s.seconds for s in timed),
+                     "buckets": timed[0].num_buckets, "bytes": timed[0].bytes})
+    return rows
+
+
+def bench_shape(shape: str, args: argparse.Namespace) -> dict:
+    import httpx
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from relax.backends.fsdp.worker import FSDPTrainWorker
+    from relax.backends.hf.launcher import launch_hf_engine
+
+    sender_device = torch.device("cpu" if args.cpu else "cuda:0")
+    engine_device, raw_device = ("cpu", "cpu") if args.cpu else ("cuda:1", "cuda:1")
+    backend = "gloo" if args.cpu else "nccl"
+    if sender_device.type == "cuda":
+        torch.cuda.set_device(sender_device)
+    with tempfile.TemporaryDirectory(prefix=f"weight-sync-{shape}-") as tmp:
+        path = write_config_dir(shape, tmp)
+        engine = launch_hf_engine(path, device=engine_device,
+                                  options={"load_format": "dummy", "dtype": "bfloat16"},
+                                  log_path=os.path.join(tmp, "engine.log"))
+        try:
+            with sender_device:  # the actor's float32 master weights
+                model = AutoModelForCausalLM.from_config(model_config(shape), dtype=torch.float32)
+            engine.wait_ready(timeout=600)
+            actor = types.SimpleNamespace(model=model)  # FSDPTrainWorker._full_state reads only .model
+            start = time.perf_counter()
+            named = [(n, t) for n, t, _ in FSDPTrainWorker._full_state(actor, torch.bfloat16)]
+            if sender_device.type == "cuda":
+                torch.cuda.synchronize()
+            cast_s = time.perf_counter() - start
+            nbytes = sum(t.numel() * t.element_size() for _, t in named)
+            pushes = asyncio.run(push_sweep(engine.url, named, args.buckets_mib, args.repeats, backend,
+                                            sender_device))
+            version = httpx.get(engine.url + "/get_weight_version", timeout=30).json()["weight_version"]
+            if version != str(len(args.buckets_mib) * (args.repeats + 1)):
+                raise RuntimeError(f"engine reports weight version {version} after the pushes")
+        finally:
+            engine.terminate()
+        raw = raw_broadcast(named, args.repeats, raw_device, backend, sender_device)
+    nccl_s = min(raw.values())
+    for row in pushes:
+        row["gbps"] = nbytes / row["seconds"] / 1e9
+    best = max(pushes, key=lambda r: r["gbps"])
+    return {"shape": shape, "parameters": sum(p.numel() for p in model.parameters()), "bytes": nbytes,
+            "tensors": len(named), "cast_s": cast_s, "pushes": pushes, "raw": raw,
+            "nccl_gbps": nbytes / nccl_s / 1e9, "per_tensor_gbps": nbytes / raw["per_tensor_s"] / 1e9,
+            "one_buffer_gbps": nbytes / raw["one_buffer_s"] / 1e9,
+            "best_bucket_mib": best["bucket_mib"], "weight_sync_gbps": best["gbps"],
+            "ratio": best["gbps"] / (nbytes / nccl_s / 1e9)}
+
+
+def print_table(results: list[dict]) -> None:
+    print(f"{'shape':>6} {'GB':>7} {'tensors':>7} {'bucket MiB':>10} {'buckets':>7} {'push s':>8} {'GB/s':>8}"
+          f" {'raw GB/s (per tensor / one buffer)':>36}")
+    for r in results:
+        for p in r["pushes"]:
+            raw = f"{r['per_tensor_gbps']:.1f} / {r['one_buffer_gbps']:.1f}"
+            print(f"{r['shape']:>6} {r['bytes'] / 1e9:>7.2f} {r['tensors']:>7} {p['bucket_mib']:>10} {p['buckets']:>7}"
+                  f" {p['seconds']:>8.4f} {p['gbps']:>8.2f} {raw:>36}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shapes", nargs="+", default=["0.6b", "4b"])
+    parser.add_argument("--buckets-mib", nargs="+", type=int, default=[64, 256, 512, 1024, 2048])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--cpu", action="store_true", help="actor, engine and raw receiver on the CPU, over gloo")
+    parser.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "weight_sync.json"))
+    args = parser.parse_args()
+    if not args.cpu:
+        import torch
+
+        if torch.cuda.device_count() < 2:
+            raise SystemExit(f"weight_sync needs two GPUs (found {torch.cuda.device_count()}); --cpu runs it on the CPU")
+    results = [bench_shape(shape, args) for shape in args.shapes]
+    print_table(results)
+    device = "cpu (gloo)"
+    if not args.cpu:
+        import torch
+
+        device = f"2x {torch.cuda.get_device_name(0)} (nccl)"
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump({"device": device, "args": vars(args), "results": results}, f, indent=1)
+    last = results[-1]
+    print(f"weight_sync_gbps={last['weight_sync_gbps']:.2f} nccl_gbps={last['nccl_gbps']:.2f} "
+          f"ratio={last['ratio']:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
