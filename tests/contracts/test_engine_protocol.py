@@ -27,6 +27,9 @@ PROMPT = [5, 6, 7, 8]
 def _backend_params():
     gpu_ready = torch.cuda.is_available() and importlib.util.find_spec("sglang") is not None
     return [pytest.param("hf", id="hf"),
+            # The hf engine's GPU decode path (slot KV cache + CUDA graphs, released with its memory).
+            pytest.param("hf-cuda", id="hf-cuda", marks=[
+                pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]),
             pytest.param("sglang", id="sglang", marks=[
                 pytest.mark.gpu,
                 pytest.mark.skipif("sglang" not in INFERENCE_BACKENDS or not gpu_ready,
@@ -38,12 +41,12 @@ def _backend_params():
 def engine(request, tmp_path_factory):
     from relax.backends.hf.tiny_model import build_tiny_qwen3
 
-    backend = request.param
+    backend, device = request.param.partition("-")[::2]
     model_dir = build_tiny_qwen3(tmp_path_factory.mktemp("contract-model"), seed=0)
     launch = import_object(INFERENCE_BACKENDS[backend], flag="--rollout-backend")
     handle = launch(str(model_dir), api_key=API_KEY, num_threads=1,
                     log_path=str(tmp_path_factory.mktemp("contract-logs") / "engine.log"),
-                    options=None, **({"device": "cuda:0"} if backend == "sglang" else {}))
+                    options=None, **({"device": "cuda:0"} if backend == "sglang" or device == "cuda" else {}))
     try:
         handle.wait_ready(300)
         handle.backend, handle.model_dir = backend, model_dir

@@ -49,6 +49,7 @@ from transformers.cache_utils import DynamicLayer
 
 from relax.algorithms.logprobs import row_response_log_probs
 from relax.backends.hf.sampling import SamplingBatch, SamplingParams, apply_penalties, sample_next_tokens
+from relax.backends.hf.static_cache import GraphRunner, SlotCache, kv_shape, static_decode_supported, write_prefill
 
 ABORT_MESSAGE = "request aborted"
 REGEX_WINDOW = 64  # output tokens whose text a stop_regex is searched in
@@ -219,6 +220,44 @@ class _Batch:
                       torch.cat([self.next_pos_B, group.next_pos_B]), self.sampling.concat(group.sampling))
 
 
+@dataclass
+class _SlotBatch:
+    """The running rows on the slot cache (`static_cache.py`): each row's slot, the column its
+    next token is written to (`write_B`, host copy `writes`), its first cached column (`start_B`)."""
+
+    rows: list[int]
+    slots: list[int]
+    writes: list[int]
+    next_ids_B: torch.Tensor
+    write_B: torch.Tensor
+    start_B: torch.Tensor
+    sampling: SamplingBatch
+    cache: SlotCache
+    slots_B: torch.Tensor = None  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        if self.slots_B is None:
+            self.slots_B = torch.tensor(self.slots, dtype=torch.long, device=self.write_B.device)
+
+    def select(self, keep: list[int]) -> "_SlotBatch | None":
+        """Keep the rows at batch positions `keep`; the others' slots are freed."""
+        if len(keep) == len(self.rows):
+            return self
+        kept = set(keep)
+        self.cache.give_back([slot for b, slot in enumerate(self.slots) if b not in kept])
+        if not keep:
+            return None
+        index = torch.tensor(keep, dtype=torch.long, device=self.write_B.device)
+        return _SlotBatch([self.rows[b] for b in keep], [self.slots[b] for b in keep], [self.writes[b] for b in keep],
+                          self.next_ids_B[index], self.write_B[index], self.start_B[index],
+                          self.sampling.select(keep), self.cache)
+
+    def join(self, group: "_SlotBatch") -> "_SlotBatch":
+        return _SlotBatch(self.rows + group.rows, self.slots + group.slots, self.writes + group.writes,
+                          torch.cat([self.next_ids_B, group.next_ids_B]), torch.cat([self.write_B, group.write_B]),
+                          torch.cat([self.start_B, group.start_B]), self.sampling.concat(group.sampling), self.cache)
+
+
 class _RowState:
     """Outputs so far and the finish checks of one row."""
 
@@ -269,7 +308,9 @@ class BatchDecoder:
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any, *, device: torch.device | str,
                  eos_token_ids: Sequence[int], max_context_len: int, pad_token_id: int = 0,
-                 step_lock: threading.Lock | None = None, seed: int | None = None, true_on_policy: bool = False):
+                 step_lock: threading.Lock | None = None, seed: int | None = None, true_on_policy: bool = False,
+                 max_running_requests: int = 256, max_total_tokens: int | None = None, cuda_graphs: bool = True,
+                 cuda_graph_max_bs: int | None = None, static_cache: bool = True):
         self.model, self.tokenizer = model, tokenizer
         self.true_on_policy = true_on_policy
         self.device = torch.device(device)
@@ -284,10 +325,27 @@ class BatchDecoder:
             self.shared_generator.manual_seed(seed)
         self.can_join = cache_supports_join(model.config)
         self.stats = DecodeStats()
+        # The slot cache + CUDA graphs path (static_cache.py) for the models it knows; the rest
+        # decode through transformers' DynamicCache (`_Batch`).
+        why_not = static_decode_supported(model) if static_cache else "turned off"
+        self.slot_cache: SlotCache | None = None
+        self.runner: GraphRunner | None = None
+        if why_not is None:
+            self.slot_cache = SlotCache(kv_shape(model), self.device, max_rows=max_running_requests,
+                                        max_total_tokens=max_total_tokens)
+            self.runner = GraphRunner(model, self.slot_cache, max_rows=max_running_requests, use_graphs=cuda_graphs,
+                                      graph_max_rows=cuda_graph_max_bs)
+        self.static_path_note = why_not
         if self.device.type == "cuda":
             # cuDNN attention builds a plan per new shape (and thread); a decode step's shapes are
             # new nearly every step (the KV length grows, batches join and finish): ~3.5x slower.
             torch.backends.cuda.enable_cudnn_sdp(False)
+
+    def release_cache(self) -> None:
+        """Free the KV slot cache and drop captured graphs (memory release; weights moved)."""
+        if self.slot_cache is not None:
+            self.slot_cache.release()
+            self.runner.reset()
 
     def max_new_tokens(self, row: DecodeRow) -> int:
         room = self.max_context_len - len(row.prompt_ids)
@@ -360,15 +418,16 @@ class BatchDecoder:
                 if batch is not None:
                     batch = self._decode_step(batch, states, finish)
                 if waiting:
-                    size = len(waiting) + (len(batch.rows) if batch is not None else 0)
-                    if started:
-                        self.stats.record_join(size, len(waiting))
-                    else:
-                        self.stats.record_batch(size)
-                    started = True
-                    group = self._prefill(waiting, states, finish)
+                    running = len(batch.rows) if batch is not None else 0
+                    asked = len(waiting)
+                    group, waiting = self._prefill(waiting, states, finish, running=batch is not None)
                     batch = group if batch is None else (batch if group is None else batch.join(group))
-                    waiting = []
+                    prefilled = asked - len(waiting)
+                    if prefilled and started:
+                        self.stats.record_join(running + prefilled, prefilled)
+                    elif prefilled:
+                        self.stats.record_batch(prefilled)
+                    started = started or bool(prefilled)
             self.stats.busy_seconds += time.perf_counter() - start
         return results  # type: ignore[return-value]
 
@@ -380,20 +439,27 @@ class BatchDecoder:
         self.stats.forward_calls += 1
         return out.logits[:, -1]
 
-    def _prefill(self, rows: list[int], states: list[_RowState], finish: Callable[[int, dict], None]
-                 ) -> _Batch | None:
+    def _prefill(self, rows: list[int], states: list[_RowState], finish: Callable[[int, dict], None], *,
+                 running: bool = False) -> tuple["_Batch | _SlotBatch | None", list[int]]:
         """Prefill rows as one left-padded group with a fresh cache; sample their first tokens.
+        Returns the group's batch and the rows left waiting (no room in the slot cache yet).
 
         Rows with the same prompt (the n samples of a GRPO group) share one prefill: the distinct
         prompts go through the model once, then each row takes a copy of its prompt's cache rows
         and last logits (`shared_prefill`)."""
+        waiting: list[int] = []
+        if self.slot_cache is not None:
+            rows, waiting = self._fit_slots(rows, states, finish, running)
+            if not rows:
+                return None, waiting
         firsts, index = shared_prefill([states[i].row.prompt_ids for i in rows]) if self.can_join \
             else ([states[i].row.prompt_ids for i in rows], list(range(len(rows))))
         input_ids_UL, mask_UL, position_ids_UL = left_pad(firsts, self.pad_token_id, self.device)
-        sampling = SamplingBatch.build([states[i].params for i in rows],
-                                       [self._row_generator(states[i].params) for i in rows], self.device)
+        sampling = SamplingBatch.build([states[i].params for i in rows], self.device)
         cache = DynamicCache(config=self.model.config)
         logits_UV = self._forward(input_ids_UL, mask_UL, position_ids_UL, cache)
+        if self.slot_cache is not None:
+            return self._to_slots(rows, states, finish, cache, logits_UV, mask_UL, index, sampling), waiting
         if len(firsts) < len(rows):
             index_B = torch.tensor(index, dtype=torch.long, device=self.device)
             cache.batch_select_indices(index_B)  # each row's own copy: rows decode apart from here on
@@ -403,11 +469,55 @@ class BatchDecoder:
             logits_BV, mask_BL, position_ids_BL = logits_UV, mask_UL, position_ids_UL
         tokens_B, keep = self._sample(logits_BV, rows, states, sampling, finish)
         group = _Batch(rows, cache, mask_BL, tokens_B, position_ids_BL[:, -1] + 1, sampling)
+        return group.select(keep), waiting
+
+    def _fit_slots(self, rows: list[int], states: list[_RowState], finish: Callable[[int, dict], None],
+                   running: bool) -> tuple[list[int], list[int]]:
+        """The rows that get a slot now (in order) and the ones that wait. A row that cannot fit
+        even in an idle engine is answered with an abort saying why."""
+        width = max(len(states[i].row.prompt_ids) for i in rows)  # the group's left-padded prompt
+        need = width + max(states[i].max_new for i in rows)
+        fit = self.slot_cache.reserve(len(rows), need)
+        if fit == 0 and not running:
+            budget = self.slot_cache.token_budget()
+            for i in rows:
+                finish(i, {"type": "abort", "message": (
+                    f"the request needs {need} KV cache token slots and the engine has {budget}: raise "
+                    "--max-total-tokens (--sglang-max-total-tokens) or lower max_new_tokens")})
+            return [], []
+        return rows[:fit], rows[fit:]
+
+    def _to_slots(self, rows: list[int], states: list[_RowState], finish: Callable[[int, dict], None],
+                  cache: DynamicCache, logits_UV: torch.Tensor, mask_UL: torch.Tensor, index: list[int],
+                  sampling: SamplingBatch) -> "_SlotBatch | None":
+        """Copy the prefill's keys/values into the rows' slots; sample their first tokens."""
+        slots = self.slot_cache.take(len(rows))
+        index_B = torch.tensor(index, dtype=torch.long, device=self.device)
+        slots_B = torch.tensor(slots, dtype=torch.long, device=self.device)
+        write_prefill(self.slot_cache, [(layer.keys, layer.values) for layer in cache.layers], slots_B, index_B)
+        width = mask_UL.shape[1]
+        start_B = (width - mask_UL.sum(dim=1)).index_select(0, index_B)
+        if len(set(index)) < len(rows):
+            self.stats.prefill_rows_shared += len(rows) - len(set(index))
+        logits_BV = logits_UV.index_select(0, index_B)
+        tokens_B, keep = self._sample(logits_BV, rows, states, sampling, finish)
+        group = _SlotBatch(rows, slots, [width] * len(rows), tokens_B,
+                           torch.full((len(rows),), width, dtype=torch.long, device=self.device), start_B, sampling,
+                           self.slot_cache, slots_B)
         return group.select(keep)
 
-    def _decode_step(self, batch: _Batch, states: list[_RowState], finish: Callable[[int, dict], None]
-                     ) -> _Batch | None:
+    def _decode_step(self, batch: "_Batch | _SlotBatch", states: list[_RowState], finish: Callable[[int, dict], None]
+                     ) -> "_Batch | _SlotBatch | None":
         """One forward for every running row (each feeds its pending token); sample the next ones."""
+        if isinstance(batch, _SlotBatch):
+            with self.step_lock:
+                logits_BV = self.runner.step(batch.slots_B, batch.next_ids_B, batch.write_B, batch.start_B,
+                                             max(batch.slots), max(batch.writes))
+            self.stats.forward_calls += 1
+            tokens_B, keep = self._sample(logits_BV, batch.rows, states, batch.sampling, finish)
+            batch.next_ids_B, batch.write_B = tokens_B, batch.write_B + 1
+            batch.writes = [w + 1 for w in batch.writes]
+            return batch.select(keep)
         mask_BT = torch.cat([batch.mask_BT, batch.mask_BT.new_ones((len(batch.rows), 1))], dim=1)
         logits_BV = self._forward(batch.next_ids_B[:, None], mask_BT, batch.next_pos_B[:, None], batch.cache)
         tokens_B, keep = self._sample(logits_BV, batch.rows, states, batch.sampling, finish)
@@ -454,8 +564,3 @@ class BatchDecoder:
             return False
         finish(i, {"type": "abort", "message": state.row.abort_message})
         return True
-
-    def _row_generator(self, params: SamplingParams) -> torch.Generator | None:
-        if params.sampling_seed is None or params.is_greedy:
-            return None
-        return torch.Generator(device=self.device).manual_seed(params.sampling_seed)

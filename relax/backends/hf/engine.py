@@ -59,7 +59,8 @@ class HFEngine:
                  max_running_requests: int = 256, max_context_len: int | None = None,
                  served_model_name: str | None = None, tokenizer_path: str | None = None,
                  seed: int | None = None, weight_sync_timeout_s: float = 600.0, batch_wait_s: float = 0.02,
-                 rl_on_policy_target: str | None = None, load_format: str = "auto"):
+                 rl_on_policy_target: str | None = None, load_format: str = "auto",
+                 max_total_tokens: int | None = None, cuda_graphs: bool = True, cuda_graph_max_bs: int | None = None):
         from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
         if dtype not in DTYPE_CHOICES:
@@ -91,7 +92,11 @@ class HFEngine:
                                     eos_token_ids=eos_token_ids(self.model, self.tokenizer),
                                     max_context_len=self.max_context_len, pad_token_id=pad if pad is not None else 0,
                                     step_lock=self.step_lock, seed=seed,
-                                    true_on_policy=rl_on_policy_target is not None)
+                                    true_on_policy=rl_on_policy_target is not None,
+                                    max_running_requests=max_running_requests, max_total_tokens=max_total_tokens,
+                                    cuda_graphs=cuda_graphs, cuda_graph_max_bs=cuda_graph_max_bs)
+        if self.decoder.static_path_note is not None:
+            logger.info("decoding through transformers' DynamicCache: %s", self.decoder.static_path_note)
         self.scheduler = Scheduler(self.decoder, max_running_requests=max_running_requests,
                                    batch_wait_s=batch_wait_s)
         self.receiver = WeightReceiver(self.model, step_lock=self.step_lock, timeout_s=weight_sync_timeout_s,
@@ -149,9 +154,11 @@ class HFEngine:
         tags = list(tags or MEMORY_TAGS)
         self.scheduler.abort(abort_all=True, message="aborted by release_memory_occupation")
         await self.scheduler.wait_idle()
-        if "weights" in tags and self.device.type == "cuda" and "weights" not in self.released_tags:
-            with self.step_lock:
+        with self.step_lock:
+            self.decoder.release_cache()  # the KV cache and the graphs (they hold parameter addresses)
+            if "weights" in tags and self.device.type == "cuda" and "weights" not in self.released_tags:
                 self.model.to("cpu")
+        if self.device.type == "cuda":
             torch.cuda.empty_cache()
         self.released_tags.update(tags)
         return f"released {sorted(tags)}"
@@ -161,6 +168,7 @@ class HFEngine:
         if "weights" in tags and self.device.type == "cuda" and "weights" in self.released_tags:
             with self.step_lock:
                 self.model.to(self.device)
+                self.decoder.release_cache()
         self.released_tags.difference_update(tags)
         return f"resumed {sorted(tags)}"
 

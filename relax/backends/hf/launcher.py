@@ -53,12 +53,15 @@ ENGINE_OPTIONS: dict[str, str] = {
     "max_running_requests": "--max-running-requests", "dtype": "--dtype", "batch_wait_ms": "--batch-wait-ms",
     "random_seed": "--random-seed", "served_model_name": "--served-model-name",
     "rl_on_policy_target": "--rl-on-policy-target", "load_format": "--load-format",
+    "max_total_tokens": "--max-total-tokens", "disable_cuda_graph": "--disable-cuda-graph",
+    "cuda_graph_max_bs": "--cuda-graph-max-bs",
 }
+FLAG_OPTIONS = frozenset({"disable_cuda_graph"})  # store_true server flags: given when true
 # SGLang-only options (parallelism, memory pools) that mean nothing to this engine: accepted so
 # one config serves both backends, and logged as ignored.
-SGLANG_ONLY_OPTIONS = frozenset({"dp_size", "tp_size", "pp_size", "ep_size", "max_total_tokens", "mem_fraction_static",
-                                 "chunked_prefill_size", "max_prefill_tokens", "cuda_graph_max_bs",
-                                 "disable_cuda_graph", "attention_backend", "kv_cache_dtype", "quantization"})
+SGLANG_ONLY_OPTIONS = frozenset({"dp_size", "tp_size", "pp_size", "ep_size", "mem_fraction_static",
+                                 "chunked_prefill_size", "max_prefill_tokens", "attention_backend", "kv_cache_dtype",
+                                 "quantization"})
 
 
 def engine_option_args(options: Mapping[str, Any] | None) -> list[str]:
@@ -71,7 +74,9 @@ def engine_option_args(options: Mapping[str, Any] | None) -> list[str]:
         if key not in ENGINE_OPTIONS:
             raise ValueError(f"unknown engine option {key!r}; the hf engine takes {sorted(ENGINE_OPTIONS)} "
                              f"(SGLang-only options ignored here: {sorted(SGLANG_ONLY_OPTIONS)})")
-        if value is not None:
+        if key in FLAG_OPTIONS:
+            args += [ENGINE_OPTIONS[key]] if value not in (None, False, "false", "False", 0) else []
+        elif value is not None:
             args += [ENGINE_OPTIONS[key], str(value)]
     return args
 

@@ -10,9 +10,12 @@ logit bias), applied by the decoder before sampling.
 
 - temperature == 0 is greedy (argmax of the raw logits), as SGLang does;
 - otherwise probabilities are softmax(logits / temperature), filtered by top-k, top-p and
-  min-p, and a token is drawn with the exponential race `argmax(p / E)`, E ~ Exp(1). Each row
-  draws its noise from its own `torch.Generator` when the request has a `sampling_seed`, so
-  a seeded request's tokens depend only on (seed, prompt, weights), never on its batch mates.
+  min-p, and a token is drawn with the exponential race `argmax(p / E)`, E ~ Exp(1). A request
+  with a `sampling_seed` takes its noise from a counter-based hash of (seed, how many tokens the
+  row has drawn, token id) (`seeded_exponential`): one set of elementwise kernels for every
+  seeded row of the batch, the same numbers on CPU and GPU, and a seeded request's tokens depend
+  only on (seed, prompt, weights), never on its batch mates. Unseeded rows draw from the
+  engine's shared `torch.Generator`.
 
 Log-prob convention (shared with the trainer): the returned log-prob of a sampled token is
 `log_softmax(logits / temperature)[token]` for temperature > 0 and `log_softmax(logits)[token]`
@@ -250,19 +253,25 @@ def apply_penalties(logits_V: torch.Tensor, params: SamplingParams, prompt_ids: 
 
 @dataclass
 class SamplingBatch:
-    """Per-row sampling parameters of a decode batch as tensors (B = rows still decoding)."""
+    """Per-row sampling parameters of a decode batch as tensors (B = rows still decoding).
+    `seeds_B`: the request's sampling_seed (-1: unseeded); `draws_B`: tokens the row has drawn."""
 
     temperature_B: torch.Tensor
     top_p_B: torch.Tensor
     top_k_B: torch.Tensor
     min_p_B: torch.Tensor
     greedy_B: torch.Tensor
-    generators: list[torch.Generator | None]
+    seeds_B: torch.Tensor
+    draws_B: torch.Tensor
+    # Host copies of the per-row flags the sampler branches on (no device sync per step).
+    greedy: list[bool]
+    seeded: list[bool]
+    filtered: list[bool]
 
     @classmethod
-    def build(cls, params: Sequence[SamplingParams], generators: Sequence[torch.Generator | None],
-              device: torch.device) -> "SamplingBatch":
+    def build(cls, params: Sequence[SamplingParams], device: torch.device) -> "SamplingBatch":
         greedy = [p.is_greedy for p in params]
+        seeds = [-1 if p.sampling_seed is None else int(p.sampling_seed) % 2**63 for p in params]
         return cls(
             temperature_B=torch.tensor([1.0 if g else p.temperature for p, g in zip(params, greedy)],
                                        dtype=torch.float32, device=device),
@@ -270,24 +279,29 @@ class SamplingBatch:
             top_k_B=torch.tensor([p.top_k for p in params], dtype=torch.long, device=device),
             min_p_B=torch.tensor([p.min_p for p in params], dtype=torch.float32, device=device),
             greedy_B=torch.tensor(greedy, dtype=torch.bool, device=device),
-            generators=list(generators),
+            seeds_B=torch.tensor(seeds, dtype=torch.long, device=device),
+            draws_B=torch.zeros(len(params), dtype=torch.long, device=device),
+            greedy=greedy, seeded=[seed >= 0 for seed in seeds],
+            filtered=[p.top_k > 0 or p.top_p < 1 or p.min_p > 0 for p in params],
         )
+
+    def _fields(self) -> tuple[torch.Tensor, ...]:
+        return (self.temperature_B, self.top_p_B, self.top_k_B, self.min_p_B, self.greedy_B, self.seeds_B,
+                self.draws_B)
 
     def select(self, keep: list[int]) -> "SamplingBatch":
         index = torch.tensor(keep, dtype=torch.long, device=self.greedy_B.device)
-        return SamplingBatch(self.temperature_B[index], self.top_p_B[index], self.top_k_B[index],
-                             self.min_p_B[index], self.greedy_B[index], [self.generators[i] for i in keep])
+        return SamplingBatch(*(t[index] for t in self._fields()), [self.greedy[i] for i in keep],
+                             [self.seeded[i] for i in keep], [self.filtered[i] for i in keep])
 
     def concat(self, other: "SamplingBatch") -> "SamplingBatch":
         """This batch's rows followed by `other`'s (a group joining a running batch)."""
-        return SamplingBatch(torch.cat([self.temperature_B, other.temperature_B]),
-                             torch.cat([self.top_p_B, other.top_p_B]), torch.cat([self.top_k_B, other.top_k_B]),
-                             torch.cat([self.min_p_B, other.min_p_B]), torch.cat([self.greedy_B, other.greedy_B]),
-                             self.generators + other.generators)
+        return SamplingBatch(*(torch.cat([a, b]) for a, b in zip(self._fields(), other._fields())),
+                             self.greedy + other.greedy, self.seeded + other.seeded, self.filtered + other.filtered)
 
     @property
     def needs_filter(self) -> bool:
-        return bool(((self.top_k_B > 0) | (self.top_p_B < 1) | (self.min_p_B > 0)).any())
+        return any(self.filtered)
 
 
 def filter_probs(probs_BV: torch.Tensor, top_k_B: torch.Tensor, top_p_B: torch.Tensor,
@@ -304,17 +318,39 @@ def filter_probs(probs_BV: torch.Tensor, top_k_B: torch.Tensor, top_p_B: torch.T
     return torch.zeros_like(probs_BV).scatter_(-1, index_BV, sorted_BV)
 
 
-def _exponential_noise(shape: tuple[int, int], generators: list[torch.Generator | None],
-                       shared: torch.Generator | None, device: torch.device) -> torch.Tensor:
-    """Exp(1) noise; seeded rows draw from their own generator, the rest from `shared` in one call."""
-    noise_BV = torch.empty(shape, dtype=torch.float32, device=device)
-    unseeded = [i for i, g in enumerate(generators) if g is None]
-    if unseeded:
-        draw = torch.empty((len(unseeded), shape[1]), dtype=torch.float32, device=device)
-        noise_BV[unseeded] = draw.exponential_(generator=shared)
-    for i, generator in enumerate(generators):
-        if generator is not None:
-            noise_BV[i].exponential_(generator=generator)
+_MASK32 = 0xFFFFFFFF
+_token_keys: dict[tuple[int, str], torch.Tensor] = {}
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer hash (two multiply-xorshift rounds) on int64 tensors holding values < 2**32;
+    every product stays below 2**63, so no overflow."""
+    x = (((x >> 16) ^ x) * 0x45D9F3B) & _MASK32
+    x = (((x >> 16) ^ x) * 0x45D9F3B) & _MASK32
+    return (x >> 16) ^ x
+
+
+def seeded_exponential(seeds_B: torch.Tensor, draws_B: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Exp(1) noise [B, vocab] that depends only on (seed, draw index, token id) per row."""
+    device = seeds_B.device
+    key = (vocab, str(device))
+    if key not in _token_keys:
+        _token_keys[key] = _mix32(torch.arange(vocab, dtype=torch.long, device=device) * 0x9E3779B1 & _MASK32)
+    row_B = _mix32((seeds_B & _MASK32) ^ _mix32(((seeds_B >> 32) & _MASK32) ^ _mix32(draws_B & _MASK32)))
+    bits_BV = _mix32(row_B[:, None] ^ _token_keys[key][None, :])
+    uniform_BV = ((bits_BV >> 8).to(torch.float32) + 0.5) * 2.0 ** -24  # in (0, 1)
+    return -torch.log(uniform_BV)
+
+
+def _exponential_noise(batch: SamplingBatch, vocab: int, shared: torch.Generator | None) -> torch.Tensor:
+    """Exp(1) noise; seeded rows from `seeded_exponential`, the rest from `shared` in one call."""
+    if all(batch.seeded):
+        return seeded_exponential(batch.seeds_B, batch.draws_B, vocab)
+    noise_BV = torch.empty((len(batch.seeded), vocab), dtype=torch.float32, device=batch.seeds_B.device)
+    noise_BV.exponential_(generator=shared)
+    if any(batch.seeded):
+        rows = torch.tensor([b for b, s in enumerate(batch.seeded) if s], dtype=torch.long, device=noise_BV.device)
+        noise_BV[rows] = seeded_exponential(batch.seeds_B[rows], batch.draws_B[rows], vocab)
     return noise_BV
 
 
@@ -324,11 +360,12 @@ def sample_next_tokens(logits_BV: torch.Tensor, batch: SamplingBatch,
     logits_BV = logits_BV.float()
     logprobs_BV = torch.log_softmax(logits_BV / batch.temperature_B[:, None], dim=-1)
     tokens_B = logits_BV.argmax(dim=-1)
-    if not bool(batch.greedy_B.all()):
+    if not all(batch.greedy):
         probs_BV = logprobs_BV.exp()
         if batch.needs_filter:
             probs_BV = filter_probs(probs_BV, batch.top_k_B, batch.top_p_B, batch.min_p_B)
-        noise_BV = _exponential_noise(tuple(probs_BV.shape), batch.generators, shared_generator, probs_BV.device)
+        noise_BV = _exponential_noise(batch, probs_BV.shape[1], shared_generator)
         sampled_B = (probs_BV / noise_BV).argmax(dim=-1)
-        tokens_B = torch.where(batch.greedy_B, tokens_B, sampled_B)
+        tokens_B = torch.where(batch.greedy_B, tokens_B, sampled_B) if any(batch.greedy) else sampled_B
+    batch.draws_B += 1
     return tokens_B, logprobs_BV.gather(-1, tokens_B[:, None]).squeeze(-1)

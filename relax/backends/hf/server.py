@@ -328,6 +328,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--load-format", default="auto", choices=LOAD_FORMATS,
                         help="auto: the checkpoint's weights; dummy: random weights from config.json (benchmarks)")
     parser.add_argument("--max-running-requests", type=int, default=256, help="largest decode batch")
+    parser.add_argument("--max-total-tokens", type=int, default=None,
+                        help="KV cache token slots (rows x columns); default: what the GPU has free (80%%), "
+                             "unlimited on CPU")
+    parser.add_argument("--disable-cuda-graph", action="store_true", help="decode steps run eagerly on the GPU")
+    parser.add_argument("--cuda-graph-max-bs", type=int, default=None,
+                        help="decode steps over more rows than this run eagerly (default: every batch size)")
     parser.add_argument("--batch-wait-ms", type=float, default=20.0,
                         help="longest wait for a burst of requests to gather before a batch starts from idle "
                              "(later requests join the running batch at the next decode step)")
@@ -365,7 +371,8 @@ def main(argv: list[str] | None = None) -> None:
                       served_model_name=args.served_model_name, tokenizer_path=args.tokenizer_path,
                       seed=args.random_seed, weight_sync_timeout_s=args.weight_sync_timeout,
                       batch_wait_s=args.batch_wait_ms / 1000, rl_on_policy_target=args.rl_on_policy_target,
-                      load_format=args.load_format)
+                      load_format=args.load_format, max_total_tokens=args.max_total_tokens,
+                      cuda_graphs=not args.disable_cuda_graph, cuda_graph_max_bs=args.cuda_graph_max_bs)
     holder: dict[str, Any] = {}
     launch = {"host": args.host, "port": args.port, "random_seed": args.random_seed, "log_level": args.log_level,
               "startup_time": time.time()}

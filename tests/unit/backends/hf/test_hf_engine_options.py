@@ -18,8 +18,21 @@ def test_known_options_become_server_flags():
 def test_sglang_only_options_are_ignored_with_a_warning(monkeypatch):
     warned = []
     monkeypatch.setattr(launcher.logger, "warning", lambda msg, *args: warned.append(msg % args))
-    assert engine_option_args({"dp_size": 1, "max_total_tokens": 8192}) == []
+    assert engine_option_args({"dp_size": 1, "mem_fraction_static": 0.8}) == []
     assert len(warned) == 2 and "'dp_size' applies to SGLang only" in warned[0]
+
+
+def test_kv_cache_and_cuda_graph_options_become_server_flags():
+    """SGLang's --max-total-tokens, --disable-cuda-graph and --cuda-graph-max-bs act on the hf
+    engine's slot cache (static_cache.py); the boolean one is a bare flag, given only when true."""
+    assert engine_option_args({"max_total_tokens": 8192, "cuda_graph_max_bs": 64}) == [
+        "--max-total-tokens", "8192", "--cuda-graph-max-bs", "64"]
+    assert engine_option_args({"disable_cuda_graph": True}) == ["--disable-cuda-graph"]
+    assert engine_option_args({"disable_cuda_graph": False}) == []
+    from relax.backends.hf.server import parse_args
+
+    args = parse_args(["--model-path", "m", "--max-total-tokens", "8192", "--disable-cuda-graph"])
+    assert args.max_total_tokens == 8192 and args.disable_cuda_graph and args.cuda_graph_max_bs is None
 
 
 def test_unknown_option_is_an_error_listing_the_known_ones():

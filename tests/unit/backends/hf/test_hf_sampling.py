@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -10,9 +12,9 @@ from relax.backends.hf.sampling import (
 )
 
 
-def _batch(params: list[dict], generators=None) -> SamplingBatch:
+def _batch(params: list[dict]) -> SamplingBatch:
     parsed = [parse_sampling_params(p) for p in params]
-    return SamplingBatch.build(parsed, generators or [None] * len(parsed), torch.device("cpu"))
+    return SamplingBatch.build(parsed, torch.device("cpu"))
 
 
 def test_defaults_follow_sglang():
@@ -66,8 +68,7 @@ def test_greedy_logprob_is_log_softmax_of_raw_logits():
 
 def test_sampled_logprob_is_log_softmax_of_temperature_scaled_logits_before_filtering():
     logits = torch.tensor([[1.0, 3.0, 2.0]])
-    gen = torch.Generator().manual_seed(0)
-    tokens, logprobs = sample_next_tokens(logits, _batch([{"temperature": 0.5, "top_k": 2}], [gen]))
+    tokens, logprobs = sample_next_tokens(logits, _batch([{"temperature": 0.5, "top_k": 2, "sampling_seed": 0}]))
     token = tokens.item()
     assert token in (1, 2)  # top_k=2 excludes token 0
     assert logprobs.item() == pytest.approx(torch.log_softmax(logits / 0.5, -1)[0, token].item())
@@ -84,11 +85,28 @@ def test_sampling_frequencies_match_probabilities():
 
 def test_seeded_rows_ignore_their_batch_mates():
     logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(1))
-    alone, _ = sample_next_tokens(logits[1:2], _batch([{}], [torch.Generator().manual_seed(7)]))
-    together, _ = sample_next_tokens(logits, _batch([{}, {}, {"temperature": 0}],
-                                                    [None, torch.Generator().manual_seed(7), None]),
+    alone, _ = sample_next_tokens(logits[1:2], _batch([{"sampling_seed": 7}]))
+    together, _ = sample_next_tokens(logits, _batch([{}, {"sampling_seed": 7}, {"temperature": 0}]),
                                      torch.Generator().manual_seed(99))
     assert together[1].item() == alone.item()
+
+
+def test_seeded_noise_is_exponential_and_moves_with_each_draw():
+    """The counter-based noise: Exp(1) (mean 1, P(E > 1) = 1/e), one stream per (seed, draw),
+    the draw counter advancing with every sampled token."""
+    from relax.backends.hf.sampling import seeded_exponential
+
+    seeds, draws = torch.tensor([7, 7, 8]), torch.tensor([0, 1, 0])
+    noise = seeded_exponential(seeds, draws, 20000)
+    assert noise.min() > 0 and noise.mean().item() == pytest.approx(1.0, abs=0.03)
+    assert (noise > 1).float().mean().item() == pytest.approx(math.exp(-1), abs=0.02)
+    assert torch.equal(noise[0], seeded_exponential(torch.tensor([7]), torch.tensor([0]), 20000)[0])
+    assert not torch.equal(noise[0], noise[1]) and not torch.equal(noise[0], noise[2])
+    batch = _batch([{"sampling_seed": 7}] * 2)
+    first, _ = sample_next_tokens(torch.zeros(2, 1000), batch)
+    assert first[0] == first[1] and batch.draws_B.tolist() == [1, 1]
+    second, _ = sample_next_tokens(torch.zeros(2, 1000), batch)
+    assert second[0] != first[0]  # the next draw (flat logits: a different token, 999 times in 1000)
 
 
 def test_penalties_follow_sglang():
