@@ -12,8 +12,8 @@ logit bias), applied by the decoder before sampling.
 - otherwise probabilities are softmax(logits / temperature), filtered by top-k, top-p and
   min-p, and a token is drawn with the exponential race `argmax(p / E)`, E ~ Exp(1). A request
   with a `sampling_seed` takes its noise from a counter-based hash of (seed, how many tokens the
-  row has drawn, token id) (`seeded_exponential`): one set of elementwise kernels for every
-  seeded row of the batch, the same numbers on CPU and GPU, and a seeded request's tokens depend
+  row has drawn, token id) (`seeded_exponential`): one fused kernel for every seeded row of the
+  batch on a GPU, the same integer stream on every device, and a seeded request's tokens depend
   only on (seed, prompt, weights), never on its batch mates. Unseeded rows draw from the
   engine's shared `torch.Generator`.
 
@@ -330,16 +330,44 @@ def _mix32(x: torch.Tensor) -> torch.Tensor:
     return (x >> 16) ^ x
 
 
+def _exponential_from_keys(seeds_B: torch.Tensor, draws_B: torch.Tensor, token_keys_V: torch.Tensor) -> torch.Tensor:
+    row_B = _mix32((seeds_B & _MASK32) ^ _mix32(((seeds_B >> 32) & _MASK32) ^ _mix32(draws_B & _MASK32)))
+    bits_BV = _mix32(row_B[:, None] ^ token_keys_V[None, :])
+    uniform_BV = ((bits_BV >> 8).to(torch.float32) + 0.5) * 2.0 ** -24  # in (0, 1)
+    return -torch.log(uniform_BV)
+
+
+_fused: dict[str, Any] = {}
+
+
+def _noise_kernel(device: torch.device):
+    """On a GPU the hash is one fused kernel (torch.compile; eager ops make ~12 passes over
+    [B, vocab] int64, a quarter of a decode step at batch 256); eager elsewhere, or if compiling fails."""
+    if device.type != "cuda" or _fused.get("failed"):
+        return _exponential_from_keys
+    if "cuda" not in _fused:
+        _fused["cuda"] = torch.compile(_exponential_from_keys, dynamic=True)
+    return _fused["cuda"]
+
+
 def seeded_exponential(seeds_B: torch.Tensor, draws_B: torch.Tensor, vocab: int) -> torch.Tensor:
-    """Exp(1) noise [B, vocab] that depends only on (seed, draw index, token id) per row."""
+    """Exp(1) noise [B, vocab] that depends only on (seed, draw index, token id) per row (the
+    integer hash is the same on every device; the float log may differ in the last bit)."""
     device = seeds_B.device
     key = (vocab, str(device))
     if key not in _token_keys:
         _token_keys[key] = _mix32(torch.arange(vocab, dtype=torch.long, device=device) * 0x9E3779B1 & _MASK32)
-    row_B = _mix32((seeds_B & _MASK32) ^ _mix32(((seeds_B >> 32) & _MASK32) ^ _mix32(draws_B & _MASK32)))
-    bits_BV = _mix32(row_B[:, None] ^ _token_keys[key][None, :])
-    uniform_BV = ((bits_BV >> 8).to(torch.float32) + 0.5) * 2.0 ** -24  # in (0, 1)
-    return -torch.log(uniform_BV)
+    kernel = _noise_kernel(device)
+    try:
+        return kernel(seeds_B, draws_B, _token_keys[key])
+    except Exception as exc:  # noqa: BLE001 - a compiler failure must not stop generation
+        if kernel is _exponential_from_keys:
+            raise
+        import logging
+
+        logging.getLogger(__name__).warning("compiling the sampling noise failed (%s); using eager ops", exc)
+        _fused["failed"] = True
+        return _exponential_from_keys(seeds_B, draws_B, _token_keys[key])
 
 
 def _exponential_noise(batch: SamplingBatch, vocab: int, shared: torch.Generator | None) -> torch.Tensor:

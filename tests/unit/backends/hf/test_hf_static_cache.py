@@ -109,3 +109,60 @@ def test_captured_batch_sizes_cover_every_row_count():
     sizes = batch_sizes(256)
     assert sizes[:4] == [1, 2, 4, 8] and sizes[-1] == 256 and sizes == sorted(set(sizes))
     assert batch_sizes(5)[-1] == 5 and all(s <= 5 for s in batch_sizes(5))
+
+
+def _stress(model, tokenizer, device: str, *, cuda_graphs: bool = True, seed: int = 0,
+            decoder: BatchDecoder | None = None) -> BatchDecoder:
+    """48 seeded rows of random prompt lengths and budgets, 6 joining at every step while the
+    first 12 decode (rows finish and free slots while others take them). Every row's reported
+    log-probs must equal one full forward of its prompt + output, alone (no cache, no padding)."""
+    import random
+
+    rng = random.Random(seed)
+    vocab = model.config.vocab_size
+    rows = [_row([rng.randrange(4, vocab) for _ in range(rng.randint(1, 20))], temperature=1.0,
+                 max_new_tokens=rng.randint(1, 30), sampling_seed=i, ignore_eos=True) for i in range(48)]
+    first, pending = rows[:12], rows[12:]
+
+    def admit(running: int):
+        taken = pending[:6]
+        del pending[:6]
+        return taken
+
+    decoder = decoder or BatchDecoder(model, tokenizer, device=device, eos_token_ids=[2], max_context_len=512,
+                                      seed=0, max_running_requests=16, cuda_graphs=cuda_graphs)
+    results = decoder.run(first, admit=admit)
+    assert len(results) == 48 and decoder.stats.joins > 0
+    for row, result in zip(rows, results):
+        assert len(result.output_ids) == row.params.max_new_tokens
+        full = torch.tensor([row.prompt_ids + result.output_ids], device=device)
+        with torch.no_grad():
+            logits = model(full).logits[0, len(row.prompt_ids) - 1:-1].float()
+        expected = torch.log_softmax(logits, -1).gather(-1, torch.tensor(result.output_ids, device=device)[:, None])
+        assert result.output_logprobs == pytest.approx(expected.squeeze(-1).tolist(), abs=2e-4)
+    return decoder
+
+
+def test_rows_coming_and_going_keep_their_own_cache(tiny_model_and_tokenizer):
+    model, tokenizer = tiny_model_and_tokenizer
+    _stress(model, tokenizer, "cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("cuda_graphs", [True, False], ids=["graphs", "eager"])
+def test_rows_coming_and_going_on_a_gpu(tiny_model_and_tokenizer, cuda_graphs):
+    """The same on a GPU, where steps run over captured (rows, columns) sizes with dummy slots;
+    then weights change in place and the captured graphs decode with the new ones."""
+    model, tokenizer = tiny_model_and_tokenizer
+    model = model.to("cuda")
+    try:
+        decoder = _stress(model, tokenizer, "cuda", cuda_graphs=cuda_graphs)
+        if cuda_graphs:
+            assert decoder.runner.graphs
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(torch.randn_like(p) * 0.05)
+        _stress(model, tokenizer, "cuda", cuda_graphs=cuda_graphs, seed=1, decoder=decoder)  # the same graphs
+    finally:
+        model.to("cpu")
