@@ -99,6 +99,9 @@ def bench_decode(model, batch: int, prompt_len: int, new_tokens: int, samples: i
     params = parse_sampling_params({"temperature": 1.0, "max_new_tokens": new_tokens, "ignore_eos": True})
     warm = parse_sampling_params({"temperature": 1.0, "max_new_tokens": 4, "ignore_eos": True})
     decoder.run([DecodeRow(p[:8].tolist(), warm) for p in prompts[:2]])
+    from relax.backends.hf.sampling import warm_up_sampler
+
+    warm_up_sampler(model.config.vocab_size, torch.device("cuda"))  # as the engine does at start
     # A serving engine has its decode graphs after its first batches: capture them for this shape.
     decoder.run([DecodeRow(p.tolist(), params) for p in prompts])
     sync()

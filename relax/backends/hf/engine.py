@@ -21,6 +21,7 @@ import torch
 
 from relax.backends.hf.decoder import BatchDecoder, DecodeRow, RowResult
 from relax.backends.hf.protocol import GenerateItem
+from relax.backends.hf.sampling import warm_up_sampler
 from relax.backends.hf.scheduler import Scheduler
 from relax.backends.hf.weights import WeightReceiver
 
@@ -95,6 +96,8 @@ class HFEngine:
                                     true_on_policy=rl_on_policy_target is not None,
                                     max_running_requests=max_running_requests, max_total_tokens=max_total_tokens,
                                     cuda_graphs=cuda_graphs, cuda_graph_max_bs=cuda_graph_max_bs)
+        if self.device.type == "cuda":  # compile the GPU sampler now, not in the first rollout
+            warm_up_sampler(self.vocab_size, self.device)
         if self.decoder.static_path_note is not None:
             logger.info("decoding through transformers' DynamicCache: %s", self.decoder.static_path_note)
         self.scheduler = Scheduler(self.decoder, max_running_requests=max_running_requests,
@@ -159,6 +162,8 @@ class HFEngine:
             if "weights" in tags and self.device.type == "cuda" and "weights" not in self.released_tags:
                 self.model.to("cpu")
         if self.device.type == "cuda":
+            if hasattr(torch._C, "_cuda_clearCublasWorkspaces"):  # the decode streams' cuBLAS workspaces
+                torch._C._cuda_clearCublasWorkspaces()
             torch.cuda.empty_cache()
         self.released_tags.update(tags)
         return f"released {sorted(tags)}"

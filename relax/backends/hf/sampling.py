@@ -12,10 +12,11 @@ logit bias), applied by the decoder before sampling.
 - otherwise probabilities are softmax(logits / temperature), filtered by top-k, top-p and
   min-p, and a token is drawn with the exponential race `argmax(p / E)`, E ~ Exp(1). A request
   with a `sampling_seed` takes its noise from a counter-based hash of (seed, how many tokens the
-  row has drawn, token id) (`seeded_exponential`): one fused kernel for every seeded row of the
-  batch on a GPU, the same integer stream on every device, and a seeded request's tokens depend
-  only on (seed, prompt, weights), never on its batch mates. Unseeded rows draw from the
-  engine's shared `torch.Generator`.
+  row has drawn, token id) (`seeded_exponential`), the same integer stream on every device, so a
+  seeded request's tokens depend only on (seed, prompt, weights), never on its batch mates.
+  An unseeded row takes a fresh seed per token from the engine's shared `torch.Generator`. On a
+  GPU the unfiltered case (softmax, noise, race, log-prob) is one compiled function
+  (`_race`), compiled when the engine starts.
 
 Log-prob convention (shared with the trainer): the returned log-prob of a sampled token is
 `log_softmax(logits / temperature)[token]` for temperature > 0 and `log_softmax(logits)[token]`
@@ -330,6 +331,14 @@ def _mix32(x: torch.Tensor) -> torch.Tensor:
     return (x >> 16) ^ x
 
 
+def token_keys(vocab: int, device: torch.device) -> torch.Tensor:
+    """Per token id, its hash key (cached per vocabulary size and device)."""
+    key = (vocab, str(device))
+    if key not in _token_keys:
+        _token_keys[key] = _mix32(torch.arange(vocab, dtype=torch.long, device=device) * 0x9E3779B1 & _MASK32)
+    return _token_keys[key]
+
+
 def _exponential_from_keys(seeds_B: torch.Tensor, draws_B: torch.Tensor, token_keys_V: torch.Tensor) -> torch.Tensor:
     row_B = _mix32((seeds_B & _MASK32) ^ _mix32(((seeds_B >> 32) & _MASK32) ^ _mix32(draws_B & _MASK32)))
     bits_BV = _mix32(row_B[:, None] ^ token_keys_V[None, :])
@@ -337,63 +346,90 @@ def _exponential_from_keys(seeds_B: torch.Tensor, draws_B: torch.Tensor, token_k
     return -torch.log(uniform_BV)
 
 
-_fused: dict[str, Any] = {}
-
-
-def _noise_kernel(device: torch.device):
-    """On a GPU the hash is one fused kernel (torch.compile; eager ops make ~12 passes over
-    [B, vocab] int64, a quarter of a decode step at batch 256); eager elsewhere, or if compiling fails."""
-    if device.type != "cuda" or _fused.get("failed"):
-        return _exponential_from_keys
-    if "cuda" not in _fused:
-        _fused["cuda"] = torch.compile(_exponential_from_keys, dynamic=True)
-    return _fused["cuda"]
-
-
 def seeded_exponential(seeds_B: torch.Tensor, draws_B: torch.Tensor, vocab: int) -> torch.Tensor:
     """Exp(1) noise [B, vocab] that depends only on (seed, draw index, token id) per row (the
-    integer hash is the same on every device; the float log may differ in the last bit)."""
-    device = seeds_B.device
-    key = (vocab, str(device))
-    if key not in _token_keys:
-        _token_keys[key] = _mix32(torch.arange(vocab, dtype=torch.long, device=device) * 0x9E3779B1 & _MASK32)
-    kernel = _noise_kernel(device)
-    try:
-        return kernel(seeds_B, draws_B, _token_keys[key])
-    except Exception as exc:  # noqa: BLE001 - a compiler failure must not stop generation
-        if kernel is _exponential_from_keys:
-            raise
-        import logging
-
-        logging.getLogger(__name__).warning("compiling the sampling noise failed (%s); using eager ops", exc)
-        _fused["failed"] = True
-        return _exponential_from_keys(seeds_B, draws_B, _token_keys[key])
+    integer hash is the same on every device)."""
+    return _exponential_from_keys(seeds_B, draws_B, token_keys(vocab, seeds_B.device))
 
 
-def _exponential_noise(batch: SamplingBatch, vocab: int, shared: torch.Generator | None) -> torch.Tensor:
-    """Exp(1) noise; seeded rows from `seeded_exponential`, the rest from `shared` in one call."""
+def _race(logits_BV: torch.Tensor, temperature_B: torch.Tensor, greedy_B: torch.Tensor, seeds_B: torch.Tensor,
+          draws_B: torch.Tensor, token_keys_V: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Unfiltered sampling: the exponential race argmax(p / E) as argmax(log p - log E); greedy
+    rows take the argmax of the raw logits. Returns (tokens_B, logprobs_B)."""
+    logits_BV = logits_BV.float()
+    logprobs_BV = torch.log_softmax(logits_BV / temperature_B[:, None], dim=-1)
+    noise_BV = _exponential_from_keys(seeds_B, draws_B, token_keys_V)
+    sampled_B = (logprobs_BV - torch.log(noise_BV)).argmax(dim=-1)
+    tokens_B = torch.where(greedy_B, logits_BV.argmax(dim=-1), sampled_B)
+    return tokens_B, logprobs_BV.gather(-1, tokens_B[:, None]).squeeze(-1)
+
+
+_compiled: dict[str, Any] = {}
+
+
+def _race_kernel(device: torch.device):
+    """On a GPU `_race` is compiled into a few fused kernels (eager it is ~25 passes over the
+    [B, vocab] logits, a third of a decode step at batch 256); eager elsewhere or if compiling fails."""
+    if device.type != "cuda" or _compiled.get("failed"):
+        return _race
+    if "race" not in _compiled:
+        _compiled["race"] = torch.compile(_race, dynamic=True)
+    return _compiled["race"]
+
+
+def warm_up_sampler(vocab: int, device: torch.device) -> None:
+    """Compile the GPU sampler now (batch sizes 1 and 2: dynamic shapes after that), not in the
+    first rollout."""
+    for rows in (1, 2):
+        zeros = torch.zeros(rows, dtype=torch.long, device=device)
+        sample_next_tokens(torch.zeros(rows, vocab, device=device),
+                           SamplingBatch(torch.ones(rows, device=device), torch.ones(rows, device=device), zeros,
+                                         torch.zeros(rows, device=device),
+                                         torch.zeros(rows, dtype=torch.bool, device=device), zeros, zeros.clone(),
+                                         [False] * rows, [True] * rows, [False] * rows))
+
+
+def _row_seeds(batch: SamplingBatch, shared: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(seed, draw) per row: the request's own, or for an unseeded row a fresh seed from the
+    engine's shared generator (draw 0)."""
     if all(batch.seeded):
-        return seeded_exponential(batch.seeds_B, batch.draws_B, vocab)
-    noise_BV = torch.empty((len(batch.seeded), vocab), dtype=torch.float32, device=batch.seeds_B.device)
-    noise_BV.exponential_(generator=shared)
-    if any(batch.seeded):
-        rows = torch.tensor([b for b, s in enumerate(batch.seeded) if s], dtype=torch.long, device=noise_BV.device)
-        noise_BV[rows] = seeded_exponential(batch.seeds_B[rows], batch.draws_B[rows], vocab)
-    return noise_BV
+        return batch.seeds_B, batch.draws_B
+    fresh_B = torch.randint(0, 2**62, (len(batch.seeded),), generator=shared, device=batch.seeds_B.device)
+    if not any(batch.seeded):
+        return fresh_B, torch.zeros_like(batch.draws_B)
+    seeded_B = batch.seeds_B >= 0
+    return torch.where(seeded_B, batch.seeds_B, fresh_B), torch.where(seeded_B, batch.draws_B, 0)
 
 
 def sample_next_tokens(logits_BV: torch.Tensor, batch: SamplingBatch,
                        shared_generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Draw one token per row. Returns (tokens_B, logprobs_B) under the convention in the module doc."""
-    logits_BV = logits_BV.float()
-    logprobs_BV = torch.log_softmax(logits_BV / batch.temperature_B[:, None], dim=-1)
-    tokens_B = logits_BV.argmax(dim=-1)
-    if not all(batch.greedy):
-        probs_BV = logprobs_BV.exp()
-        if batch.needs_filter:
-            probs_BV = filter_probs(probs_BV, batch.top_k_B, batch.top_p_B, batch.min_p_B)
-        noise_BV = _exponential_noise(batch, probs_BV.shape[1], shared_generator)
-        sampled_B = (probs_BV / noise_BV).argmax(dim=-1)
-        tokens_B = torch.where(batch.greedy_B, tokens_B, sampled_B) if any(batch.greedy) else sampled_B
+    vocab, device = logits_BV.shape[1], logits_BV.device
+    if all(batch.greedy):
+        logits_BV = logits_BV.float()
+        tokens_B = logits_BV.argmax(dim=-1)
+        logprobs_B = torch.log_softmax(logits_BV, dim=-1).gather(-1, tokens_B[:, None]).squeeze(-1)
+    elif not batch.needs_filter:
+        seeds_B, draws_B = _row_seeds(batch, shared_generator)
+        args = (logits_BV, batch.temperature_B, batch.greedy_B, seeds_B, draws_B, token_keys(vocab, device))
+        kernel = _race_kernel(device)
+        try:
+            tokens_B, logprobs_B = kernel(*args)
+        except Exception as exc:  # noqa: BLE001 - a compiler failure must not stop generation
+            if kernel is _race:
+                raise
+            import logging
+
+            logging.getLogger(__name__).warning("compiling the sampler failed (%s); sampling with eager ops", exc)
+            _compiled["failed"] = True
+            tokens_B, logprobs_B = _race(*args)
+    else:  # top-k / top-p / min-p: filtered probabilities, then the race
+        logits_BV = logits_BV.float()
+        logprobs_BV = torch.log_softmax(logits_BV / batch.temperature_B[:, None], dim=-1)
+        probs_BV = filter_probs(logprobs_BV.exp(), batch.top_k_B, batch.top_p_B, batch.min_p_B)
+        seeds_B, draws_B = _row_seeds(batch, shared_generator)
+        sampled_B = (probs_BV / seeded_exponential(seeds_B, draws_B, vocab)).argmax(dim=-1)
+        tokens_B = torch.where(batch.greedy_B, logits_BV.argmax(dim=-1), sampled_B)
+        logprobs_B = logprobs_BV.gather(-1, tokens_B[:, None]).squeeze(-1)
     batch.draws_B += 1
-    return tokens_B, logprobs_BV.gather(-1, tokens_B[:, None]).squeeze(-1)
+    return tokens_B, logprobs_B

@@ -45,7 +45,7 @@ import torch
 logger = logging.getLogger(__name__)
 
 SUPPORTED_MODEL_TYPES = frozenset({"llama", "qwen2", "qwen3"})
-COLUMN_BLOCK = 256  # captured column counts are multiples of this
+COLUMN_BLOCK = 64  # captured column counts are multiples of this (attention reads up to the multiple)
 FREE_MEMORY_SHARE = 0.8  # of the device's free memory, what the cache may take when no budget is set
 
 
@@ -267,6 +267,7 @@ class GraphRunner:
         self.inputs: StepInputs | None = None
         self.graphs: dict[tuple[int, int], tuple[Any, torch.Tensor]] = {}
         self._pool = None
+        self._stream = None  # one capture stream: each new stream would hold its own cuBLAS workspace
         self._cache_version = -1
 
     def reset(self) -> None:
@@ -308,7 +309,9 @@ class GraphRunner:
 
     def _capture(self, rows: int, columns: int) -> tuple[Any, torch.Tensor]:
         # Warm up on a side stream (the same inputs write the same keys/values: idempotent).
-        stream = torch.cuda.Stream(self.cache.device)
+        if self._stream is None:
+            self._stream = torch.cuda.Stream(self.cache.device)
+        stream = self._stream
         stream.wait_stream(torch.cuda.current_stream(self.cache.device))
         with torch.cuda.stream(stream):
             decode_forward(self.model, self.cache, self.inputs, rows, columns, self.rotary)

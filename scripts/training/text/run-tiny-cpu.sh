@@ -43,7 +43,10 @@ case "${MODE}" in
   async)
     # Roles run at once: 1 engine keeps generating while Actor, ActorFwd, Reference and
     # Advantages train and score behind it, at most MAX_STALENESS steps behind the rollout.
-    MODE_ARGS=(--fully-async --max-staleness "${MAX_STALENESS:-2}")
+    # --use-tis weighs each token by how much likelier the trainer's old policy makes it than the
+    # engine did: where the engine runs far ahead (a GPU), samples are up to MAX_STALENESS
+    # versions old and, at this learning rate, the policy collapses without it.
+    MODE_ARGS=(--fully-async --max-staleness "${MAX_STALENESS:-2}" --use-tis)
     RESOURCE='{"actor": [1, 1], "rollout": [1, 1], "reference": [1, 1], "actor_fwd": [1, 1], "advantages": [1, 0]}' ;;
   *) echo "MODE must be colocate or async, got '${MODE}'" >&2; exit 2 ;;
 esac
