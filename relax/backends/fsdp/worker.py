@@ -106,11 +106,12 @@ class ResponseHead:
 
     def __init__(self, head: torch.nn.Module, index_BT: torch.Tensor, mask_BT: torch.Tensor,
                  targets_BT: torch.Tensor, *, temperature: float, chunk: int | None, entropy: bool,
-                 entropy_grad: bool):
+                 entropy_grad: bool, fused: bool = False):
         if getattr(head, "bias", None) is not None:
             raise ValueError("the chunked log-prob head needs an output layer without bias")
         self.head, self.index_BT, self.mask_BT, self.targets_BT = head, index_BT, mask_BT.bool(), targets_BT
         self.temperature, self.chunk, self.entropy, self.entropy_grad = temperature, chunk, entropy, entropy_grad
+        self.fused = fused
 
     def forward(self, hidden_BLH: torch.Tensor) -> torch.Tensor:
         b, length, h = hidden_BLH.shape
@@ -118,7 +119,7 @@ class ResponseHead:
         hidden_NH = hidden_BLH.reshape(b * length, h)[(rows_B1 + self.index_BT)[self.mask_BT]]
         logp_N, ent_N = chunked_token_log_probs(hidden_NH, self.head.weight, self.targets_BT[self.mask_BT],
                                                 temperature=self.temperature, chunk=self.chunk,
-                                                entropy=self.entropy)
+                                                entropy=self.entropy, fused=self.fused)
 
         def scatter(values_N: torch.Tensor) -> torch.Tensor:
             return values_N.new_zeros(self.mask_BT.shape).index_put((self.mask_BT,), values_N)
@@ -283,7 +284,8 @@ class FSDPTrainWorker:
         targets_BT = ids_BL[:, 1:].gather(1, index_BT)
         head = ResponseHead(self.model.get_output_embeddings(), index_BT, mask_BT, targets_BT,
                              temperature=self.spec.temperature, chunk=self.spec.batch.log_probs_chunk_size,
-                             entropy=entropy, entropy_grad=entropy_grad)
+                             entropy=entropy, entropy_grad=entropy_grad,
+                             fused=self.spec.compile_layers and self.device.type == "cuda")
         with head:
             out_BTK = self.model(input_ids=ids_BL, attention_mask=attn_BL, use_cache=False).logits
         return out_BTK[..., 0], mask_BT, out_BTK[..., 1] if entropy else None
