@@ -649,9 +649,19 @@ def check_exp_dir(cfg: RelaxConfig) -> RelaxConfig:
 
 
 # In order: a check may rely on what the ones before derived (the mode, the resource, the batch).
+def check_notify(cfg: RelaxConfig) -> None:
+    """--notify-urls: every URL one Apprise knows (relax.utils.notify)."""
+    from relax.utils.notify import check_urls
+
+    try:
+        check_urls(cfg.logging.notify_urls)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
 CHECKS = (check_unsupported, check_ranges, check_mode, check_partial_rollout, check_debug, check_external,
           check_resource, check_batches, check_algorithm, check_paths, check_eval, check_context, check_prefetch,
-          check_genrm, check_true_on_policy, check_backends, check_plugins, check_exp_dir)
+          check_genrm, check_true_on_policy, check_backends, check_plugins, check_exp_dir, check_notify)
 
 
 def validate_config(cfg: RelaxConfig) -> RelaxConfig:

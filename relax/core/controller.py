@@ -35,6 +35,7 @@ from relax.config.schema import RelaxConfig
 from relax.core.service import Runtime
 from relax.utils import checkpoints
 from relax.utils.metrics import MetricsTracker, format_step_summary
+from relax.utils.notify import Notifier
 
 logger = logging.getLogger(__name__)
 
@@ -243,11 +244,21 @@ async def _run(cfg: RelaxConfig, runtime: Runtime) -> dict[str, Any]:
 def run(cfg: RelaxConfig) -> int:
     """Run a whole training job; every process it started is gone when this returns."""
     os.makedirs(cfg.misc.exp_dir, exist_ok=True)
-    with Runtime(cfg) as runtime:  # SIGTERM stops it like Ctrl-C (see Runtime)
-        summary = asyncio.run(_run(cfg, runtime))
+    notifier = Notifier(cfg.logging.notify_urls, run_name=os.path.basename(os.path.abspath(cfg.misc.exp_dir)))
+    notifier.started({"mode": "fully async" if cfg.cluster.fully_async else "colocate",
+                      "steps": cfg.rollout.num_rollout, "outputs": cfg.misc.exp_dir})
+    try:
+        with Runtime(cfg) as runtime:  # SIGTERM stops it like Ctrl-C (see Runtime)
+            summary = asyncio.run(_run(cfg, runtime))
+    except BaseException as exc:
+        notifier.failed(exc)
+        notifier.flush()
+        raise
     with open(os.path.join(cfg.misc.exp_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
     for name, s in summary.items():
         print(f"eval {name}: before={s['before']:.3f} after={s['after']:.3f}", flush=True)
     logger.info("run finished; outputs in %s", cfg.misc.exp_dir)
+    notifier.finished(summary)
+    notifier.flush()
     return 0

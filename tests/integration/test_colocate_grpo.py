@@ -13,8 +13,33 @@ from subprocess_runs import Run, wait_until_gone
 pytestmark = pytest.mark.integration
 
 
-def test_colocate_grpo_learns_versions_advance_and_the_run_exits_clean(tiny_setup, tmp_path):
+@pytest.fixture
+def alert_endpoint():
+    """A local HTTP endpoint Apprise posts to (`json://127.0.0.1:<port>/alerts`); the bodies it got."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    received: list[dict] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 - the stdlib's name
+            received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"json://127.0.0.1:{server.server_address[1]}/alerts", received
+    server.shutdown()
+
+
+def test_colocate_grpo_learns_versions_advance_and_the_run_exits_clean(tiny_setup, tmp_path, alert_endpoint):
     root = tiny_setup
+    alert_url, alerts = alert_endpoint
     run = Run(root, tmp_path, 0, args=[
         "--hf-checkpoint", str(root / "model"), "--prompt-data", str(root / "train.jsonl"),
         "--input-key", "prompt", "--label-key", "label", "--apply-chat-template",
@@ -23,11 +48,12 @@ def test_colocate_grpo_learns_versions_advance_and_the_run_exits_clean(tiny_setu
         "--num-rollout", "8", "--lr", "2e-2", "--rollout-shuffle",
         "--resource", '{"actor": [1, 2], "rollout": [1, 2]}',
         "--progress-bar", "false", "--save", str(tmp_path / "ckpt"), "--save-interval", "4",
-        "--save-hf", str(tmp_path / "hf"),
+        "--save-hf", str(tmp_path / "hf"), "--notify-urls", alert_url,
     ])
     run.proc.wait(timeout=600)
     assert run.proc.returncode == 0, run.output()[-3000:]
     assert "step 8/8" in run.output()
+    assert [a["title"].rsplit(": ", 1)[1] for a in alerts] == ["run started", "run finished"], alerts
     assert wait_until_gone(run.marker, timeout=10) == []
     rows = [r for r in read_metrics(tmp_path) if "rollout/reward_mean" in r]
     rewards = [r["rollout/reward_mean"] for r in rows]
