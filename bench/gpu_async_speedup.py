@@ -127,7 +127,8 @@ def run_mode(mode: str, args: argparse.Namespace, common: list[str]) -> dict:
     total = lambda key: sum(r.get(key, 0.0) for r in rows)  # noqa: E731
     wall = total("time/step")
     return {
-        "mode": mode, "wall": wall, "startup": process_wall - wall, "median_step": sorted(r["time/step"] for r in rows)[len(rows) // 2],
+        "mode": mode, "wall": wall, "startup": process_wall - wall,
+        "median_step": sorted(r["time/step"] for r in rows)[len(rows) // 2],
         "rollout_busy": total("compute/generate_seconds") / wall, "actor_busy": total("compute/train_seconds") / wall,
         "actor_wait": total("time/wait_rows") / wall, "sync_seconds": total("weight_sync/seconds"),
         "offload_seconds": total("time/offload_train") + total("time/onload_train"),

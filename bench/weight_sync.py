@@ -228,7 +228,8 @@ def main() -> int:
         import torch
 
         if torch.cuda.device_count() < 2:
-            raise SystemExit(f"weight_sync needs two GPUs (found {torch.cuda.device_count()}); --cpu runs it on the CPU")
+            raise SystemExit(f"weight_sync needs two GPUs (found {torch.cuda.device_count()}); "
+                             "--cpu runs it on the CPU")
     results = [bench_shape(shape, args) for shape in args.shapes]
     print_table(results)
     device = "cpu (gloo)"

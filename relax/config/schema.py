@@ -380,7 +380,8 @@ class LoggingConfig:
     log_correct_samples: bool = opt(False, "Log correct samples.", supported=False)
     log_reward_category: str | None = opt(None, "Reward category key.", supported=False)
     notify_urls: str | None = opt(None, "Apprise URLs (comma-separated): alerts on run start, failure (with the "
-                                  "error) and finish, e.g. json://host:port/path or slack://... (docs/observability.md).")
+                                  "error) and finish, e.g. json://host:port/path or slack://... "
+                                  "(docs/observability.md).")
     progress_bar: bool = opt(True, "Show a progress bar per rollout.", type=parse_bool)
 
 

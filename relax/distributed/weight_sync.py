@@ -682,7 +682,8 @@ class WeightReceiver:
         direct = []
         for spec in specs:
             t = targets[spec.name]
-            ok = t.dtype == spec.dtype and tuple(t.shape) == spec.shape and t.device == group.device and t.is_contiguous()
+            ok = (t.dtype == spec.dtype and tuple(t.shape) == spec.shape and t.device == group.device
+                  and t.is_contiguous())
             direct.append(t if ok else None)
         return direct
 

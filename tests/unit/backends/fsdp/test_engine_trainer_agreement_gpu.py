@@ -34,7 +34,8 @@ def test_engine_and_trainer_log_probs_agree_in_bf16(tmp_path, compiled):
     decoder = BatchDecoder(engine_model, build_tiny_tokenizer(), device="cuda", eos_token_ids=[2],
                            max_context_len=512, seed=0)
     g = torch.Generator().manual_seed(1)
-    prompts = [torch.randint(3, 2048, (int(n),), generator=g).tolist() for n in torch.randint(4, 40, (32,), generator=g)]
+    lengths = torch.randint(4, 40, (32,), generator=g)
+    prompts = [torch.randint(3, 2048, (int(n),), generator=g).tolist() for n in lengths]
     rows = [DecodeRow(p, parse_sampling_params({"temperature": 1.0, "max_new_tokens": 48, "ignore_eos": True,
                                                 "sampling_seed": i})) for i, p in enumerate(prompts)]
     results = decoder.run(rows)
