@@ -373,7 +373,8 @@ class LoggingConfig:
     use_clearml: bool = opt(False, "ClearML logging.", supported=False)
     use_wandb: bool = opt(False, "W&B logging.", supported=False)
     use_metrics_service: bool = opt(False, "Central metrics service.", supported=False)
-    timeline_dump_dir: str | None = opt(None, "Chrome-trace timeline directory.", supported=False)
+    timeline_dump_dir: str | None = opt(None, "Write a Chrome-trace timeline of every role's phases per step here "
+                                        "(timeline.json; open in Perfetto; docs/observability.md).")
     log_passrate: bool = opt(False, "Log eval pass@k (k = 1, 2, 4, ... <= --n-samples-per-eval-prompt; "
                              "correct = reward > 0).")
     log_multi_turn: bool = opt(False, "Multi-turn logging.", supported=False)

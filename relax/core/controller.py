@@ -36,6 +36,7 @@ from relax.core.service import Runtime
 from relax.utils import checkpoints
 from relax.utils.metrics import MetricsTracker, format_step_summary
 from relax.utils.notify import Notifier
+from relax.utils.timeline import Timeline, merge_traces
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +80,7 @@ class Controller:
                                       tb_dir=cfg.logging.tb_project_name, tb_name=cfg.logging.tb_experiment_name)
         self.roles: dict[str, RoleHandle] = {}
         self.eval_history: dict[str, list[tuple[int, float]]] = {}
+        self.timeline = Timeline(cfg.logging.timeline_dump_dir, "controller")  # --timeline-dump-dir
 
     async def deploy(self) -> None:
         # The roles' replicas start side by side; wait_running raises a constructor's error.
@@ -121,20 +123,26 @@ class Controller:
         await loop()
 
     async def colocate_loop(self) -> None:
+        span = self.timeline.span
         for step in range(self.start, self.num_rollout):
             t0 = time.perf_counter()
-            metrics = await self.with_progress(self.rollout.generate(step), step)
-            metrics |= await self.rollout.release_memory()
-            metrics |= await self.move_trainers("onload")
-            for scorer in self._with("scores"):
-                metrics |= await scorer.forward(step)
-            metrics |= await self.actor.train(step)
-            for trainer in self._with("trains_after_actor"):  # the critic fits the returns the actor wrote
-                metrics |= await trainer.train(step)
-            await self.rollout.resume_memory(["weights"])
-            metrics |= await self.actor.update_weights(step + 1)
-            metrics |= await self.move_trainers("offload")
-            await self.rollout.resume_memory(["kv_cache"])
+            with span("rollout", step=step):
+                metrics = await self.with_progress(self.rollout.generate(step), step)
+            with span("release engines + onload trainers", step=step):
+                metrics |= await self.rollout.release_memory()
+                metrics |= await self.move_trainers("onload")
+            with span("score", step=step):
+                for scorer in self._with("scores"):
+                    metrics |= await scorer.forward(step)
+            with span("train", step=step):
+                metrics |= await self.actor.train(step)
+                for trainer in self._with("trains_after_actor"):  # the critic fits the returns the actor wrote
+                    metrics |= await trainer.train(step)
+            with span("weight sync", step=step):
+                await self.rollout.resume_memory(["weights"])
+                metrics |= await self.actor.update_weights(step + 1)
+                metrics |= await self.move_trainers("offload")
+                await self.rollout.resume_memory(["kv_cache"])
             await self.after_step(step, metrics, t0)
 
     async def move_trainers(self, method: str) -> dict[str, float]:
@@ -151,13 +159,17 @@ class Controller:
     async def fully_async_loop(self) -> None:
         background = [asyncio.ensure_future(role.run(self.start, self.num_rollout)) for role in self._with("streams")]
         try:
+            span = self.timeline.span
             for step in range(self.start, self.num_rollout):
                 t0 = time.perf_counter()
-                metrics = await watched(self.rollout.wait_step(step), background)  # generated ahead: no bar
-                metrics |= await watched(self.actor.train(step), background)
-                for trainer in self._with("trains_after_actor"):
-                    metrics |= await watched(trainer.train(step), background)
-                metrics |= await self.actor.update_weights(step + 1)
+                with span("wait for rollout", step=step):
+                    metrics = await watched(self.rollout.wait_step(step), background)  # generated ahead: no bar
+                with span("train", step=step):
+                    metrics |= await watched(self.actor.train(step), background)
+                    for trainer in self._with("trains_after_actor"):
+                        metrics |= await watched(trainer.train(step), background)
+                with span("weight sync", step=step):
+                    metrics |= await self.actor.update_weights(step + 1)
                 await self.after_step(step, metrics, t0)
             await asyncio.gather(*background)
         finally:
@@ -169,9 +181,11 @@ class Controller:
         cfg = self.cfg
         last = step + 1 == self.num_rollout
         if cfg.eval.eval_interval and (due(step + 1, cfg.eval.eval_interval) or last):
-            metrics |= self.record_eval(step + 1, await self.rollout.evaluate(step + 1))
+            with self.timeline.span("eval", step=step):
+                metrics |= self.record_eval(step + 1, await self.rollout.evaluate(step + 1))
         if cfg.ckpt.save and (due(step + 1, cfg.ckpt.save_interval) or last):
-            await self.checkpoint(step)
+            with self.timeline.span("checkpoint", step=step):
+                await self.checkpoint(step)
         if cfg.ckpt.save_hf and last:
             metrics["export/hf_path"] = await self.actor.export_hf(step)
         metrics["time/step"] = time.perf_counter() - t0
@@ -229,6 +243,8 @@ class Controller:
                 except Exception as err:  # noqa: BLE001 - shut down the other roles regardless
                     logger.warning("role shutdown failed: %s", err)
         self.tracker.close()
+        if self.timeline.enabled:
+            logger.info("timeline: %s (open in https://ui.perfetto.dev)", merge_traces(self.timeline.directory))
 
 
 async def _run(cfg: RelaxConfig, runtime: Runtime) -> dict[str, Any]:

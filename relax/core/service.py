@@ -30,6 +30,7 @@ from relax.distributed.transfer_queue import RUN_ENV
 from relax.utils.logging import TOKEN_FILE_ENV, new_run_token, remove_token_file, write_token_file
 from relax.utils.plugins import import_object
 from relax.utils.poll import Backoff
+from relax.utils.timeline import Timeline, timed_methods
 
 logger = logging.getLogger(__name__)
 
@@ -64,17 +65,22 @@ def runtime_env_vars(token_file: str, run_id: str) -> dict[str, str]:
     return env
 
 
-def replica_class(cls: type) -> type:
+def replica_class(cls: type, role: str | None = None, timeline_dir: str | None = None) -> type:
     """`cls` as a Serve replica runs it: first the replica's inter-deployment gRPC server is bound to
     the run's address instead of every interface (`bind_serve_grpc`; Serve starts that server
-    after the constructor), then `cls.__init__`."""
+    after the constructor), then `cls.__init__`. With `timeline_dir` (`--timeline-dump-dir`)
+    every public method call records a span on the role's track (`relax.utils.timeline`)."""
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         bind_serve_grpc()
+        self._relax_timeline = Timeline(timeline_dir, role or cls.__name__)
         cls.__init__(self, *args, **kwargs)
 
+    body: dict[str, Any] = {"__init__": __init__, "__module__": __name__,
+                            "__qualname__": f"replica_class.<locals>.{cls.__name__}"}
+    if timeline_dir:
+        body.update(timed_methods(cls, lambda self: self._relax_timeline))
     # A name no module defines, so the class travels by value (by reference it would be `cls`).
-    return type(f"{cls.__name__}Replica", (cls,), {"__init__": __init__, "__module__": __name__,
-                                                   "__qualname__": f"replica_class.<locals>.{cls.__name__}"})
+    return type(f"{cls.__name__}Replica", (cls,), body)
 
 
 def _sigterm_as_ctrl_c(signum: int, frame: Any) -> None:
@@ -189,7 +195,8 @@ class Runtime:
         deployment = serve.deployment(
             # The roles shut down first (Controller.shutdown); the replica then has nothing in flight,
             # so deletion need not poll for ongoing requests on Serve's 2 s default period.
-            replica_class(cls), name=role.name, num_replicas=1, max_ongoing_requests=1024,
+            replica_class(cls, role.name, self.cfg.logging.timeline_dump_dir), name=role.name, num_replicas=1,
+            max_ongoing_requests=1024,
             graceful_shutdown_timeout_s=30, graceful_shutdown_wait_loop_s=0.1,
             # A role's constructor is deterministic: a failure fails the run at once, not 3 retries later.
             max_constructor_retry_count=1,

@@ -150,7 +150,9 @@ def fully_async_interrupted_run(tiny_setup, tmp_path_factory):
             "--fully-async", "--max-staleness", "2", "--advantage-estimator", "ppo", "--gamma", "1.0",
             "--lambd", "0.95", "--resource", '{"actor": [1, 1], "rollout": [1, 1], "reference": [1, 1], '
                                              '"actor_fwd": [1, 1], "advantages": [1, 0], "critic": [1, 1]}']
-    run = Run(root, tmp_path_factory.mktemp("fully_async_interrupted"), 0, args=args)
+    out = tmp_path_factory.mktemp("fully_async_interrupted")
+    args += ["--timeline-dump-dir", str(out / "timeline")]
+    run = Run(root, out, 0, args=args)
     try:
         assert run.wait_for("step 4/1000"), run.output()[-5000:]
         run.processes_before_signal = len(marked_processes(run.marker))

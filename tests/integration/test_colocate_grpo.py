@@ -49,11 +49,13 @@ def test_colocate_grpo_learns_versions_advance_and_the_run_exits_clean(tiny_setu
         "--resource", '{"actor": [1, 2], "rollout": [1, 2]}',
         "--progress-bar", "false", "--save", str(tmp_path / "ckpt"), "--save-interval", "4",
         "--save-hf", str(tmp_path / "hf"), "--notify-urls", alert_url,
+        "--timeline-dump-dir", str(tmp_path / "timeline"),
     ])
     run.proc.wait(timeout=600)
     assert run.proc.returncode == 0, run.output()[-3000:]
     assert "step 8/8" in run.output()
     assert [a["title"].rsplit(": ", 1)[1] for a in alerts] == ["run started", "run finished"], alerts
+    _check_colocate_timeline(tmp_path / "timeline" / "timeline.json")
     assert wait_until_gone(run.marker, timeout=10) == []
     rows = [r for r in read_metrics(tmp_path) if "rollout/reward_mean" in r]
     rewards = [r["rollout/reward_mean"] for r in rows]
@@ -67,6 +69,24 @@ def test_colocate_grpo_learns_versions_advance_and_the_run_exits_clean(tiny_setu
     from transformers import AutoModelForCausalLM
 
     assert AutoModelForCausalLM.from_pretrained(tmp_path / "hf") is not None
+
+
+def _check_colocate_timeline(path) -> None:
+    """--timeline-dump-dir in colocate: per step the Controller's phases in order, and the roles'
+    own spans (the Rollout generating, the Actor training) inside them."""
+    import json
+
+    trace = json.loads(path.read_text())["traceEvents"]
+    names = {e["pid"]: e["args"]["name"] for e in trace if e["name"] == "process_name"}
+    spans = [e for e in trace if e["ph"] == "X"]
+    phases = [e["name"] for e in spans if names[e["pid"]] == "controller" and e["args"].get("step") == 2]
+    assert phases == ["rollout", "release engines + onload trainers", "score", "train", "weight sync"], phases
+    step2 = {e["name"]: e for e in spans if names[e["pid"]] == "controller" and e["args"].get("step") == 2}
+    generate = next(e for e in spans if names[e["pid"]] == "rollout" and e["name"] == "generate"
+                    and e["args"].get("step") == 2)
+    train = next(e for e in spans if names[e["pid"]] == "actor" and e["name"] == "train" and e["args"].get("step") == 2)
+    for inner, outer in ((generate, step2["rollout"]), (train, step2["train"])):
+        assert outer["ts"] <= inner["ts"] and inner["ts"] + inner["dur"] <= outer["ts"] + outer["dur"]
 
 
 def test_custom_multiturn_generate_trains_with_masked_observations(plugin_run):

@@ -66,3 +66,20 @@ def test_ppo_critic_streams_in_fully_async_mode(bounded_ppo_run):
     for row in bounded_ppo_run.values():
         assert row["critic/value_loss"] >= 0
         assert row["compute/critic_train_seconds"] > 0
+
+
+def test_timeline_shows_the_roles_working_at_once(fully_async_interrupted_run):
+    """--timeline-dump-dir: the merged trace has a track per streaming role, and rollout work
+    overlaps the Actor's training (the point of the mode), even for a run stopped by Ctrl-C."""
+    import json
+
+    trace = json.loads((fully_async_interrupted_run.exp_dir / "timeline" / "timeline.json").read_text())
+    names = {e["pid"]: e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "process_name"}
+    assert {"controller", "rollout", "actor", "reference", "actor_fwd", "critic", "advantages"} <= set(names.values())
+    spans = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    by_role = {role: [e for e in spans if names[e["pid"]] == role] for role in names.values()}
+    trains = [(e["ts"], e["ts"] + e["dur"]) for e in by_role["actor"] if e["name"] == "train"]
+    assert len(trains) >= 4
+    rollout = [(e["ts"], e["ts"] + e["dur"]) for e in by_role["rollout"] if e["name"] == "generate"]
+    assert any(a < d and c < b for a, b in trains for c, d in rollout), "no rollout work overlapped training"
+    assert {"wait for rollout", "train", "weight sync"} <= {e["name"] for e in by_role["controller"]}

@@ -1,0 +1,58 @@
+"""--timeline-dump-dir: spans per process, role methods timed without code of their own, and one
+Chrome-trace file merged from every process's spans."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+from relax.utils.timeline import Timeline, merge_traces, timed_methods
+
+
+class _Role:
+    def __init__(self, timeline):
+        self.timeline = timeline
+
+    async def generate(self, step: int) -> int:
+        await asyncio.sleep(0.01)
+        return step
+
+    def train(self, rollout_id: int = 0) -> str:
+        return self.helper()
+
+    def helper(self) -> str:
+        return "ok"
+
+    def _private(self) -> None:
+        pass
+
+
+def test_role_methods_record_spans_and_the_merged_trace_has_one_track_per_process(tmp_path):
+    controller = Timeline(str(tmp_path), "controller")
+    timed = type("Timed", (_Role,), timed_methods(_Role, lambda self: self.timeline))
+    role = timed(Timeline(str(tmp_path), "rollout"))
+    with controller.span("rollout", step=3):
+        assert asyncio.run(role.generate(3)) == 3
+    with controller.span("train", step=3):
+        assert role.train(rollout_id=3) == "ok"
+    assert not hasattr(timed.__dict__.get("_private"), "__wrapped__")
+
+    trace = json.loads((tmp_path / merge_traces(str(tmp_path))).read_text())["traceEvents"]
+    meta = {e["args"]["name"]: e["pid"] for e in trace if e["name"] == "process_name"}
+    assert meta == {"controller": 0, "rollout": 1}
+    spans = [e for e in trace if e["ph"] == "X"]
+    assert [(e["pid"], e["name"], e["args"].get("step")) for e in spans] == [
+        (0, "rollout", 3), (1, "generate", 3), (0, "train", 3), (1, "train", 3), (1, "helper", None)]
+    generate = next(e for e in spans if e["name"] == "generate")
+    outer = next(e for e in spans if e["name"] == "rollout")
+    assert generate["dur"] >= 10_000 and outer["ts"] <= generate["ts"]
+    assert outer["ts"] + outer["dur"] >= generate["ts"] + generate["dur"]
+    assert all(isinstance(e["tid"], int) for e in spans)
+
+
+def test_without_a_directory_nothing_is_written(tmp_path):
+    timeline = Timeline(None, "controller")
+    with timeline.span("x"):
+        time.sleep(0)
+    assert not timeline.enabled and list(tmp_path.iterdir()) == []
