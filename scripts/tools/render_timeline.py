@@ -47,12 +47,14 @@ def render(meta: dict, spans: list[dict], title: str) -> str:
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" font-family="sans-serif" '
            f'font-size="11"><rect width="100%" height="100%" fill="white"/>',
            f'<text x="10" y="18" font-size="13">{html.escape(title)} ({(t1 - t0) / 1e6:.1f} s)</text>']
+    per_process = {pid: sum(1 for p, _ in rows if p == pid) for pid, _ in rows}
     for (pid, tid), i in rows.items():
         y = TOP + i * ROW_H
         label = meta["procs"].get(pid, str(pid))
-        thread = meta["threads"].get((pid, tid), "")
-        if thread and thread != "MainThread":
-            label += f" / {thread}"
+        if per_process[pid] > 1:  # Serve runs async methods on its user-code loop, sync ones on workers
+            thread = meta["threads"].get((pid, tid), "")
+            label += " (sync calls)" if thread.startswith("AnyIO") else "" if "_run_user_code" in thread \
+                else f" ({thread})"
         out.append(f'<text x="8" y="{y + 17}">{html.escape(label[:32])}</text>')
         out.append(f'<line x1="{LABEL_W}" y1="{y + ROW_H}" x2="{WIDTH}" y2="{y + ROW_H}" stroke="#eee"/>')
     # Longer spans first: a role method nested in another is drawn on top of it, thinner.

@@ -56,3 +56,28 @@ def test_without_a_directory_nothing_is_written(tmp_path):
     with timeline.span("x"):
         time.sleep(0)
     assert not timeline.enabled and list(tmp_path.iterdir()) == []
+
+
+def test_the_renderer_draws_every_row_and_span(tmp_path):
+    """scripts/tools/render_timeline.py: an SVG with a labelled row per process and a bar per span."""
+    import subprocess
+    import sys
+    import xml.etree.ElementTree as ET
+    from pathlib import Path
+
+    controller, rollout = Timeline(str(tmp_path), "controller"), Timeline(str(tmp_path), "rollout")
+    for step in range(3):
+        with controller.span("rollout", step=step), rollout.span("generate", step=step):
+            time.sleep(0.002)
+    trace = merge_traces(str(tmp_path))
+    root = Path(__file__).resolve().parents[3]
+    out = tmp_path / "t.svg"
+    proc = subprocess.run([sys.executable, "scripts/tools/render_timeline.py", trace, str(out), "--from-step", "1"],
+                          cwd=root, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    svg = ET.parse(out).getroot()
+    texts = [t.text for t in svg.iter("{http://www.w3.org/2000/svg}text")]
+    assert "controller" in texts and "rollout" in texts
+    bars = [r for r in svg.iter("{http://www.w3.org/2000/svg}rect") if r.find("{http://www.w3.org/2000/svg}title")
+            is not None]
+    assert len(bars) == 4  # steps 1 and 2, a controller and a role span each
