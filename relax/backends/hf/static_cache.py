@@ -131,10 +131,6 @@ class SlotCache:
         held = self.rows * self.columns
         return held + int(free * FREE_MEMORY_SHARE) // self.shape.bytes_per_token
 
-    def fits(self, columns: int) -> bool:
-        budget = self.token_budget()
-        return budget is None or round_columns(columns) <= budget
-
     def reserve(self, rows: int, columns: int) -> int:
         """Make room for up to `rows` more rows of up to `columns` columns (growing the buffers
         within the budget); returns how many of them can take a slot now (0: wait for running
@@ -148,7 +144,9 @@ class SlotCache:
         limit = self.max_rows if budget is None else min(self.max_rows, budget // cols)
         if limit <= used or (budget is not None and self.rows * cols > budget):
             return 0
-        target = min(limit, max(self.rows, _round_rows(used + rows)))
+        # Rows grow at least twofold, to a captured batch size: rows that trickle in (a fully async
+        # rollout joins a few per step) must not copy the cache and recapture graphs each time.
+        target = min(limit, max(self.rows, self._ladder(max(used + rows, 2 * self.rows))))
         if cols > self.columns or target > self.rows:
             self._grow(target, cols)
         return min(rows, len(self.free))
@@ -169,6 +167,10 @@ class SlotCache:
         logger.info("KV cache: %d rows x %d columns (%.2f GiB)", rows, columns,
                     rows * columns * self.shape.bytes_per_token / 2**30)
 
+    def _ladder(self, rows: int) -> int:
+        """The smallest captured batch size >= rows (at most max_rows)."""
+        return next((size for size in batch_sizes(self.max_rows) if size >= rows), self.max_rows)
+
     def take(self, count: int) -> list[int]:
         taken, self.free = self.free[:count], self.free[count:]
         return taken
@@ -181,10 +183,6 @@ class SlotCache:
         self.keys, self.values, self.free = [], [], []
         self.rows = self.columns = 0
         self.version += 1
-
-
-def _round_rows(rows: int) -> int:
-    return next(s for s in batch_sizes(max(rows, 1)) if s >= rows)
 
 
 def write_prefill(cache: SlotCache, prefill_layers: list[tuple[torch.Tensor, torch.Tensor]], slots_B: torch.Tensor,

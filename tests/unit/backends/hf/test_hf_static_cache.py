@@ -166,3 +166,14 @@ def test_rows_coming_and_going_on_a_gpu(tiny_model_and_tokenizer, cuda_graphs):
         _stress(model, tokenizer, "cuda", cuda_graphs=cuda_graphs, seed=1, decoder=decoder)  # the same graphs
     finally:
         model.to("cpu")
+
+
+def test_rows_arriving_a_few_at_a_time_grow_the_cache_geometrically(tiny_model_and_tokenizer):
+    """A fully async rollout joins a few rows per step: the buffers (and graphs) must not be
+    rebuilt for every new row."""
+    model, _ = tiny_model_and_tokenizer
+    cache = SlotCache(kv_shape(model), torch.device("cpu"), max_rows=256, max_total_tokens=None)
+    for _ in range(100):
+        assert cache.reserve(1, 10) == 1
+        cache.take(1)
+    assert cache.version <= 9 and cache.rows in batch_sizes(256) and cache.rows >= 100
