@@ -1,5 +1,11 @@
 """Continuous batched decoding with one shared KV cache (the `hf` engine's hot loop).
 
+Two cache layouts share the loop below. Llama-family models (`static_cache.static_decode_supported`)
+decode on the slot cache of `static_cache.py` (`_SlotBatch`: each row owns a slot of a
+preallocated cache written in place, steps replayed as CUDA graphs on a GPU; a row that does not
+fit the cache waits for a slot). Other models use transformers' `DynamicCache` (`_Batch`), as
+described next; the prefill, sampling, finishing and aborting are the same for both.
+
 Algorithm: the running batch is a set of rows over one transformers `DynamicCache`, each row
 left-padded (attention mask 0 on padding, position ids counted from the row's own first real
 token, so padding never changes a row's result). One loop iteration gives every running row
