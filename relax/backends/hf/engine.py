@@ -80,6 +80,8 @@ class HFEngine:
         if load_format == "dummy":  # random weights, made on the device (no host copy of a large model)
             config = AutoConfig.from_pretrained(model_path)
             torch_dtype = DTYPE_CHOICES[dtype] if dtype != "auto" else getattr(config, "dtype", None) or torch.float32
+            if isinstance(torch_dtype, str):  # config.json's "dtype": "bfloat16"
+                torch_dtype = getattr(torch, torch_dtype)
             with self.device:
                 self.model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype)
         else:
