@@ -123,6 +123,15 @@ def workload(model_dir: str, policy: str, args: argparse.Namespace) -> list[str]
     ]
 
 
+def step_rows(metrics: str, steps: int, mode: str) -> list[dict]:
+    """The training steps' rows of a run's metrics.jsonl (eval rows have no step time); all `steps` of them."""
+    with open(metrics) as f:
+        rows = [r for r in map(json.loads, f) if "time/step" in r]
+    if len(rows) != steps:
+        raise RuntimeError(f"{mode}: expected {steps} step rows in {metrics}, found {len(rows)}")
+    return rows
+
+
 def run_mode(mode: str, args: argparse.Namespace, common: list[str]) -> dict:
     exp_dir = os.path.join(args.exp_dir, mode)
     metrics = os.path.join(exp_dir, "metrics.jsonl")
@@ -133,10 +142,7 @@ def run_mode(mode: str, args: argparse.Namespace, common: list[str]) -> dict:
     subprocess.run([sys.executable, "relax/entrypoints/train.py", *common, *extra, "--exp-dir", exp_dir],
                    cwd=ROOT, check=True, stdout=subprocess.DEVNULL if args.quiet else None)
     process_wall = time.perf_counter() - start
-    with open(metrics) as f:
-        rows = [r for r in map(json.loads, f) if "time/step" in r]
-    if len(rows) != args.steps:
-        raise RuntimeError(f"{mode}: expected {args.steps} step rows in {metrics}, found {len(rows)}")
+    rows = step_rows(metrics, args.steps, mode)
     total = lambda key: sum(r.get(key, 0.0) for r in rows)  # noqa: E731
     wall = total("time/step")
     return {

@@ -106,6 +106,8 @@ def workload(policy: str, prompts: str, config_path: str, args: argparse.Namespa
 
 
 def run_mode(mode: str, args: argparse.Namespace, common: list[str]) -> dict:
+    from bench.async_speedup import step_rows
+
     exp_dir = os.path.join(args.exp_dir, mode)
     metrics = os.path.join(exp_dir, "metrics.jsonl")
     if os.path.exists(metrics):
@@ -120,10 +122,7 @@ def run_mode(mode: str, args: argparse.Namespace, common: list[str]) -> dict:
             tail = f.read()[-6000:]
         raise RuntimeError(f"{mode} run failed (exit {proc.returncode}); the end of {log}:\n{tail}")
     process_wall = time.perf_counter() - start
-    with open(metrics) as f:
-        rows = [r for r in map(json.loads, f) if "time/step" in r]
-    if len(rows) != args.steps:
-        raise RuntimeError(f"{mode}: expected {args.steps} step rows in {metrics}, found {len(rows)}")
+    rows = step_rows(metrics, args.steps, mode)
     total = lambda key: sum(r.get(key, 0.0) for r in rows)  # noqa: E731
     wall = total("time/step")
     return {

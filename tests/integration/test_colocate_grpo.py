@@ -13,30 +13,6 @@ from subprocess_runs import Run, wait_until_gone
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture
-def alert_endpoint():
-    """A local HTTP endpoint Apprise posts to (`json://127.0.0.1:<port>/alerts`); the bodies it got."""
-    import json
-    import threading
-    from http.server import BaseHTTPRequestHandler, HTTPServer
-
-    received: list[dict] = []
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self):  # noqa: N802 - the stdlib's name
-            received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-            self.send_response(200)
-            self.end_headers()
-
-        def log_message(self, *args):
-            pass
-
-    server = HTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"json://127.0.0.1:{server.server_address[1]}/alerts", received
-    server.shutdown()
-
-
 def test_colocate_grpo_learns_versions_advance_and_the_run_exits_clean(tiny_setup, tmp_path, alert_endpoint):
     root = tiny_setup
     alert_url, alerts = alert_endpoint

@@ -380,13 +380,9 @@ def _race_kernel(device: torch.device):
 def warm_up_sampler(vocab: int, device: torch.device) -> None:
     """Compile the GPU sampler now (batch sizes 1 and 2: dynamic shapes after that), not in the
     first rollout."""
+    params = parse_sampling_params({"temperature": 1.0, "sampling_seed": 0})
     for rows in (1, 2):
-        zeros = torch.zeros(rows, dtype=torch.long, device=device)
-        sample_next_tokens(torch.zeros(rows, vocab, device=device),
-                           SamplingBatch(torch.ones(rows, device=device), torch.ones(rows, device=device), zeros,
-                                         torch.zeros(rows, device=device),
-                                         torch.zeros(rows, dtype=torch.bool, device=device), zeros, zeros.clone(),
-                                         [False] * rows, [True] * rows, [False] * rows))
+        sample_next_tokens(torch.zeros(rows, vocab, device=device), SamplingBatch.build([params] * rows, device))
 
 
 def _row_seeds(batch: SamplingBatch, shared: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:

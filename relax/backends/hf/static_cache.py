@@ -85,7 +85,7 @@ class KVShape:
 
     @property
     def bytes_per_token(self) -> int:
-        return 2 * self.layers * self.kv_heads * self.head_dim * torch.empty((), dtype=self.dtype).element_size()
+        return 2 * self.layers * self.kv_heads * self.head_dim * self.dtype.itemsize
 
 
 def kv_shape(model: torch.nn.Module) -> KVShape:

@@ -4,37 +4,15 @@ dead endpoint costs the run nothing."""
 
 from __future__ import annotations
 
-import json
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 
 from relax.utils.notify import Notifier, check_urls
 
 
-@pytest.fixture
-def endpoint():
-    received: list[dict] = []
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self):  # noqa: N802 - the stdlib's name
-            received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-            self.send_response(200)
-            self.end_headers()
-
-        def log_message(self, *args):
-            pass
-
-    server = HTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"json://127.0.0.1:{server.server_address[1]}/alerts", received
-    server.shutdown()
-
-
-def test_start_failure_and_finish_reach_the_endpoint(endpoint):
-    url, received = endpoint
+def test_start_failure_and_finish_reach_the_endpoint(alert_endpoint):
+    url, received = alert_endpoint
     notifier = Notifier(url, run_name="exp-1")
     notifier.started({"mode": "colocate", "steps": 3})
     notifier.failed(RuntimeError("engine 0 died"))
