@@ -16,6 +16,25 @@ from relax.types import TrainBatch
 
 
 @dataclass
+class ModelParallelSpec:
+    """The megatron backend's model-parallel layout and model flags (ignored by fsdp, which
+    validation keeps from being given them)."""
+
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+    ep: int = 1
+    sequence_parallel: bool = False
+    first_stage_layers: int | None = None
+    last_stage_layers: int | None = None
+    recompute_granularity: str | None = None
+    recompute_method: str | None = None
+    recompute_num_layers: int | None = None
+    # The seed's model flags (--num-layers, --hidden-size, ...) as given: checked against config.json.
+    arch_flags: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
 class TrainerSpec:
     """What one rank needs: its own config, not the whole run's."""
 
@@ -51,6 +70,7 @@ class TrainerSpec:
     custom_loss_path: str | None = None
     pg_loss_reducer_path: str | None = None
     tis_path: str | None = None
+    model_parallel: ModelParallelSpec = field(default_factory=ModelParallelSpec)
 
 
 class TrainWorker(Protocol):

@@ -3,6 +3,7 @@ component never compares backend strings and one backend never imports another."
 
 TRAIN_BACKENDS: dict[str, str] = {
     "fsdp": "relax.backends.fsdp.worker.FSDPTrainWorker",
+    "megatron": "relax.backends.megatron.worker.MegatronTrainWorker",
 }
 
 INFERENCE_BACKENDS: dict[str, str] = {

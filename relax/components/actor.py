@@ -217,7 +217,7 @@ class Actor:
         metrics["time/wait_rows"] = time.perf_counter() - start
         t0 = time.perf_counter()
         num_steps, shards_idx, tokens_per_step = step_plan(batch.loss_masks_RT, self.cfg.batch.global_batch_size,
-                                                           self.group.world_size)
+                                                           self.group.dp_size)
         await self.group.call_sharded("train_begin", [[len(batch.tokens_RL[i]) for i in idx] for idx in shards_idx],
                                       num_steps, tokens_per_step)
         where = {i: (rank, pos) for rank, idx in enumerate(shards_idx) for pos, i in enumerate(idx)}
@@ -259,7 +259,7 @@ class Actor:
             return False
         if self.cfg.debug.save_debug_train_data or self.cfg.debug.dump_details:
             return True
-        num_steps, _, _ = step_plan(batch.loss_masks_RT, self.cfg.batch.global_batch_size, self.group.world_size)
+        num_steps, _, _ = step_plan(batch.loss_masks_RT, self.cfg.batch.global_batch_size, self.group.dp_size)
         if num_steps > 1:
             logger.warning("%d rows make %d optimizer steps: old log-probs recomputed for this step",
                            len(batch.loss_masks_RT), num_steps)
@@ -290,7 +290,7 @@ class Actor:
 
     async def _old_log_probs(self, batch: TrainBatch) -> list[list[float]]:
         """The behaviour policy's log-probs, recomputed on the current weights (sharded as training is)."""
-        _, shards_idx, _ = step_plan(batch.loss_masks_RT, self.cfg.batch.global_batch_size, self.group.world_size)
+        _, shards_idx, _ = step_plan(batch.loss_masks_RT, self.cfg.batch.global_batch_size, self.group.dp_size)
         results = await self.group.call_each("compute_log_probs", [
             ([batch.tokens_RL[i] for i in idx], [batch.response_lengths_R[i] for i in idx]) for idx in shards_idx])
         old: list[list[float]] = [[] for _ in batch.tokens_RL]

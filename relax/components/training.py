@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 
 from relax.algorithms.policy_loss import PolicyLossConfig
-from relax.backends.base import TrainerSpec
+from relax.backends.base import ModelParallelSpec, TrainerSpec
 from relax.backends.registry import TRAIN_BACKENDS
 from relax.config.plan import RolePlan, reuses_training_log_probs
 from relax.config.schema import OptimizerConfig, RelaxConfig
@@ -76,6 +76,19 @@ def push_dtype(cfg: RelaxConfig) -> str | None:
     return "bfloat16" if cfg.optim.bf16 and not cfg.cluster.true_on_policy_mode else None
 
 
+def model_parallel_spec(cfg: RelaxConfig) -> ModelParallelSpec:
+    """The megatron backend's layout and model flags (fsdp ignores them; validation keeps them unset)."""
+    import dataclasses
+
+    p = cfg.parallel
+    return ModelParallelSpec(
+        tp=p.tensor_model_parallel_size, pp=p.pipeline_model_parallel_size, cp=p.context_parallel_size,
+        ep=p.expert_model_parallel_size, sequence_parallel=p.sequence_parallel,
+        recompute_granularity=p.recompute_granularity, recompute_method=p.recompute_method,
+        recompute_num_layers=p.recompute_num_layers,
+        arch_flags={f.name: getattr(cfg.megatron, f.name) for f in dataclasses.fields(cfg.megatron)})
+
+
 def make_worker_group(cfg: RelaxConfig, role: RolePlan, kind: str, model_path: str, *, total_steps: int = 1,
                       threads: int | None = None, optim: OptimizerConfig | None = None) -> RayActorGroup:
     """`role.workers` ranks of the training backend. `kind`: "actor" / "critic" train, "reference"
@@ -92,7 +105,7 @@ def make_worker_group(cfg: RelaxConfig, role: RolePlan, kind: str, model_path: s
         pg_loss_reducer_path=cfg.algo.custom_pg_loss_reducer_function_path, tis_path=cfg.algo.custom_tis_function_path,
         true_on_policy=cfg.cluster.true_on_policy_mode, recompute_layers=recompute_layers(cfg),
         old_logp_from_training=kind == "actor" and reuses_training_log_probs(cfg),
-        compile_layers=cfg.parallel.use_torch_compile,
+        compile_layers=cfg.parallel.use_torch_compile, model_parallel=model_parallel_spec(cfg),
     )
     placed = None
     if role.slots:  # a GPU cluster: each rank on its bundle of the run's placement group
@@ -139,7 +152,7 @@ def step_plan(loss_masks_RT: list[list[int]], global_batch_size: int,
 async def train_on_rows(group: RayActorGroup, batch: TrainBatch, global_batch_size: int) -> list[dict[str, float]]:
     """`len(batch) / global_batch_size` optimizer steps of `group` over `batch`, sharded over its
     ranks; returns each rank's metrics."""
-    num_steps, shards_idx, tokens_per_step = step_plan(batch.loss_masks_RT, global_batch_size, group.world_size)
+    num_steps, shards_idx, tokens_per_step = step_plan(batch.loss_masks_RT, global_batch_size, group.dp_size)
     return await group.call_sharded("train", [batch.rows(idx) for idx in shards_idx], num_steps, tokens_per_step)
 
 
@@ -155,7 +168,7 @@ async def score_rows(group: RayActorGroup, tokens_RL: list[list[int]], lengths_R
     """Run the forward-only `method` (compute_log_probs / compute_values) of every rank on its share
     of the rows; returns per-row response-aligned results in row order and the slowest rank's
     compute seconds."""
-    shards_idx = score_shards(len(tokens_RL), group.world_size)
+    shards_idx = score_shards(len(tokens_RL), group.dp_size)
     results = await group.call_each(method, [([tokens_RL[i] for i in idx], [lengths_R[i] for i in idx])
                                              for idx in shards_idx])
     compute = max(await group.call("pop_compute_seconds"))

@@ -19,8 +19,9 @@ from typing import Any, Literal, get_args
 
 from relax.config.fields import opt, parse_bool, parse_bytes, parse_json
 
-# Why a flag is accepted with no effect in this build (`opt(ignored=...)`).
-MEGATRON_ONLY = "applies to the megatron training backend, which this build does not have (fsdp runs)"
+# Why a flag is accepted with no effect (`opt(ignored=...)`): under --train-backend megatron each
+# of these acts or is an error (relax.config.validate.check_megatron, docs/backends/megatron.md).
+MEGATRON_ONLY = "applies to the megatron training backend (docs/backends/megatron.md); the fsdp backend ignores it"
 
 TrainBackend = Literal["megatron", "fsdp", "auto"]
 RolloutBackend = Literal["sglang", "hf", "auto"]
@@ -65,8 +66,9 @@ class ClusterConfig:
                                           "those of the step's first pass), in both modes.")
     ref_actor_config: dict | None = opt(None, "JSON overrides for the Reference/ActorFwd services; on CPU "
                                         "{\"threads\": N} sets their torch threads.", type=parse_json)
-    train_backend: TrainBackend = opt("auto", "Training backend; auto = megatron when importable with a GPU, else "
-                                      "fsdp (this build implements fsdp; the choice is logged).")
+    train_backend: TrainBackend = opt("auto", "Training backend; auto = megatron when megatron-core is installed "
+                                      "and a GPU is visible, else fsdp (the choice is logged). megatron also runs "
+                                      "on CPU when asked for (gloo, float32; docs/backends/megatron.md).")
     rollout_backend: RolloutBackend = opt("auto", "Inference backend; auto = sglang when it is installed and a GPU "
                                           "is visible, else hf (the choice and the reason are logged; "
                                           "docs/backends/sglang.md).")

@@ -20,7 +20,7 @@ from relax.config import plan
 from relax.config.eval_config import eval_datasets
 from relax.config.fields import field_default
 from relax.config.parser import ConfigError
-from relax.config.schema import FIELD_GROUP, GENRM_SAMPLING_DEFAULTS, GROUPS, RelaxConfig
+from relax.config.schema import FIELD_GROUP, GENRM_SAMPLING_DEFAULTS, GROUPS, MEGATRON_ONLY, RelaxConfig
 
 logger = logging.getLogger(__name__)
 
@@ -456,7 +456,7 @@ def _prompt_paths(value: object) -> list[str]:
 
 
 # Backends this build implements; `auto` picks the first available in order.
-IMPLEMENTED_TRAIN_BACKENDS = ("fsdp",)
+IMPLEMENTED_TRAIN_BACKENDS = ("fsdp", "megatron")
 IMPLEMENTED_ROLLOUT_BACKENDS = ("hf", "sglang")
 # The sglang backend's argument module, loaded by name (config imports no backend): it renders the
 # engines' argv and checks it with SGLang's own parser, in a child process.
@@ -469,11 +469,17 @@ def sglang_installed() -> bool:
 
 
 NVIDIA_GPUS = "/proc/driver/nvidia/gpus"  # the driver's list of GPUs (what `plan.local_gpus` reads)
-NEEDS_MET = {"sglang": "sglang is installed and a GPU is visible"}  # what `auto` logs when it picks one
+NEEDS_MET = {"sglang": "sglang is installed and a GPU is visible",
+             "megatron": "megatron-core is installed and a GPU is visible"}  # what `auto` logs when it picks one
 
 
 def backend_needs(backend: str) -> list[str]:
-    """What `backend` needs that this machine lacks (empty: it can run here)."""
+    """What `backend` needs that this machine lacks (empty: it can run here). megatron runs on a CPU
+    too (gloo, float32) when chosen explicitly; `auto` picks it only with a GPU."""
+    if backend == "megatron":
+        if importlib.util.find_spec("megatron") is None or importlib.util.find_spec("megatron.core") is None:
+            return ["megatron-core is not installed: pip install 'relax-rl[megatron]'"]
+        return []
     if backend != "sglang":
         return []
     missing = []
@@ -495,6 +501,8 @@ def resolve_backend(requested: str, preference: tuple[str, ...], implemented: tu
         skipped: dict[str, str] = {}
         for backend in preference:
             missing = ["not built in this build"] if backend not in implemented else backend_needs(backend)
+            if backend == "megatron" and not missing and plan.local_gpus() == 0:
+                missing = ["no GPU is visible (--train-backend megatron runs on CPU when asked for explicitly)"]
             if not missing:
                 why = "; ".join(f"{b}: {reason}" for b, reason in skipped.items()) or NEEDS_MET.get(backend, "")
                 logger.info("%s auto -> %s%s", flag, backend, f" ({why})" if why else "")
@@ -544,6 +552,8 @@ def check_backends(cfg: RelaxConfig) -> RelaxConfig:
             logger.info("--rollout-backend auto -> hf (sglang: %s)", exc)
             rollout = "hf"
     cfg = cfg.replace(train_backend=train, rollout_backend=rollout)
+    if cfg.cluster.train_backend == "megatron":
+        check_megatron(cfg)
     if cfg.cluster.train_backend == "fsdp":
         if cfg.megatron_extra:
             raise ConfigError(f"unknown flag(s) {' '.join(cfg.megatron_extra)}; if these are Megatron flags they only "
@@ -554,14 +564,63 @@ def check_backends(cfg: RelaxConfig) -> RelaxConfig:
         if cfg.parallel.recompute_granularity is None and (cfg.parallel.recompute_method or
                                                            cfg.parallel.recompute_num_layers is not None):
             raise ConfigError("--recompute-method / --recompute-num-layers need --recompute-granularity full")
-        hf = _hf_config(cfg.ckpt.hf_checkpoint)
-        for arch, hf_key in ARCH_TO_HF.items():
-            value = getattr(cfg.megatron, arch)
-            if value is not None and hf_key in hf and float(hf[hf_key]) != float(value):
-                raise ConfigError(f"{_flag(arch)} {value} contradicts {cfg.ckpt.hf_checkpoint}/config.json "
-                                  f"{hf_key}={hf[hf_key]}; with --train-backend fsdp the HF config is the source of "
-                                  "truth: remove the flag or fix the model script")
+    hf = _hf_config(cfg.ckpt.hf_checkpoint)
+    for arch, hf_key in ARCH_TO_HF.items():
+        value = getattr(cfg.megatron, arch)
+        if value is not None and hf_key in hf and float(hf[hf_key]) != float(value):
+            raise ConfigError(f"{_flag(arch)} {value} contradicts {cfg.ckpt.hf_checkpoint}/config.json "
+                              f"{hf_key}={hf[hf_key]}; the HF config is the source of truth (the "
+                              f"{cfg.cluster.train_backend} backend builds its model from it): remove the flag or "
+                              "fix the model script")
     return cfg
+
+
+# Megatron flags the megatron backend does not act on yet: given a non-default value, an error.
+MEGATRON_NOT_BUILT = {
+    "pipeline_model_parallel_size": ("parallel", 1, "pipeline parallelism"),
+    "sequence_parallel": ("parallel", False, "sequence parallelism (the local layer spec's torch norms do not "
+                                             "support it; it needs Transformer Engine or Apex)"),
+    "context_parallel_size": ("parallel", 1, "context parallelism"),
+    "expert_tensor_parallel_size": ("parallel", 1, "expert tensor parallelism (experts are whole per rank)"),
+    "optimizer_cpu_offload": ("optim", False, "optimizer CPU offload"),
+    "overlap_cpu_optimizer_d2h_h2d": ("optim", False, "optimizer CPU offload"),
+    "use_precision_aware_optimizer": ("optim", False, "the precision-aware optimizer"),
+    "use_distributed_optimizer": ("optim", False, "the distributed optimizer (torch AdamW on every rank)"),
+    "overlap_grad_reduce": ("optim", False, "overlapped gradient reduction"),
+    "overlap_param_gather": ("optim", False, "overlapped parameter gathers"),
+    "megatron_to_hf_mode": ("cluster", "raw", "bridge conversion (megatron-bridge); raw converters only"),
+    "qkv_format": ("cluster", "thd", "the packed thd layout is not built; rows are right-padded (bshd)"),
+    "attention_backend": ("megatron", None, "attention backends (the local unfused attention runs)"),
+}
+
+
+def check_megatron(cfg: RelaxConfig) -> None:
+    """--train-backend megatron: every Megatron flag it accepts acts; the rest are errors here."""
+    if cfg.megatron_extra:
+        raise ConfigError(f"unknown flag(s) {' '.join(cfg.megatron_extra)}: the megatron backend does not read them "
+                          "(docs/backends/megatron.md lists the flags it acts on)")
+    for name, (group, default, what) in MEGATRON_NOT_BUILT.items():
+        value = getattr(getattr(cfg, group), name)
+        if value != default and not (name == "qkv_format" and value == "bshd"):
+            raise ConfigError(f"{_flag(name)} {value}: the megatron backend does not build {what} yet; drop the flag")
+    p, m = cfg.parallel, cfg.megatron
+    if cfg.algo.advantage_estimator == "ppo" or cfg.cluster.fully_async:
+        raise ConfigError(f"--train-backend megatron trains the actor and scores (reference) in colocate mode; "
+                          f"{'the critic (PPO)' if cfg.algo.advantage_estimator == 'ppo' else '--fully-async'} needs "
+                          "--train-backend fsdp in this build")
+    if p.expert_tensor_parallel_size != 1:
+        raise ConfigError("--expert-tensor-parallel-size must be 1 with the megatron backend")
+    for name in ("attention_dropout", "hidden_dropout"):
+        value = getattr(m, name)
+        if value not in (None, 0, 0.0):
+            raise ConfigError(f"{_flag(name)} {value}: RL training runs without dropout (the trainer's log-probs "
+                              "must match the engine's); use 0")
+    if m.normalization not in (None, "RMSNorm"):
+        raise ConfigError(f"--normalization {m.normalization}: the supported families use RMSNorm")
+    hf = _hf_config(cfg.ckpt.hf_checkpoint)
+    if m.vocab_size is not None and "vocab_size" in hf and int(hf["vocab_size"]) != m.vocab_size:
+        raise ConfigError(f"--vocab-size {m.vocab_size} contradicts {cfg.ckpt.hf_checkpoint}/config.json "
+                          f"vocab_size={hf['vocab_size']}")
 
 
 def ignored_flag_notes(cfg: RelaxConfig) -> list[str]:
@@ -572,6 +631,8 @@ def ignored_flag_notes(cfg: RelaxConfig) -> list[str]:
         group = getattr(cfg, group_name)
         for f in dataclasses.fields(cls):
             reason = f.metadata.get("ignored")
+            if reason == MEGATRON_ONLY and cfg.cluster.train_backend == "megatron":
+                continue  # check_megatron: each acts or is an error
             if reason and getattr(group, f.name) != field_default(f):
                 by_reason.setdefault(reason, []).append(_flag(f.name))
     return [f"{' '.join(flags)}: accepted and ignored: {reason}" for reason, flags in by_reason.items()]

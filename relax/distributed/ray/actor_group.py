@@ -1,4 +1,4 @@
-"""A facade over N Ray actors that form one data-parallel group.
+"""A facade over N Ray actors that form one training group (data- and model-parallel ranks).
 
 Components talk to "the actor" or "the reference" as one object; the group fans a call out
 to every rank (`call`) or hands each rank its own shard (`call_sharded`) and gathers the
@@ -11,6 +11,7 @@ group waits for every rank to come up and, on that error, starts the ranks again
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any, Sequence
 
@@ -33,6 +34,12 @@ class RayActorGroup:
 
     Every worker is constructed as `worker_cls(rank, world_size, master_addr, master_port,
     *args)` so it can join one torch.distributed group.
+
+    Data parallelism: a worker with `parallel_info()` (the training backends) says which
+    data-parallel shard it serves and whether it answers for it; the ranks of one model-parallel
+    group (Megatron tensor/pipeline parallelism) receive the same shard. `dp_size` shards go in
+    (`call_sharded`, `call_each`, `submit`) and one result per shard comes back, in shard order.
+    Without model parallelism every rank is its own shard.
     """
 
     def __init__(self, worker_cls: type, world_size: int, *args: Any, num_cpus: float = 1.0,
@@ -42,7 +49,9 @@ class RayActorGroup:
         its GPU share in the run's placement group); they replace `num_gpus`."""
         remote_cls = ray.remote(worker_cls)
         runtime_env = {"env_vars": dict(env_vars or {})}
-        self.world_size = world_size
+        self.world_size = self.dp_size = world_size
+        self._members: list[list[int]] = [[r] for r in range(world_size)]  # shard -> its ranks
+        self._answers: list[int] = list(range(world_size))  # shard -> the rank whose result is returned
         self.name = name
         placed = list(rank_options) if rank_options is not None else [{"num_gpus": num_gpus}] * world_size
         if len(placed) != world_size:
@@ -62,6 +71,7 @@ class RayActorGroup:
             try:
                 for w in self.workers:
                     await w.__ray_ready__.remote()
+                await self._read_layout()
                 self._ready = True
                 return
             except ray.exceptions.RayActorError as exc:
@@ -72,6 +82,24 @@ class RayActorGroup:
                 self.kill()
                 self.workers = self._start(free_port())
 
+    async def _read_layout(self) -> None:
+        if not hasattr(self.workers[0], "parallel_info"):
+            return
+        infos = [await w.parallel_info.remote() for w in self.workers]
+        self.dp_size = infos[0]["dp_size"]
+        self._members = [[r for r, i in enumerate(infos) if i["dp_rank"] == d] for d in range(self.dp_size)]
+        self._answers = [next(r for r in ranks if infos[r]["output"]) for ranks in self._members]
+
+    def _fan_out(self, method: str, per_shard_args: Sequence[tuple], kwargs: dict[str, Any]) -> list[list[Any]]:
+        if len(per_shard_args) != self.dp_size:
+            raise ValueError(f"{self.name}: {len(per_shard_args)} shards for {self.dp_size} data-parallel ranks")
+        return [[getattr(self.workers[r], method).remote(*args, **kwargs) for r in ranks]
+                for ranks, args in zip(self._members, per_shard_args)]
+
+    async def _answer(self, shard: int, refs: list[Any]) -> Any:
+        results = [await ref for ref in refs]  # every rank of the shard finishes (errors surface)
+        return results[self._members[shard].index(self._answers[shard])]
+
     async def call(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
         """Run `method(*args, **kwargs)` on every rank; results in rank order."""
         if not self._ready:
@@ -80,30 +108,27 @@ class RayActorGroup:
         return [await ref for ref in refs]
 
     async def call_sharded(self, method: str, shards: Sequence[Any], *args: Any, **kwargs: Any) -> list[Any]:
-        """Rank r gets `shards[r]` as its first argument."""
-        if len(shards) != self.world_size:
-            raise ValueError(f"{self.name}: {len(shards)} shards for {self.world_size} ranks")
+        """Data-parallel shard d's ranks get `shards[d]` as their first argument; one result per shard."""
         if not self._ready:
             await self.ready()
-        refs = [getattr(w, method).remote(shard, *args, **kwargs) for w, shard in zip(self.workers, shards)]
-        return [await ref for ref in refs]
+        refs = self._fan_out(method, [(shard, *args) for shard in shards], kwargs)
+        return [await self._answer(d, r) for d, r in enumerate(refs)]
 
-    async def call_each(self, method: str, per_rank_args: Sequence[tuple]) -> list[Any]:
-        """Rank r runs `method(*per_rank_args[r])`; results in rank order."""
-        if len(per_rank_args) != self.world_size:
-            raise ValueError(f"{self.name}: {len(per_rank_args)} argument tuples for {self.world_size} ranks")
+    async def call_each(self, method: str, per_shard_args: Sequence[tuple]) -> list[Any]:
+        """Shard d's ranks run `method(*per_shard_args[d])`; one result per shard, in shard order."""
         if not self._ready:
             await self.ready()
-        refs = [getattr(w, method).remote(*args) for w, args in zip(self.workers, per_rank_args)]
-        return [await ref for ref in refs]
+        refs = self._fan_out(method, per_shard_args, {})
+        return [await self._answer(d, r) for d, r in enumerate(refs)]
 
-    def submit(self, rank: int, method: str, *args: Any) -> Any:
-        """Queue `method(*args)` on rank `rank` without waiting; calls to one rank run in the order
-        they were submitted. Returns the ObjectRef (awaitable). The group must be ready (a first
-        `call` has run)."""
+    def submit(self, shard: int, method: str, *args: Any) -> Any:
+        """Queue `method(*args)` on shard `shard`'s ranks without waiting; calls to one rank run in
+        the order they were submitted. Returns an awaitable of the shard's result. The group must be
+        ready (a first `call` has run)."""
         if not self._ready:
             raise RuntimeError(f"{self.name}: submit before the group is ready; `await group.ready()` first")
-        return getattr(self.workers[rank], method).remote(*args)
+        refs = [getattr(self.workers[r], method).remote(*args) for r in self._members[shard]]
+        return asyncio.ensure_future(self._answer(shard, refs))
 
     async def call_rank0(self, method: str, *args: Any, **kwargs: Any) -> Any:
         if not self._ready:

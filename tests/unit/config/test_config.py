@@ -66,7 +66,6 @@ def test_bytes_flag_accepts_suffixes(base):
     (["--fully-async", "--mask-offpolicy-in-partial-rollout"], "only applies with --partial-rollout"),
     (["--fully-async", "--partial-rollout-max-aborted-count", "2"], "only applies with --partial-rollout"),
     (["--fully-async", "--partial-rollout", "--partial-rollout-max-aborted-count", "-1"], "must be >= 0"),
-    (["--train-backend", "megatron"], "--train-backend megatron"),
     (["--recompute-granularity", "selective"], "use --recompute-granularity full"),
     (["--recompute-method", "block"], "need --recompute-granularity full"),
 ])
@@ -135,6 +134,36 @@ def test_recompute_flags_reach_the_fsdp_ranks(base):
                                                  "--recompute-num-layers", "1"])) == -1
     assert recompute_layers(parse_config(base + ["--recompute-granularity", "full", "--recompute-method", "block",
                                                  "--recompute-num-layers", "3"])) == 3
+
+
+@pytest.mark.parametrize("extra, needle", [
+    (["--pipeline-model-parallel-size", "2"], "--pipeline-model-parallel-size 2: the megatron backend does not build"),
+    (["--sequence-parallel"], "--sequence-parallel True: the megatron backend does not build sequence parallelism"),
+    (["--use-distributed-optimizer"], "--use-distributed-optimizer True"),
+    (["--megatron-to-hf-mode", "bridge"], "bridge conversion"),
+    (["--fully-async"], "--fully-async needs --train-backend fsdp"),
+    (["--attention-dropout", "0.1"], "RL training runs without dropout"),
+    (["--num-layers", "4"], "--num-layers 4 contradicts"),
+    (["--some-megatron-flag"], "the megatron backend does not read them"),
+])
+def test_megatron_backend_rejects_what_it_does_not_build(base, extra, needle):
+    pytest.importorskip("megatron.core")
+    with pytest.raises(ConfigError) as err:
+        parse_config(base + ["--train-backend", "megatron"] + extra)
+    assert needle in str(err.value)
+
+
+def test_megatron_backend_acts_on_its_flags(base):
+    pytest.importorskip("megatron.core")
+    from relax.components.training import model_parallel_spec
+    from relax.config.validate import ignored_flag_notes
+
+    cfg = parse_config(base + ["--train-backend", "megatron", "--tensor-model-parallel-size", "2",
+                               "--expert-model-parallel-size", "1", "--recompute-granularity", "selective"])
+    assert cfg.cluster.train_backend == "megatron"
+    assert ignored_flag_notes(cfg) == []  # each acts or is an error
+    spec = model_parallel_spec(cfg)
+    assert (spec.tp, spec.ep, spec.recompute_granularity) == (2, 1, "selective")
 
 
 def test_megatron_only_flags_are_reported_as_ignored_under_fsdp(base):

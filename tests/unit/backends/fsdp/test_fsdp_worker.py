@@ -82,7 +82,7 @@ def constant_tis(logp_old, logp_rollout, *, clip, clip_low):
 
 
 def test_loss_plugins_are_loaded_and_used(tmp_path):
-    from relax.backends.fsdp.worker import load_loss_plugins
+    from relax.backends.train_worker import load_loss_plugins
 
     spec = TrainerSpec(model_path="unused", loss=PolicyLossConfig(use_tis=True),
                        custom_loss_path=f"{__name__}.half_loss",
@@ -104,7 +104,7 @@ def test_custom_tis_function_replaces_the_weights():
 
 
 def test_wrong_custom_loss_signature_is_named(tmp_path):
-    from relax.backends.fsdp.worker import load_loss_plugins
+    from relax.backends.train_worker import load_loss_plugins
     from relax.utils.plugins import PluginError
 
     spec = TrainerSpec(model_path="unused", loss=PolicyLossConfig(), custom_loss_path=f"{__name__}.batch")

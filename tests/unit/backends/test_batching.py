@@ -2,7 +2,7 @@
 
 import torch
 
-from relax.backends.fsdp.batching import pad_inputs, pad_response, response_positions, split_micro_batches
+from relax.backends.batching import pad_inputs, pad_response, response_positions, split_micro_batches
 
 
 def test_fixed_micro_batches_cover_all_rows_in_order():

@@ -1,0 +1,59 @@
+"""The CUDA-only spots of megatron-core, made to run on a CPU (gloo, fp32), in one place.
+
+megatron-core assumes a GPU in three places that a tiny CPU model reaches:
+  1. `torch.cuda.current_device()` is used as a device by RoPE's frequency table and by the
+     tensor-parallel scratch buffers (`get_tensor`): on a machine without CUDA it points at
+     "cpu" instead of raising.
+  2. `CudaRNGStatesTracker.fork()` swaps CUDA RNG states around dropout and weight init; on a
+     CPU there is no CUDA state to swap, so it is a null context (dropout is 0 in RL training and
+     weights come from the HF checkpoint, so no draw depends on it).
+  3. `model_parallel_cuda_manual_seed` seeds those CUDA states: the worker does not call it on
+     a CPU (`seed_model_parallel` below).
+megatron's optimizer (`get_megatron_optimizer`) also hard-codes CUDA; the worker uses torch's
+AdamW on CPU instead (docs/backends/megatron.md). Two more spots are avoided without patching:
+the default causal mask (`get_default_causal_mask`, device="cuda": the worker passes its own
+mask) and the all-to-all MoE token dispatcher (CUDA streams: the CPU uses the all-gather one).
+
+One fix applies on GPUs too: with Transformer Engine absent, megatron-core 0.16's MoE router
+GEMM reads an undefined `te_general_gemm` (a NameError); it is defined as None, which selects the
+plain torch path the code already has. Nothing else is patched. `apply()` is idempotent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+_applied = False
+
+
+def apply() -> None:
+    global _applied
+    if _applied:
+        return
+    _applied = True
+    from megatron.core.transformer.moe import moe_utils
+
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
+    if torch.cuda.is_available():
+        return
+    from megatron.core.tensor_parallel import random as mp_random
+
+    torch.cuda.current_device = lambda: "cpu"  # (1)
+
+    @contextlib.contextmanager
+    def fork(self, name: str = mp_random._MODEL_PARALLEL_RNG_TRACKER_NAME):  # (2)
+        yield
+
+    mp_random.CudaRNGStatesTracker.fork = fork
+
+
+def seed_model_parallel(seed: int) -> None:
+    """(3) Seed torch; on GPUs also megatron's per-TP-rank CUDA RNG streams."""
+    torch.manual_seed(seed)
+    if torch.cuda.is_available():
+        from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+
+        model_parallel_cuda_manual_seed(seed)

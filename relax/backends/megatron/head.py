@@ -1,0 +1,103 @@
+"""Response-token log-probs and entropies from a vocabulary-parallel output layer.
+
+Under tensor parallelism each rank holds rows [start, start + V/tp) of the output weight, so
+each computes a slice of every token's logits. `vocab_parallel_log_probs` combines the slices
+with three all-reduces over the tensor-parallel group (max, sum of exps, the target's logit).
+Every rank of the group then computes the same loss from the reduced values, so a reduction's
+backward is the identity on each rank (megatron's `reduce_from_tensor_model_parallel_region`;
+an all-reduce in backward too would multiply the gradient by the group size):
+    lse_N   = m_N + log sum_tp sum_v exp(z_Nv - m_N)
+    logp_N  = z_N[target] - lse_N
+    H_N     = lse_N - sum_tp sum_v softmax_Nv * z_Nv
+One rank (tp = 1) takes the chunked head the fsdp backend uses (no [N, V] logits at once).
+
+`MegatronResponseHead` swaps the `GPTModel`'s output layer for one forward, as the fsdp
+backend's `ResponseHead` does for an HF model: the model returns `[B, T, 2]` (log-prob, entropy)
+of the response tokens instead of `[B, L, V]` logits.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from relax.algorithms.chunked_logprobs import chunked_token_log_probs
+
+
+def vocab_parallel_log_probs(logits_NV: torch.Tensor, targets_N: torch.Tensor, vocab_start: int, group: Any,
+                             *, entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(log-prob of each target, entropy or None) from this rank's vocabulary slice of the logits."""
+    from megatron.core.tensor_parallel.mappings import reduce_from_tensor_model_parallel_region
+
+    def all_reduce(x: torch.Tensor, group: Any) -> torch.Tensor:
+        return reduce_from_tensor_model_parallel_region(x, group=group)
+
+    logits_NV = logits_NV.float()
+    m_N = logits_NV.detach().max(dim=-1).values
+    dist.all_reduce(m_N, op=dist.ReduceOp.MAX, group=group)  # a constant shift: no gradient needed
+    shifted_NV = logits_NV - m_N[:, None]
+    sum_exp_N = all_reduce(shifted_NV.exp().sum(-1), group=group)
+    lse_N = m_N + sum_exp_N.log()
+    local_N = targets_N - vocab_start
+    inside_N = (local_N >= 0) & (local_N < logits_NV.shape[-1])
+    picked_N = logits_NV.gather(1, local_N.clamp(0, logits_NV.shape[-1] - 1)[:, None])[:, 0] * inside_N
+    logp_N = all_reduce(picked_N, group=group) - lse_N
+    if not entropy:
+        return logp_N, None
+    p_NV = (logits_NV - lse_N[:, None]).exp()
+    ent_N = lse_N - all_reduce((p_NV * logits_NV).sum(-1), group=group)
+    return logp_N, ent_N
+
+
+class MegatronResponseHead:
+    """Context manager: for one forward, the model's `output_layer` returns `[T, B, 2]` =
+    (log-prob, entropy) of the response tokens (`GPTModel` transposes it to `[B, T, 2]`).
+    Row b's token t is read at hidden position `index_BT[b, t]` and predicts `targets_BT[b, t]`."""
+
+    def __init__(self, layer: torch.nn.Module, index_BT: torch.Tensor, mask_BT: torch.Tensor,
+                 targets_BT: torch.Tensor, *, temperature: float, chunk: int | None, entropy: bool,
+                 entropy_grad: bool, tp_group: Any, tp_rank: int, tp_size: int, sequence_parallel: bool):
+        self.layer, self.index_BT, self.mask_BT, self.targets_BT = layer, index_BT, mask_BT.bool(), targets_BT
+        self.temperature, self.chunk, self.entropy, self.entropy_grad = temperature, chunk, entropy, entropy_grad
+        self.tp_group, self.tp_rank, self.tp_size = tp_group, tp_rank, tp_size
+        self.sequence_parallel = sequence_parallel
+
+    def forward(self, hidden_LBH: torch.Tensor, weight: torch.Tensor | None = None, runtime_gather_output: Any = None):
+        if self.sequence_parallel:
+            from megatron.core.tensor_parallel import gather_from_sequence_parallel_region
+
+            hidden_LBH = gather_from_sequence_parallel_region(hidden_LBH, group=self.tp_group)
+        weight = self.layer.weight if weight is None else weight
+        length, b, h = hidden_LBH.shape
+        hidden_BLH = hidden_LBH.transpose(0, 1)
+        rows_B1 = torch.arange(b, device=hidden_BLH.device)[:, None] * length
+        hidden_NH = hidden_BLH.reshape(b * length, h)[(rows_B1 + self.index_BT)[self.mask_BT]]
+        targets_N = self.targets_BT[self.mask_BT]
+        if self.tp_size == 1:
+            logp_N, ent_N = chunked_token_log_probs(hidden_NH, weight, targets_N, temperature=self.temperature,
+                                                    chunk=self.chunk, entropy=self.entropy)
+        else:
+            from megatron.core.tensor_parallel.mappings import copy_to_tensor_model_parallel_region
+
+            # As the column-parallel output layer does: each rank's logits slice gives a partial
+            # gradient of the hidden states, summed over the group in backward.
+            hidden_NH = copy_to_tensor_model_parallel_region(hidden_NH, group=self.tp_group)
+            logits_NV = (hidden_NH @ weight.t()).float() / self.temperature
+            logp_N, ent_N = vocab_parallel_log_probs(logits_NV, targets_N, self.tp_rank * weight.shape[0],
+                                                     self.tp_group, entropy=self.entropy)
+
+        def scatter(values_N: torch.Tensor) -> torch.Tensor:
+            return values_N.new_zeros(self.mask_BT.shape).index_put((self.mask_BT,), values_N)
+
+        ent_BT = scatter(ent_N if self.entropy_grad else ent_N.detach()) if ent_N is not None \
+            else torch.zeros_like(self.mask_BT, dtype=torch.float32)
+        return torch.stack([scatter(logp_N), ent_BT], dim=-1).transpose(0, 1), None
+
+    def __enter__(self) -> "MegatronResponseHead":
+        self.layer.forward = self.forward  # the instance attribute shadows the class's forward
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        del self.layer.forward

@@ -1,0 +1,154 @@
+"""megatron-core `GPTModel`s built from an HF `config.json`, and HF checkpoints read into them.
+
+`Layout` (convert.py) holds the shapes; `transformer_config` turns it and the parallel layout
+into megatron-core's `TransformerConfig` with the local (non-Transformer-Engine) layer spec, which
+runs on CPUs and on GPUs without Transformer Engine: RMSNorm, SwiGLU, GQA, RoPE, q/k norms,
+biases on q/k/v where the family has them, tied or untied embeddings, MoE with top-k routing.
+`check_arch_flags` compares the seed's model flags (`--num-layers`, `--hidden-size`, ... from
+`scripts/models/*.sh`) with the checkpoint's config and names each mismatch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from relax.backends.megatron.convert import ConversionError, Layout
+
+
+@dataclass(frozen=True)
+class Parallel:
+    """The model-parallel layout of one run (data parallelism is what is left of the world)."""
+
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+    ep: int = 1
+    sequence_parallel: bool = False
+    first_stage_layers: int | None = None  # --decoder-first-pipeline-num-layers
+    last_stage_layers: int | None = None  # --decoder-last-pipeline-num-layers
+
+    @property
+    def model_parallel(self) -> int:
+        return self.tp * self.pp * self.cp
+
+
+def transformer_config(layout: Layout, par: Parallel, *, bf16: bool = False, recompute_granularity: str | None = None,
+                       recompute_method: str | None = None, recompute_num_layers: int | None = None,
+                       rope_theta: float = 10000.0, norm_eps: float = 1e-6) -> Any:
+    import torch.nn.functional as F
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    moe = {}
+    if layout.num_experts:
+        moe = dict(num_moe_experts=layout.num_experts, moe_ffn_hidden_size=layout.moe_ffn_hidden_size,
+                   moe_router_topk=layout.moe_top_k, moe_router_load_balancing_type="none",
+                   moe_token_dispatcher_type="allgather", moe_grouped_gemm=False, moe_aux_loss_coeff=0.0,
+                   moe_router_pre_softmax=False)
+    recompute = {}
+    if recompute_granularity:
+        recompute = dict(recompute_granularity=recompute_granularity, recompute_method=recompute_method,
+                         recompute_num_layers=recompute_num_layers)
+        if recompute_granularity == "full" and recompute_method is None:
+            recompute |= dict(recompute_method="uniform", recompute_num_layers=1)
+    return TransformerConfig(
+        num_layers=layout.num_layers, hidden_size=layout.hidden_size, num_attention_heads=layout.num_heads,
+        num_query_groups=layout.num_kv_heads, kv_channels=layout.head_dim, ffn_hidden_size=layout.ffn_hidden_size,
+        normalization="RMSNorm", layernorm_epsilon=norm_eps, gated_linear_unit=True, activation_func=F.silu,
+        add_bias_linear=False, add_qkv_bias=layout.qkv_bias, qk_layernorm=layout.qk_norm,
+        hidden_dropout=0.0, attention_dropout=0.0,
+        # The fused kernels are CUDA-only or need Apex / Transformer Engine; the unfused ones are exact.
+        bias_activation_fusion=False, apply_rope_fusion=False, persist_layer_norm=False, masked_softmax_fusion=False,
+        gradient_accumulation_fusion=False, bias_dropout_fusion=False,
+        tensor_model_parallel_size=par.tp, pipeline_model_parallel_size=par.pp, context_parallel_size=par.cp,
+        expert_model_parallel_size=par.ep, sequence_parallel=par.sequence_parallel,
+        num_layers_in_first_pipeline_stage=par.first_stage_layers,
+        num_layers_in_last_pipeline_stage=par.last_stage_layers,
+        use_cpu_initialization=True, params_dtype=torch.float32, bf16=bf16, fp16=False,
+        pipeline_dtype=torch.bfloat16 if bf16 else torch.float32,
+        **moe, **recompute,
+    )
+
+
+def build_gpt(layout: Layout, config: Any, *, pre_process: bool, post_process: bool,
+              rope_theta: float, max_positions: int) -> Any:
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    spec = get_gpt_layer_local_spec(num_experts=layout.num_experts or None, moe_grouped_gemm=False,
+                                    qk_layernorm=layout.qk_norm, normalization="RMSNorm")
+    return GPTModel(config, spec, vocab_size=layout.vocab_size, max_sequence_length=max_positions,
+                    pre_process=pre_process, post_process=post_process,
+                    share_embeddings_and_output_weights=layout.tied, position_embedding_type="rope",
+                    rotary_base=int(rope_theta) if float(rope_theta).is_integer() else rope_theta,
+                    parallel_output=True)
+
+
+def rope_theta(config: Any) -> float:
+    """`rope_theta` from the config (transformers >= 5 keeps it under `rope_parameters`)."""
+    params = getattr(config, "rope_parameters", None) or {}
+    if params.get("rope_type", "default") not in ("default", None):
+        raise ConversionError(f"rope_type {params['rope_type']!r} is not supported by the megatron backend yet "
+                              "(plain RoPE only)")
+    return float(params.get("rope_theta") or getattr(config, "rope_theta", 10000.0))
+
+
+def read_hf_state(path: str) -> dict[str, torch.Tensor]:
+    """Every tensor of an HF checkpoint directory (safetensors, sharded or not), under the
+    checkpoint's own names."""
+    from safetensors.torch import load_file
+
+    index = os.path.join(path, "model.safetensors.index.json")
+    if os.path.exists(index):
+        with open(index) as f:
+            files = sorted(set(json.load(f)["weight_map"].values()))
+    elif os.path.exists(os.path.join(path, "model.safetensors")):
+        files = ["model.safetensors"]
+    else:
+        raise FileNotFoundError(f"{path}: no model.safetensors(.index.json); the megatron backend reads "
+                                "safetensors HF checkpoints")
+    out: dict[str, torch.Tensor] = {}
+    for name in files:
+        out |= load_file(os.path.join(path, name))
+    return out
+
+
+# Seed model flag -> (what the HF config says, how to read it from a Layout and the config).
+ARCH_FLAGS: dict[str, Any] = {
+    "num_layers": lambda lay, cfg: lay.num_layers,
+    "hidden_size": lambda lay, cfg: lay.hidden_size,
+    "ffn_hidden_size": lambda lay, cfg: lay.ffn_hidden_size,
+    "num_attention_heads": lambda lay, cfg: lay.num_heads,
+    "num_query_groups": lambda lay, cfg: lay.num_kv_heads,
+    "kv_channels": lambda lay, cfg: lay.head_dim,
+    "qk_layernorm": lambda lay, cfg: lay.qk_norm,
+    "untie_embeddings_and_output_weights": lambda lay, cfg: not lay.tied,
+    "norm_epsilon": lambda lay, cfg: cfg.rms_norm_eps,
+    "rotary_base": lambda lay, cfg: rope_theta(cfg),
+    "num_experts": lambda lay, cfg: lay.num_experts or None,
+    "moe_ffn_hidden_size": lambda lay, cfg: lay.moe_ffn_hidden_size or None,
+    "moe_router_topk": lambda lay, cfg: lay.moe_top_k or None,
+}
+
+
+def check_arch_flags(flags: dict[str, Any], layout: Layout, hf_config: Any, checkpoint: str) -> None:
+    """The model flags given on the command line must describe the checkpoint they train."""
+    wrong = []
+    for flag, read in ARCH_FLAGS.items():
+        given = flags.get(flag)
+        if given is None or given is False and flag in ("qk_layernorm", "untie_embeddings_and_output_weights"):
+            continue
+        actual = read(layout, hf_config)
+        if isinstance(given, float) or isinstance(actual, float):
+            same = actual is not None and abs(float(given) - float(actual)) <= 1e-12 * max(1.0, abs(float(actual)))
+        else:
+            same = given == actual
+        if not same:
+            wrong.append(f"--{flag.replace('_', '-')} {given} but {checkpoint}/config.json says {actual}")
+    if wrong:
+        raise ConversionError("the model flags disagree with the checkpoint (fix the model script in "
+                              "scripts/models/ or the checkpoint):\n  " + "\n  ".join(wrong))

@@ -1,0 +1,348 @@
+"""One rank of the `megatron` training backend (a Ray actor process): a megatron-core `GPTModel`.
+
+The model is built from the HF checkpoint's `config.json` (`model.py`) and its weights converted
+from the checkpoint's safetensors (`convert.py`), sharded for this rank's place in the
+tensor / expert-parallel layout (`--tensor-model-parallel-size`, `--expert-model-parallel-size`,
+`--sequence-parallel`); data parallelism is what is left of the world. The rows of a shard
+reach every rank of its tensor-parallel group; each computes the same loss from vocabulary-
+parallel log-probs (`head.py`) and the backend-agnostic half (`relax.backends.train_worker`)
+trains it: the same micro-batches, losses and optimizer steps as the fsdp backend. Gradients
+are averaged over data-parallel ranks before the step (expert weights over their expert-data-
+parallel group), the gradient norm counts every weight once across tensor/expert shards.
+
+Weights out: the tensor- and expert-parallel shards are gathered into full Megatron tensors by
+the ranks of data-parallel shard 0 and converted to HF names on rank 0, which alone sends them
+to the engines through the weight-sync protocol (same buckets, deadline and errors as fsdp).
+
+On a CPU (gloo, float32) `cpu_shim` covers megatron-core's CUDA-only spots; torch's AdamW is the
+optimizer on both (megatron's is CUDA-only; its distributed optimizer is not used yet).
+Not built yet, and rejected by validation with that message: pipeline and context
+parallelism, the critic (value model), and receiving weights (fully async ActorFwd ranks).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+import torch.distributed as dist
+
+from relax.backends.batching import pad_inputs, response_positions
+from relax.backends.megatron import cpu_shim
+from relax.backends.megatron.convert import (
+    Layout, expert_range, global_name, hf_to_megatron, hf_tensors, shard_state, tp_dim, tp_merge,
+)
+from relax.backends.megatron.head import MegatronResponseHead
+from relax.backends.megatron.model import (
+    Parallel, build_gpt, check_arch_flags, read_hf_state, rope_theta, transformer_config,
+)
+from relax.backends.train_worker import TRAINABLE_ROLES, TrainWorkerBase
+
+logger = logging.getLogger(__name__)
+
+_EXPERT_KEY = ".mlp.experts."
+
+
+def is_expert(name: str) -> bool:
+    return _EXPERT_KEY in name
+
+
+class MegatronTrainWorker(TrainWorkerBase):
+    """megatron-core GPTModel, tensor / expert / sequence parallel, data-parallel over the rest."""
+
+    # ---- setup -------------------------------------------------------------------------
+    def _setup_parallel(self) -> None:
+        from megatron.core import parallel_state as ps
+
+        cpu_shim.apply()
+        mp = self.spec.model_parallel
+        if mp.pp > 1 or mp.cp > 1:
+            raise NotImplementedError("the megatron backend does not run pipeline or context parallelism yet: "
+                                      "set --pipeline-model-parallel-size 1 --context-parallel-size 1")
+        if self.world_size % (mp.tp * mp.pp * mp.cp):
+            raise ValueError(f"{self.world_size} ranks do not split into tensor x pipeline x context parallel "
+                             f"groups of {mp.tp} x {mp.pp} x {mp.cp}")
+        ps.initialize_model_parallel(tensor_model_parallel_size=mp.tp, pipeline_model_parallel_size=mp.pp,
+                                     context_parallel_size=mp.cp, expert_model_parallel_size=mp.ep)
+        self.ps = ps
+        self.dp_rank, self.dp_size = ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
+        self.tp_rank, self.tp_size = ps.get_tensor_model_parallel_rank(), mp.tp
+        self.ep_rank, self.ep_size = ps.get_expert_model_parallel_rank(), mp.ep
+
+    def parallel_info(self) -> dict[str, Any]:
+        return {"dp_rank": self.dp_rank, "dp_size": self.dp_size, "output": self.tp_rank == 0}
+
+    def _seed(self, seed: int) -> None:
+        random.seed(seed)
+        # Every rank of a tensor-parallel group draws the same numbers (it computes the same rows).
+        cpu_shim.seed_model_parallel(seed - self.rank + self.dp_rank)
+
+    def _build_model(self, path: str) -> torch.nn.Module:
+        from transformers import AutoConfig
+
+        if self.spec.role not in ("actor", "reference"):
+            raise NotImplementedError(f"the megatron backend has no {self.spec.role} model yet (actor and "
+                                      "reference/scoring ranks only): train the critic with --train-backend fsdp")
+        hf_config = AutoConfig.from_pretrained(path)
+        self.hf_config, self.pad_id = hf_config, hf_config.pad_token_id or 0
+        self.layout = layout = Layout.from_hf_config(hf_config)
+        mp = self.spec.model_parallel
+        check_arch_flags(mp.arch_flags, layout, hf_config, path)
+        if layout.vocab_size % mp.tp:
+            raise ValueError(f"vocab size {layout.vocab_size} does not split over --tensor-model-parallel-size "
+                             f"{mp.tp}; pick a size that divides it")
+        if layout.num_experts and mp.tp > 1:
+            raise ValueError("an MoE model with --tensor-model-parallel-size > 1 needs sequence parallelism in "
+                             "megatron-core, which this backend does not build: use --expert-model-parallel-size")
+        if mp.ep > 1 and not layout.num_experts:
+            raise ValueError(f"--expert-model-parallel-size {mp.ep} needs an MoE model; {path} is dense")
+        par = Parallel(tp=mp.tp, pp=mp.pp, cp=mp.cp, ep=mp.ep, sequence_parallel=mp.sequence_parallel)
+        self.config = transformer_config(
+            layout, par, bf16=self.spec.optim.bf16, recompute_granularity=mp.recompute_granularity,
+            recompute_method=mp.recompute_method, recompute_num_layers=mp.recompute_num_layers,
+            norm_eps=hf_config.rms_norm_eps)
+        self.experts = expert_range(layout.num_experts, mp.ep, self.ep_rank) if layout.num_experts else None
+        model = build_gpt(layout, self.config, pre_process=True, post_process=True, rope_theta=rope_theta(hf_config),
+                          max_positions=getattr(hf_config, "max_position_embeddings", 4096))
+        self._load_hf(model, read_hf_state(path))
+        model = model.to(self.device)
+        if self.spec.role not in TRAINABLE_ROLES:
+            model.requires_grad_(False)
+        self._apply_freezing(model)
+        return model
+
+    def _load_hf(self, model: torch.nn.Module, hf_state: dict[str, torch.Tensor]) -> None:
+        local = shard_state(hf_to_megatron(hf_state, self.layout), tp=self.tp_size, tp_rank=self.tp_rank,
+                            layers=range(self.layout.num_layers), experts=self.experts, first_stage=True,
+                            last_stage=True, tied=self.layout.tied)
+        result = model.load_state_dict(local, strict=False)
+        missing = [k for k in result.missing_keys if not k.endswith("_extra_state")]
+        if missing or result.unexpected_keys:
+            raise RuntimeError(f"the converted checkpoint does not fit the Megatron model: missing {missing[:5]}, "
+                               f"unexpected {result.unexpected_keys[:5]}")
+
+    # ---- forward passes ----------------------------------------------------------------
+    def _forward(self, tokens: list[list[int]], response_lengths: list[int], *, entropy: bool = False,
+                 entropy_grad: bool = False):
+        """Response-aligned `logp_BT`, `mask_BT` (and `entropy_BT`) at the rollout temperature."""
+        if self.spec.true_on_policy:
+            raise NotImplementedError("--true-on-policy-mode runs on the fsdp backend")
+        ids_BL, _ = pad_inputs(tokens, self.pad_id)
+        index_BT, mask_BT = response_positions([len(t) for t in tokens], response_lengths)
+        rows = len(tokens)
+        ids_BL, index_BT, mask_BT = self._common_shape(ids_BL, index_BT, mask_BT)
+        ids_BL = ids_BL.to(self.device)
+        b, length = ids_BL.shape
+        index_BT = index_BT.clamp(max=length - 2).to(self.device)  # padded slots: the mask zeroes them
+        mask_BT = mask_BT.to(self.device)
+        targets_BT = ids_BL[:, 1:].gather(1, index_BT)
+        position_BL = torch.arange(length, device=self.device)[None].expand(b, -1)
+        # Right padding under a causal mask: no real token attends to a pad (megatron's default
+        # causal mask is built on "cuda", so the mask is passed).
+        causal_11LL = torch.triu(torch.ones(length, length, dtype=torch.bool, device=self.device), 1)[None, None]
+        head = MegatronResponseHead(
+            self.model.output_layer, index_BT, mask_BT, targets_BT, temperature=self.spec.temperature,
+            chunk=self.spec.batch.log_probs_chunk_size, entropy=entropy, entropy_grad=entropy_grad,
+            tp_group=self.ps.get_tensor_model_parallel_group(), tp_rank=self.tp_rank, tp_size=self.tp_size,
+            sequence_parallel=self.config.sequence_parallel)
+        autocast = torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.spec.optim.bf16)
+        with head, autocast:
+            out_BTK = self.model(ids_BL, position_BL, causal_11LL)
+        out_BTK, mask_BT = out_BTK[:rows], mask_BT[:rows]
+        return out_BTK[..., 0].float(), mask_BT, out_BTK[..., 1].float() if entropy else None
+
+    def _common_shape(self, ids_BL: torch.Tensor, index_BT: torch.Tensor, mask_BT: torch.Tensor):
+        """Pad a micro-batch to the shape every rank of its expert group runs (the all-gather token
+        dispatcher exchanges equal-sized blocks), its length to a multiple of the tensor-parallel
+        size under --sequence-parallel (the sequence is split over those ranks). Extra rows are
+        padding with an empty response."""
+        (b, length), t = ids_BL.shape, index_BT.shape[1]
+        shape = torch.tensor([b, length, t])
+        if self.ep_size > 1:
+            dist.all_reduce(shape, op=dist.ReduceOp.MAX, group=self.ps.get_expert_model_parallel_group())
+        b2, length2, t2 = shape.tolist()
+        if self.config.sequence_parallel:
+            length2 = -(-length2 // self.tp_size) * self.tp_size
+        if (b2, length2, t2) == (b, length, t):
+            return ids_BL, index_BT, mask_BT
+        pad = torch.nn.functional.pad
+        return (pad(ids_BL, (0, length2 - length, 0, b2 - b), value=self.pad_id),
+                pad(index_BT, (0, t2 - t, 0, b2 - b)), pad(mask_BT, (0, t2 - t, 0, b2 - b)))
+
+    def _values(self, tokens: list[list[int]], response_lengths: list[int]):
+        raise NotImplementedError("the megatron backend has no value model yet: use --train-backend fsdp for PPO")
+
+    # ---- gradients ---------------------------------------------------------------------
+    def _reduce_grads(self) -> None:
+        """Average over data-parallel ranks: dense weights over the data-parallel group, expert
+        weights over their expert-data-parallel group (each expert rank already summed the
+        gradients of every token routed to it), both divided by the data-parallel size; with
+        --sequence-parallel the norms' partial gradients are summed over the tensor group."""
+        ps = self.ps
+        for name, p in self.model.named_parameters():
+            if p.grad is None:
+                continue
+            partial = (self.config.sequence_parallel and getattr(p, "sequence_parallel", False)) or \
+                (self.tp_size > 1 and ("q_layernorm" in name or "k_layernorm" in name))
+            if partial:  # q/k norms are shared by the heads, which are split over the tensor group
+                dist.all_reduce(p.grad, group=ps.get_tensor_model_parallel_group())
+            if self.dp_size > 1:
+                expert = is_expert(name)
+                group = ps.get_expert_data_parallel_group() if expert else ps.get_data_parallel_group()
+                if not expert or ps.get_expert_data_parallel_world_size() > 1:
+                    dist.all_reduce(p.grad, group=group)
+                p.grad.div_(self.dp_size)
+
+    def _clip_grad_norm(self, clip: float) -> float:
+        """The norm of the whole model's gradient, each weight counted once: tensor-parallel
+        shards summed over the tensor group, replicated weights from tensor rank 0 only, experts
+        summed over the expert group."""
+        ps = self.ps
+        dense = torch.zeros((), dtype=torch.float64, device=self.device)
+        expert = torch.zeros((), dtype=torch.float64, device=self.device)
+        grads = []
+        for name, p in self.model.named_parameters():
+            if p.grad is None:
+                continue
+            grads.append(p.grad)
+            sq = p.grad.double().pow(2).sum()
+            sharded = getattr(p, "tensor_model_parallel", False)
+            if is_expert(name):
+                if self.tp_rank == 0:
+                    expert += sq
+            elif sharded or self.tp_rank == 0:
+                dense += sq
+        if self.tp_size > 1:
+            dist.all_reduce(dense, group=ps.get_tensor_model_parallel_group())
+        if self.ep_size > 1:
+            dist.all_reduce(expert, group=ps.get_expert_model_parallel_group())
+        if self.tp_size > 1 and self.layout.num_experts:
+            dist.all_reduce(expert, group=ps.get_tensor_model_parallel_group())
+        norm = float((dense + expert).sqrt())
+        if clip > 0 and norm == norm:
+            coef = clip / (norm + 1e-6)
+            if coef < 1.0:
+                for g in grads:
+                    g.mul_(coef)
+        return norm
+
+    # ---- weights out -------------------------------------------------------------------
+    def _gathered(self, dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+        """Full Megatron tensors under global names, on rank 0 (a collective: the ranks of
+        data-parallel shard 0 gather tensor shards; expert ranks gather experts)."""
+        ps = self.ps
+        dense_sender = self.dp_rank == 0
+        expert_sender = ps.get_expert_data_parallel_rank() == 0 and self.tp_rank == 0
+        layers = range(self.layout.num_layers)
+        for name, p in self.model.named_parameters():
+            t = p.detach()
+            if dtype is not None and t.is_floating_point() and t.dtype != dtype:
+                t = t.to(dtype)
+            if is_expert(name):
+                if not expert_sender:
+                    continue
+                parts = [t]
+                if self.ep_size > 1:
+                    parts = [torch.empty_like(t) for _ in range(self.ep_size)]
+                    dist.all_gather(parts, t.contiguous(), group=ps.get_expert_model_parallel_group())
+                if self.rank == 0:
+                    for r, part in enumerate(parts):
+                        yield global_name(name, layers, expert_range(self.layout.num_experts, self.ep_size, r)), part
+                continue
+            if not dense_sender:
+                continue
+            if self.tp_size > 1 and tp_dim(name) is not None:
+                shards = [torch.empty_like(t) for _ in range(self.tp_size)]
+                dist.all_gather(shards, t.contiguous(), group=ps.get_tensor_model_parallel_group())
+                t = tp_merge(name, shards)
+            if self.rank == 0:
+                yield global_name(name, layers, self.experts), t
+
+    def _full_state(self, dtype: torch.dtype | None = None):
+        """(HF name, full tensor, fresh) for every weight, on rank 0 (the others only help gather)."""
+        own = {p.data_ptr() for p in self.model.parameters()}
+        for hf_name, t in hf_tensors(self._gathered(dtype), self.layout):
+            yield hf_name, t, t.data_ptr() not in own
+
+    def receive_weights(self, path: str, payload: dict) -> dict[str, Any]:
+        return {"success": False, "received": False,
+                "message": "the megatron backend does not receive weights yet (fully async ActorFwd): use fsdp"}
+
+    def shutdown(self) -> None:
+        super().shutdown()
+        self.ps.destroy_model_parallel()
+
+    # ---- checkpoints -------------------------------------------------------------------
+    def _rank_file(self, path: Path) -> Path:
+        return path / "model" / f"tp{self.tp_rank}_ep{self.ep_rank}_dp{self.dp_rank}.pt"
+
+    def _layout_meta(self) -> dict[str, int]:
+        return {"world_size": self.world_size, "tp": self.tp_size, "ep": self.ep_size}
+
+    def save(self, ckpt_dir: str, rollout_id: int, save_optim: bool = True) -> None:
+        """Each rank's own shards (model, optimizer), RNG and the layout; resume needs the same layout
+        (a different one: export HF and start from it)."""
+        path = Path(ckpt_dir)
+        (path / "model").mkdir(parents=True, exist_ok=True)
+        state: dict[str, Any] = {"model": self.model.state_dict()}
+        if save_optim and self.optimizer is not None:
+            state["optim"] = self.optimizer.state_dict()
+        state["rng"] = {"torch": torch.get_rng_state(), "python": random.getstate(),
+                        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+        torch.save(state, self._rank_file(path))
+        if self.rank == 0:
+            meta = {"rollout_id": rollout_id, "train_step": self.step, "has_optim": "optim" in state,
+                    "backend": "megatron", **self._layout_meta(),
+                    "scheduler": self.scheduler.state_dict() if self.scheduler else None, "time": time.time()}
+            (path / "meta.json").write_text(json.dumps(meta))
+        dist.barrier()
+
+    def _read_rank_file(self, path: Path) -> dict[str, Any]:
+        meta = json.loads((path / "meta.json").read_text())
+        saved = {k: meta.get(k) for k in self._layout_meta()}
+        if meta.get("backend") != "megatron" or saved != self._layout_meta():
+            raise ValueError(f"{path} was saved by {meta.get('backend', 'fsdp')} ranks laid out as {saved}; this "
+                             f"group is megatron {self._layout_meta()}: resume with the same layout, or start "
+                             "from its HF export (--save-hf) with --hf-checkpoint")
+        return meta | {"state": torch.load(self._rank_file(path), weights_only=False)}
+
+    def load(self, ckpt_dir: str) -> dict[str, Any]:
+        path = Path(ckpt_dir)
+        meta = self._read_rank_file(path)
+        state = meta.pop("state")
+        self.model.load_state_dict(state["model"])
+        if "optim" in state and self.optimizer is not None:
+            self.optimizer.load_state_dict(state["optim"])
+        if self.scheduler is not None and meta.get("scheduler"):
+            self.scheduler.load_state_dict(meta["scheduler"])
+        torch.set_rng_state(state["rng"]["torch"])
+        random.setstate(state["rng"]["python"])
+        if state["rng"].get("cuda") and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["rng"]["cuda"])
+        self.step = meta["train_step"]
+        return meta
+
+    def load_weights(self, ckpt_dir: str) -> None:
+        self.model.load_state_dict(self._read_rank_file(Path(ckpt_dir))["state"]["model"])
+
+    def export_hf(self, out_dir: str, tokenizer_path: str) -> None:
+        """An HF checkpoint (safetensors under the checkpoint's own names, config, tokenizer)."""
+        from safetensors.torch import save_file
+        from transformers import AutoTokenizer
+
+        state = {name: t.contiguous().cpu() for name, t, _ in self._full_state(torch.float32)}
+        if self.rank == 0:
+            out = Path(out_dir)
+            out.mkdir(parents=True, exist_ok=True)
+            save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+            self.hf_config.save_pretrained(out)
+            AutoTokenizer.from_pretrained(tokenizer_path).save_pretrained(out)
+            gen = Path(tokenizer_path) / "generation_config.json"
+            if gen.exists():
+                (out / "generation_config.json").write_text(gen.read_text())
+        dist.barrier()

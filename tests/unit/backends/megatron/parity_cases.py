@@ -1,0 +1,70 @@
+"""Run training-backend ranks on tiny models and report what they computed (for test_parity.py).
+
+`run(rank, world_size, port, cases, out)` runs each case in turn in this process: build the
+worker, score a fixed batch, train one optimizer step on it, score again, shut down. A case is
+(backend, model, model_parallel kwargs). The fixed batch is split over data-parallel shards as
+the Actor splits it (`relax.components.training.step_plan`)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+
+from relax.algorithms.policy_loss import PolicyLossConfig
+from relax.backends.base import ModelParallelSpec, TrainerSpec
+from relax.components.training import step_plan
+from relax.config.schema import BatchConfig, OptimizerConfig
+from relax.types import TrainBatch
+
+
+def make_models(root: str) -> dict[str, str]:
+    from transformers import Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    paths = {"dense": os.path.join(root, "dense"), "moe": os.path.join(root, "moe")}
+    torch.manual_seed(0)
+    Qwen3ForCausalLM(Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                 num_attention_heads=4, num_key_value_heads=2, head_dim=8, pad_token_id=0,
+                                 tie_word_embeddings=True)).save_pretrained(paths["dense"])
+    Qwen3MoeForCausalLM(Qwen3MoeConfig(vocab_size=64, hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
+                                       num_experts=4, num_experts_per_tok=2, num_hidden_layers=2,
+                                       num_attention_heads=4, num_key_value_heads=2, head_dim=8, pad_token_id=0,
+                                       tie_word_embeddings=False, norm_topk_prob=True)).save_pretrained(paths["moe"])
+    return paths
+
+
+def batch() -> TrainBatch:
+    g = torch.Generator().manual_seed(3)
+    tokens = [torch.randint(1, 64, (n,), generator=g).tolist() for n in (7, 5, 9, 6, 8, 5, 7, 9)]
+    lengths = [3, 2, 4, 2, 3, 2, 4, 5]
+    adv = [[(-1.0) ** i * 0.5 * (1 + j)] * n for i, (n, j) in enumerate(zip(lengths, range(8)))]
+    return TrainBatch(tokens_RL=tokens, response_lengths_R=lengths, loss_masks_RT=[[1] * n for n in lengths],
+                      advantages_RT=adv)
+
+
+def run(rank: int, world_size: int, port: int, cases: list, out: str) -> None:
+    from relax.utils.plugins import import_object
+    from relax.backends.registry import TRAIN_BACKENDS
+
+    results = []
+    for i, (backend, model_path, parallel) in enumerate(cases):
+        spec = TrainerSpec(model_path=model_path, optim=OptimizerConfig(lr=1e-2, clip_grad=1.0),
+                           batch=BatchConfig(micro_batch_size=2), loss=PolicyLossConfig(), threads=1,
+                           model_parallel=ModelParallelSpec(**parallel))
+        worker = import_object(TRAIN_BACKENDS[backend])(rank, world_size, "127.0.0.1", port + i, spec)
+        info = worker.parallel_info()
+        b = batch()
+        _, shards, tokens = step_plan(b.loss_masks_RT, len(b), info["dp_size"])
+        mine = b.rows(shards[info["dp_rank"]])
+        before = worker.compute_log_probs(mine.tokens_RL, mine.response_lengths_R)
+        mine.old_log_probs_RT = before
+        metrics = worker.train(mine, 1, tokens)
+        after = worker.compute_log_probs(mine.tokens_RL, mine.response_lengths_R)
+        hf = {name: t.float().tolist() for name, t, _ in worker._full_state()}
+        worker.shutdown()
+        results.append({"info": info, "rows": shards[info["dp_rank"]], "before": before, "after": after,
+                        "metrics": {k: v for k, v in metrics.items() if isinstance(v, float)},
+                        "hf": hf if rank == 0 else {}})
+    with open(f"{out}.{rank}.json", "w") as f:
+        json.dump(results, f)
