@@ -452,6 +452,12 @@ class MegatronArchConfig:
     accumulate_allreduce_grads_in_fp32: bool = opt(False, "fp32 grad reduce (megatron).", ignored=MEGATRON_ONLY)
     attention_softmax_in_fp32: bool = opt(False, "fp32 softmax (megatron).", ignored=MEGATRON_ONLY)
     attention_backend: str | None = opt(None, "Attention backend (megatron).", ignored=MEGATRON_ONLY)
+    num_experts: int | None = opt(None, "MoE experts per layer (megatron; checked against num_experts).",
+                                  ignored=MEGATRON_ONLY)
+    moe_ffn_hidden_size: int | None = opt(None, "Expert FFN size (megatron; checked against moe_intermediate_size).",
+                                          ignored=MEGATRON_ONLY)
+    moe_router_topk: int | None = opt(None, "Experts per token (megatron; checked against num_experts_per_tok).",
+                                      ignored=MEGATRON_ONLY)
 
 
 GROUPS: dict[str, type] = {

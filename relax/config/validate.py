@@ -31,6 +31,8 @@ ARCH_TO_HF = {
     "num_layers": "num_hidden_layers", "hidden_size": "hidden_size", "ffn_hidden_size": "intermediate_size",
     "num_attention_heads": "num_attention_heads", "num_query_groups": "num_key_value_heads",
     "kv_channels": "head_dim", "norm_epsilon": "rms_norm_eps", "rotary_base": "rope_theta",
+    "num_experts": "num_experts", "moe_ffn_hidden_size": "moe_intermediate_size",
+    "moe_router_topk": "num_experts_per_tok",
 }
 
 
@@ -494,7 +496,8 @@ def backend_needs(backend: str) -> list[str]:
     return missing
 
 
-def resolve_backend(requested: str, preference: tuple[str, ...], implemented: tuple[str, ...], flag: str) -> str:
+def resolve_backend(requested: str, preference: tuple[str, ...], implemented: tuple[str, ...], flag: str,
+                    unfit: dict[str, list[str]] | None = None) -> str:
     """`auto` -> the first implemented backend in `preference` order that can run here, logged with
     why the ones before it cannot; an explicit choice that is not built or cannot run here fails."""
     if requested == "auto":
@@ -503,6 +506,7 @@ def resolve_backend(requested: str, preference: tuple[str, ...], implemented: tu
             missing = ["not built in this build"] if backend not in implemented else backend_needs(backend)
             if backend == "megatron" and not missing and plan.local_gpus() == 0:
                 missing = ["no GPU is visible (--train-backend megatron runs on CPU when asked for explicitly)"]
+            missing = missing or (unfit or {}).get(backend, [])  # this run needs what the backend does not build
             if not missing:
                 why = "; ".join(f"{b}: {reason}" for b, reason in skipped.items()) or NEEDS_MET.get(backend, "")
                 logger.info("%s auto -> %s%s", flag, backend, f" ({why})" if why else "")
@@ -539,7 +543,8 @@ def check_sglang_options(cfg: RelaxConfig) -> None:
 
 def check_backends(cfg: RelaxConfig) -> RelaxConfig:
     c = cfg.cluster
-    train = resolve_backend(c.train_backend, ("megatron", "fsdp"), IMPLEMENTED_TRAIN_BACKENDS, "--train-backend")
+    train = resolve_backend(c.train_backend, ("megatron", "fsdp"), IMPLEMENTED_TRAIN_BACKENDS, "--train-backend",
+                            unfit={"megatron": megatron_unfit(cfg)})
     # --true-on-policy-mode is built for the hf engine (check_true_on_policy refused an explicit sglang).
     preference = ("hf",) if c.true_on_policy_mode else ("sglang", "hf")
     rollout = resolve_backend(c.rollout_backend, preference, IMPLEMENTED_ROLLOUT_BACKENDS, "--rollout-backend")
@@ -594,6 +599,18 @@ MEGATRON_NOT_BUILT = {
 }
 
 
+def megatron_unfit(cfg: RelaxConfig) -> list[str]:
+    """What this run needs that the megatron backend does not build (auto then picks fsdp)."""
+    reasons = []
+    if cfg.algo.advantage_estimator == "ppo":
+        reasons.append("the critic (PPO) needs --train-backend fsdp in this build")
+    if cfg.cluster.fully_async:
+        reasons.append("--fully-async needs --train-backend fsdp in this build (ActorFwd ranks receive weights)")
+    if cfg.cluster.true_on_policy_mode:
+        reasons.append("--true-on-policy-mode needs --train-backend fsdp")
+    return reasons
+
+
 def check_megatron(cfg: RelaxConfig) -> None:
     """--train-backend megatron: every Megatron flag it accepts acts; the rest are errors here."""
     if cfg.megatron_extra:
@@ -604,10 +621,9 @@ def check_megatron(cfg: RelaxConfig) -> None:
         if value != default and not (name == "qkv_format" and value == "bshd"):
             raise ConfigError(f"{_flag(name)} {value}: the megatron backend does not build {what} yet; drop the flag")
     p, m = cfg.parallel, cfg.megatron
-    if cfg.algo.advantage_estimator == "ppo" or cfg.cluster.fully_async:
-        raise ConfigError(f"--train-backend megatron trains the actor and scores (reference) in colocate mode; "
-                          f"{'the critic (PPO)' if cfg.algo.advantage_estimator == 'ppo' else '--fully-async'} needs "
-                          "--train-backend fsdp in this build")
+    unfit = megatron_unfit(cfg)
+    if unfit:
+        raise ConfigError(f"--train-backend megatron: {unfit[0]}")
     if p.expert_tensor_parallel_size != 1:
         raise ConfigError("--expert-tensor-parallel-size must be 1 with the megatron backend")
     for name in ("attention_dropout", "hidden_dropout"):

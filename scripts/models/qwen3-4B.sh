@@ -1,5 +1,5 @@
-# Qwen3-4B architecture (Megatron flags). With --train-backend fsdp the HF config.json is the
-# source of truth and these must agree with it (a contradiction is an error).
+# Qwen3-4B architecture (Megatron flags): checked against the checkpoint's config.json by both
+# backends (tests/unit/scripts/test_model_scripts.py holds the config they are checked with).
 MODEL_ARGS=(
   --swiglu
   --num-layers 36

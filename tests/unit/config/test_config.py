@@ -261,3 +261,14 @@ def test_fully_async_accepts_ref_update_interval_and_opd(base):
 def test_fully_async_accepts_ppo_with_a_critic(base):
     cfg = parse_config(base + ["--fully-async", "--max-staleness", "1", "--advantage-estimator", "ppo"])
     assert cfg.cluster.fully_async and not cfg.cluster.colocate
+
+
+def test_auto_train_backend_picks_megatron_with_a_gpu_unless_the_run_needs_fsdp(base, monkeypatch):
+    pytest.importorskip("megatron.core")
+    from relax.config import plan, validate
+
+    monkeypatch.setattr(plan, "local_gpus", lambda: 1)
+    monkeypatch.setattr(validate, "sglang_installed", lambda: False)
+    assert parse_config(base).cluster.train_backend == "megatron"
+    assert parse_config(base + ["--fully-async"]).cluster.train_backend == "fsdp"
+    assert parse_config(base + ["--advantage-estimator", "ppo"]).cluster.train_backend == "fsdp"

@@ -1,7 +1,8 @@
 """Run training-backend ranks on tiny models and report what they computed (for test_parity.py).
 
 `run(rank, world_size, port, cases, out)` runs each case in turn in this process: build the
-worker, score a fixed batch, train one optimizer step on it, score again, shut down. A case is
+worker, score a fixed batch, train one optimizer step on it, score again, gather the HF-named
+weights, save a checkpoint (megatron: `<out>-ckpt<i>`), shut down. A case is
 (backend, model, model_parallel kwargs). The fixed batch is split over data-parallel shards as
 the Actor splits it (`relax.components.training.step_plan`)."""
 
@@ -62,6 +63,8 @@ def run(rank: int, world_size: int, port: int, cases: list, out: str) -> None:
         metrics = worker.train(mine, 1, tokens)
         after = worker.compute_log_probs(mine.tokens_RL, mine.response_lengths_R)
         hf = {name: t.float().tolist() for name, t, _ in worker._full_state()}
+        if backend == "megatron":  # scripts/tools/convert_megatron_to_hf.py reads it back
+            worker.save(f"{out}-ckpt{i}", 0)
         worker.shutdown()
         results.append({"info": info, "rows": shards[info["dp_rank"]], "before": before, "after": after,
                         "metrics": {k: v for k, v in metrics.items() if isinstance(v, float)},

@@ -1,0 +1,23 @@
+# Qwen3-30B-A3B architecture (Megatron flags): 48 MoE layers of 128 experts, 8 per token.
+# Train it with --expert-model-parallel-size (docs/backends/megatron.md).
+MODEL_ARGS=(
+  --swiglu
+  --num-layers 48
+  --hidden-size 2048
+  --ffn-hidden-size 6144
+  --num-attention-heads 32
+  --group-query-attention
+  --num-query-groups 4
+  --use-rotary-position-embeddings
+  --disable-bias-linear
+  --normalization "RMSNorm"
+  --norm-epsilon 1e-6
+  --rotary-base 1000000
+  --vocab-size 151936
+  --kv-channels 128
+  --qk-layernorm
+  --untie-embeddings-and-output-weights
+  --num-experts 128
+  --moe-ffn-hidden-size 768
+  --moe-router-topk 8
+)
