@@ -293,6 +293,8 @@ def resolve_plan(cfg: RelaxConfig, gpus: float = 0.0) -> RunPlan:
         roles.append(RolePlan("advantages", writes=("advantages",) + (("returns",) if critic else ()),
                               reads=advantage_inputs(cfg) + ("sample_indices",), streams=True))
     roles.append(RolePlan("dcs"))
+    if cfg.logging.use_metrics_service:  # first: up before any role reports to it
+        roles.insert(0, RolePlan("metrics"))
     placement = None
     if device == "gpu":
         asks = [GpuAsk(r.name, r.workers, r.gpus_each if r.unit == "engine" else 1, 1.0 if r.unit == "rank" else 0.0)
@@ -463,6 +465,8 @@ def format_plan(plan: RunPlan, cfg: RelaxConfig | None = None) -> str:
 def _part(plan: RunPlan, r: RolePlan) -> str:
     if r.name == "dcs":
         return "weight-sync coordinator (receivers, versions)"
+    if r.name == "metrics":
+        return "metrics service: every role's reports -> the metrics sinks"
     if r.name == "genrm":
         return "judge engines behind a router (rm-type genrm)"
     if r.name == "actor":

@@ -370,11 +370,16 @@ class RewardConfig:
 @dataclass(frozen=True)
 class LoggingConfig:
     use_tensorboard: bool = opt(False, "Write TensorBoard scalars.")
-    tb_project_name: str | None = opt(None, "TensorBoard directory (default $TENSORBOARD_DIR or ./outputs/tb).")
-    tb_experiment_name: str | None = opt(None, "TensorBoard run name.")
-    use_clearml: bool = opt(False, "ClearML logging.", supported=False)
-    use_wandb: bool = opt(False, "W&B logging.", supported=False)
-    use_metrics_service: bool = opt(False, "Central metrics service.", supported=False)
+    tb_project_name: str | None = opt(None, "TensorBoard directory (default $TENSORBOARD_DIR, else <exp-dir>/tb); its "
+                                      "last part is also the W&B / ClearML project (default relax).")
+    tb_experiment_name: str | None = opt(None, "TensorBoard run (a subdirectory); also the W&B run / ClearML task name "
+                                         "(default: the run directory's name).")
+    use_clearml: bool = opt(False, "Log metrics to ClearML (pip install 'relax-rl[clearml]'); offline with "
+                            "CLEARML_OFFLINE_MODE=1 or when no ClearML credentials are found (docs/operations.md).")
+    use_wandb: bool = opt(False, "Log metrics to W&B (pip install 'relax-rl[wandb]'); offline with WANDB_MODE=offline "
+                          "or when no W&B credentials are found (docs/operations.md).")
+    use_metrics_service: bool = opt(False, "Run the metrics sinks in a Serve deployment of their own that every role "
+                                    "reports to (without it the driver writes them; docs/operations.md).")
     timeline_dump_dir: str | None = opt(None, "Write a Chrome-trace timeline of every role's phases per step here "
                                         "(timeline.json; open in Perfetto; docs/observability.md).")
     log_passrate: bool = opt(False, "Log eval pass@k (k = 1, 2, 4, ... <= --n-samples-per-eval-prompt; "

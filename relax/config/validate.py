@@ -736,9 +736,19 @@ def check_notify(cfg: RelaxConfig) -> None:
         raise ConfigError(str(exc)) from None
 
 
+def check_metrics_sinks(cfg: RelaxConfig) -> None:
+    """--use-wandb / --use-clearml: their package is installed (relax.utils.metrics_sinks)."""
+    from relax.utils.metrics_sinks import enabled_sinks, missing_packages
+
+    missing = missing_packages(enabled_sinks(cfg.logging))
+    if missing:
+        raise ConfigError("; ".join(missing))
+
+
 CHECKS = (check_unsupported, check_ranges, check_mode, check_partial_rollout, check_debug, check_external,
           check_resource, check_batches, check_algorithm, check_paths, check_eval, check_context, check_prefetch,
-          check_genrm, check_true_on_policy, check_backends, check_plugins, check_exp_dir, check_notify)
+          check_genrm, check_true_on_policy, check_backends, check_plugins, check_exp_dir, check_notify,
+          check_metrics_sinks)
 
 
 def validate_config(cfg: RelaxConfig) -> RelaxConfig:

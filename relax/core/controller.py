@@ -32,9 +32,10 @@ from typing import Any
 
 from relax.config.plan import RunPlan
 from relax.config.schema import RelaxConfig
+from relax.core.metrics import DriverMetrics, ServiceMetrics, step_metrics
 from relax.core.service import Runtime
 from relax.utils import checkpoints
-from relax.utils.metrics import MetricsTracker, format_step_summary
+from relax.utils.metrics import format_step_summary
 from relax.utils.notify import Notifier
 from relax.utils.timeline import Timeline, merge_traces
 
@@ -76,8 +77,7 @@ class Controller:
     def __init__(self, cfg: RelaxConfig, plan: RunPlan, runtime: Runtime) -> None:
         self.cfg, self.plan, self.runtime = cfg, plan, runtime
         self.exp_dir = cfg.misc.exp_dir
-        self.tracker = MetricsTracker(self.exp_dir, use_tensorboard=cfg.logging.use_tensorboard,
-                                      tb_dir=cfg.logging.tb_project_name, tb_name=cfg.logging.tb_experiment_name)
+        self.metrics: DriverMetrics | ServiceMetrics | None = None  # the metrics sinks (set on deploy)
         self.roles: dict[str, RoleHandle] = {}
         self.eval_history: dict[str, list[tuple[int, float]]] = {}
         self.timeline = Timeline(cfg.logging.timeline_dump_dir, "controller")  # --timeline-dump-dir
@@ -86,6 +86,7 @@ class Controller:
         # The roles' replicas start side by side; wait_running raises a constructor's error.
         for role in self.plan.roles:
             self.roles[role.name] = RoleHandle(self.runtime.deploy_role(role, self.cfg, self.plan.part(role.name)))
+        self.metrics = step_metrics(self.cfg, self.roles)  # --use-metrics-service: the metrics role
         await asyncio.to_thread(self.runtime.wait_running)
         # Every role's processes (training ranks, engines) start at once, then the setups run in
         # plan order: a role may use what the ones before it published.
@@ -118,7 +119,7 @@ class Controller:
     async def train(self) -> None:
         cfg = self.cfg
         if cfg.eval.eval_interval and not cfg.eval.skip_eval_before_train:
-            self.tracker.log(self.start, self.record_eval(self.start, await self.rollout.evaluate(self.start)))
+            await self.metrics.log(self.start, self.record_eval(self.start, await self.rollout.evaluate(self.start)))
         loop = {"colocate": self.colocate_loop, "fully_async": self.fully_async_loop}[self.plan.mode]
         await loop()
 
@@ -189,7 +190,7 @@ class Controller:
         if cfg.ckpt.save_hf and last:
             metrics["export/hf_path"] = await self.actor.export_hf(step)
         metrics["time/step"] = time.perf_counter() - t0
-        self.tracker.log(step, metrics)
+        await self.metrics.log(step, metrics)
         print(format_step_summary(step, self.num_rollout, metrics), flush=True)
 
     async def checkpoint(self, step: int) -> None:
@@ -242,7 +243,8 @@ class Controller:
                     await asyncio.wait_for(asyncio.ensure_future(role.shutdown()), timeout=60)
                 except Exception as err:  # noqa: BLE001 - shut down the other roles regardless
                     logger.warning("role shutdown failed: %s", err)
-        self.tracker.close()
+        if self.metrics is not None:
+            await self.metrics.close()
         if self.timeline.enabled:
             logger.info("timeline: %s (open in https://ui.perfetto.dev)", merge_traces(self.timeline.directory))
 

@@ -11,4 +11,5 @@ ROLES: dict[str, str] = {
     "genrm": "relax.components.genrm.GenRM",
     "critic": "relax.components.critic.Critic",
     "teacher": "relax.components.teacher.Teacher",
+    "metrics": "relax.components.metrics.MetricsService",
 }

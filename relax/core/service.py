@@ -28,6 +28,7 @@ from relax.core.registry import ROLES
 from relax.distributed.ray.local import bind_serve_grpc, start_local_ray
 from relax.distributed.transfer_queue import RUN_ENV
 from relax.utils.logging import TOKEN_FILE_ENV, new_run_token, remove_token_file, write_token_file
+from relax.utils.metrics import METRICS_APP_ENV
 from relax.utils.plugins import import_object
 from relax.utils.poll import Backoff
 from relax.utils.timeline import Timeline, timed_methods
@@ -106,6 +107,8 @@ class Runtime:
         self.run_id = uuid.uuid4().hex[:8]
         self.token_file = os.path.join(cfg.misc.exp_dir, ".relax", f"run_token-{self.run_id}")
         self.env = runtime_env_vars(self.token_file, self.run_id)
+        if cfg.logging.use_metrics_service:  # where roles' MetricsReporter sends their reports
+            self.env[METRICS_APP_ENV] = self.app_name("metrics")
         self.started_ray = False
         self.started_serve = False
         self.started_tq = False
@@ -184,6 +187,10 @@ class Runtime:
                         "; training ranks offload to the host during rollout" if plan.offload_train else "")
         return plan
 
+    def app_name(self, role: str) -> str:
+        """The Serve app of `role` in this run."""
+        return f"relax-{self.run_id}-{role}"
+
     def deploy_role(self, role: RolePlan, *init_args: Any, wait: bool = False) -> Any:
         """Deploy `role` as a one-replica Serve app and return its handle. Returns once the app is
         created, while its replica still starts (`wait=True` waits): deploy several, then
@@ -191,7 +198,7 @@ class Runtime:
         from ray import serve
 
         cls = import_object(ROLES[role.name], flag=f"role {role.name}")
-        app_name = f"relax-{self.run_id}-{role.name}"
+        app_name = self.app_name(role.name)
         deployment = serve.deployment(
             # The roles shut down first (Controller.shutdown); the replica then has nothing in flight,
             # so deletion need not poll for ongoing requests on Serve's 2 s default period.

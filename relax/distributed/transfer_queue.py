@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from typing import Any, Awaitable, Callable, Sequence
 
 import torch
 
 from relax.types import Sample
+from relax.utils.metrics import METRICS_APP_ENV, MetricsReporter
 from relax.utils.poll import Backoff
 
 logger = logging.getLogger(__name__)
+_reporters: dict[tuple[str, str | None], MetricsReporter] = {}  # stream_step's: (task, metrics app) -> reporter
 
 # Columns written by Rollout; name -> (dtype, is_sequence).
 ROLLOUT_COLUMNS: dict[str, tuple[torch.dtype, bool]] = {
@@ -272,8 +275,10 @@ async def stream_step(step: int, *, task: str, chunk: int, fields: Sequence[str]
     """Hand every row of `step` to `await score(keys, columns)` as soon as its `fields` are
     written (in chunks of `chunk` rows, the last one smaller), until Rollout marked the step done
     and every row was handed over; returns how many. Polls with backoff while nothing is ready.
-    The fully-async consumers (ActorFwd, Reference, Critic, Advantages, the Actor) read this way."""
-    done, backoff = 0, Backoff()
+    The fully-async consumers (ActorFwd, Reference, Critic, Advantages, the Actor) read this way.
+    With `--use-metrics-service` each step's `stream/<task>_seconds` (first poll to last row) and
+    `stream/<task>_rows` go to the metrics service (the streaming scorers have no other way to report)."""
+    done, backoff, start = 0, Backoff(), time.perf_counter()
     while alive():
         total = await step_rows(step)
         want = chunk if total is None else max(1, min(chunk, total - done))
@@ -286,6 +291,9 @@ async def stream_step(step: int, *, task: str, chunk: int, fields: Sequence[str]
         if total is not None and done >= total:
             break
         await backoff.wait()
+    key = (task, os.environ.get(METRICS_APP_ENV))
+    reporter = _reporters.get(key) or _reporters.setdefault(key, MetricsReporter(task))
+    reporter.report(step, {f"stream/{task}_seconds": time.perf_counter() - start, f"stream/{task}_rows": float(done)})
     return done
 
 

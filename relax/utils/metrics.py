@@ -1,17 +1,20 @@
-"""Where step metrics go: one console summary line per step, TensorBoard scalars, a JSONL log.
+"""Step metrics helpers: the one-line console summary per step, pass@k, and a role's reporter.
 
-Components return metrics as plain dicts; the Controller hands them here, the only place
-that talks to trackers.
+Components return metrics as plain dicts; the Controller sends each step's row to the sinks
+(`relax.utils.metrics_sinks`: JSONL log, TensorBoard, W&B, ClearML), in its own process or
+through the metrics service (`--use-metrics-service`), which roles may also report to directly
+(`MetricsReporter`).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from typing import Any
 
 logger = logging.getLogger(__name__)
+
+METRICS_APP_ENV = "RELAX_METRICS_APP"  # the metrics service's Serve app, for MetricsReporter
 
 # (metric key, label, format) for the one-line step summary, in order.
 SUMMARY_FIELDS: tuple[tuple[str, str, str], ...] = (
@@ -65,30 +68,27 @@ def format_step_summary(step: int, total: int, metrics: dict[str, float]) -> str
     return " | ".join(parts)
 
 
-class MetricsTracker:
-    def __init__(self, exp_dir: str, *, use_tensorboard: bool = False, tb_dir: str | None = None,
-                 tb_name: str | None = None) -> None:
-        os.makedirs(exp_dir, exist_ok=True)
-        self.jsonl = open(os.path.join(exp_dir, "metrics.jsonl"), "a")
-        self.writer = None
-        if use_tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
+class MetricsReporter:
+    """A role's line to the metrics service (`--use-metrics-service`): `report(step, metrics)`
+    sends the role's numbers for a step without waiting for an answer. The service's Serve app
+    is named in $RELAX_METRICS_APP (set for every role process of a run that deploys it);
+    without it, or once a report could not be sent (logged once), reports are dropped: roles
+    return their step metrics to the Controller anyway."""
 
-            log_dir = os.path.join(tb_dir or os.environ.get("TENSORBOARD_DIR") or os.path.join(exp_dir, "tb"),
-                                   tb_name or "")
-            self.writer = SummaryWriter(log_dir=log_dir)
-            logger.info("TensorBoard scalars -> %s", log_dir)
+    def __init__(self, role: str) -> None:
+        self.role = role
+        self.app = os.environ.get(METRICS_APP_ENV)
+        self._report: Any = None
 
-    def log(self, step: int, metrics: dict[str, Any]) -> None:
-        scalars = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))}
-        self.jsonl.write(json.dumps({"step": step, **scalars}) + "\n")
-        self.jsonl.flush()
-        if self.writer is not None:
-            for key, value in scalars.items():
-                self.writer.add_scalar(key, value, step)
-            self.writer.flush()
+    def report(self, step: int, metrics: dict[str, float]) -> None:
+        if not self.app:
+            return
+        try:
+            if self._report is None:
+                from ray import serve
 
-    def close(self) -> None:
-        self.jsonl.close()
-        if self.writer is not None:
-            self.writer.close()
+                self._report = serve.get_app_handle(self.app).options(method_name="report")
+            self._report.remote(step, self.role, dict(metrics))
+        except Exception as exc:  # noqa: BLE001 - a report must never stop the role
+            logger.warning("%s: metrics report to %s failed, no more are sent: %s", self.role, self.app, exc)
+            self.app = None

@@ -1,23 +1,12 @@
-"""The one-line step summary and the metrics log."""
+"""The one-line step summary and pass@k (the sinks: test_metrics_sinks.py)."""
 
-import json
-
-from relax.utils.metrics import MetricsTracker, format_step_summary
+from relax.utils.metrics import format_step_summary
 
 
 def test_summary_line_lists_the_headline_metrics_in_order():
     line = format_step_summary(2, 10, {"rollout/reward_mean": 0.5, "train/grad_norm": 1.25,
                                        "weight_sync/gbps": 0.02, "eval/tiny/reward_mean": 0.75})
     assert line == "step 3/10 | reward 0.500 | grad_norm 1.250 | sync 0.020GB/s | tiny 0.750"
-
-
-def test_tracker_writes_jsonl_and_tensorboard(tmp_path):
-    tracker = MetricsTracker(str(tmp_path), use_tensorboard=True)
-    tracker.log(0, {"rollout/reward_mean": 0.25, "export/hf_path": "/x"})
-    tracker.close()
-    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert rows == [{"step": 0, "rollout/reward_mean": 0.25}]
-    assert list((tmp_path / "tb").glob("events.out.tfevents.*"))
 
 
 def test_pass_at_k_matches_the_combinatorial_definition():
