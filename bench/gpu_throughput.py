@@ -144,19 +144,21 @@ def train_batch(config, rows: int, length: int, prompt_len: int):
 
 
 def bench_fsdp(model_dir: str, config, rows: int, length: int, prompt_len: int, steps: int, chunk: int,
-               profile: bool = False, compile_layers: bool = False) -> dict:
+               profile: bool = False, compile_layers: bool = False, backend: str = "fsdp") -> dict:
+    """One rank of the `backend` training backend (relax.backends.registry), world size 1."""
     import torch
 
     from relax.algorithms.policy_loss import PolicyLossConfig
     from relax.backends.base import TrainerSpec
-    from relax.backends.fsdp.worker import FSDPTrainWorker
+    from relax.backends.registry import TRAIN_BACKENDS
     from relax.config.schema import BatchConfig, OptimizerConfig
     from relax.utils.net import free_port
+    from relax.utils.plugins import import_object
 
     spec = TrainerSpec(model_path=model_dir, optim=OptimizerConfig(lr=1e-6, bf16=True),
                        batch=BatchConfig(micro_batch_size=rows, log_probs_chunk_size=chunk), loss=PolicyLossConfig(),
                        compile_layers=compile_layers)
-    worker = FSDPTrainWorker(0, 1, "127.0.0.1", free_port(), spec)
+    worker = import_object(TRAIN_BACKENDS[backend])(0, 1, "127.0.0.1", free_port(), spec)
     try:
         batch = train_batch(config, rows, length, prompt_len)
         times = []

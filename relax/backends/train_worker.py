@@ -279,13 +279,17 @@ class TrainWorkerBase:
                 p.sums[k] = reduce_metric(out.reduce_ops.get(k, "sum"), p.sums.get(k), float(v))
             p.micro, ran = p.micro + 1, ran + 1
             if p.micro == len(micro):
-                metrics = self._optimizer_step(p.sums)
-                for k, v in metrics.items():
-                    op = "max" if k.endswith("_max") else "min" if k.endswith("_min") else "sum"
-                    p.totals[k] = reduce_metric(op, p.totals.get(k), v if op != "sum" else v / len(p.plan))
-                p.step, p.micro, p.sums = p.step + 1, 0, {}
+                self._end_step(p)
         self.compute_seconds += time.perf_counter() - start
         return ran
+
+    def _end_step(self, p: _TrainPass) -> None:
+        """The step's micro-batches have run: optimizer step, its metrics into the pass's totals."""
+        metrics = self._optimizer_step(p.sums)
+        for k, v in metrics.items():
+            op = "max" if k.endswith("_max") else "min" if k.endswith("_min") else "sum"
+            p.totals[k] = reduce_metric(op, p.totals.get(k), v if op != "sum" else v / len(p.plan))
+        p.step, p.micro, p.sums = p.step + 1, 0, {}
 
     def train_end(self) -> dict[str, float]:
         """Finish the pass: every optimizer step must have run. Metrics averaged over steps."""
@@ -326,11 +330,20 @@ class TrainWorkerBase:
     def _micro_loss(self, batch: TrainBatch, rows: list[int], *, num_samples: int, num_tokens: float):
         if self.spec.role == "critic":
             return self._value_micro_loss(batch, rows, num_samples=num_samples, num_tokens=num_tokens)
-        cfg = self.spec.loss
         lengths = [batch.response_lengths_R[i] for i in rows]
         # Entropy is always reported; it carries a gradient only into a loss that can use it.
         logp_BT, mask_BT, ent_BT = self._forward([batch.tokens_RL[i] for i in rows], lengths, entropy=True,
-                                                 entropy_grad=cfg.entropy_coef != 0 or bool(self.spec.custom_loss_path))
+                                                 entropy_grad=self._entropy_grad())
+        return self._policy_loss(batch, rows, logp_BT, mask_BT, ent_BT, num_samples=num_samples,
+                                 num_tokens=num_tokens)
+
+    def _entropy_grad(self) -> bool:
+        return self.spec.loss.entropy_coef != 0 or bool(self.spec.custom_loss_path)
+
+    def _policy_loss(self, batch: TrainBatch, rows: list[int], logp_BT: torch.Tensor, mask_BT: torch.Tensor,
+                     ent_BT: torch.Tensor | None, *, num_samples: int, num_tokens: float):
+        """The policy loss of micro-batch `rows` from its forward's response log-probs."""
+        cfg = self.spec.loss
         width = logp_BT.shape[1]
 
         def col(values_RT: list[list[float]] | None) -> torch.Tensor | None:

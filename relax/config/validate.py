@@ -582,7 +582,6 @@ def check_backends(cfg: RelaxConfig) -> RelaxConfig:
 
 # Megatron flags the megatron backend does not act on yet: given a non-default value, an error.
 MEGATRON_NOT_BUILT = {
-    "pipeline_model_parallel_size": ("parallel", 1, "pipeline parallelism"),
     "sequence_parallel": ("parallel", False, "sequence parallelism (the local layer spec's torch norms do not "
                                              "support it; it needs Transformer Engine or Apex)"),
     "context_parallel_size": ("parallel", 1, "context parallelism"),

@@ -111,16 +111,20 @@ def _iter_ids(directory: Path) -> list[int]:
 
 def trainer_part_missing(path: Path) -> list[str]:
     """What a training-backend checkpoint directory lacks: meta.json, the model shards' index,
-    one RNG file per rank that saved it."""
+    one RNG file per rank that saved it (fsdp); one file per rank (megatron)."""
     if not path.is_dir():
         return [str(path)]
     meta_path = path / "meta.json"
     if not meta_path.is_file():
         return [str(meta_path)]
     missing = []
+    meta = json.loads(meta_path.read_text())
+    if meta.get("backend") == "megatron":  # one file per rank: model, optimizer and RNG state
+        saved = len(list((path / "model").glob("tp*_dp*.pt")))
+        world = int(meta.get("world_size", 1))
+        return [] if saved == world else [f"{path / 'model'}: {world - saved} of {world} rank files (tp*_dp*.pt)"]
     if not (path / "model" / ".metadata").is_file():
         missing.append(str(path / "model" / ".metadata"))
-    meta = json.loads(meta_path.read_text())
     missing += [str(path / f"rng_rank{r}.pt") for r in range(int(meta.get("world_size", 1)))
                 if not (path / f"rng_rank{r}.pt").is_file()]
     return missing

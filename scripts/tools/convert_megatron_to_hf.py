@@ -3,7 +3,7 @@
     python3 scripts/tools/convert_megatron_to_hf.py --ckpt outputs/run/ckpt/iter_0000039 \
         --hf-config path/to/original/hf/model --out outputs/run/hf-step40
 
-The checkpoint holds one file per rank (`model/tp{t}_ep{e}_dp{d}.pt`) and `meta.json` with the
+The checkpoint holds one file per rank (`model/tp{t}_pp{p}_ep{e}_dp{d}.pt`) and `meta.json` with the
 layout; one copy of each (tensor rank, expert rank) is read; `--hf-config` is the HF model it
 was trained from (its config.json and tokenizer are copied). Shards are merged and renamed by the
 same functions the backend pushes weights with (`relax/backends/megatron/convert.py`): the output
@@ -23,7 +23,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from a check
 
 import torch  # noqa: E402
 
-from relax.backends.megatron.convert import Layout, expert_range, global_name, hf_tensors, tp_merge  # noqa: E402
+from relax.backends.megatron.convert import (  # noqa: E402
+    Layout, expert_range, global_name, hf_tensors, stage_layers, tp_merge,
+)
+
+
+def rank_state(ckpt: Path, t: int, stage: int, e: int, layout: tuple[int, int, int]) -> dict[str, torch.Tensor]:
+    """The model state of tensor rank t, pipeline stage `stage`, expert rank e: its lowest
+    data-parallel copy (expert ranks are carved out of the data-parallel ranks)."""
+    pattern = f"tp{t}_pp{stage}_ep{e}_dp*.pt"
+    found = sorted((ckpt / "model").glob(pattern), key=lambda p: int(p.stem.rsplit("dp", 1)[1]))
+    if not found:
+        tp, pp, ep = layout
+        raise SystemExit(f"{ckpt}/model has no {pattern}: the checkpoint of a tp={tp} pp={pp} ep={ep} run is "
+                         "incomplete")
+    return torch.load(found[0], map_location="cpu", weights_only=False)["model"]
 
 
 def merged_megatron_state(ckpt: Path, layout: Layout) -> dict[str, torch.Tensor]:
@@ -32,28 +46,24 @@ def merged_megatron_state(ckpt: Path, layout: Layout) -> dict[str, torch.Tensor]
     if meta.get("backend") != "megatron":
         raise SystemExit(f"{ckpt}: not a megatron-backend checkpoint (backend {meta.get('backend', 'fsdp')}); "
                          "fsdp checkpoints are exported with --save-hf")
-    tp, ep = meta["tp"], meta["ep"]
-    layers = range(layout.num_layers)
+    tp, pp, ep = meta["tp"], meta.get("pp", 1), meta["ep"]
+    stages = stage_layers(layout.num_layers, pp, meta.get("first_stage_layers"), meta.get("last_stage_layers"))
     shards: dict[str, list[torch.Tensor]] = {}
-    for e in range(ep):
-        experts = expert_range(layout.num_experts, ep, e) if layout.num_experts else None
-        for t in range(tp):
-            # Expert ranks are carved out of the data-parallel ranks: (t, e)'s lowest data-parallel copy.
-            found = sorted((ckpt / "model").glob(f"tp{t}_ep{e}_dp*.pt"), key=lambda p: int(p.stem.rsplit("dp", 1)[1]))
-            if not found:
-                raise SystemExit(f"{ckpt}/model has no tp{t}_ep{e}_dp*.pt: the checkpoint of a tp={tp} ep={ep} run "
-                                 "is incomplete")
-            path = found[0]
-            state = torch.load(path, map_location="cpu", weights_only=False)["model"]
-            for name, tensor in state.items():
-                if name.endswith("_extra_state") or tensor is None:
-                    continue
-                full_name = global_name(name, layers, experts)
-                if ".mlp.experts." in full_name:
-                    if t == 0:  # experts are whole on each tensor rank
-                        shards[full_name] = [tensor]
-                elif e == 0:
-                    shards.setdefault(full_name, []).append(tensor)
+    for stage, layers in enumerate(stages):
+        for e in range(ep):
+            experts = expert_range(layout.num_experts, ep, e) if layout.num_experts else None
+            for t in range(tp):
+                for name, tensor in rank_state(ckpt, t, stage, e, (tp, pp, ep)).items():
+                    if name.endswith("_extra_state") or tensor is None:
+                        continue
+                    if name == "output_layer.weight" and layout.tied and stage > 0:
+                        continue  # the last stage's copy of the tied embedding
+                    full_name = global_name(name, layers, experts)
+                    if ".mlp.experts." in full_name:
+                        if t == 0:  # experts are whole on each tensor rank
+                            shards[full_name] = [tensor]
+                    elif e == 0:
+                        shards.setdefault(full_name, []).append(tensor)
     return {name: tp_merge(name, parts) for name, parts in shards.items()}
 
 

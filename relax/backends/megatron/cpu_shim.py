@@ -9,6 +9,12 @@ megatron-core assumes a GPU in three places that a tiny CPU model reaches:
      weights come from the HF checkpoint, so no draw depends on it).
   3. `model_parallel_cuda_manual_seed` seeds those CUDA states: the worker does not call it on
      a CPU (`seed_model_parallel` below).
+  5. The pipeline schedules allocate a token counter with `device="cuda"`: the worker runs a
+     schedule under `cuda_to_cpu()`, a torch function mode that sends tensors created on "cuda"
+     to the CPU instead (a no-op context on GPUs).
+  4. With tied embeddings under pipeline parallelism, `setup_embeddings_and_output_layer`
+     moves the last stage's embedding copy to "cuda" before the all-reduce that initialises it
+     from the first stage's; on a CPU `Tensor.cuda` is the identity while that method runs.
 megatron's optimizer (`get_megatron_optimizer`) also hard-codes CUDA; the worker uses torch's
 AdamW on CPU instead (docs/backends/megatron.md). Two more spots are avoided without patching:
 the default causal mask (`get_default_causal_mask`, device="cuda": the worker passes its own
@@ -22,8 +28,10 @@ plain torch path the code already has. Nothing else is patched. `apply()` is ide
 from __future__ import annotations
 
 import contextlib
+from typing import Any, Iterator
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 _applied = False
 
@@ -49,6 +57,19 @@ def apply() -> None:
 
     mp_random.CudaRNGStatesTracker.fork = fork
 
+    from megatron.core.models.common.language_module.language_module import LanguageModule
+
+    setup = LanguageModule.setup_embeddings_and_output_layer
+
+    def setup_on_cpu(self, *args, **kwargs):  # (4)
+        cuda, torch.Tensor.cuda = torch.Tensor.cuda, lambda t, *a, **k: t
+        try:
+            return setup(self, *args, **kwargs)
+        finally:
+            torch.Tensor.cuda = cuda
+
+    LanguageModule.setup_embeddings_and_output_layer = setup_on_cpu
+
 
 def seed_model_parallel(seed: int) -> None:
     """(3) Seed torch; on GPUs also megatron's per-TP-rank CUDA RNG streams."""
@@ -57,3 +78,22 @@ def seed_model_parallel(seed: int) -> None:
         from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
         model_parallel_cuda_manual_seed(seed)
+
+
+class _CudaToCpu(TorchFunctionMode):
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        device = kwargs.get("device")
+        if device is not None and torch.device(device).type == "cuda":
+            kwargs = {**kwargs, "device": "cpu"}
+        return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def cuda_to_cpu() -> Iterator[None]:
+    """(5) Tensors created on "cuda" inside the context are created on the CPU (CPU runs only)."""
+    if torch.cuda.is_available():
+        yield
+        return
+    with _CudaToCpu():
+        yield

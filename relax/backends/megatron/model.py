@@ -1,8 +1,9 @@
 """megatron-core `GPTModel`s built from an HF `config.json`, and HF checkpoints read into them.
 
 `Layout` (convert.py) holds the shapes; `transformer_config` turns it and the parallel layout
-into megatron-core's `TransformerConfig` with the local (non-Transformer-Engine) layer spec, which
-runs on CPUs and on GPUs without Transformer Engine: RMSNorm, SwiGLU, GQA, RoPE, q/k norms,
+into megatron-core's `TransformerConfig` with the local (non-Transformer-Engine) layer spec and
+PyTorch's SDPA as the attention core (`attention.py`), which runs on CPUs and on GPUs without
+Transformer Engine: RMSNorm, SwiGLU, GQA, RoPE, q/k norms,
 biases on q/k/v where the family has them, tied or untied embeddings, MoE with top-k routing.
 `check_arch_flags` compares the seed's model flags (`--num-layers`, `--hidden-size`, ... from
 `scripts/models/*.sh`) with the checkpoint's config and names each mismatch.
@@ -70,6 +71,11 @@ def transformer_config(layout: Layout, par: Parallel, *, bf16: bool = False, rec
         num_layers_in_last_pipeline_stage=par.last_stage_layers,
         use_cpu_initialization=True, params_dtype=torch.float32, bf16=bf16, fp16=False,
         pipeline_dtype=torch.bfloat16 if bf16 else torch.float32,
+        # Pipeline stages: p2p one op at a time (gloo has no batched p2p); each loss is already
+        # normalised by the step's tokens (the schedule must not divide it by the micro-batch
+        # count). Micro-batches are padded to one shape per schedule (the worker's `_pipeline`):
+        # the all-gather MoE dispatcher refuses variable sequence lengths.
+        batch_p2p_comm=par.pp == 1, calculate_per_token_loss=par.pp > 1,
         **moe, **recompute,
     )
 
@@ -79,8 +85,11 @@ def build_gpt(layout: Layout, config: Any, *, pre_process: bool, post_process: b
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
+    from relax.backends.megatron.attention import SDPACoreAttention
+
     spec = get_gpt_layer_local_spec(num_experts=layout.num_experts or None, moe_grouped_gemm=False,
                                     qk_layernorm=layout.qk_norm, normalization="RMSNorm")
+    spec.submodules.self_attention.submodules.core_attention = SDPACoreAttention  # attention.py says why
     return GPTModel(config, spec, vocab_size=layout.vocab_size, max_sequence_length=max_positions,
                     pre_process=pre_process, post_process=post_process,
                     share_embeddings_and_output_weights=layout.tied, position_embedding_type="rope",

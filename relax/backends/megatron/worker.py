@@ -35,13 +35,13 @@ import torch.distributed as dist
 from relax.backends.batching import pad_inputs, response_positions
 from relax.backends.megatron import cpu_shim
 from relax.backends.megatron.convert import (
-    Layout, expert_range, global_name, hf_to_megatron, hf_tensors, shard_state, tp_dim, tp_merge,
+    Layout, expert_range, global_name, hf_to_megatron, hf_tensors, shard_state, stage_layers, tp_dim, tp_merge,
 )
 from relax.backends.megatron.head import MegatronResponseHead
 from relax.backends.megatron.model import (
     Parallel, build_gpt, check_arch_flags, read_hf_state, rope_theta, transformer_config,
 )
-from relax.backends.train_worker import TRAINABLE_ROLES, TrainWorkerBase
+from relax.backends.train_worker import TRAINABLE_ROLES, TrainWorkerBase, reduce_metric
 
 logger = logging.getLogger(__name__)
 
@@ -61,9 +61,9 @@ class MegatronTrainWorker(TrainWorkerBase):
 
         cpu_shim.apply()
         mp = self.spec.model_parallel
-        if mp.pp > 1 or mp.cp > 1:
-            raise NotImplementedError("the megatron backend does not run pipeline or context parallelism yet: "
-                                      "set --pipeline-model-parallel-size 1 --context-parallel-size 1")
+        if mp.cp > 1:
+            raise NotImplementedError("the megatron backend does not run context parallelism yet: "
+                                      "set --context-parallel-size 1")
         if self.world_size % (mp.tp * mp.pp * mp.cp):
             raise ValueError(f"{self.world_size} ranks do not split into tensor x pipeline x context parallel "
                              f"groups of {mp.tp} x {mp.pp} x {mp.cp}")
@@ -73,9 +73,12 @@ class MegatronTrainWorker(TrainWorkerBase):
         self.dp_rank, self.dp_size = ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
         self.tp_rank, self.tp_size = ps.get_tensor_model_parallel_rank(), mp.tp
         self.ep_rank, self.ep_size = ps.get_expert_model_parallel_rank(), mp.ep
+        self.pp_rank, self.pp_size = ps.get_pipeline_model_parallel_rank(), mp.pp
+        self._pad_to = (0, 0)  # (rows, length) every micro-batch is padded to (a pipeline schedule's)
+        self.first_stage, self.last_stage = self.pp_rank == 0, self.pp_rank == mp.pp - 1
 
     def parallel_info(self) -> dict[str, Any]:
-        return {"dp_rank": self.dp_rank, "dp_size": self.dp_size, "output": self.tp_rank == 0}
+        return {"dp_rank": self.dp_rank, "dp_size": self.dp_size, "output": self.tp_rank == 0 and self.last_stage}
 
     def _seed(self, seed: int) -> None:
         random.seed(seed)
@@ -101,16 +104,22 @@ class MegatronTrainWorker(TrainWorkerBase):
                              "megatron-core, which this backend does not build: use --expert-model-parallel-size")
         if mp.ep > 1 and not layout.num_experts:
             raise ValueError(f"--expert-model-parallel-size {mp.ep} needs an MoE model; {path} is dense")
-        par = Parallel(tp=mp.tp, pp=mp.pp, cp=mp.cp, ep=mp.ep, sequence_parallel=mp.sequence_parallel)
+        par = Parallel(tp=mp.tp, pp=mp.pp, cp=mp.cp, ep=mp.ep, sequence_parallel=mp.sequence_parallel,
+                       first_stage_layers=mp.first_stage_layers, last_stage_layers=mp.last_stage_layers)
+        self.layers = stage_layers(layout.num_layers, mp.pp, mp.first_stage_layers, mp.last_stage_layers)[self.pp_rank]
         self.config = transformer_config(
             layout, par, bf16=self.spec.optim.bf16, recompute_granularity=mp.recompute_granularity,
             recompute_method=mp.recompute_method, recompute_num_layers=mp.recompute_num_layers,
             norm_eps=hf_config.rms_norm_eps)
         self.experts = expert_range(layout.num_experts, mp.ep, self.ep_rank) if layout.num_experts else None
-        model = build_gpt(layout, self.config, pre_process=True, post_process=True, rope_theta=rope_theta(hf_config),
+        model = build_gpt(layout, self.config, pre_process=self.first_stage, post_process=self.last_stage,
+                          rope_theta=rope_theta(hf_config),
                           max_positions=getattr(hf_config, "max_position_embeddings", 4096))
         self._load_hf(model, read_hf_state(path))
         model = model.to(self.device)
+        if self.spec.compile_layers and self.device.type == "cuda":  # --use-torch-compile, as fsdp does
+            for layer in model.decoder.layers:
+                layer.compile(dynamic=True)
         if self.spec.role not in TRAINABLE_ROLES:
             model.requires_grad_(False)
         self._apply_freezing(model)
@@ -118,8 +127,8 @@ class MegatronTrainWorker(TrainWorkerBase):
 
     def _load_hf(self, model: torch.nn.Module, hf_state: dict[str, torch.Tensor]) -> None:
         local = shard_state(hf_to_megatron(hf_state, self.layout), tp=self.tp_size, tp_rank=self.tp_rank,
-                            layers=range(self.layout.num_layers), experts=self.experts, first_stage=True,
-                            last_stage=True, tied=self.layout.tied)
+                            layers=self.layers, experts=self.experts, first_stage=self.first_stage,
+                            last_stage=self.last_stage, tied=self.layout.tied)
         result = model.load_state_dict(local, strict=False)
         missing = [k for k in result.missing_keys if not k.endswith("_extra_state")]
         if missing or result.unexpected_keys:
@@ -129,9 +138,15 @@ class MegatronTrainWorker(TrainWorkerBase):
     # ---- forward passes ----------------------------------------------------------------
     def _forward(self, tokens: list[list[int]], response_lengths: list[int], *, entropy: bool = False,
                  entropy_grad: bool = False):
-        """Response-aligned `logp_BT`, `mask_BT` (and `entropy_BT`) at the rollout temperature."""
+        """Response-aligned `logp_BT`, `mask_BT` (and `entropy_BT`) at the rollout temperature
+        (one stage: pipeline parallelism goes through `_pipeline`)."""
         if self.spec.true_on_policy:
             raise NotImplementedError("--true-on-policy-mode runs on the fsdp backend")
+        with self._micro_batch(tokens, response_lengths, entropy=entropy, entropy_grad=entropy_grad) as run:
+            return run.outputs(run.call(self.model))
+
+    def _micro_batch(self, tokens: list[list[int]], response_lengths: list[int], *, entropy: bool,
+                     entropy_grad: bool) -> "_MicroBatch":
         ids_BL, _ = pad_inputs(tokens, self.pad_id)
         index_BT, mask_BT = response_positions([len(t) for t in tokens], response_lengths)
         rows = len(tokens)
@@ -145,29 +160,120 @@ class MegatronTrainWorker(TrainWorkerBase):
         # Right padding under a causal mask: no real token attends to a pad (megatron's default
         # causal mask is built on "cuda", so the mask is passed).
         causal_11LL = torch.triu(torch.ones(length, length, dtype=torch.bool, device=self.device), 1)[None, None]
-        head = MegatronResponseHead(
-            self.model.output_layer, index_BT, mask_BT, targets_BT, temperature=self.spec.temperature,
-            chunk=self.spec.batch.log_probs_chunk_size, entropy=entropy, entropy_grad=entropy_grad,
-            tp_group=self.ps.get_tensor_model_parallel_group(), tp_rank=self.tp_rank, tp_size=self.tp_size,
-            sequence_parallel=self.config.sequence_parallel)
-        autocast = torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.spec.optim.bf16)
-        with head, autocast:
-            out_BTK = self.model(ids_BL, position_BL, causal_11LL)
-        out_BTK, mask_BT = out_BTK[:rows], mask_BT[:rows]
-        return out_BTK[..., 0].float(), mask_BT, out_BTK[..., 1].float() if entropy else None
+        head = None
+        if self.last_stage:
+            head = MegatronResponseHead(
+                self.model.output_layer, index_BT, mask_BT, targets_BT, temperature=self.spec.temperature,
+                chunk=self.spec.batch.log_probs_chunk_size, entropy=entropy, entropy_grad=entropy_grad,
+                tp_group=self.ps.get_tensor_model_parallel_group(), tp_rank=self.tp_rank, tp_size=self.tp_size,
+                sequence_parallel=self.config.sequence_parallel)
+        return _MicroBatch(ids_BL, position_BL, causal_11LL, mask_BT, rows, head, entropy, self.spec.optim.bf16)
+
+    # ---- pipeline parallelism ------------------------------------------------------------
+    def _pipeline(self, micro: list[tuple[list[list[int]], list[int]]], *, loss: Any = None,
+                  entropy: bool = False, entropy_grad: bool = False) -> list[Any]:
+        """Run micro-batches (token lists, response lengths) through the pipeline stages with
+        megatron-core's 1F1B schedule (forward only without `loss`). The last stage returns, per
+        micro-batch, `loss(k, logp_BT, mask_BT, ent_BT)` (a PolicyLossOutput; its loss goes
+        backward) or (logp_BT, mask_BT); the other stages an empty list."""
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        results: list[Any] = []
+
+        def step(data_iterator: Any, model: Any):
+            k = next(data_iterator)
+            run = self._micro_batch(*micro[k], entropy=entropy, entropy_grad=entropy_grad)
+            with run:
+                out = run.call(model)
+
+            def loss_func(out_BTK: torch.Tensor):
+                logp_BT, mask_BT, ent_BT = run.outputs(out_BTK)
+                if loss is None:
+                    results.append((logp_BT.detach(), mask_BT))
+                    return out_BTK.sum() * 0.0, 1, {}
+                result = loss(k, logp_BT, mask_BT, ent_BT)
+                results.append(result)
+                return result.loss, 1, {}  # already normalised by the step's tokens: no rescaling
+
+            return out, loss_func
+
+        # One activation shape for the whole schedule: every micro-batch padded to the largest.
+        self._pad_to = (max(len(t) for t, _ in micro), max(max(len(x) for x in toks) for toks, _ in micro))
+        if self.config.sequence_parallel:
+            self._pad_to = (self._pad_to[0], -(-self._pad_to[1] // self.tp_size) * self.tp_size)
+        try:
+            with cpu_shim.cuda_to_cpu():
+                get_forward_backward_func()(
+                    forward_step_func=step, data_iterator=iter(range(len(micro))), model=[self.model],
+                    num_microbatches=len(micro), seq_length=self._pad_to[1], micro_batch_size=self._pad_to[0],
+                    forward_only=loss is None)
+        finally:
+            self._pad_to = (0, 0)
+        return results
+
+    @torch.no_grad()
+    def compute_log_probs(self, tokens: list[list[int]], lengths: list[int]) -> list[list[float]]:
+        if self.pp_size == 1:
+            return super().compute_log_probs(tokens, lengths)
+        self.model.eval()
+        start = time.perf_counter()
+        budget = self.spec.batch.log_probs_max_tokens_per_gpu or self.spec.batch.max_tokens_per_gpu
+        micro = self._micro_batches([len(t) for t in tokens], budget)
+        results = self._pipeline([([tokens[i] for i in idx], [lengths[i] for i in idx]) for idx in micro])
+        out: list[list[float]] = [[] for _ in tokens]
+        for idx, (logp_BT, _) in zip(micro, results):  # the last stage's; the others return []
+            for row, i in enumerate(idx):
+                out[i] = logp_BT[row, : lengths[i]].cpu().tolist()
+        self.compute_seconds += time.perf_counter() - start
+        return out
+
+    def train_rows(self, positions: list[int], rows: Any) -> int:
+        """Pipeline parallelism: a step runs once all its rows are in, every micro-batch through
+        the 1F1B schedule, then the optimizer step (one stage: the base class's micro-batch loop)."""
+        if self.pp_size == 1:
+            return super().train_rows(positions, rows)
+        p = self._pass
+        if p is None:
+            raise RuntimeError("train_rows before train_begin")
+        if p.batch is None:
+            p.batch = type(rows).empty(p.num_rows, rows.present())
+        p.batch.put(positions, rows)
+        p.arrived.update(positions)
+        start, ran = time.perf_counter(), 0
+        while p.step < len(p.plan) and all(i in p.arrived for m in p.plan[p.step] for i in m):
+            micro, batch = p.plan[p.step], p.batch
+            num_samples, num_tokens = sum(map(len, micro)), p.global_tokens[p.step] / self.dp_size
+            self.optimizer.zero_grad(set_to_none=True)
+
+            def loss(k: int, logp_BT: torch.Tensor, mask_BT: torch.Tensor, ent_BT: torch.Tensor | None):
+                return self._policy_loss(batch, micro[k], logp_BT, mask_BT, ent_BT, num_samples=num_samples,
+                                         num_tokens=num_tokens)
+
+            outs = self._pipeline([([batch.tokens_RL[i] for i in m], [batch.response_lengths_R[i] for i in m])
+                                   for m in micro], loss=loss, entropy=True, entropy_grad=self._entropy_grad())
+            for out in outs:
+                for k, v in out.metrics.items():
+                    p.sums[k] = reduce_metric(out.reduce_ops.get(k, "sum"), p.sums.get(k), float(v))
+            self._end_step(p)
+            ran += len(micro)
+        self.compute_seconds += time.perf_counter() - start
+        return ran
 
     def _common_shape(self, ids_BL: torch.Tensor, index_BT: torch.Tensor, mask_BT: torch.Tensor):
         """Pad a micro-batch to the shape every rank of its expert group runs (the all-gather token
-        dispatcher exchanges equal-sized blocks), its length to a multiple of the tensor-parallel
-        size under --sequence-parallel (the sequence is split over those ranks). Extra rows are
-        padding with an empty response."""
+        dispatcher exchanges equal-sized blocks), at least to `_pad_to` (a pipeline schedule's one
+        activation shape), its length to a multiple of the tensor-parallel size under
+        --sequence-parallel (the sequence is split over those ranks). Extra rows are padding with
+        an empty response."""
         (b, length), t = ids_BL.shape, index_BT.shape[1]
+        b, length = max(b, self._pad_to[0]), max(length, self._pad_to[1])
         shape = torch.tensor([b, length, t])
         if self.ep_size > 1:
             dist.all_reduce(shape, op=dist.ReduceOp.MAX, group=self.ps.get_expert_model_parallel_group())
         b2, length2, t2 = shape.tolist()
         if self.config.sequence_parallel:
             length2 = -(-length2 // self.tp_size) * self.tp_size
+        (b, length), t = ids_BL.shape, index_BT.shape[1]
         if (b2, length2, t2) == (b, length, t):
             return ids_BL, index_BT, mask_BT
         pad = torch.nn.functional.pad
@@ -184,6 +290,9 @@ class MegatronTrainWorker(TrainWorkerBase):
         gradients of every token routed to it), both divided by the data-parallel size; with
         --sequence-parallel the norms' partial gradients are summed over the tensor group."""
         ps = self.ps
+        tied = self._tied_copy()
+        if tied is not None and tied.grad is not None:  # first and last stage hold the tied embedding
+            dist.all_reduce(tied.grad, group=ps.get_embedding_group())
         for name, p in self.model.named_parameters():
             if p.grad is None:
                 continue
@@ -198,6 +307,15 @@ class MegatronTrainWorker(TrainWorkerBase):
                     dist.all_reduce(p.grad, group=group)
                 p.grad.div_(self.dp_size)
 
+    def _tied_copy(self) -> torch.nn.Parameter | None:
+        """Under pipeline parallelism with tied embeddings, this stage's copy of the embedding
+        (the first stage's input embedding, the last stage's output layer); None otherwise."""
+        if self.pp_size == 1 or not self.layout.tied:
+            return None
+        if self.first_stage:
+            return self.model.embedding.word_embeddings.weight
+        return self.model.output_layer.weight if self.last_stage else None
+
     def _clip_grad_norm(self, clip: float) -> float:
         """The norm of the whole model's gradient, each weight counted once: tensor-parallel
         shards summed over the tensor group, replicated weights from tensor rank 0 only, experts
@@ -206,10 +324,13 @@ class MegatronTrainWorker(TrainWorkerBase):
         dense = torch.zeros((), dtype=torch.float64, device=self.device)
         expert = torch.zeros((), dtype=torch.float64, device=self.device)
         grads = []
+        tied = self._tied_copy()
         for name, p in self.model.named_parameters():
             if p.grad is None:
                 continue
             grads.append(p.grad)
+            if tied is p and not self.first_stage:
+                continue  # counted once, on the first stage
             sq = p.grad.double().pow(2).sum()
             sharded = getattr(p, "tensor_model_parallel", False)
             if is_expert(name):
@@ -223,7 +344,10 @@ class MegatronTrainWorker(TrainWorkerBase):
             dist.all_reduce(expert, group=ps.get_expert_model_parallel_group())
         if self.tp_size > 1 and self.layout.num_experts:
             dist.all_reduce(expert, group=ps.get_tensor_model_parallel_group())
-        norm = float((dense + expert).sqrt())
+        total = dense + expert
+        if self.pp_size > 1:
+            dist.all_reduce(total, group=ps.get_pipeline_model_parallel_group())
+        norm = float(total.sqrt())
         if clip > 0 and norm == norm:
             coef = clip / (norm + 1e-6)
             if coef < 1.0:
@@ -235,11 +359,43 @@ class MegatronTrainWorker(TrainWorkerBase):
     def _gathered(self, dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
         """Full Megatron tensors under global names, on rank 0 (a collective: the ranks of
         data-parallel shard 0 gather tensor shards; expert ranks gather experts)."""
+        stage = self._stage_tensors(dtype)
+        if self.pp_size == 1:
+            yield from stage
+            return
+        # Pipeline stages: each stage's leader (tensor rank 0 of data-parallel shard 0) sends its
+        # tensors to rank 0, stage after stage.
+        leaders = dist.get_process_group_ranks(self.ps.get_pipeline_model_parallel_group())
+        if self.rank == 0:
+            yield from stage
+            for src in leaders[1:]:
+                meta: list[Any] = [None]
+                dist.recv_object_list(meta, src=src)
+                for name, shape, dtype_ in meta[0]:
+                    t = torch.empty(shape, dtype=dtype_, device=self.device)
+                    dist.recv(t, src=src)
+                    yield name, t
+        elif self.rank in leaders:
+            tensors = list(stage)
+            dist.send_object_list([[(n, tuple(t.shape), t.dtype) for n, t in tensors]], dst=0)
+            for _, t in tensors:
+                dist.send(t.contiguous(), dst=0)
+        else:
+            for _ in stage:  # help gather this stage's shards
+                pass
+
+    def _stage_tensors(self, dtype: torch.dtype | None) -> Iterator[tuple[str, torch.Tensor]]:
+        """This stage's full tensors under global names, on its leader (tensor rank 0 of
+        data-parallel shard 0; the tied output-layer copy of a last stage left out)."""
         ps = self.ps
         dense_sender = self.dp_rank == 0
         expert_sender = ps.get_expert_data_parallel_rank() == 0 and self.tp_rank == 0
-        layers = range(self.layout.num_layers)
+        leader = dense_sender and self.tp_rank == 0
+        layers = self.layers
+        tied = self._tied_copy()
         for name, p in self.model.named_parameters():
+            if tied is p and not self.first_stage:
+                continue
             t = p.detach()
             if dtype is not None and t.is_floating_point() and t.dtype != dtype:
                 t = t.to(dtype)
@@ -250,7 +406,7 @@ class MegatronTrainWorker(TrainWorkerBase):
                 if self.ep_size > 1:
                     parts = [torch.empty_like(t) for _ in range(self.ep_size)]
                     dist.all_gather(parts, t.contiguous(), group=ps.get_expert_model_parallel_group())
-                if self.rank == 0:
+                if leader:
                     for r, part in enumerate(parts):
                         yield global_name(name, layers, expert_range(self.layout.num_experts, self.ep_size, r)), part
                 continue
@@ -260,7 +416,7 @@ class MegatronTrainWorker(TrainWorkerBase):
                 shards = [torch.empty_like(t) for _ in range(self.tp_size)]
                 dist.all_gather(shards, t.contiguous(), group=ps.get_tensor_model_parallel_group())
                 t = tp_merge(name, shards)
-            if self.rank == 0:
+            if leader:
                 yield global_name(name, layers, self.experts), t
 
     def _full_state(self, dtype: torch.dtype | None = None):
@@ -279,10 +435,12 @@ class MegatronTrainWorker(TrainWorkerBase):
 
     # ---- checkpoints -------------------------------------------------------------------
     def _rank_file(self, path: Path) -> Path:
-        return path / "model" / f"tp{self.tp_rank}_ep{self.ep_rank}_dp{self.dp_rank}.pt"
+        return path / "model" / f"tp{self.tp_rank}_pp{self.pp_rank}_ep{self.ep_rank}_dp{self.dp_rank}.pt"
 
-    def _layout_meta(self) -> dict[str, int]:
-        return {"world_size": self.world_size, "tp": self.tp_size, "ep": self.ep_size}
+    def _layout_meta(self) -> dict[str, Any]:
+        mp = self.spec.model_parallel
+        return {"world_size": self.world_size, "tp": self.tp_size, "pp": self.pp_size, "ep": self.ep_size,
+                "first_stage_layers": mp.first_stage_layers, "last_stage_layers": mp.last_stage_layers}
 
     def save(self, ckpt_dir: str, rollout_id: int, save_optim: bool = True) -> None:
         """Each rank's own shards (model, optimizer), RNG and the layout; resume needs the same layout
@@ -346,3 +504,31 @@ class MegatronTrainWorker(TrainWorkerBase):
             if gen.exists():
                 (out / "generation_config.json").write_text(gen.read_text())
         dist.barrier()
+
+
+class _MicroBatch:
+    """One micro-batch's inputs, and the response head swapped in on the last stage while it runs."""
+
+    def __init__(self, ids_BL, position_BL, causal_11LL, mask_BT, rows, head, entropy, bf16) -> None:
+        self.ids_BL, self.position_BL, self.causal_11LL, self.mask_BT = ids_BL, position_BL, causal_11LL, mask_BT
+        self.rows, self.head, self.entropy = rows, head, entropy
+        self.autocast = torch.autocast(ids_BL.device.type, dtype=torch.bfloat16, enabled=bf16)
+
+    def __enter__(self) -> "_MicroBatch":
+        if self.head is not None:
+            self.head.__enter__()
+        self.autocast.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.autocast.__exit__(*exc)
+        if self.head is not None:
+            self.head.__exit__(*exc)
+
+    def call(self, model: torch.nn.Module) -> torch.Tensor:
+        return model(self.ids_BL, self.position_BL, self.causal_11LL)
+
+    def outputs(self, out_BTK: torch.Tensor):
+        """(logp_BT, mask_BT, entropy_BT or None) of the real rows."""
+        out_BTK, mask_BT = out_BTK[:self.rows], self.mask_BT[:self.rows]
+        return out_BTK[..., 0].float(), mask_BT, out_BTK[..., 1].float() if self.entropy else None

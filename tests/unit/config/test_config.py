@@ -137,7 +137,7 @@ def test_recompute_flags_reach_the_fsdp_ranks(base):
 
 
 @pytest.mark.parametrize("extra, needle", [
-    (["--pipeline-model-parallel-size", "2"], "--pipeline-model-parallel-size 2: the megatron backend does not build"),
+    (["--context-parallel-size", "2"], "--context-parallel-size 2: the megatron backend does not build"),
     (["--sequence-parallel"], "--sequence-parallel True: the megatron backend does not build sequence parallelism"),
     (["--use-distributed-optimizer"], "--use-distributed-optimizer True"),
     (["--megatron-to-hf-mode", "bridge"], "bridge conversion"),
@@ -159,11 +159,12 @@ def test_megatron_backend_acts_on_its_flags(base):
     from relax.config.validate import ignored_flag_notes
 
     cfg = parse_config(base + ["--train-backend", "megatron", "--tensor-model-parallel-size", "2",
-                               "--expert-model-parallel-size", "1", "--recompute-granularity", "selective"])
+                               "--pipeline-model-parallel-size", "2", "--expert-model-parallel-size", "1",
+                               "--recompute-granularity", "selective"])
     assert cfg.cluster.train_backend == "megatron"
     assert ignored_flag_notes(cfg) == []  # each acts or is an error
     spec = model_parallel_spec(cfg)
-    assert (spec.tp, spec.ep, spec.recompute_granularity) == (2, 1, "selective")
+    assert (spec.tp, spec.pp, spec.ep, spec.recompute_granularity) == (2, 2, 1, "selective")
 
 
 def test_megatron_only_flags_are_reported_as_ignored_under_fsdp(base):

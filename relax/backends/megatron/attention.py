@@ -1,0 +1,43 @@
+"""Causal self-attention through `torch.nn.functional.scaled_dot_product_attention` for
+megatron-core's local layer spec.
+
+megatron-core's own local `DotProductAttention` builds the full [batch x heads, seq, seq] score
+matrix in the parameter dtype and keeps it for backward (at 16 x 1024 tokens of a Qwen3-0.6B that
+is GiBs per layer); without Transformer Engine there is no fused kernel to pick instead. This
+module takes the same place in the layer spec (`core_attention`) with the same call, and lets
+PyTorch choose the kernel (flash / memory-efficient on GPUs, the math kernel on CPU), with GQA
+heads shared by the kernel (`enable_gqa`) instead of repeated. Rows are right-padded and the mask
+is causal, so the kernel's own causal masking gives every real token exactly the keys it may see.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from megatron.core.transformer.module import MegatronModule
+
+
+class SDPACoreAttention(MegatronModule):
+    def __init__(self, config: Any, layer_number: int, attn_mask_type: Any, attention_type: str,
+                 attention_dropout: float | None = None, softmax_scale: float | None = None, **_: Any) -> None:
+        super().__init__(config=config)
+        tp = config.tensor_model_parallel_size
+        self.heads = config.num_attention_heads // tp
+        self.groups = (config.num_query_groups or config.num_attention_heads) // tp
+        self.softmax_scale = softmax_scale
+        if attention_type != "self":
+            raise ValueError(f"SDPACoreAttention is for causal self-attention, not {attention_type}")
+
+    def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: Any,
+                attn_mask_type: Any = None, attention_bias: Any = None, packed_seq_params: Any = None,
+                **_: Any) -> torch.Tensor:
+        if attention_bias is not None or packed_seq_params is not None:
+            raise ValueError("SDPACoreAttention takes neither an attention bias nor packed sequences")
+        # [s, b, heads, d] -> [b, heads, s, d]
+        q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.softmax_scale,
+                                             enable_gqa=self.heads != self.groups)
+        s, b = query.shape[0], query.shape[1]
+        return out.permute(2, 0, 1, 3).reshape(s, b, -1)  # [s, b, heads * d]

@@ -1,0 +1,63 @@
+"""A megatron rank resumed from its checkpoint continues exactly as the uninterrupted rank does
+(model, optimizer state, LR schedule, RNG), and a checkpoint of another layout is refused."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import pytest
+
+pytest.importorskip("megatron.core")
+sys.path.insert(0, os.path.dirname(__file__))
+import parity_cases  # noqa: E402
+
+from relax.algorithms.policy_loss import PolicyLossConfig  # noqa: E402
+from relax.backends.base import ModelParallelSpec, TrainerSpec  # noqa: E402
+from relax.config.schema import BatchConfig, OptimizerConfig  # noqa: E402
+from relax.utils import checkpoints  # noqa: E402
+from relax.utils.net import free_port  # noqa: E402
+
+
+def worker(path: str, **parallel):
+    from relax.backends.megatron.worker import MegatronTrainWorker
+
+    spec = TrainerSpec(model_path=path, optim=OptimizerConfig(lr=1e-2, lr_warmup_iters=2, lr_decay_style="cosine"),
+                       batch=BatchConfig(micro_batch_size=2), loss=PolicyLossConfig(), threads=1, total_steps=6,
+                       model_parallel=ModelParallelSpec(**parallel))
+    return MegatronTrainWorker(0, 1, "127.0.0.1", free_port(), spec)
+
+
+def step(w) -> dict[str, float]:
+    b = parity_cases.batch()
+    b.old_log_probs_RT = w.compute_log_probs(b.tokens_RL, b.response_lengths_R)
+    return w.train(b, 1, [sum(map(sum, b.loss_masks_RT))])
+
+
+def test_resume_equals_uninterrupted(tmp_path):
+    path = parity_cases.make_models(str(tmp_path))["moe"]
+    w = worker(path)
+    step(w)
+    w.save(str(tmp_path / "ckpt"), 0)
+    assert checkpoints.trainer_part_missing(tmp_path / "ckpt") == []
+    uninterrupted = [step(w), step(w)]
+    w.shutdown()
+
+    w = worker(path)
+    assert w.load(str(tmp_path / "ckpt"))["rollout_id"] == 0
+    resumed = [step(w), step(w)]
+    w.shutdown()
+    for a, b in zip(uninterrupted, resumed):
+        for key in ("pg_loss", "grad_norm", "lr", "entropy"):
+            assert b[key] == pytest.approx(a[key], rel=1e-6, abs=1e-7), key
+
+    meta = json.loads((tmp_path / "ckpt" / "meta.json").read_text())
+    (tmp_path / "ckpt" / "meta.json").write_text(json.dumps({**meta, "ep": 2, "world_size": 2}))
+    assert checkpoints.trainer_part_missing(tmp_path / "ckpt")  # 1 of 2 rank files
+    w = worker(path)
+    try:
+        with pytest.raises(ValueError, match="resume with the same layout"):
+            w.load(str(tmp_path / "ckpt"))
+    finally:
+        w.shutdown()
