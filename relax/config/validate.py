@@ -582,8 +582,6 @@ def check_backends(cfg: RelaxConfig) -> RelaxConfig:
 
 # Megatron flags the megatron backend does not act on yet: given a non-default value, an error.
 MEGATRON_NOT_BUILT = {
-    "sequence_parallel": ("parallel", False, "sequence parallelism (the local layer spec's torch norms do not "
-                                             "support it; it needs Transformer Engine or Apex)"),
     "context_parallel_size": ("parallel", 1, "context parallelism"),
     "expert_tensor_parallel_size": ("parallel", 1, "expert tensor parallelism (experts are whole per rank)"),
     "optimizer_cpu_offload": ("optim", False, "optimizer CPU offload"),

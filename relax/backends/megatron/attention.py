@@ -1,5 +1,6 @@
-"""Causal self-attention through `torch.nn.functional.scaled_dot_product_attention` for
-megatron-core's local layer spec.
+"""The two modules this backend puts into megatron-core's local layer spec in place of its own.
+
+`SDPACoreAttention`: causal self-attention through `torch.nn.functional.scaled_dot_product_attention`.
 
 megatron-core's own local `DotProductAttention` builds the full [batch x heads, seq, seq] score
 matrix in the parameter dtype and keeps it for backward (at 16 x 1024 tokens of a Qwen3-0.6B that
@@ -8,6 +9,11 @@ module takes the same place in the layer spec (`core_attention`) with the same c
 PyTorch choose the kernel (flash / memory-efficient on GPUs, the math kernel on CPU), with GQA
 heads shared by the kernel (`enable_gqa`) instead of repeated. Rows are right-padded and the mask
 is causal, so the kernel's own causal masking gives every real token exactly the keys it may see.
+
+`RMSNorm`: megatron-core's torch norm (`WrappedTorchNorm`, used without Transformer Engine or
+Apex) refuses sequence parallelism. An RMSNorm is per token, so it runs on a sequence shard as it
+does on the whole sequence; only its weight's gradient is then partial, summed over the tensor
+group by the worker (the weight is marked `sequence_parallel`, as megatron's own norms mark it).
 """
 
 from __future__ import annotations
@@ -41,3 +47,14 @@ class SDPACoreAttention(MegatronModule):
                                              enable_gqa=self.heads != self.groups)
         s, b = query.shape[0], query.shape[1]
         return out.permute(2, 0, 1, 3).reshape(s, b, -1)  # [s, b, heads * d]
+
+
+class RMSNorm(torch.nn.Module):
+    def __init__(self, config: Any, hidden_size: int, eps: float = 1e-5, **_: Any) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(hidden_size))
+        self.eps = eps
+        self.weight.sequence_parallel = bool(config.sequence_parallel)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.rms_norm(x, (x.shape[-1],), self.weight, self.eps)

@@ -65,10 +65,11 @@ class MegatronResponseHead:
         self.sequence_parallel = sequence_parallel
 
     def forward(self, hidden_LBH: torch.Tensor, weight: torch.Tensor | None = None, runtime_gather_output: Any = None):
-        if self.sequence_parallel:
+        if self.sequence_parallel:  # the backward reduce-scatters: each rank's hidden gradient is partial
             from megatron.core.tensor_parallel import gather_from_sequence_parallel_region
 
-            hidden_LBH = gather_from_sequence_parallel_region(hidden_LBH, group=self.tp_group)
+            hidden_LBH = gather_from_sequence_parallel_region(hidden_LBH, tensor_parallel_output_grad=True,
+                                                              group=self.tp_group)
         weight = self.layer.weight if weight is None else weight
         length, b, h = hidden_LBH.shape
         hidden_BLH = hidden_LBH.transpose(0, 1)
@@ -83,7 +84,8 @@ class MegatronResponseHead:
 
             # As the column-parallel output layer does: each rank's logits slice gives a partial
             # gradient of the hidden states, summed over the group in backward.
-            hidden_NH = copy_to_tensor_model_parallel_region(hidden_NH, group=self.tp_group)
+            if not self.sequence_parallel:  # (with it, the gather above sums them)
+                hidden_NH = copy_to_tensor_model_parallel_region(hidden_NH, group=self.tp_group)
             logits_NV = (hidden_NH @ weight.t()).float() / self.temperature
             logp_N, ent_N = vocab_parallel_log_probs(logits_NV, targets_N, self.tp_rank * weight.shape[0],
                                                      self.tp_group, entropy=self.entropy)

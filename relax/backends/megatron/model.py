@@ -66,7 +66,7 @@ def transformer_config(layout: Layout, par: Parallel, *, bf16: bool = False, rec
         bias_activation_fusion=False, apply_rope_fusion=False, persist_layer_norm=False, masked_softmax_fusion=False,
         gradient_accumulation_fusion=False, bias_dropout_fusion=False,
         tensor_model_parallel_size=par.tp, pipeline_model_parallel_size=par.pp, context_parallel_size=par.cp,
-        expert_model_parallel_size=par.ep, sequence_parallel=par.sequence_parallel,
+        expert_model_parallel_size=par.ep, expert_tensor_parallel_size=1, sequence_parallel=par.sequence_parallel,
         num_layers_in_first_pipeline_stage=par.first_stage_layers,
         num_layers_in_last_pipeline_stage=par.last_stage_layers,
         use_cpu_initialization=True, params_dtype=torch.float32, bf16=bf16, fp16=False,
@@ -81,16 +81,23 @@ def transformer_config(layout: Layout, par: Parallel, *, bf16: bool = False, rec
 
 
 def build_gpt(layout: Layout, config: Any, *, pre_process: bool, post_process: bool,
-              rope_theta: float, max_positions: int) -> Any:
+              rope_theta: float, max_positions: int, num_layers: int) -> Any:
+    """`num_layers`: this pipeline stage's."""
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
 
-    from relax.backends.megatron.attention import SDPACoreAttention
+    from relax.backends.megatron.attention import RMSNorm, SDPACoreAttention
 
     spec = get_gpt_layer_local_spec(num_experts=layout.num_experts or None, moe_grouped_gemm=False,
                                     qk_layernorm=layout.qk_norm, normalization="RMSNorm")
-    spec.submodules.self_attention.submodules.core_attention = SDPACoreAttention  # attention.py says why
-    return GPTModel(config, spec, vocab_size=layout.vocab_size, max_sequence_length=max_positions,
+    sub = spec.submodules  # attention.py says why both are replaced
+    sub.self_attention.submodules.core_attention = SDPACoreAttention
+    sub.input_layernorm = sub.pre_mlp_layernorm = RMSNorm
+    if layout.qk_norm:
+        sub.self_attention.submodules.q_layernorm = sub.self_attention.submodules.k_layernorm = RMSNorm
+    block = TransformerBlockSubmodules(layer_specs=[spec] * num_layers, layer_norm=RMSNorm)
+    return GPTModel(config, block, vocab_size=layout.vocab_size, max_sequence_length=max_positions,
                     pre_process=pre_process, post_process=post_process,
                     share_embeddings_and_output_weights=layout.tied, position_embedding_type="rope",
                     rotary_base=int(rope_theta) if float(rope_theta).is_integer() else rope_theta,

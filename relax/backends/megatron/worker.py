@@ -68,7 +68,8 @@ class MegatronTrainWorker(TrainWorkerBase):
             raise ValueError(f"{self.world_size} ranks do not split into tensor x pipeline x context parallel "
                              f"groups of {mp.tp} x {mp.pp} x {mp.cp}")
         ps.initialize_model_parallel(tensor_model_parallel_size=mp.tp, pipeline_model_parallel_size=mp.pp,
-                                     context_parallel_size=mp.cp, expert_model_parallel_size=mp.ep)
+                                     context_parallel_size=mp.cp, expert_model_parallel_size=mp.ep,
+                                     expert_tensor_parallel_size=1)  # experts whole on each rank
         self.ps = ps
         self.dp_rank, self.dp_size = ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
         self.tp_rank, self.tp_size = ps.get_tensor_model_parallel_rank(), mp.tp
@@ -99,9 +100,9 @@ class MegatronTrainWorker(TrainWorkerBase):
         if layout.vocab_size % mp.tp:
             raise ValueError(f"vocab size {layout.vocab_size} does not split over --tensor-model-parallel-size "
                              f"{mp.tp}; pick a size that divides it")
-        if layout.num_experts and mp.tp > 1:
-            raise ValueError("an MoE model with --tensor-model-parallel-size > 1 needs sequence parallelism in "
-                             "megatron-core, which this backend does not build: use --expert-model-parallel-size")
+        if layout.num_experts and mp.tp > 1 and not mp.sequence_parallel:
+            raise ValueError("an MoE model with --tensor-model-parallel-size > 1 needs --sequence-parallel "
+                             "(megatron-core's rule)")
         if mp.ep > 1 and not layout.num_experts:
             raise ValueError(f"--expert-model-parallel-size {mp.ep} needs an MoE model; {path} is dense")
         par = Parallel(tp=mp.tp, pp=mp.pp, cp=mp.cp, ep=mp.ep, sequence_parallel=mp.sequence_parallel,
@@ -113,7 +114,7 @@ class MegatronTrainWorker(TrainWorkerBase):
             norm_eps=hf_config.rms_norm_eps)
         self.experts = expert_range(layout.num_experts, mp.ep, self.ep_rank) if layout.num_experts else None
         model = build_gpt(layout, self.config, pre_process=self.first_stage, post_process=self.last_stage,
-                          rope_theta=rope_theta(hf_config),
+                          rope_theta=rope_theta(hf_config), num_layers=len(self.layers),
                           max_positions=getattr(hf_config, "max_position_embeddings", 4096))
         self._load_hf(model, read_hf_state(path))
         model = model.to(self.device)
@@ -300,11 +301,12 @@ class MegatronTrainWorker(TrainWorkerBase):
                 (self.tp_size > 1 and ("q_layernorm" in name or "k_layernorm" in name))
             if partial:  # q/k norms are shared by the heads, which are split over the tensor group
                 dist.all_reduce(p.grad, group=ps.get_tensor_model_parallel_group())
+            if is_expert(name):  # its expert-data-parallel copies (data and, under TP, tensor ranks) saw other tokens
+                if ps.get_expert_data_parallel_world_size() > 1:
+                    dist.all_reduce(p.grad, group=ps.get_expert_data_parallel_group())
+            elif self.dp_size > 1:
+                dist.all_reduce(p.grad, group=ps.get_data_parallel_group())
             if self.dp_size > 1:
-                expert = is_expert(name)
-                group = ps.get_expert_data_parallel_group() if expert else ps.get_data_parallel_group()
-                if not expert or ps.get_expert_data_parallel_world_size() > 1:
-                    dist.all_reduce(p.grad, group=group)
                 p.grad.div_(self.dp_size)
 
     def _tied_copy(self) -> torch.nn.Parameter | None:

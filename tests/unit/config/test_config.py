@@ -138,7 +138,6 @@ def test_recompute_flags_reach_the_fsdp_ranks(base):
 
 @pytest.mark.parametrize("extra, needle", [
     (["--context-parallel-size", "2"], "--context-parallel-size 2: the megatron backend does not build"),
-    (["--sequence-parallel"], "--sequence-parallel True: the megatron backend does not build sequence parallelism"),
     (["--use-distributed-optimizer"], "--use-distributed-optimizer True"),
     (["--megatron-to-hf-mode", "bridge"], "bridge conversion"),
     (["--fully-async"], "--fully-async needs --train-backend fsdp"),
