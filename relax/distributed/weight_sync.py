@@ -578,6 +578,25 @@ class WeightSender:
             await http.close()
 
 
+def expert_views(targets: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Checkpoint names of fused MoE expert weights, as views into them. transformers >= 5 holds
+    a layer's experts as `mlp.experts.gate_up_proj` [E, 2I, H] (gate rows first) and
+    `mlp.experts.down_proj` [E, H, I]; checkpoints, SGLang and the megatron backend's push name
+    them per expert (`mlp.experts.{e}.gate_proj.weight`, ...). Writing a view writes the weight."""
+    views: dict[str, torch.Tensor] = {}
+    for name, t in targets.items():
+        prefix, _, leaf = name.rpartition(".")
+        if not prefix.endswith("mlp.experts") or t.dim() != 3:
+            continue
+        for e in range(t.shape[0]):
+            if leaf == "gate_up_proj":
+                gate, up = t[e].chunk(2, dim=0)
+                views[f"{prefix}.{e}.gate_proj.weight"], views[f"{prefix}.{e}.up_proj.weight"] = gate, up
+            elif leaf == "down_proj":
+                views[f"{prefix}.{e}.down_proj.weight"] = t[e]
+    return views
+
+
 class WeightReceiver:
     """Receiving side of the push (the `hf` engine; the fsdp backend's ranks subclass `load`):
     holds the weight groups and loads received tensors into the model.
@@ -634,6 +653,7 @@ class WeightReceiver:
     def _targets(self) -> dict[str, torch.Tensor]:
         targets = dict(self.model.named_buffers(remove_duplicate=False))
         targets.update(self.model.named_parameters(remove_duplicate=False))
+        targets.update(expert_views(targets))
         return targets
 
     def problems(self, specs: list[TensorSpec]) -> list[str]:
