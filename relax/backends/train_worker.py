@@ -177,11 +177,15 @@ class TrainWorkerBase:
 
     def _build_optimizer(self) -> None:
         o = self.spec.optim
-        params = [p for p in self.model.parameters() if p.requires_grad]
+        params = self._optimized_parameters()
         # On GPUs the fused kernel: one launch per parameter group instead of several per tensor.
         self.optimizer = torch.optim.AdamW(params, lr=o.lr, betas=(o.adam_beta1, o.adam_beta2), eps=o.adam_eps,
                                            weight_decay=o.weight_decay, fused=self.device.type == "cuda")
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(o, self.spec.total_steps))
+
+    def _optimized_parameters(self) -> list[torch.nn.Parameter]:
+        """What the optimizer steps (a backend with float32 main weights returns those)."""
+        return [p for p in self.model.parameters() if p.requires_grad]
 
     # ---- forward passes ----------------------------------------------------------------
     def _micro_batches(self, lengths: list[int], max_tokens: int | None) -> list[list[int]]:

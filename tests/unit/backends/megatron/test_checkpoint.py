@@ -61,3 +61,28 @@ def test_resume_equals_uninterrupted(tmp_path):
             w.load(str(tmp_path / "ckpt"))
     finally:
         w.shutdown()
+
+
+def test_bf16_computes_in_bf16_and_steps_float32_main_weights(tmp_path):
+    """--bf16: bfloat16 model weights, float32 main weights the optimizer steps, gradients
+    accumulated into them in float32; the step's log-probs stay within bf16 reach of float32."""
+    import torch
+
+    from relax.backends.megatron.worker import MegatronTrainWorker
+
+    path = parity_cases.make_models(str(tmp_path))["dense"]
+    spec = TrainerSpec(model_path=path, optim=OptimizerConfig(lr=1e-2, bf16=True), batch=BatchConfig(micro_batch_size=2),
+                       loss=PolicyLossConfig(), threads=1)
+    w = MegatronTrainWorker(0, 1, "127.0.0.1", free_port(), spec)
+    try:
+        assert {p.dtype for p in w.model.parameters()} == {torch.bfloat16}
+        assert {p.dtype for p in w.optimizer.param_groups[0]["params"]} == {torch.float32}
+        before = {n: m.detach().clone() for n, m in w._main.items()}
+        metrics = step(w)
+        assert metrics["grad_norm"] > 0 and all(p.grad is None for p in w.model.parameters())
+        moved = [n for n, m in w._main.items() if not torch.equal(m, before[n])]
+        assert moved and all(torch.equal(w.model.get_parameter(n), w._main[n].to(torch.bfloat16)) for n in moved)
+        exported = dict((n, t) for n, t, _ in w._full_state(torch.float32))
+        assert exported["model.norm.weight"].dtype == torch.float32
+    finally:
+        w.shutdown()
