@@ -30,6 +30,7 @@ class ModelParallelSpec:
     recompute_granularity: str | None = None
     recompute_method: str | None = None
     recompute_num_layers: int | None = None
+    distributed_optimizer: bool = False  # --use-distributed-optimizer: optimizer state sharded over data-parallel ranks
     # The seed's model flags (--num-layers, --hidden-size, ...) as given: checked against config.json.
     arch_flags: dict[str, Any] = field(default_factory=dict)
 

@@ -85,7 +85,7 @@ def model_parallel_spec(cfg: RelaxConfig) -> ModelParallelSpec:
         tp=p.tensor_model_parallel_size, pp=p.pipeline_model_parallel_size, cp=p.context_parallel_size,
         ep=p.expert_model_parallel_size, sequence_parallel=p.sequence_parallel,
         recompute_granularity=p.recompute_granularity, recompute_method=p.recompute_method,
-        recompute_num_layers=p.recompute_num_layers,
+        recompute_num_layers=p.recompute_num_layers, distributed_optimizer=cfg.optim.use_distributed_optimizer,
         arch_flags={f.name: getattr(cfg.megatron, f.name) for f in dataclasses.fields(cfg.megatron)})
 
 

@@ -587,7 +587,6 @@ MEGATRON_NOT_BUILT = {
     "optimizer_cpu_offload": ("optim", False, "optimizer CPU offload"),
     "overlap_cpu_optimizer_d2h_h2d": ("optim", False, "optimizer CPU offload"),
     "use_precision_aware_optimizer": ("optim", False, "the precision-aware optimizer"),
-    "use_distributed_optimizer": ("optim", False, "the distributed optimizer (torch AdamW on every rank)"),
     "overlap_grad_reduce": ("optim", False, "overlapped gradient reduction"),
     "overlap_param_gather": ("optim", False, "overlapped parameter gathers"),
     "megatron_to_hf_mode": ("cluster", "raw", "bridge conversion (megatron-bridge); raw converters only"),

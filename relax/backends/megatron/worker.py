@@ -2,8 +2,9 @@
 
 The model is built from the HF checkpoint's `config.json` (`model.py`) and its weights converted
 from the checkpoint's safetensors (`convert.py`), sharded for this rank's place in the
-tensor / expert-parallel layout (`--tensor-model-parallel-size`, `--expert-model-parallel-size`,
-`--sequence-parallel`); data parallelism is what is left of the world. The rows of a shard
+tensor / pipeline / expert-parallel layout (`--tensor-model-parallel-size`,
+`--pipeline-model-parallel-size`, `--expert-model-parallel-size`, `--sequence-parallel`); data
+parallelism is what is left of the world. The rows of a shard
 reach every rank of its tensor-parallel group; each computes the same loss from vocabulary-
 parallel log-probs (`head.py`) and the backend-agnostic half (`relax.backends.train_worker`)
 trains it: the same micro-batches, losses and optimizer steps as the fsdp backend. Gradients
@@ -15,9 +16,10 @@ the ranks of data-parallel shard 0 and converted to HF names on rank 0, which al
 to the engines through the weight-sync protocol (same buckets, deadline and errors as fsdp).
 
 On a CPU (gloo, float32) `cpu_shim` covers megatron-core's CUDA-only spots; torch's AdamW is the
-optimizer on both (megatron's is CUDA-only; its distributed optimizer is not used yet).
-Not built yet, and rejected by validation with that message: pipeline and context
-parallelism, the critic (value model), and receiving weights (fully async ActorFwd ranks).
+optimizer on both (megatron's is CUDA-only), sharded over data-parallel ranks with
+--use-distributed-optimizer (torch's ZeroRedundancyOptimizer).
+Not built yet, and rejected by validation with that message: context parallelism, the critic
+(value model), and receiving weights (fully async ActorFwd ranks).
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from relax.backends.megatron.head import MegatronResponseHead
 from relax.backends.megatron.model import (
     Parallel, build_gpt, check_arch_flags, read_hf_state, rope_theta, transformer_config,
 )
-from relax.backends.train_worker import TRAINABLE_ROLES, TrainWorkerBase, reduce_metric
+from relax.backends.train_worker import TRAINABLE_ROLES, TrainWorkerBase, lr_lambda, reduce_metric
 
 logger = logging.getLogger(__name__)
 
@@ -150,6 +152,26 @@ class MegatronTrainWorker(TrainWorkerBase):
 
     def _optimized_parameters(self) -> list[torch.nn.Parameter]:
         return list(self._main.values()) if self._main else super()._optimized_parameters()
+
+    def _build_optimizer(self) -> None:
+        """AdamW; with --use-distributed-optimizer its state is sharded over the data-parallel
+        ranks (ZeRO-1, torch's `ZeroRedundancyOptimizer`: each rank steps its share of the weights
+        and the updated weights are broadcast from their owners)."""
+        super()._build_optimizer()
+        if not self.spec.model_parallel.distributed_optimizer or self.dp_size == 1:
+            return
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        o = self.spec.optim
+        self.optimizer = ZeroRedundancyOptimizer(
+            self._optimized_parameters(), optimizer_class=torch.optim.AdamW,
+            process_group=self.ps.get_data_parallel_group(), lr=o.lr, betas=(o.adam_beta1, o.adam_beta2),
+            eps=o.adam_eps, weight_decay=o.weight_decay, fused=self.device.type == "cuda")
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(o, self.spec.total_steps))
+
+    def _optimizer_state(self) -> Any:
+        """This rank's optimizer state (its own shard under --use-distributed-optimizer)."""
+        return getattr(self.optimizer, "optim", self.optimizer)
 
     def _grads(self) -> Iterator[tuple[str, torch.nn.Parameter, torch.Tensor]]:
         """(name, model weight, its gradient) of every weight with one (the main weight's under --bf16)."""
@@ -495,7 +517,7 @@ class MegatronTrainWorker(TrainWorkerBase):
         (path / "model").mkdir(parents=True, exist_ok=True)
         state: dict[str, Any] = {"model": self.model.state_dict(), "main": {n: m.data for n, m in self._main.items()}}
         if save_optim and self.optimizer is not None:
-            state["optim"] = self.optimizer.state_dict()
+            state["optim"] = self._optimizer_state().state_dict()
         state["rng"] = {"torch": torch.get_rng_state(), "python": random.getstate(),
                         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
         torch.save(state, self._rank_file(path))
@@ -524,7 +546,7 @@ class MegatronTrainWorker(TrainWorkerBase):
             for name, value in state.get("main", {}).items():
                 self._main[name].copy_(value)
         if "optim" in state and self.optimizer is not None:
-            self.optimizer.load_state_dict(state["optim"])
+            self._optimizer_state().load_state_dict(state["optim"])
         if self.scheduler is not None and meta.get("scheduler"):
             self.scheduler.load_state_dict(meta["scheduler"])
         torch.set_rng_state(state["rng"]["torch"])

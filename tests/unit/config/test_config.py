@@ -138,7 +138,7 @@ def test_recompute_flags_reach_the_fsdp_ranks(base):
 
 @pytest.mark.parametrize("extra, needle", [
     (["--context-parallel-size", "2"], "--context-parallel-size 2: the megatron backend does not build"),
-    (["--use-distributed-optimizer"], "--use-distributed-optimizer True"),
+    (["--overlap-grad-reduce"], "--overlap-grad-reduce True"),
     (["--megatron-to-hf-mode", "bridge"], "bridge conversion"),
     (["--fully-async"], "--fully-async needs --train-backend fsdp"),
     (["--attention-dropout", "0.1"], "RL training runs without dropout"),

@@ -71,8 +71,8 @@ def test_bf16_computes_in_bf16_and_steps_float32_main_weights(tmp_path):
     from relax.backends.megatron.worker import MegatronTrainWorker
 
     path = parity_cases.make_models(str(tmp_path))["dense"]
-    spec = TrainerSpec(model_path=path, optim=OptimizerConfig(lr=1e-2, bf16=True), batch=BatchConfig(micro_batch_size=2),
-                       loss=PolicyLossConfig(), threads=1)
+    spec = TrainerSpec(model_path=path, optim=OptimizerConfig(lr=1e-2, bf16=True),
+                       batch=BatchConfig(micro_batch_size=2), loss=PolicyLossConfig(), threads=1)
     w = MegatronTrainWorker(0, 1, "127.0.0.1", free_port(), spec)
     try:
         assert {p.dtype for p in w.model.parameters()} == {torch.bfloat16}

@@ -2,7 +2,8 @@
 
 On a tiny Qwen3 (tied embeddings) and a tiny Qwen3-MoE (untied, 4 experts, top-2): per-token
 log-probs before and after one optimizer step, the gradient norm and the loss, for megatron with
-TP=1, TP=2, TP=2 with sequence parallelism, DP=2, PP=2 and EP=2 against fsdp on one rank. Two-rank layouts run in two spawned processes
+TP=1, TP=2, TP=2 with sequence parallelism, DP=2 (also with the distributed optimizer), PP=2 and
+EP=2 against fsdp on one rank. Two-rank layouts run in two spawned processes
 (`parity_cases.run`), which also report the HF-named weights each pushes."""
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ def runs(tmp_path_factory):
     two = [("megatron", paths["dense"], {"tp": 2}), ("megatron", paths["dense"], {}),
            ("megatron", paths["moe"], {"ep": 2}), ("megatron", paths["dense"], {"pp": 2}),
            ("megatron", paths["moe"], {"pp": 2}), ("megatron", paths["dense"], {"tp": 2, "sequence_parallel": True}),
-           ("megatron", paths["moe"], {"tp": 2, "sequence_parallel": True})]
+           ("megatron", paths["moe"], {"tp": 2, "sequence_parallel": True}),
+           ("megatron", paths["dense"], {"distributed_optimizer": True})]
     port = free_port()
     ctx = mp.get_context("spawn")
     procs = [ctx.Process(target=parity_cases.run, args=(r, 2, port, two, f"{root}/two")) for r in range(2)]
@@ -50,12 +52,13 @@ def runs(tmp_path_factory):
             "dp2": {"dense": [load("two.0")[1], load("two.1")[1]]},
             "ep2": {"moe": [load("two.0")[2], load("two.1")[2]]},
             "pp2": {"dense": [load("two.0")[3], load("two.1")[3]], "moe": [load("two.0")[4], load("two.1")[4]]},
-            "tp2sp": {"dense": [load("two.0")[5], load("two.1")[5]], "moe": [load("two.0")[6], load("two.1")[6]]}}
+            "tp2sp": {"dense": [load("two.0")[5], load("two.1")[5]], "moe": [load("two.0")[6], load("two.1")[6]]},
+            "dp2zero": {"dense": [load("two.0")[7], load("two.1")[7]]}}
 
 
 @pytest.mark.parametrize("layout,model", [("tp1", "dense"), ("tp2", "dense"), ("dp2", "dense"), ("pp2", "dense"),
-                                          ("tp2sp", "dense"), ("tp1_moe", "moe"), ("ep2", "moe"), ("pp2", "moe"),
-                                          ("tp2sp", "moe")])
+                                          ("tp2sp", "dense"), ("dp2zero", "dense"), ("tp1_moe", "moe"),
+                                          ("ep2", "moe"), ("pp2", "moe"), ("tp2sp", "moe")])
 def test_megatron_matches_fsdp(runs, layout, model):
     ref, ranks = runs["fsdp"][model], runs[layout][model]
     for res in ranks:
