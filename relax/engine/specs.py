@@ -23,7 +23,7 @@ DATA_FLAGS = ("prompt_data", "hf_checkpoint", "input_key", "label_key", "metadat
               "multimodal_keys", "custom_prompt_path", "skip_malformed_rows", "use_streaming_dataset",
               "streaming_buffer_size", "rollout_shuffle", "rollout_seed", "prefetch_chunk_size",
               "prefetch_max_cached", "prefetch_num_workers", "n_samples_per_prompt", "buffer_filter_path",
-              "save", "load")
+              "save", "load", "image_min_token_num", "image_max_token_num", "image_resize_scale_factor")
 
 
 @dataclass(frozen=True)
@@ -145,6 +145,9 @@ class DataSpec:
     buffer_filter_path: str | None
     save: str | None  # where the data position is checkpointed
     load: str | None
+    image_min_token_num: int | None  # the image pipeline (relax.utils.multimodal.ImageConfig)
+    image_max_token_num: int | None
+    image_resize_scale_factor: int | None
 
     @classmethod
     def from_args(cls, args: Any) -> DataSpec:

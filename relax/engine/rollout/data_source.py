@@ -96,6 +96,18 @@ def load_tokenizer(spec: DataSpec) -> Any:
     return AutoTokenizer.from_pretrained(spec.hf_checkpoint)
 
 
+def _media_pipelines(spec: DataSpec, multimodal_keys: dict | None) -> dict | None:
+    """The streaming loader's media pipelines: images only for now (resized per --image-*-token-num).
+
+    Video and audio keep their bytes for the model's processor: their pipelines cannot decode
+    mp4 / mp3 without FFmpeg (docs/multimodal.md)."""
+    if not multimodal_keys or "image" not in multimodal_keys:
+        return None
+    from relax.utils.multimodal import build_pipelines
+
+    return build_pipelines(spec, ["image"])
+
+
 def build_prompt_dataset(spec: DataSpec, tokenizer: Any) -> PromptDataset | StreamingPromptDataset:
     """The dataset `--prompt-data` and the data flags describe."""
     common = dict(
@@ -112,8 +124,9 @@ def build_prompt_dataset(spec: DataSpec, tokenizer: Any) -> PromptDataset | Stre
         return StreamingPromptDataset(
             spec.prompt_data, tokenizer, buffer_size=spec.streaming_buffer_size, shuffle=spec.rollout_shuffle,
             seed=spec.rollout_seed, prefetch_chunk_size=spec.prefetch_chunk_size,
-            prefetch_max_cached=spec.prefetch_max_cached, prefetch_num_workers=spec.prefetch_num_workers, **common)
-    return PromptDataset(spec.prompt_data, tokenizer, **common)
+            prefetch_max_cached=spec.prefetch_max_cached, prefetch_num_workers=spec.prefetch_num_workers,
+            media_pipelines=_media_pipelines(spec, common["multimodal_keys"]), **common)
+    return PromptDataset(spec.prompt_data, tokenizer, check_media=True, **common)
 
 
 class RolloutDataSource:

@@ -8,7 +8,12 @@ consumed) can be saved and restored; restoring re-reads the epoch's rows up to t
 without formatting them. With `--multimodal-keys` it loads each row's media (images decoded),
 ahead of use in a background prefetch buffer (`relax.utils.data.prefetch`,
 `--prefetch-chunk-size/-max-cached/-num-workers`), or when the row is taken with
-`--prefetch-max-cached 0`.
+`--prefetch-max-cached 0`. Given `media_pipelines` (`relax.utils.multimodal`), media are also
+resized / frame-sampled / resampled per the multimodal flags; a corrupt file is then caught too.
+
+`PromptDataset` keeps media references as they are; with `check_media` (the run's training data)
+it first checks each local item is there and decodable (`relax.utils.multimodal.check`; URLs
+are not fetched).
 
 Both turn rows into samples with `relax.utils.data.formatting.build_sample` and drop prompts
 longer than `--rollout-max-prompt-len` tokens. A malformed row raises `DataError` naming the
@@ -112,6 +117,7 @@ class PromptDataset:
     """All prompts of `paths` in memory, in file order (`samples`), plus what was dropped and why.
 
     `paths`: anything `resolve_prompt_paths` accepts (a path, a list, a verl-style list string).
+    `check_media`: check each row's local media files exist and decode (a bad one is a malformed row).
     Counters: `num_skipped` (malformed rows, with --skip-malformed-rows), `num_too_long`.
     """
 
@@ -120,7 +126,8 @@ class PromptDataset:
                  apply_chat_template: bool = False, apply_chat_template_kwargs: dict | None = None,
                  system_prompt: str | None = None, max_prompt_len: int | None = None,
                  multimodal_keys: dict[str, str] | None = None,
-                 custom_prompt_fn: Callable[[Any, dict], Any] | None = None, skip_malformed: bool = False) -> None:
+                 custom_prompt_fn: Callable[[Any, dict], Any] | None = None, skip_malformed: bool = False,
+                 check_media: bool = False) -> None:
         self.paths = resolve_prompt_paths(paths)
         fmt = _make_format(input_key, label_key, metadata_key, tool_key, apply_chat_template,
                            apply_chat_template_kwargs, system_prompt, multimodal_keys, custom_prompt_fn)
@@ -130,6 +137,8 @@ class PromptDataset:
         self.samples: list[Sample] = []
         for path in self.paths:
             for location, row in iter_records(path):
+                if check_media and multimodal_keys and not isinstance(row, DataError):
+                    row = _checked_media(location, row, multimodal_keys)
                 sample = pipeline(location, row)
                 if sample is not None:
                     self.samples.append(sample)
@@ -147,6 +156,17 @@ class PromptDataset:
 
     def __iter__(self) -> Iterator[Sample]:
         return iter(self.samples)
+
+
+def _checked_media(location: RowLocation, row: dict, multimodal_keys: dict[str, str]) -> dict | DataError:
+    """The row, or a DataError naming it when a media file is missing or corrupt (relax.utils.multimodal.check)."""
+    from relax.utils.multimodal.check import check_row_media
+
+    try:
+        check_row_media(row, multimodal_keys)
+    except ValueError as exc:
+        return DataError(f"{location}: {exc}; fix the row or the file it names")
+    return row
 
 
 def _shuffle_buffer(records: Iterator, buffer_size: int, rng: random.Random) -> Iterator:
@@ -179,12 +199,14 @@ class StreamingPromptDataset:
                  system_prompt: str | None = None, max_prompt_len: int | None = None,
                  multimodal_keys: dict[str, str] | None = None,
                  custom_prompt_fn: Callable[[Any, dict], Any] | None = None, skip_malformed: bool = False,
-                 prefetch_chunk_size: int = 32, prefetch_max_cached: int = 256, prefetch_num_workers: int = 1) -> None:
+                 prefetch_chunk_size: int = 32, prefetch_max_cached: int = 256, prefetch_num_workers: int = 1,
+                 media_pipelines: dict[str, Any] | None = None) -> None:
         if buffer_size < 1:
             raise ValueError(f"--streaming-buffer-size must be >= 1, got {buffer_size}")
         if prefetch_max_cached < 0:
             raise ValueError(f"--prefetch-max-cached must be >= 0 (0 = no prefetching), got {prefetch_max_cached}")
         self.multimodal_keys = dict(multimodal_keys or {})
+        self.media_pipelines = media_pipelines  # relax.utils.multimodal.build_pipelines; None: decode only
         self.prefetch = dict(chunk_size=prefetch_chunk_size, max_cached=prefetch_max_cached,
                              num_workers=prefetch_num_workers)
         self._prefetcher: PrefetchBuffer | None = None
@@ -239,7 +261,7 @@ class StreamingPromptDataset:
         row = decode_record(location, payload)
         if self.multimodal_keys and not isinstance(row, DataError):
             try:
-                row = load_row_media(row, self.multimodal_keys)
+                row = load_row_media(row, self.multimodal_keys, self.media_pipelines)
             except ValueError as exc:
                 row = DataError(f"{location}: {exc}; fix the row or the file it names")
         return location, row

@@ -4,8 +4,10 @@ With `--use-streaming-dataset` and `--multimodal-keys`, every media item of a ro
 before the row becomes a prompt (`load_row_media`): an image is decoded to an RGB `uint8`
 tensor `[H, W, 3]` (a plain tensor, so samples stay checkpointable and any HF image processor
 takes it); video and audio are read into `bytes` (decoding them needs FFmpeg-class libraries,
-left to the processor). Items may be a file path (or `file://` URL), raw bytes, or an HF
-datasets-style `{"bytes": ..., "path": ...}` struct; an already-loaded tensor passes through.
+left to the processor). Items may be a file path (or `file://` URL), an `http(s)://` URL, a
+`data:...;base64,` URI, raw bytes, or an HF datasets-style `{"bytes": ..., "path": ...}` struct
+(`relax.utils.multimodal.sources`); an already-loaded tensor passes through. Given the media
+pipelines (`relax.utils.multimodal`), media are resized / sampled / resampled per the flags.
 
 `PrefetchBuffer` does that loading off the consumer's thread: a background thread pulls up to
 `--prefetch-chunk-size` records from the source, has `--prefetch-num-workers` threads load them,
@@ -17,35 +19,20 @@ the consumer gets the exception at the position of the record that caused it.
 from __future__ import annotations
 
 import io
-import os
 import threading
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Generic, Iterator, TypeVar
+
+from relax.utils.multimodal.sources import read_bytes
 
 T = TypeVar("T")
 R = TypeVar("R")
 
 
 def _item_bytes(item: Any, kind: str) -> bytes:
-    """The raw bytes of a media item: bytes, a local path / file:// URL, or {"bytes"|"path"}."""
-    if isinstance(item, (bytes, bytearray)):
-        return bytes(item)
-    if isinstance(item, dict):
-        if item.get("bytes") is not None:
-            return bytes(item["bytes"])
-        if item.get("path"):
-            return _item_bytes(item["path"], kind)
-    if isinstance(item, str):
-        path = item[len("file://"):] if item.startswith("file://") else item
-        if "://" in path:
-            raise ValueError(f"{kind} {item!r}: remote URLs are not fetched; download the files and store local paths")
-        try:
-            with open(os.path.expanduser(path), "rb") as f:
-                return f.read()
-        except OSError as exc:
-            raise ValueError(f"{kind} {item!r}: cannot read ({exc.strerror})") from exc
-    raise ValueError(f"{kind}: expected a path, bytes or a {{'bytes', 'path'}} mapping, got {type(item).__name__}")
+    """The raw bytes of a media item (path, file:// / http(s):// URL, data: URI, bytes or {"bytes"|"path"})."""
+    return read_bytes(item, kind)
 
 
 def load_image(item: Any) -> Any:
@@ -77,8 +64,12 @@ def _describe(item: Any) -> str:
     return repr(item) if isinstance(item, str) else f"<{type(item).__name__}>"
 
 
-def load_row_media(row: dict, multimodal_keys: dict[str, str]) -> dict:
-    """A copy of `row` whose multimodal columns hold loaded media (ValueError naming the column)."""
+def load_row_media(row: dict, multimodal_keys: dict[str, str], pipelines: dict[str, Any] | None = None) -> dict:
+    """A copy of `row` whose multimodal columns hold loaded media (ValueError naming the column).
+
+    With `pipelines` (`relax.utils.multimodal.build_pipelines`), a modality that has one is
+    processed by it instead: images resized, videos frame-sampled ([T, H, W, 3]), audio resampled
+    and cut ([T] float32), per the multimodal flags."""
     out = dict(row)
     for kind, column in multimodal_keys.items():
         value = out.get(column)
@@ -89,11 +80,20 @@ def load_row_media(row: dict, multimodal_keys: dict[str, str]) -> dict:
         if hasattr(value, "tolist") and not _is_tensor(value):  # numpy arrays from pandas-written parquet
             value = value.tolist()
         items = value if isinstance(value, (list, tuple)) else [value]
+        load = pipelines[kind].process if pipelines and kind in pipelines else MEDIA_LOADERS[kind]
         try:
-            out[column] = [MEDIA_LOADERS[kind](item) for item in items]
+            out[column] = [_loaded_tensor(load(item)) for item in items]
         except ValueError as exc:
             raise ValueError(f"column {column!r}: {exc}") from exc
     return out
+
+
+def _loaded_tensor(loaded: Any) -> Any:
+    """A pipeline result -> its tensor (samples keep plain tensors); loader results pass through."""
+    for name in ("pixels", "frames", "waveform"):
+        if hasattr(loaded, name) and not isinstance(loaded, dict):
+            return getattr(loaded, name)
+    return loaded
 
 
 def _is_tensor(value: Any) -> bool:

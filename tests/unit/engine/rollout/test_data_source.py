@@ -219,11 +219,15 @@ def test_custom_prompt_path_is_loaded_and_applied(tmp_path):
 
 
 def test_json_string_flags_are_parsed(tmp_path):
-    rows = [{"input": "<image>question", "label": "1", "imgs": ["x.png"]}]
+    from PIL import Image
+
+    image = str(tmp_path / "x.png")
+    Image.new("RGB", (2, 2)).save(image)  # the in-memory dataset checks media files exist and decode
+    rows = [{"input": "<image>question", "label": "1", "imgs": [image]}]
     (tmp_path / "mm.jsonl").write_text(json.dumps(rows[0]) + "\n")
     source = RolloutDataSource(make_args(tmp_path, prompt_data=str(tmp_path / "mm.jsonl"),
                                          multimodal_keys='{"image": "imgs"}'))
-    assert source.get_samples(1)[0][0].multimodal_inputs == {"image": ["x.png"]}
+    assert source.get_samples(1)[0][0].multimodal_inputs == {"image": [image]}
 
 
 def test_without_prompt_data_groups_are_empty_placeholders(tmp_path):

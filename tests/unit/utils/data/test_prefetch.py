@@ -106,7 +106,7 @@ def test_images_load_from_paths_bytes_and_structs_as_rgb_tensors(tmp_path):
 
 
 @pytest.mark.parametrize("item, needle", [
-    ("/no/such.png", "cannot read"), ("https://x.org/a.png", "remote URLs are not fetched"),
+    ("/no/such.png", "cannot read"), ("ftp://x.org/a.png", "unsupported URL scheme"),
     (b"not an image", "not a decodable image"), (3, "expected a path"),
 ])
 def test_bad_media_items_raise_naming_the_item(item, needle):
