@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import compileall
+import json
 import logging
 from pathlib import Path
 
@@ -52,3 +53,17 @@ def alert_endpoint():
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield f"json://127.0.0.1:{server.server_address[1]}/alerts", received
     server.shutdown()
+
+
+@pytest.fixture()
+def base(tmp_path):
+    """The smallest valid run's flags (a model config, one data row, a run directory): tests add
+    the flags they check. A test module may define its own `base`."""
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"num_hidden_layers": 2, "hidden_size": 64}))
+    data = tmp_path / "train.jsonl"
+    data.write_text('{"input": "1+1", "label": "2"}\n')
+    return ["--hf-checkpoint", str(model), "--prompt-data", str(data), "--rollout-batch-size", "4",
+            "--n-samples-per-prompt", "2", "--num-rollout", "3", "--rollout-max-response-len", "8",
+            "--exp-dir", str(tmp_path / "run")]

@@ -6,23 +6,10 @@ from __future__ import annotations
 import asyncio
 import json
 
-import pytest
 
 from relax.components.metrics import MetricsService, run_flags, sink_config
 from relax.config import parse_config
 from relax.config.plan import RolePlan
-
-
-@pytest.fixture()
-def base(tmp_path):
-    model = tmp_path / "model"
-    model.mkdir()
-    (model / "config.json").write_text(json.dumps({"num_hidden_layers": 2, "hidden_size": 64}))
-    data = tmp_path / "train.jsonl"
-    data.write_text('{"input": "1+1", "label": "2"}\n')
-    return ["--hf-checkpoint", str(model), "--prompt-data", str(data), "--rollout-batch-size", "4",
-            "--n-samples-per-prompt", "2", "--num-rollout", "3", "--rollout-max-response-len", "8",
-            "--exp-dir", str(tmp_path / "run")]
 
 
 def test_a_closed_step_merges_what_every_role_reported(base, tmp_path):

@@ -4,7 +4,6 @@ launches no engine and reserves no GPU for an external fleet."""
 
 from __future__ import annotations
 
-import json
 
 import pytest
 
@@ -12,18 +11,6 @@ from relax.config import ConfigError, parse_config
 from relax.config.plan import format_plan, resolve_plan
 
 EXTERNAL = ["--rollout-external", "--rollout-external-engine-addrs", "10.0.0.5:30000", "[fd00::6]:30001"]
-
-
-@pytest.fixture()
-def base(tmp_path):
-    model = tmp_path / "model"
-    model.mkdir()
-    (model / "config.json").write_text(json.dumps({"num_hidden_layers": 2, "hidden_size": 64}))
-    data = tmp_path / "train.jsonl"
-    data.write_text('{"input": "1+1", "label": "2"}\n')
-    return ["--hf-checkpoint", str(model), "--prompt-data", str(data), "--rollout-batch-size", "4",
-            "--n-samples-per-prompt", "2", "--num-rollout", "3", "--rollout-max-response-len", "8",
-            "--exp-dir", str(tmp_path / "run")]
 
 
 def test_router_flags_are_relax_flags_not_sglang_server_options(base):

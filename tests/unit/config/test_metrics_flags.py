@@ -3,25 +3,12 @@ error naming the flag and the install command, and the metrics role is planned f
 
 from __future__ import annotations
 
-import json
 import sys
 
 import pytest
 
 from relax.config import ConfigError, parse_config
 from relax.config.plan import format_plan, resolve_plan
-
-
-@pytest.fixture()
-def base(tmp_path):
-    model = tmp_path / "model"
-    model.mkdir()
-    (model / "config.json").write_text(json.dumps({"num_hidden_layers": 2, "hidden_size": 64}))
-    data = tmp_path / "train.jsonl"
-    data.write_text('{"input": "1+1", "label": "2"}\n')
-    return ["--hf-checkpoint", str(model), "--prompt-data", str(data), "--rollout-batch-size", "4",
-            "--n-samples-per-prompt", "2", "--num-rollout", "3", "--rollout-max-response-len", "8",
-            "--exp-dir", str(tmp_path / "run")]
 
 
 def test_the_metrics_flags_are_accepted(base):
