@@ -16,7 +16,10 @@ still scored. Both compute exactly the same optimizer steps.
 During --num-critic-only-steps / --critic-train-only the actor takes no optimizer step. With
 --ref-update-interval N it saves its weights for the reference after every N-th step.
 Weights go out through the DCS coordinator to every receiver it lists (the engines; ActorFwd's
-ranks in fully-async mode), overlapping the next step when the plan says so.
+ranks in fully-async mode), overlapping the next step when the plan says so. With
+--use-fault-tolerance a push that a receiver failed (an engine that died) is tried again once the
+coordinator lists its replacement, and a replacement engine gets the weights the ranks hold now
+(`restore_weights`) before it is routed to. Training, pushes and restores take turns on the ranks.
 """
 
 from __future__ import annotations
@@ -36,10 +39,12 @@ from relax.components.training import (
     make_worker_group, mean_over_ranks, move_ranks, optimizer_steps_total, ref_update_due,
     reference_sync_dir, save_checkpoint, step_plan, train_on_rows, trains_actor,
 )
+from relax.config.fault import recovery_window_s
 from relax.config.plan import ActorPlan
 from relax.config.schema import RelaxConfig
 from relax.distributed import transfer_queue as tq
 from relax.distributed.ray.actor_group import RayActorGroup
+from relax.distributed.weight_sync import WeightSyncError
 from relax.types import COLUMNS, ROLLOUT_COLUMNS, TrainBatch
 from relax.utils import checkpoints
 from relax.utils.logging import run_token, setup_logging
@@ -55,6 +60,10 @@ class Actor:
         self.cfg, self.plan = cfg, plan
         self.token = run_token()
         self.version = 0  # weight version the engines hold (= optimizer updates applied)
+        self.params_version = 0  # weight version the ranks hold (ahead of `version` between train and push)
+        self._ranks = asyncio.Lock()  # one of train / push / restore on the ranks at a time
+        self.push_retries = 0  # pushes tried again after a receiver failed (fault tolerance)
+        self._tried_topology = -1  # the coordinator topology the last push was made for
         self.group: RayActorGroup | None = None
         self.dcs: Any = None  # the DCS coordinator's handle
         self.topology_version = -1
@@ -88,7 +97,7 @@ class Actor:
             logger.info("resumed from %s: next rollout %d", ckpt, start)
         if cfg.data.start_rollout_id is not None:
             start = cfg.data.start_rollout_id
-        self.version = start
+        self.version = self.params_version = start
         # `resume`: the checkpoint's step, whose parts the other roles load (data position, critic)
         return {"start_rollout_id": start, "resume": point}
 
@@ -97,9 +106,8 @@ class Actor:
         """Weights go to whatever the DCS coordinator lists (engines, ActorFwd ranks)."""
         self.dcs = coordinator
 
-    async def _sync_topology(self) -> dict[str, float]:
+    async def _sync_topology(self, topology: dict[str, Any]) -> dict[str, float]:
         """Rebuild the broadcast group when the coordinator's topology changed since the last push."""
-        topology = await self.dcs.topology.remote()
         if topology["version"] == self.topology_version or not topology["endpoints"]:
             return {}
         backend = (await self.group.call("connect_receivers", topology["endpoints"], self.token,
@@ -114,17 +122,70 @@ class Actor:
         the version still advances, so staleness checks read the same as in a full run."""
         stats: dict[str, float] = {}
         if self.group is not None and self.dcs is not None:
-            stats = await self._sync_topology()
-            if self.topology_version >= 0:
-                # Overlapped pushes: the Rollout's staleness gate and evaluation wait for the
-                # engines' version, not for this call. The first push never overlaps.
-                background, self.pushed = self.plan.overlap_weight_push and self.pushed, True
-                stats |= (await self.group.call("push_weights", version, background))[0]
-                if "weight_sync/version" in stats:  # the push that finished (the previous one when overlapped)
-                    await self.dcs.publish.remote(int(stats["weight_sync/version"]),
-                                                  {k.split("/")[-1]: v for k, v in stats.items()})
-        self.version = version
+            async with self._ranks:
+                stats = await self._retrying(self._push, version)
+        self.version = self.params_version = version
         return stats
+
+    async def _push(self, version: int) -> dict[str, float]:
+        """One push to every receiver the coordinator lists now."""
+        topology = await self.dcs.topology.remote()
+        self._tried_topology = topology["version"]
+        stats = await self._sync_topology(topology)
+        if self.topology_version >= 0:
+            # Overlapped pushes: the Rollout's staleness gate and evaluation wait for the
+            # engines' version, not for this call. The first push never overlaps.
+            background, self.pushed = self.plan.overlap_weight_push and self.pushed, True
+            stats |= (await self.group.call("push_weights", version, background))[0]
+            if "weight_sync/version" in stats:  # the push that finished (the previous one when overlapped)
+                await self.dcs.publish.remote(int(stats["weight_sync/version"]),
+                                              {k.split("/")[-1]: v for k, v in stats.items()})
+        return stats
+
+    async def _retrying(self, push: Any, *args: Any) -> dict[str, float]:
+        """`push(*args)`; with --use-fault-tolerance a push that a receiver failed is tried again over
+        the group rebuilt once the coordinator's topology changed (the health manager registers the
+        failed engine's replacement), within the recovery window."""
+        deadline = time.monotonic() + recovery_window_s(self.cfg)
+        while True:
+            try:
+                return await push(*args)
+            except WeightSyncError as exc:  # fault tolerance: retried (logged and counted), else raised
+                if not self.cfg.fault.use_fault_tolerance or time.monotonic() > deadline:
+                    raise
+                self.push_retries += 1
+                self.topology_version = -1  # whatever the coordinator lists next, the group is rebuilt
+                cause = getattr(exc, "cause", None) or exc  # (a RayTaskError carries the rank's error as `cause`)
+                logger.warning("weight push failed (%s: %s); trying again once the coordinator lists the failed "
+                               "receiver's replacement", type(cause).__name__, str(cause).splitlines()[0])
+                await self._topology_changed(self._tried_topology, deadline)
+
+    async def _topology_changed(self, old: int, deadline: float) -> None:
+        """Wait (until `deadline`) for a coordinator topology other than version `old`."""
+        backoff = Backoff()
+        while (await self.dcs.topology.remote())["version"] == old and time.monotonic() < deadline:
+            await backoff.wait()
+
+    def push_retries_count(self) -> int:
+        """Weight pushes tried again after a receiver failed, so far (`relax.core.health` counts them)."""
+        return self.push_retries
+
+    async def restore_weights(self, receivers: list[Any], devices: list[Any] | None = None) -> dict[str, float]:
+        """Tier 1: push the weights the ranks hold now to `receivers` only (replacement engines,
+        before they are routed to); the next regular push rebuilds the group over the whole topology."""
+        if self.group is None:  # --debug-rollout-only: every engine keeps the weights it started with
+            return {}
+        async with self._ranks:
+            self.topology_version = -1
+            try:
+                return await self._push_to(receivers, devices)
+            except WeightSyncError as exc:  # once more: the error may be an earlier background push's
+                logger.warning("restoring weights on %s failed (%s); trying once more", receivers, exc)
+            return await self._push_to(receivers, devices)
+
+    async def _push_to(self, receivers: list[Any], devices: list[Any] | None) -> dict[str, float]:
+        await self.group.call("connect_receivers", receivers, self.token, self.plan.pause_mode, devices)
+        return (await self.group.call("push_weights", self.params_version, False))[0]
 
     async def offload(self) -> dict[str, float]:
         """Colocate on shared GPUs: this role's ranks move their state to the host (rollout runs)."""
@@ -135,6 +196,12 @@ class Actor:
 
     # ---- training ----------------------------------------------------------------------
     async def train(self, rollout_id: int) -> dict[str, float]:
+        async with self._ranks:
+            metrics = await self._train(rollout_id)
+        self.params_version = rollout_id + 1
+        return metrics
+
+    async def _train(self, rollout_id: int) -> dict[str, float]:
         if self.group is None:  # --debug-rollout-only: consume the step's rows untrained
             await tq.clear(rollout_id)
             return {}
@@ -321,14 +388,17 @@ class Actor:
         if self.group is None:
             return {}
         cfg = self.cfg.ckpt
-        return {"actor": await save_checkpoint(self.group, cfg.save, rollout_id, save_optim=not cfg.no_save_optim)}
+        async with self._ranks:
+            return {"actor": await save_checkpoint(self.group, cfg.save, rollout_id,
+                                                   save_optim=not cfg.no_save_optim)}
 
     async def export_hf(self, rollout_id: int) -> str | None:
         if self.group is None:
             return None
         out = self.cfg.ckpt.save_hf.format(rollout_id=rollout_id)
         os.makedirs(out, exist_ok=True)
-        await self.group.call("export_hf", out, self.cfg.ckpt.hf_checkpoint)
+        async with self._ranks:
+            await self.group.call("export_hf", out, self.cfg.ckpt.hf_checkpoint)
         return out
 
     async def shutdown(self) -> None:

@@ -24,6 +24,7 @@ from argparse import Namespace
 from typing import TYPE_CHECKING, Any
 
 from relax.config.eval_config import EvalDataset, eval_datasets
+from relax.config.fault import recovery_window_s
 from relax.config.plan import RolloutPlan
 from relax.config.schema import RelaxConfig
 from relax.distributed import transfer_queue as tq
@@ -84,7 +85,7 @@ class Rollout:
         self.step_events: dict[int, asyncio.Event] = {}
         self.snapshots: dict[int, dict[str, Any]] = {}
         self.failed: dict[int, BaseException] = {}
-        self._busy_mark: list[float] = []  # engines' busy seconds when the last step reported
+        self._busy_mark: dict[str, float] = {}  # engines' busy seconds when the last step reported
         self.stopping = False
 
     # ---- lifecycle ---------------------------------------------------------------------
@@ -162,7 +163,8 @@ class Rollout:
             http_timeout=cfg.rollout.http_timeout, log_names=tuple(f"engine_{i}.log" for i in range(n)),
             # On a GPU cluster: the GPUs the engine's slots hold in the run's placement group.
             devices=tuple(self.gpu_slots.devices) if self.gpu_slots is not None else ("cpu",) * n,
-            external=external, router=f"http://{host}:{r.sglang_router_port}" if host else None)
+            external=external, router=f"http://{host}:{r.sglang_router_port}" if host else None,
+            hold_s=recovery_window_s(cfg) if cfg.fault.use_fault_tolerance else 0.0)
 
     def _rollout_function(self) -> Any:
         """`async fn(step, rollout_id)`: the Generator for the default rollout function, else the
@@ -212,6 +214,25 @@ class Rollout:
                 generator.rewards.close()
         await close_sessions()
 
+    # ---- health (relax.core.health drives these) ------------------------------------------
+    async def check_engines(self, timeout: float) -> list[tuple[str, str]]:
+        """(url, what is wrong) for every engine that died or did not answer its health check."""
+        return await self.fleet.probe(timeout) if self.fleet else []
+
+    async def replace_engine(self, url: str) -> str:
+        """Take the failed engine out (its requests in flight go to the others), stop it and start a
+        fresh one on its device; returns the new engine's URL, not yet routed to (`admit_engine`)."""
+        return await self.fleet.replace(url)
+
+    async def admit_engine(self, url: str) -> None:
+        """Route to a replacement engine (it holds the current weights now)."""
+        await self.fleet.admit(url)
+
+    def requests_resent(self) -> int:
+        """Generate requests sent again after their engine failed, so far."""
+        router = self.fleet.router if self.fleet else None
+        return getattr(router, "resent", 0)
+
     def weight_receivers(self) -> list[str]:
         """The engines take every weight push (their URLs; the DCS coordinator lists them)."""
         return self.fleet.urls if self.fleet else []
@@ -221,7 +242,9 @@ class Rollout:
         urls = self.weight_receivers()
         if self.gpu_slots is None:
             return [()] * len(urls)
-        return list(self.gpu_slots.identities[:len(urls)])
+        # By device, not position: a replacement engine joins the fleet last, on its predecessor's GPUs.
+        identity = dict(zip(self.gpu_slots.devices, self.gpu_slots.identities))
+        return [identity.get(self.fleet.device_of(url), ()) for url in urls]
 
     # ---- fully async ---------------------------------------------------------------------
     async def run(self, start: int, end: int) -> None:
@@ -334,7 +357,8 @@ class Rollout:
         busy_after = await self._engine_busy_seconds()
         if self.plan.overlapping_steps:  # steps overlap: each reports the engine time since the last report
             self._busy_mark = busy_after
-        busy = [after - before for before, after in zip(busy_before, busy_after)]
+        # (an engine replaced during the step counts from its start)
+        busy = [after - busy_before.get(url, 0.0) for url, after in busy_after.items()]
         if self.cfg.debug.save_debug_rollout_data:
             await asyncio.to_thread(save_rollout, self.cfg.debug.save_debug_rollout_data, rollout_id, groups)
         samples = [s for g in groups for s in g]
@@ -363,9 +387,9 @@ class Rollout:
             "time/rollout": time.perf_counter() - start, "compute/generate_seconds": max(busy, default=0.0),
             **self.rewards.stats(reset=True), **filter_stats}
 
-    async def _engine_busy_seconds(self) -> list[float]:
-        """Per engine: seconds spent in batched decoding so far (0 when the backend does not say)."""
-        return await self.fleet.busy_seconds() if self.fleet else []
+    async def _engine_busy_seconds(self) -> dict[str, float]:
+        """Per engine URL: seconds spent in batched decoding so far (0 when the backend does not say)."""
+        return await self.fleet.busy_seconds() if self.fleet else {}
 
     def progress(self) -> tuple[int, int]:
         return self.current.done, self.current.total

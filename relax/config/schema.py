@@ -410,8 +410,8 @@ class LoggingConfig:
     log_correct_samples: bool = opt(False, "Log correct samples.", supported=False)
     log_reward_category: str | None = opt(None, "Reward category key.", supported=False)
     notify_urls: str | None = opt(None, "Apprise URLs (comma-separated): alerts on run start, failure (with the "
-                                  "error) and finish, e.g. json://host:port/path or slack://... "
-                                  "(docs/observability.md).")
+                                  "error), each recovery (docs/operations.md) and finish, e.g. json://host:port/path "
+                                  "or slack://... (docs/observability.md).")
     progress_bar: bool = opt(True, "Show a progress bar per rollout.", type=parse_bool)
 
 
@@ -433,12 +433,22 @@ class DebugConfig:
 
 @dataclass(frozen=True)
 class FaultConfig:
-    use_fault_tolerance: bool = opt(False, "Rollout fault tolerance.", supported=False)
-    use_health_check: bool = opt(False, "Global health checks.", supported=False)
-    max_global_restart: int = opt(3, "Max global restarts.", supported=False)
-    rollout_health_check_interval: float = opt(30.0, "Engine health-check interval, s.", supported=False)
-    rollout_health_check_timeout: float = opt(30.0, "Engine health-check timeout, s.", supported=False)
-    rollout_health_check_first_wait: float = opt(0.0, "Wait before the first health check, s.", supported=False)
+    """Health checks and recovery (docs/operations.md, relax.core.health)."""
+
+    use_fault_tolerance: bool = opt(False, "Tier 1: a rollout engine that dies or hangs (no answer to its health "
+                                    "check) is replaced in place by a fresh one that gets the current weights before "
+                                    "it is routed to; its requests in flight are sent again to the other engines.")
+    use_health_check: bool = opt(False, "The Controller's HealthManager: role heartbeats and engine health checks; "
+                                 "tier 2: when a trainer rank, a role or an engine fails beyond tier 1, every role is "
+                                 "torn down and the run resumes from the last checkpoint under --save.")
+    max_global_restart: int = opt(3, "Most tier-2 global restarts (with --use-health-check); the next failure "
+                                  "ends the run.")
+    rollout_health_check_interval: float = opt(30.0, "Seconds between health checks of the engines and roles "
+                                               "(with --use-fault-tolerance or --use-health-check).")
+    rollout_health_check_timeout: float = opt(30.0, "An engine that does not answer GET /health within this many "
+                                              "seconds is hung.")
+    rollout_health_check_first_wait: float = opt(0.0, "Seconds to wait after start-up before the first health "
+                                                 "check.")
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from relax.config import plan
 from relax.config.eval_config import eval_datasets
+from relax.config.fault import check_fault_flags
 from relax.config.fields import field_default
 from relax.config.parser import ConfigError
 from relax.config.schema import FIELD_GROUP, GENRM_SAMPLING_DEFAULTS, GROUPS, MEGATRON_ONLY, RelaxConfig
@@ -744,7 +745,7 @@ def check_metrics_sinks(cfg: RelaxConfig) -> None:
 CHECKS = (check_unsupported, check_ranges, check_mode, check_partial_rollout, check_debug, check_external,
           check_resource, check_batches, check_algorithm, check_paths, check_eval, check_context, check_prefetch,
           check_genrm, check_true_on_policy, check_backends, check_plugins, check_exp_dir, check_notify,
-          check_metrics_sinks)
+          check_metrics_sinks, check_fault_flags)
 
 
 def validate_config(cfg: RelaxConfig) -> RelaxConfig:

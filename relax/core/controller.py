@@ -16,7 +16,9 @@ Colocate, one rollout step per iteration (roles take turns on the same devices):
 Fully async: every streaming role runs its own loop over the steps (`run()`); the Controller
 only paces the Actor:
     rollout.wait_step(k) -> actor.train(k) -> actor.update_weights(k+1)
-Both then evaluate / checkpoint at their intervals.
+Both then evaluate / checkpoint at their intervals. With --use-fault-tolerance / --use-health-check
+the HealthManager (`relax.core.health`) watches engines and roles beside the loop, and `run`
+restarts a failed run from its last checkpoint (tier 2).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from typing import Any
 
 from relax.config.plan import RunPlan
 from relax.config.schema import RelaxConfig
+from relax.core.health import HealthEvents, HealthManager, run_with_restarts
 from relax.core.metrics import DriverMetrics, ServiceMetrics, step_metrics
 from relax.core.service import Runtime
 from relax.utils import checkpoints
@@ -74,8 +77,10 @@ async def watched(call: Any, background: list[asyncio.Future]) -> Any:
 
 
 class Controller:
-    def __init__(self, cfg: RelaxConfig, plan: RunPlan, runtime: Runtime) -> None:
+    def __init__(self, cfg: RelaxConfig, plan: RunPlan, runtime: Runtime, events: HealthEvents | None = None) -> None:
         self.cfg, self.plan, self.runtime = cfg, plan, runtime
+        self.events = events or HealthEvents(cfg.misc.exp_dir)  # recovery events (kept across global restarts)
+        self.health: HealthManager | None = None  # set on deploy
         self.exp_dir = cfg.misc.exp_dir
         self.metrics: DriverMetrics | ServiceMetrics | None = None  # the metrics sinks (set on deploy)
         self.roles: dict[str, RoleHandle] = {}
@@ -104,6 +109,7 @@ class Controller:
         await self.actor.connect_dcs(dcs.handle)
         await self.actor.update_weights(self.start)  # engines serve the actor's weights from step 0
         await self.move_trainers("offload")  # colocate on shared GPUs: the engines generate first
+        self.health = HealthManager(self.cfg, self.plan, self.roles, self.events, context)
 
     @property
     def actor(self) -> RoleHandle:
@@ -190,6 +196,7 @@ class Controller:
         if cfg.ckpt.save_hf and last:
             metrics["export/hf_path"] = await self.actor.export_hf(step)
         metrics["time/step"] = time.perf_counter() - t0
+        metrics |= self.health.metrics()  # health/*: failures seen, engines replaced, global restarts
         await self.metrics.log(step, metrics)
         print(format_step_summary(step, self.num_rollout, metrics), flush=True)
 
@@ -249,14 +256,20 @@ class Controller:
             logger.info("timeline: %s (open in https://ui.perfetto.dev)", merge_traces(self.timeline.directory))
 
 
-async def _run(cfg: RelaxConfig, runtime: Runtime) -> dict[str, Any]:
-    controller = Controller(cfg, runtime.plan, runtime)
+async def _run(cfg: RelaxConfig, runtime: Runtime, events: HealthEvents | None = None) -> dict[str, Any]:
+    controller = Controller(cfg, runtime.plan, runtime, events)
     try:
         await controller.deploy()
-        await controller.train()
+        await controller.health.watch(controller.train())  # a failure it cannot repair ends the attempt
         return controller.summary()
     finally:
         await controller.shutdown()
+
+
+def attempt(cfg: RelaxConfig, events: HealthEvents) -> dict[str, Any]:
+    """Start the runtime, deploy, train, tear everything down (one attempt of the run)."""
+    with Runtime(cfg) as runtime:  # SIGTERM stops it like Ctrl-C (see Runtime)
+        return asyncio.run(_run(cfg, runtime, events))
 
 
 def run(cfg: RelaxConfig) -> int:
@@ -265,9 +278,9 @@ def run(cfg: RelaxConfig) -> int:
     notifier = Notifier(cfg.logging.notify_urls, run_name=os.path.basename(os.path.abspath(cfg.misc.exp_dir)))
     notifier.started({"mode": "fully async" if cfg.cluster.fully_async else "colocate",
                       "steps": cfg.rollout.num_rollout, "outputs": cfg.misc.exp_dir})
+    events = HealthEvents(cfg.misc.exp_dir, notifier)
     try:
-        with Runtime(cfg) as runtime:  # SIGTERM stops it like Ctrl-C (see Runtime)
-            summary = asyncio.run(_run(cfg, runtime))
+        summary = run_with_restarts(cfg, lambda c: attempt(c, events), events)  # tier 2 (--use-health-check)
     except BaseException as exc:
         notifier.failed(exc)
         notifier.flush()

@@ -69,14 +69,21 @@ def runtime_env_vars(token_file: str, run_id: str) -> dict[str, str]:
 def replica_class(cls: type, role: str | None = None, timeline_dir: str | None = None) -> type:
     """`cls` as a Serve replica runs it: first the replica's inter-deployment gRPC server is bound to
     the run's address instead of every interface (`bind_serve_grpc`; Serve starts that server
-    after the constructor), then `cls.__init__`. With `timeline_dir` (`--timeline-dump-dir`)
-    every public method call records a span on the role's track (`relax.utils.timeline`)."""
+    after the constructor), then `cls.__init__`; `relax_heartbeat()` names the replica (a new one
+    after Serve restarted it: relax.core.health sets it up again). With `timeline_dir`
+    (`--timeline-dump-dir`) every public method call records a span on the role's track
+    (`relax.utils.timeline`)."""
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         bind_serve_grpc()
         self._relax_timeline = Timeline(timeline_dir, role or cls.__name__)
+        self._relax_replica = uuid.uuid4().hex  # a replica Serve restarts answers heartbeats with a new one
         cls.__init__(self, *args, **kwargs)
 
-    body: dict[str, Any] = {"__init__": __init__, "__module__": __name__,
+    def relax_heartbeat(self: Any) -> dict[str, Any]:
+        """The HealthManager's heartbeat (relax.core.health): which replica answers, in which process."""
+        return {"replica": self._relax_replica, "pid": os.getpid()}
+
+    body: dict[str, Any] = {"__init__": __init__, "relax_heartbeat": relax_heartbeat, "__module__": __name__,
                             "__qualname__": f"replica_class.<locals>.{cls.__name__}"}
     if timeline_dir:
         body.update(timed_methods(cls, lambda self: self._relax_timeline))

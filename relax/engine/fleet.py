@@ -5,9 +5,13 @@ and an engine-backed OPD teacher. A fleet launches its engines side by side thro
 backend registry (`--rollout-backend`; the launch function returns an `EngineHandle`), waits
 until each answers its health check (an engine that dies first raises with its log tail),
 starts the router in front of them and keeps one HTTP client per engine. Engines can be added
-and removed while it runs (`add`, `remove`), so a later health manager or an elastic rollout
-only calls these. Launch from the process's long-lived event-loop thread: an engine's
-parent-death signal fires when the launching thread exits.
+and removed while it runs (`add`, `remove`), and a failed one replaced (`probe` finds engines that
+died or stopped answering, `replace` swaps one for a fresh engine on the same device, `admit`
+routes to it once it holds the current weights: `relax.core.health` drives these). With
+`FleetSpec.hold_s` (`--use-fault-tolerance`) the router re-sends the requests of an engine taken
+out, and a fleet-wide call that an engine fails waits for the health manager to replace it
+instead of failing the step. Launch from the process's long-lived event-loop thread: an
+engine's parent-death signal fires when the launching thread exits.
 
 External engines (`--rollout-external`, `FleetSpec.external`) join the same way as an
 `ExternalEngine` handle: health-checked, routed to and sent every fleet-wide call (weights
@@ -61,6 +65,13 @@ class FleetSpec:
     external: tuple[str, ...] = ()  # URLs of running engines that join (never launched or stopped here)
     router: str | None = None  # URL of a running router to use instead of starting one
     sglang_router: bool = False  # launch sglang-router instead of the built-in router (see the module doc)
+    # --use-fault-tolerance: how long a request or fleet call waits for a failed engine's replacement
+    # (0: fault tolerance off, an engine failure fails the call)
+    hold_s: float = 0.0
+
+
+class EngineReplaced(RuntimeError):
+    """A fleet-wide call reached an engine that was taken out (replaced) meanwhile."""
 
 
 class ExternalEngine:
@@ -114,6 +125,9 @@ class EngineFleet:
         self.clients: dict[str, EngineClient] = {}
         self.router: Router | RemoteRouter | None = None
         self._launched = 0
+        self._slots: dict[str, tuple[str | None, str]] = {}  # engine URL -> (device, log file name)
+        self._calls: dict[str, set[asyncio.Task]] = {}  # engine URL -> fleet calls in flight there
+        self.replaced = 0  # engines replaced so far
 
     # ---- lifecycle ---------------------------------------------------------------------
     async def start(self, count: int) -> None:
@@ -145,7 +159,8 @@ class EngineFleet:
         if s.sglang_router and s.router is None and not sglang_router_installed():
             raise RuntimeError(f"{s.name}: sglang-router is not installed (pip install sglang-router)")
         if s.router is None and not s.sglang_router:
-            router = Router(self.urls, api_key=s.api_key, timeout_s=s.http_timeout, describe=self.describe)
+            router = Router(self.urls, api_key=s.api_key, timeout_s=s.http_timeout, describe=self.describe,
+                            hold_s=s.hold_s)
             await router.start()
             return router
         if s.router is not None:
@@ -170,29 +185,70 @@ class EngineFleet:
         if inspect.isawaitable(result):
             await result
 
-    async def add(self) -> str:
-        """Launch one more engine; it joins the router once healthy. Returns its URL."""
-        engine = self._launch()
+    async def add(self, *, route: bool = True, device: str | None = None, log_name: str | None = None) -> str:
+        """Launch one more engine (on `device`, logging to `log_name`; default: the next slot's); it
+        joins the fleet once healthy, and the router too unless `route=False` (then `admit` it).
+        Returns its URL."""
+        engine = self._launch(device, log_name)
         try:
             await asyncio.to_thread(engine.wait_ready, self.spec.startup_timeout)
         except BaseException:
             engine.terminate()
             raise
         self._join(engine)
-        if self.router is not None:
-            await self._route("add_engine", engine.url)
+        if route:
+            await self.admit(engine.url)
         return engine.url
 
-    async def remove(self, url: str) -> None:
-        """Take one engine out of the router and stop it (an external one only leaves the fleet)."""
+    async def admit(self, url: str) -> None:
+        """Route requests to the fleet's engine at `url` (one `add(route=False)` launched)."""
+        if self.router is not None:
+            await self._route("add_engine", url)
+
+    async def replace(self, url: str) -> str:
+        """Take the failed engine at `url` out (its requests in flight are re-sent, with fault
+        tolerance), stop it, and launch a fresh one on the same device. The new engine is in the
+        fleet but not yet routed to: it needs the current weights first, then `admit(new_url)`."""
+        engine = next((e for e in self.engines if e.url == url), None)
+        if engine is None:
+            raise KeyError(f"{self.spec.name}: no engine at {url}; engines: {self.urls}")
+        if isinstance(engine, ExternalEngine):
+            raise RuntimeError(f"{self.spec.name}: {engine.describe()}; Relax cannot restart an engine it did not "
+                               "launch: restart it at the same address, or run without --rollout-external")
+        device, log_name = self._slots.get(url, (None, f"{self.spec.name}_engine.log"))
+        await self.remove(url, wait_s=1.0)  # SIGKILL after 1 s: a stopped (hung) engine ignores SIGTERM
+        self.replaced += 1
+        stem, _, ext = log_name.rpartition(".")
+        return await self.add(route=False, device=device, log_name=f"{stem}.restart{self.replaced}.{ext}")
+
+    async def probe(self, timeout: float) -> list[tuple[str, str]]:
+        """(url, what is wrong) for every engine that died, or that did not answer GET /health within
+        `timeout` seconds (hung, e.g. stopped by SIGSTOP); healthy engines are left out."""
+        async def check(engine: EngineHandle) -> str | None:
+            if not engine.alive() and not isinstance(engine, ExternalEngine):
+                return "died"
+            if await self.clients[engine.url].health(timeout=timeout):
+                return None
+            return f"no answer to GET /health within {timeout:g}s" if engine.alive() else "died"
+
+        engines = list(self.engines)
+        found = await asyncio.gather(*(check(e) for e in engines))
+        return [(e.url, f"{why}: {e.describe()}") for e, why in zip(engines, found) if why is not None]
+
+    async def remove(self, url: str, wait_s: float = 10.0) -> None:
+        """Take one engine out of the router and stop it (SIGTERM, SIGKILL after `wait_s`); an
+        external one only leaves the fleet. Fleet calls in flight to it end (`EngineReplaced`)."""
         engine = next((e for e in self.engines if e.url == url), None)
         if engine is None:
             raise KeyError(f"{self.spec.name}: no engine at {url}; engines: {self.urls}")
         if self.router is not None:
             await self._route("remove_engine", url)
         self.engines.remove(engine)
+        self._slots.pop(url, None)
+        for task in self._calls.pop(url, set()):
+            task.cancel()
         await self.clients.pop(url).close()
-        engine.terminate()
+        await asyncio.to_thread(engine.terminate, wait_s)
 
     async def stop(self) -> None:
         """Stop the router this fleet started (a running one forgets the engines registered with it) and
@@ -206,17 +262,20 @@ class EngineFleet:
             engine.terminate()
         self.engines, self.clients = [], {}
 
-    def _launch(self) -> EngineHandle:
+    def _launch(self, device: str | None = None, log_name: str | None = None) -> EngineHandle:
         s, i = self.spec, self._launched
         self._launched += 1
         launch = import_object(INFERENCE_BACKENDS[s.backend], flag="--rollout-backend")
-        log_name = s.log_names[i] if i < len(s.log_names) else f"{s.name}_engine_{i}.log"
-        kwargs = {"device": s.devices[i]} if i < len(s.devices) else {}
+        log_name = log_name or (s.log_names[i] if i < len(s.log_names) else f"{s.name}_engine_{i}.log")
+        device = device or (s.devices[i] if i < len(s.devices) else None)
+        kwargs = {"device": device} if device is not None else {}
         try:
-            return launch(s.model_path, api_key=s.api_key, num_threads=s.threads,
-                          log_path=os.path.join(s.log_dir, log_name), options=s.options, **kwargs)
+            engine = launch(s.model_path, api_key=s.api_key, num_threads=s.threads,
+                            log_path=os.path.join(s.log_dir, log_name), options=s.options, **kwargs)
         except ValueError as exc:  # a bad engine option: say which fleet it came from
             raise ValueError(f"{s.name} engine options: {exc}") from exc
+        self._slots[engine.url] = (device, log_name)
+        return engine
 
     def _join(self, engine: EngineHandle) -> None:
         self.engines.append(engine)
@@ -232,6 +291,10 @@ class EngineFleet:
         if self.router is None:
             raise RuntimeError(f"{self.spec.name}: the fleet is not started")
         return self.router.url
+
+    def device_of(self, url: str) -> str | None:
+        """The device the engine at `url` was launched on (None: the backend's default, or external)."""
+        return self._slots.get(url, (None, ""))[0]
 
     def alive(self) -> int:
         return sum(e.alive() for e in self.engines)
@@ -249,15 +312,55 @@ class EngineFleet:
                 raise  # the engine answered and refused: its message says why
             raise err.about(f"{self.spec.name} {self.describe(url)}") from err
 
+    async def _tolerant_call(self, url: str, method: str, *args: Any) -> Any:
+        """With fault tolerance: a call that gets no reply (the engine died or hangs) waits, up to
+        `hold_s`, for the health manager to take the engine out, then raises `EngineReplaced` (the
+        caller skips it)."""
+        task = asyncio.ensure_future(self._call(url, method, *args))
+        self._calls.setdefault(url, set()).add(task)
+        try:
+            await asyncio.wait([task])
+        except asyncio.CancelledError:
+            task.cancel()
+            raise
+        finally:
+            self._calls.get(url, set()).discard(task)
+        if task.cancelled():
+            raise EngineReplaced(url)
+        err = task.exception()
+        if not isinstance(err, EngineError) or err.status is not None:
+            return task.result()  # the reply, or the engine's own answer (raised): it is alive
+        deadline = time.monotonic() + self.spec.hold_s
+        while url in self.clients and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+        if url in self.clients:
+            raise err
+        raise EngineReplaced(url) from err
+
     async def each(self, method: str, *args: Any) -> list[Any]:
         """`EngineClient.<method>(*args)` on every engine at once; results in engine order. An engine
-        that does not answer fails the call with its process state and log tail."""
-        return list(await asyncio.gather(*(self._call(url, method, *args) for url in self.clients)))
+        that does not answer fails the call with its process state and log tail; with fault
+        tolerance (`hold_s`) an engine replaced meanwhile is left out of the results instead."""
+        return list((await self.each_by_engine(method, *args)).values())
+
+    async def each_by_engine(self, method: str, *args: Any) -> dict[str, Any]:
+        """`each`, keyed by engine URL."""
+        urls = list(self.clients)
+        if not self.spec.hold_s:
+            return dict(zip(urls, await asyncio.gather(*(self._call(u, method, *args) for u in urls))))
+        results = await asyncio.gather(*(self._tolerant_call(u, method, *args) for u in urls),
+                                       return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException) and not isinstance(result, EngineReplaced):
+                raise result
+        return {u: r for u, r in zip(urls, results) if not isinstance(r, EngineReplaced)}
 
     async def weight_version(self) -> int:
-        """The oldest weight version any engine holds (SGLang's "default" before an update is 0)."""
-        return min(parse_weight_version(v) for v in await self.each("get_weight_version"))
+        """The oldest weight version any engine holds (SGLang's "default" before an update is 0; 0 while
+        every engine is being replaced)."""
+        return min((parse_weight_version(v) for v in await self.each("get_weight_version")), default=0)
 
-    async def busy_seconds(self) -> list[float]:
-        """Per engine: seconds spent in batched decoding so far (0 when the backend does not say)."""
-        return [float(info.get("busy_seconds", 0.0)) for info in await self.each("get_server_info")]
+    async def busy_seconds(self) -> dict[str, float]:
+        """Per engine URL: seconds spent in batched decoding so far (0 when the backend does not say)."""
+        infos = await self.each_by_engine("get_server_info")
+        return {url: float(info.get("busy_seconds", 0.0)) for url, info in infos.items()}

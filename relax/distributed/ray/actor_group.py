@@ -48,7 +48,8 @@ class RayActorGroup:
         """`rank_options`: per rank, Ray options that place it (`relax.distributed.ray.placement.on_bundle`:
         its GPU share in the run's placement group); they replace `num_gpus`."""
         remote_cls = ray.remote(worker_cls)
-        runtime_env = {"env_vars": dict(env_vars or {})}
+        # RELAX_WORKER_GROUP names the group in each rank's environment (which role a process serves).
+        runtime_env = {"env_vars": {**dict(env_vars or {}), "RELAX_WORKER_GROUP": name}}
         self.world_size = self.dp_size = world_size
         self._members: list[list[int]] = [[r] for r in range(world_size)]  # shard -> its ranks
         self._answers: list[int] = list(range(world_size))  # shard -> the rank whose result is returned

@@ -6,6 +6,14 @@ with SGLang's router. Engines can join and leave while it runs (`add_engine`,
 `remove_engine`). Each request goes to the engine with the fewest requests in flight
 (ties: round robin). It runs inside the Rollout process, bound to loopback, and adds the
 run's engine API key so plugins never handle it.
+
+Fault tolerance (`hold_s` > 0, `--use-fault-tolerance`): a request is never lost to an engine
+that fails. An engine taken out (`remove_engine`, the health manager found it dead or hung) has its
+requests in flight cancelled and sent again to another engine; a request whose connection broke
+goes to another engine; while no engine is left (the last one is being replaced) requests wait up
+to `hold_s` for one to join. Nothing came back from the failed engine, so each request still gets
+exactly one reply. A request that failed on `MAX_ENGINE_FAILURES` engines (one that kills every
+engine it reaches) fails instead of taking down the whole fleet.
 """
 
 from __future__ import annotations
@@ -20,14 +28,25 @@ from aiohttp import web
 
 logger = logging.getLogger(__name__)
 ROUTE_ATTEMPTS = 3  # a generate request whose connection broke before any reply is sent again
+MAX_ENGINE_FAILURES = 4  # fault tolerance: engines a request may see fail before it fails itself
+
+
+class EngineGone(Exception):
+    """The engine a request was sent to was taken out of the router while it ran."""
 
 
 class Router:
     def __init__(self, engine_urls: list[str], *, api_key: str | None = None, host: str = "127.0.0.1",
-                 timeout_s: float = 600.0, describe: Callable[[str], str] | None = None) -> None:
-        """`describe(url)`: what is known of an engine's process, added to a failed request's error."""
+                 timeout_s: float = 600.0, describe: Callable[[str], str] | None = None,
+                 hold_s: float = 0.0) -> None:
+        """`describe(url)`: what is known of an engine's process, added to a failed request's error.
+        `hold_s` > 0: fault tolerance (see the module doc); requests wait that long for an engine."""
         if not engine_urls:
             raise ValueError("Router needs at least one engine URL")
+        self.hold_s = hold_s
+        self.resent = 0  # requests sent again after their engine failed (fault tolerance), each counted once
+        self._running: dict[str, set[asyncio.Task]] = {}  # engine -> requests in flight there
+        self._joined: asyncio.Event | None = None  # set when an engine joins (created in the loop)
         self.engine_urls = list(engine_urls)
         self.in_flight = {url: 0 for url in self.engine_urls}
         self.served = 0  # requests routed so far
@@ -50,14 +69,21 @@ class Router:
         if url not in self.in_flight:
             self.engine_urls.append(url)
             self.in_flight[url] = 0
+        if self._joined is not None:
+            self._joined.set()
 
-    def remove_engine(self, url: str) -> None:
-        """Stop routing to `url` (requests already sent there finish or fail on their own)."""
-        if url in self.in_flight and len(self.engine_urls) == 1:
+    def remove_engine(self, url: str) -> int:
+        """Stop routing to `url`. Without fault tolerance requests already sent there finish or fail
+        on their own; with it they are sent again to another engine. Returns how many were re-sent."""
+        if url in self.in_flight and len(self.engine_urls) == 1 and not self.hold_s:
             raise ValueError(f"cannot remove {url}: it is the router's last engine")
         if url in self.in_flight:
             self.engine_urls.remove(url)
             del self.in_flight[url]
+        running = self._running.pop(url, set())
+        for task in running:
+            task.cancel(EngineGone.__name__)
+        return len(running)
 
     def pick(self, avoid: set[str] | frozenset[str] = frozenset()) -> str:
         """The engine with the fewest requests in flight, other than `avoid` (engines that just failed
@@ -93,6 +119,8 @@ class Router:
         except ValueError:
             return web.json_response({"error": "request body is not valid JSON"}, status=400)
         self.served += 1
+        if self.hold_s:
+            return await self._generate_tolerant(payload)
         failed: set[str] = set()
         for attempt in range(ROUTE_ATTEMPTS):
             url = self.pick(avoid=failed)
@@ -124,6 +152,74 @@ class Router:
                 if url in self.in_flight:  # (the engine may have left the fleet meanwhile)
                     self.in_flight[url] -= 1
         raise AssertionError("unreachable")
+
+    async def _generate_tolerant(self, payload: Any) -> web.StreamResponse:
+        """Fault tolerance: send the request on until an engine replies (see the module doc)."""
+        loop = asyncio.get_running_loop()
+        deadline, failed, gone, resent = loop.time() + self.hold_s, set(), 0, False
+        while True:
+            url = await self._engine_for(failed, deadline)
+            if url is None:
+                return web.json_response({"error": f"no engine could take the request for {self.hold_s:.0f}s (every "
+                                                   "engine failed or was being replaced)"}, status=503)
+            self.in_flight[url] += 1
+            task = asyncio.ensure_future(self._forward(url, payload))
+            self._running.setdefault(url, set()).add(task)
+            try:
+                await asyncio.wait([task])
+            except asyncio.CancelledError:  # the client went away: so does the request
+                task.cancel()
+                raise
+            finally:
+                self._running.get(url, set()).discard(task)
+                if url in self.in_flight:
+                    self.in_flight[url] -= 1
+            exc = None if task.cancelled() else task.exception()
+            if task.cancelled() or isinstance(exc, aiohttp.ClientConnectionError):
+                # Taken out by the health manager, or the connection broke: no reply came, send it again.
+                gone += task.cancelled()
+                self.resent += not resent  # counted once per request, however often it goes out again
+                resent, deadline = True, loop.time() + self.hold_s  # (the wait for an engine starts now)
+                failed.add(url)
+                if gone < MAX_ENGINE_FAILURES:
+                    continue
+                exc = exc or EngineGone(f"taken out of the router after failing ({MAX_ENGINE_FAILURES} engines "
+                                        "failed under this request)")
+            if exc is not None:
+                timed_out = isinstance(exc, asyncio.TimeoutError)
+                details = f"\n{self._describe(url)}" if self._describe else ""
+                return web.json_response({"error": f"engine {url} {'did not reply in time' if timed_out else 'failed'}"
+                                                   f": {type(exc).__name__}: {exc}{details}"},
+                                         status=504 if timed_out else 502)
+            status, body = task.result()
+            return web.Response(body=body, status=status, content_type="application/json")
+
+    async def _engine_for(self, failed: set[str], deadline: float) -> str | None:
+        """The least busy engine this request has not failed on; while there is none, wait (up to the
+        deadline) for an engine to join, retrying the failed ones every second (a dropped connection
+        is not a dead engine). None once the deadline passed."""
+        loop = asyncio.get_running_loop()
+        while True:
+            if any(u not in failed for u in self.engine_urls):
+                return self.pick(avoid=failed)
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return None
+            if self._joined is None:
+                self._joined = asyncio.Event()
+            joined = self._joined
+            try:
+                await asyncio.wait_for(joined.wait(), min(remaining, 1.0))
+            except asyncio.TimeoutError:
+                pass
+            if joined.is_set():
+                self._joined = asyncio.Event()  # the next wait is for the next engine
+            failed.clear()
+
+    async def _forward(self, url: str, payload: Any) -> tuple[int, bytes]:
+        assert self._session is not None
+        async with self._session.post(f"{url}/generate", json=payload, headers=self._headers) as resp:
+            return resp.status, await resp.read()
 
     async def _health(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "ok", "engines": len(self.engine_urls)})

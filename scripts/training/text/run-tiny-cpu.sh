@@ -13,7 +13,9 @@
 # NUM_ROLLOUT, EVAL_INTERVAL (0 = no eval), SAVE_INTERVAL (0 = no checkpoints), SEED,
 # PREPARE_ARGS (extra flags for examples/tiny_math/prepare.py, e.g. "--hidden-size 128"),
 # ESTIMATOR (--advantage-estimator: grpo (default), gspo, sapo, reinforce_plus_plus,
-# reinforce_plus_plus_baseline, ppo). Arguments after the script name are appended to the
+# reinforce_plus_plus_baseline, ppo), KILL_ENGINE_AT_STEP (fault-tolerance demo: engine 0 is killed
+# with SIGKILL mid-rollout at that step, --use-fault-tolerance replaces it; FAULT_SIGNAL=STOP hangs it
+# instead; docs/operations.md "Health checks and recovery"). Arguments after the script name are appended to the
 # train.py flags (later flags win), e.g. `... run-tiny-cpu.sh --lr 5e-4`.
 set -euo pipefail
 
@@ -137,11 +139,25 @@ LOG_ARGS=(
   --tb-experiment-name tiny-cpu
 )
 
+FAULT_ARGS=()
+INJECTOR_PID=""
+if [ -n "${KILL_ENGINE_AT_STEP:-}" ]; then
+  # Tier 1 on a live run: engine 0 gets the signal mid-rollout at that step; the HealthManager finds it
+  # (health check every 5 s), replaces it and the run goes on (scripts/tools/inject_fault.py signals
+  # only the engine logging to ${RUN_DIR}/engine_0.log).
+  FAULT_ARGS=(--use-fault-tolerance --rollout-health-check-interval 5 --rollout-health-check-timeout 10)
+  python3 "${SCRIPT_DIR}/../../tools/inject_fault.py" "${RUN_DIR}" --at-step "${KILL_ENGINE_AT_STEP}" \
+    --signal "${FAULT_SIGNAL:-KILL}" &
+  INJECTOR_PID=$!
+  # Still waiting when the run ends (before that step, or failed): stop it (only this script's own child).
+  trap 'kill "${INJECTOR_PID}" 2>/dev/null || true' EXIT
+fi
+
 python3 relax/entrypoints/train.py \
   "${MODE_ARGS[@]}" --resource "${RESOURCE}" \
   --exp-dir "${RUN_DIR}" \
   "${MODEL_ARGS[@]}" "${CKPT_ARGS[@]}" "${ROLLOUT_ARGS[@]}" "${EVAL_ARGS[@]}" \
-  "${ALGO_ARGS[@]}" "${OPTIMIZER_ARGS[@]}" "${PERF_ARGS[@]}" "${LOG_ARGS[@]}" "$@"
+  "${ALGO_ARGS[@]}" "${OPTIMIZER_ARGS[@]}" "${PERF_ARGS[@]}" "${LOG_ARGS[@]}" "${FAULT_ARGS[@]}" "$@"
 
 DRY_RUN=0
 for arg in "$@"; do [ "${arg}" = "--dry-run" ] && DRY_RUN=1; done

@@ -30,7 +30,7 @@ def rollout(bound: int, generate) -> Rollout:
     r.generate = generate
 
     async def busy():
-        return []
+        return {}
 
     async def wait_version(minimum: int) -> int:  # the engines' version: `r.engine`
         while r.engine < minimum:

@@ -122,7 +122,10 @@ def test_resource_entries_for_roles_the_run_does_not_deploy_fail(base, extra, ne
     (["--fully-async", "--offload"], "--offload: in fully-async mode"),
     (["--fully-async", "--offload-rollout"], "--offload-rollout: in fully-async mode"),
     (["--polling-mode", "false"], "--polling-mode is accepted for compatibility"),
-    (["--max-global-restart", "1"], "not implemented"),
+    (["--max-global-restart", "1"], "--max-global-restart 1 bounds the global restarts of --use-health-check"),
+    (["--rollout-health-check-interval", "5"], "the engine health checks run only with --use-fault-tolerance"),
+    (["--use-fault-tolerance", "--rollout-health-check-timeout", "0"], "--rollout-health-check-timeout must be > 0"),
+    (["--use-health-check", "--max-global-restart", "-1"], "--max-global-restart must be >= 0"),
 ])
 def test_flags_the_mode_cannot_use_fail_with_the_fix(base, extra, needle):
     with pytest.raises(ConfigError, match=needle):

@@ -112,3 +112,84 @@ def test_a_request_refused_by_a_dead_engine_goes_to_a_live_one():
 
     results = asyncio.run(scenario())
     assert all(status == 200 and body["text"] == "live" for status, body in results)
+
+
+async def _engine(reply: str, hang: asyncio.Event | None = None) -> tuple[web.AppRunner, str, list]:
+    """A /generate server answering `reply`; with `hang`, it holds every request until the event is set."""
+    got: list = []
+
+    async def generate(request):
+        got.append(await request.json())
+        if hang is not None:
+            await hang.wait()
+        return web.json_response({"text": reply})
+
+    app = web.Application()
+    app.router.add_post("/generate", generate)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    return runner, f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}", got
+
+
+def test_fault_tolerance_resends_the_requests_of_an_engine_taken_out():
+    """A hung engine taken out of the router (the health manager found it): each of its requests in
+    flight is sent again to a live engine and answered exactly once."""
+    import aiohttp
+
+    async def scenario():
+        hang = asyncio.Event()
+        hung_runner, hung, hung_got = await _engine("hung", hang)
+        live_runner, live, live_got = await _engine("live")
+        router = Router([hung, live], hold_s=30.0)
+        await router.start()
+        router.in_flight[live] = 100  # everything goes to the hung engine first
+        async with aiohttp.ClientSession() as s:
+            async def one(i):
+                async with s.post(f"{router.url}/generate", json={"i": i}) as resp:
+                    return resp.status, await resp.json()
+            calls = asyncio.gather(*(one(i) for i in range(4)))
+            while len(hung_got) < 4:
+                await asyncio.sleep(0.01)
+            router.in_flight[live] = 0
+            resent = router.remove_engine(hung)
+            results = await calls
+        hang.set()
+        await router.stop()
+        await hung_runner.cleanup()
+        await live_runner.cleanup()
+        return resent, results, sorted(p["i"] for p in live_got), router.resent
+
+    resent, results, live_got, counted = asyncio.run(scenario())
+    assert resent == 4 and counted == 4 and live_got == [0, 1, 2, 3]
+    assert results == [(200, {"text": "live"})] * 4
+
+
+def test_fault_tolerance_holds_requests_while_the_last_engine_is_replaced():
+    """The only engine dies: requests wait (instead of failing) until its replacement joins."""
+    import socket
+
+    import aiohttp
+
+    async def scenario():
+        with socket.socket() as s:  # a port nothing listens on: the dead engine
+            s.bind(("127.0.0.1", 0))
+            dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+        router = Router([dead], hold_s=30.0)
+        await router.start()
+        async with aiohttp.ClientSession() as s:
+            async def one():
+                async with s.post(f"{router.url}/generate", json={}) as resp:
+                    return resp.status, await resp.json()
+            calls = asyncio.gather(one(), one())
+            await asyncio.sleep(0.3)
+            router.remove_engine(dead)  # the last one: allowed with fault tolerance
+            runner, fresh, _ = await _engine("fresh")
+            router.add_engine(fresh)
+            results = await calls
+        await router.stop()
+        await runner.cleanup()
+        return results
+
+    assert asyncio.run(scenario()) == [(200, {"text": "fresh"})] * 2

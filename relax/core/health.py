@@ -1,0 +1,275 @@
+"""The HealthManager (`--use-fault-tolerance`, `--use-health-check`): watch the engines and the roles
+while the run trains, recover in place what can be (tier 1), else restart the whole run from its
+last checkpoint (tier 2).
+
+Watched every `--rollout-health-check-interval` seconds (after `--rollout-health-check-first-wait`):
+- every rollout engine: its process is alive and answers GET /health within
+  `--rollout-health-check-timeout` seconds (a SIGSTOPped engine is alive and silent: hung);
+- with `--use-health-check`, every role: its Serve replica answers a heartbeat
+  (`replica_class.relax_heartbeat`); a replica that Serve restarted after its process died answers
+  with a new id.
+
+Tier 1 (`--use-fault-tolerance`), an engine failed: the Rollout takes it out of the router (its
+requests in flight are sent again to the other engines, or wait for the replacement: each gets
+exactly one reply), stops it and starts a fresh one on its device; the DCS coordinator lists the
+new topology; the Actor pushes the weights its ranks hold now to the new engine alone; then the
+router routes to it. A role replica that Serve restarted is set up again in place when the role
+keeps nothing of the run but registrations (the DCS coordinator: receivers registered again).
+
+Tier 2 (`--use-health-check`): anything else — a trainer rank or a role's process that died, a
+stateful role's replica restarted, tier 1 failing, an engine failure without
+`--use-fault-tolerance` — fails the run's attempt; `run_with_restarts` tears every role down and
+starts again from the newest complete checkpoint under `--save` (from the start when there is
+none yet), at most `--max-global-restart` times.
+
+Every event is logged, appended to `<exp-dir>/health_events.jsonl`, counted in the step metrics
+(`health/*`) and sent as an alert to `--notify-urls`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import re
+import time
+from collections import Counter
+from typing import Any, Awaitable, Callable
+
+from relax.config.parser import ConfigError
+from relax.config.plan import PlanError, RunPlan
+from relax.config.schema import RelaxConfig
+from relax.utils import checkpoints
+from relax.utils.notify import Notifier
+
+logger = logging.getLogger(__name__)
+
+# event kind -> (step metric counting it, alert title)
+EVENTS: dict[str, tuple[str, str]] = {
+    "engine_failed": ("health/engine_failures", "engine failed"),
+    "engine_replaced": ("health/engine_restarts", "engine replaced (tier 1)"),
+    "role_failed": ("health/role_failures", "role replica failed"),
+    "role_restarted": ("health/role_restarts", "role set up again (tier 1)"),
+    "global_restart": ("health/global_restarts", "global restart from checkpoint (tier 2)"),
+}
+NOT_RESTARTED = (ConfigError, PlanError, checkpoints.CheckpointError)  # the same inputs fail the same way again
+
+
+class RecoveryError(RuntimeError):
+    """A failure the HealthManager could not repair in place (a global restart may)."""
+
+
+class HealthEvents:
+    """Where recovery events go: the log, `<exp-dir>/health_events.jsonl`, counters, alerts. One per
+    run, kept across global restarts."""
+
+    def __init__(self, exp_dir: str, notifier: Notifier | None = None) -> None:
+        self.path = os.path.join(exp_dir, "health_events.jsonl")
+        self.notifier = notifier
+        self.counts: Counter[str] = Counter()
+        self.requests_resent = 0
+        self.push_retries = 0
+
+    def record(self, kind: str, message: str, **details: Any) -> None:
+        metric, title = EVENTS[kind]
+        self.counts[metric] += 1
+        logger.warning("health: %s", message)
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        with open(self.path, "a") as f:
+            f.write(json.dumps({"time": time.time(), "kind": kind, "message": message, **details}) + "\n")
+        if self.notifier is not None:
+            self.notifier.send(title, message, "warning")
+
+    def metrics(self) -> dict[str, float]:
+        counts = {metric: float(self.counts[metric]) for metric, _ in EVENTS.values()}
+        return counts | {"health/requests_resent": float(self.requests_resent),
+                         "health/weight_push_retries": float(self.push_retries)}
+
+
+async def first_done(main: Awaitable[Any], watcher: asyncio.Future) -> Any:
+    """`await main`, unless `watcher` fails first: then `main` is cancelled and its error raised."""
+    task = asyncio.ensure_future(main)
+    await asyncio.wait([task, watcher], return_when=asyncio.FIRST_COMPLETED)
+    if not task.done():
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        watcher.result()  # (it can only have stopped by failing)
+    return task.result()
+
+
+class HealthManager:
+    def __init__(self, cfg: RelaxConfig, plan: RunPlan, roles: dict[str, Any], events: HealthEvents,
+                 context: dict[str, Any]) -> None:
+        """`roles`: name -> handle (`await role.method(...)`); `context`: what the roles' setups published."""
+        self.fault, self.plan, self.roles, self.events, self.context = cfg.fault, plan, roles, events, context
+        self.enabled = self.fault.use_fault_tolerance or self.fault.use_health_check
+        self.replicas: dict[str, str] = {}  # role -> the replica that was set up
+        self._resent_seen = 0  # the router's count at the last look (a new attempt's router starts at 0)
+        self._pushes_seen = events.push_retries  # retries of earlier attempts
+        self._engines = "rollout" in roles and any(r.name == "rollout" and r.unit == "engine" for r in plan.roles)
+
+    def metrics(self) -> dict[str, float]:
+        """The step row's `health/*` counters (none when nothing is watched)."""
+        return self.events.metrics() if self.enabled else {}
+
+    async def watch(self, loop: Awaitable[Any]) -> Any:
+        """Run the training `loop` with the monitor beside it; a failure the monitor cannot repair in
+        place cancels the loop and raises (the run's attempt ends: tier 2)."""
+        if not self.enabled:
+            return await loop
+        if self.fault.use_health_check:
+            self.replicas = await self._heartbeats(timeout=600.0)
+        monitor = asyncio.ensure_future(self._monitor())
+        try:
+            return await first_done(loop, monitor)
+        finally:
+            monitor.cancel()
+            await asyncio.gather(monitor, return_exceptions=True)
+
+    async def _monitor(self) -> None:
+        f = self.fault
+        await asyncio.sleep(f.rollout_health_check_first_wait)
+        while True:
+            await asyncio.sleep(f.rollout_health_check_interval)
+            if self._engines:
+                await self._check_engines()
+            if f.use_health_check:
+                await self._check_roles()
+            await self._count_retries()
+
+    # ---- engines -------------------------------------------------------------------------------
+    async def _check_engines(self) -> None:
+        rollout = self.roles["rollout"]
+        failed = await rollout.check_engines(self.fault.rollout_health_check_timeout)
+        for url, why in failed:
+            self.events.record("engine_failed", f"rollout engine {url} {why.splitlines()[0]}", engine=url,
+                               details=why)
+        if not failed:
+            return
+        if not self.fault.use_fault_tolerance:
+            raise RecoveryError(f"rollout engine(s) {[u for u, _ in failed]} failed and --use-fault-tolerance "
+                                f"(replace them in place) is off:\n{failed[0][1]}")
+        try:
+            await self._replace_engines([url for url, _ in failed])
+        except Exception as exc:
+            raise RecoveryError(f"tier 1 failed: replacing rollout engine(s) {[u for u, _ in failed]}: "
+                                f"{type(exc).__name__}: {exc}") from exc
+
+    async def _replace_engines(self, urls: list[str]) -> None:
+        """Tier 1: fresh engines for `urls`, given the current weights before they are routed to."""
+        rollout, actor, start = self.roles["rollout"], self.roles["actor"], time.perf_counter()
+        new = list(await asyncio.gather(*(rollout.replace_engine(url) for url in urls)))
+        await self._register("rollout")
+        receivers, devices = await rollout.weight_receivers(), await rollout.receiver_devices()
+        stats = await actor.restore_weights(new, [devices[receivers.index(u)] for u in new])
+        for url in new:
+            await rollout.admit_engine(url)
+        await self._count_retries()
+        version = stats.get("weight_sync/version")
+        for old, url in zip(urls, new):
+            self.events.record(
+                "engine_replaced", f"rollout engine {old} replaced by {url} in {time.perf_counter() - start:.1f}s, "
+                f"holding weight version {version if version is None else int(version)} before it was routed "
+                f"to; {self.events.requests_resent} generate request(s) re-sent so far", engine=old,
+                replacement=url, weight_version=version)
+
+    async def _register(self, name: str) -> None:
+        """Register `name`'s weight receivers with the DCS coordinator again (its topology changes)."""
+        role = self.roles[name]
+        await self.roles["dcs"].register(name, await role.weight_receivers(), await role.receiver_devices())
+
+    async def _count_retries(self) -> None:
+        """Requests re-sent by the router and weight pushes tried again, into the run's counters."""
+        if self._engines:
+            resent = await self.roles["rollout"].requests_resent()
+            self.events.requests_resent += resent - self._resent_seen
+            self._resent_seen = resent
+        self.events.push_retries = self._pushes_seen + await self.roles["actor"].push_retries_count()
+
+    # ---- roles ---------------------------------------------------------------------------------
+    async def _heartbeats(self, timeout: float) -> dict[str, str]:
+        """Role -> the replica that answered (roles that did not answer within `timeout` are left out)."""
+        async def beat(name: str) -> str | None:
+            try:
+                return (await asyncio.wait_for(asyncio.ensure_future(self.roles[name].relax_heartbeat()),
+                                               timeout))["replica"]
+            except Exception as exc:  # noqa: BLE001 - a replica dying or restarting: its next heartbeat tells
+                logger.info("health: role %s did not answer its heartbeat (%s: %s)", name, type(exc).__name__, exc)
+                return None
+
+        names = list(self.roles)
+        answers = await asyncio.gather(*(beat(n) for n in names))
+        return {n: a for n, a in zip(names, answers) if a is not None}
+
+    async def _check_roles(self) -> None:
+        for name, replica in (await self._heartbeats(self.fault.rollout_health_check_timeout)).items():
+            if replica == self.replicas.get(name):
+                continue
+            self.events.record("role_failed", f"role {name}: Serve restarted its replica (the process died)",
+                               role=name)
+            if name not in SET_UP_AGAIN:
+                raise RecoveryError(f"role {name}'s replica was restarted by Serve: what it held of the run "
+                                    "(processes, weights, data position, the step in flight) is gone")
+            start = time.perf_counter()
+            await SET_UP_AGAIN[name](self)
+            self.replicas[name] = replica
+            self.events.record("role_restarted", f"role {name} set up again on its new replica in "
+                               f"{time.perf_counter() - start:.1f}s", role=name)
+
+    async def _set_up_coordinator(self) -> None:
+        """The DCS coordinator holds only registrations: register every weight receiver again."""
+        await self.roles["dcs"].setup(self.context)
+        for name in self.plan.weight_receivers:
+            await self._register(name)
+
+
+# Roles whose restarted replica is set up again in place (the others hold state of the run: tier 2).
+SET_UP_AGAIN: dict[str, Callable[[HealthManager], Awaitable[None]]] = {"dcs": HealthManager._set_up_coordinator}
+
+
+# ---- tier 2 ----------------------------------------------------------------------------------------
+def resume_config(cfg: RelaxConfig) -> tuple[RelaxConfig, str]:
+    """The config of the next attempt: resume from the newest complete checkpoint under --save (the
+    run as first given when there is none yet), and where that is."""
+    save = cfg.ckpt.save
+    point = checkpoints.resume_point(save, fallback=True) if save and os.path.isdir(save) else None
+    if point is None:
+        return cfg, "the start (no checkpoint under --save yet)" if save else "the start (no --save)"
+    resumed = cfg.replace(load=save, load_fallback=True, start_rollout_id=None, critic_load=cfg.ckpt.critic_save)
+    return resumed, f"the checkpoint of step {point.rollout_id} in {save}"
+
+
+def run_with_restarts(cfg: RelaxConfig, attempt: Callable[[RelaxConfig], Any], events: HealthEvents) -> Any:
+    """`attempt(cfg)` (a whole run: deploy, train, tear down); with --use-health-check a failed
+    attempt is followed by another from the last checkpoint, at most --max-global-restart times."""
+    restarts, current = 0, cfg
+    while True:
+        try:
+            return attempt(current)
+        except Exception as exc:  # tier 2: a deliberate fault-tolerance path (logged, counted, alerted)
+            f = cfg.fault
+            if not f.use_health_check or isinstance(exc, NOT_RESTARTED):
+                raise
+            if restarts >= f.max_global_restart:
+                logger.error("health: the run failed after %d global restart(s) (--max-global-restart %d)",
+                             restarts, f.max_global_restart)
+                raise
+            restarts += 1
+            current, where = resume_config(cfg)
+            events.record("global_restart", f"global restart {restarts}/{f.max_global_restart} after "
+                          f"{summary(exc)}; every role was torn down, resuming from {where}",
+                          error=_plain(f"{type(exc).__name__}: {exc}")[:4000], restart=restarts)
+
+
+def summary(exc: BaseException) -> str:
+    """`Type: first line` of the error that happened, under Ray's and Serve's wrappers (a RayTaskError
+    carries the remote error as `cause`)."""
+    while isinstance(getattr(exc, "cause", None), BaseException):
+        exc = exc.cause
+    lines = [line.strip() for line in _plain(str(exc)).splitlines() if line.strip()]
+    return f"{type(exc).__name__}: {lines[0] if lines else ''}"
+
+
+def _plain(text: str) -> str:
+    return re.sub(r"\x1b\[[0-9;]*m", "", text)  # Ray colours the process name in remote tracebacks
