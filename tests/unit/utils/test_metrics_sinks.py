@@ -86,8 +86,22 @@ def wandb_records(path: Path):
             yield record
 
 
-def wandb_history(exp_dir: Path) -> list[tuple[int, dict[str, float]]]:
+def wandb_history(exp_dir: Path, wait_s: float = 30.0) -> list[tuple[int, dict[str, float]]]:
+    """The history rows of the offline run, once its file is complete (W&B's writer process may
+    still be flushing when `finish()` has returned on a loaded machine: its last record is `exit`)."""
+    import time
+
     (run_file,) = exp_dir.glob("wandb/offline-run-*/run-*.wandb")
+    deadline = time.monotonic() + wait_s
+    def kinds() -> list[str]:
+        try:
+            return [r.WhichOneof("record_type") for r in wandb_records(run_file)]
+        except Exception as exc:  # noqa: BLE001 - a record still being written
+            return [f"partial ({exc})"]
+
+    while (seen := kinds())[-1:] != ["exit"]:
+        assert time.monotonic() < deadline, f"{run_file} has no exit record after {wait_s} s: {seen}"
+        time.sleep(0.5)
     rows = []
     for record in wandb_records(run_file):
         if record.WhichOneof("record_type") == "history":
