@@ -32,27 +32,13 @@ def _relax_logging_propagates():
 
 @pytest.fixture
 def alert_endpoint():
-    """A local HTTP endpoint Apprise posts to (`json://127.0.0.1:<port>/alerts`, for --notify-urls);
-    yields the URL and the list of JSON bodies it received."""
-    import json
-    import threading
-    from http.server import BaseHTTPRequestHandler, HTTPServer
+    """A local HTTP endpoint Apprise posts to (tests/alert_inbox.py); yields the URL and the list of
+    JSON bodies it received."""
+    from tests.alert_inbox import AlertInbox
 
-    received: list[dict] = []
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self):  # noqa: N802 - the stdlib's name
-            received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-            self.send_response(200)
-            self.end_headers()
-
-        def log_message(self, *args):
-            pass
-
-    server = HTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"json://127.0.0.1:{server.server_address[1]}/alerts", received
-    server.shutdown()
+    inbox = AlertInbox()
+    yield inbox.url, inbox.received
+    inbox.close()
 
 
 @pytest.fixture()

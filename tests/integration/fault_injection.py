@@ -10,12 +10,12 @@ import os
 import signal
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 from typing import Callable
 
 import httpx
 
+from tests.alert_inbox import AlertInbox  # noqa: F401 - the recovery run's alert endpoint
 from tests.integration.digit_reward import reward_func
 
 
@@ -149,27 +149,3 @@ class Injector(threading.Thread):
     def signal(self, pid: int, sig: signal.Signals, what: str) -> None:
         os.kill(pid, sig)
         self.did.append((time.monotonic(), f"{sig.name} {what} (pid {pid})"))
-
-
-class AlertInbox:
-    """A local HTTP endpoint Apprise posts to (`json://127.0.0.1:<port>/alerts`); `received` holds the bodies."""
-
-    def __init__(self) -> None:
-        received: list[dict] = []
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):  # noqa: N802 - the stdlib's name
-                received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-                self.send_response(200)
-                self.end_headers()
-
-            def log_message(self, *args):
-                pass
-
-        self.received = received
-        self.server = HTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"json://127.0.0.1:{self.server.server_address[1]}/alerts"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()

@@ -13,34 +13,17 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from relax.backends.base import ModelParallelSpec
 from relax.backends.megatron.convert import ConversionError, Layout
 
 
-@dataclass(frozen=True)
-class Parallel:
-    """The model-parallel layout of one run (data parallelism is what is left of the world)."""
-
-    tp: int = 1
-    pp: int = 1
-    cp: int = 1
-    ep: int = 1
-    sequence_parallel: bool = False
-    first_stage_layers: int | None = None  # --decoder-first-pipeline-num-layers
-    last_stage_layers: int | None = None  # --decoder-last-pipeline-num-layers
-
-    @property
-    def model_parallel(self) -> int:
-        return self.tp * self.pp * self.cp
-
-
-def transformer_config(layout: Layout, par: Parallel, *, bf16: bool = False, recompute_granularity: str | None = None,
-                       recompute_method: str | None = None, recompute_num_layers: int | None = None,
-                       rope_theta: float = 10000.0, norm_eps: float = 1e-6) -> Any:
+def transformer_config(layout: Layout, par: ModelParallelSpec, *, bf16: bool = False, norm_eps: float = 1e-6) -> Any:
+    """megatron-core's TransformerConfig for `layout` under the run's model-parallel layout and
+    recomputation flags (`par`)."""
     import torch.nn.functional as F
     from megatron.core.transformer.transformer_config import TransformerConfig
 
@@ -51,10 +34,10 @@ def transformer_config(layout: Layout, par: Parallel, *, bf16: bool = False, rec
                    moe_token_dispatcher_type="allgather", moe_grouped_gemm=False, moe_aux_loss_coeff=0.0,
                    moe_router_pre_softmax=False)
     recompute = {}
-    if recompute_granularity:
-        recompute = dict(recompute_granularity=recompute_granularity, recompute_method=recompute_method,
-                         recompute_num_layers=recompute_num_layers)
-        if recompute_granularity == "full" and recompute_method is None:
+    if par.recompute_granularity:
+        recompute = dict(recompute_granularity=par.recompute_granularity, recompute_method=par.recompute_method,
+                         recompute_num_layers=par.recompute_num_layers)
+        if par.recompute_granularity == "full" and par.recompute_method is None:
             recompute |= dict(recompute_method="uniform", recompute_num_layers=1)
     return TransformerConfig(
         num_layers=layout.num_layers, hidden_size=layout.hidden_size, num_attention_heads=layout.num_heads,

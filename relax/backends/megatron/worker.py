@@ -41,7 +41,7 @@ from relax.backends.megatron.convert import (
 )
 from relax.backends.megatron.head import MegatronResponseHead
 from relax.backends.megatron.model import (
-    Parallel, build_gpt, check_arch_flags, read_hf_state, rope_theta, transformer_config,
+    build_gpt, check_arch_flags, read_hf_state, rope_theta, transformer_config,
 )
 from relax.backends.train_worker import TRAINABLE_ROLES, TrainWorkerBase, lr_lambda, reduce_metric
 
@@ -107,13 +107,8 @@ class MegatronTrainWorker(TrainWorkerBase):
                              "(megatron-core's rule)")
         if mp.ep > 1 and not layout.num_experts:
             raise ValueError(f"--expert-model-parallel-size {mp.ep} needs an MoE model; {path} is dense")
-        par = Parallel(tp=mp.tp, pp=mp.pp, cp=mp.cp, ep=mp.ep, sequence_parallel=mp.sequence_parallel,
-                       first_stage_layers=mp.first_stage_layers, last_stage_layers=mp.last_stage_layers)
         self.layers = stage_layers(layout.num_layers, mp.pp, mp.first_stage_layers, mp.last_stage_layers)[self.pp_rank]
-        self.config = transformer_config(
-            layout, par, bf16=self.spec.optim.bf16, recompute_granularity=mp.recompute_granularity,
-            recompute_method=mp.recompute_method, recompute_num_layers=mp.recompute_num_layers,
-            norm_eps=hf_config.rms_norm_eps)
+        self.config = transformer_config(layout, mp, bf16=self.spec.optim.bf16, norm_eps=hf_config.rms_norm_eps)
         self.experts = expert_range(layout.num_experts, mp.ep, self.ep_rank) if layout.num_experts else None
         model = build_gpt(layout, self.config, pre_process=self.first_stage, post_process=self.last_stage,
                           rope_theta=rope_theta(hf_config), num_layers=len(self.layers),

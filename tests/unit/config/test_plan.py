@@ -3,7 +3,6 @@ clearer, weight receivers; flags a mode cannot use; the cluster check; `--dry-ru
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 
@@ -18,18 +17,6 @@ from relax.types import COLUMNS
 
 FULLY_ASYNC = ["--fully-async", "--resource", '{"actor": [1, 1], "rollout": [1, 1], "actor_fwd": [1, 1], '
                '"reference": [1, 1], "advantages": [1, 0]}', "--use-kl-loss", "--kl-loss-coef", "0.1"]
-
-
-@pytest.fixture()
-def base(tmp_path):
-    model = tmp_path / "model"
-    model.mkdir()
-    (model / "config.json").write_text(json.dumps({"num_hidden_layers": 2, "hidden_size": 64}))
-    data = tmp_path / "train.jsonl"
-    data.write_text('{"input": "1+1", "label": "2"}\n')
-    return ["--hf-checkpoint", str(model), "--prompt-data", str(data), "--rollout-batch-size", "4",
-            "--n-samples-per-prompt", "2", "--num-rollout", "3", "--rollout-max-response-len", "8",
-            "--exp-dir", str(tmp_path / "run")]
 
 
 def plan_of(args: list[str], gpus: float = 0):

@@ -13,15 +13,9 @@ from relax.utils import checkpoints
 
 
 @pytest.fixture
-def base(tmp_path):
-    model = tmp_path / "model"
-    model.mkdir()
-    (model / "config.json").write_text(json.dumps({"num_hidden_layers": 2, "hidden_size": 64}))
-    data = tmp_path / "train.jsonl"
-    data.write_text('{"input": "1+1", "label": "2"}\n')
-    return ["--hf-checkpoint", str(model), "--prompt-data", str(data), "--rollout-batch-size", "4",
-            "--n-samples-per-prompt", "2", "--num-rollout", "3", "--rollout-max-response-len", "8",
-            "--exp-dir", str(tmp_path / "run"), "--save", str(tmp_path / "ckpt")]
+def base(base, tmp_path):
+    """The suite's smallest run (tests/conftest.py), saving checkpoints."""
+    return base + ["--save", str(tmp_path / "ckpt")]
 
 
 def failing(times: int, error: Exception, seen: list):
