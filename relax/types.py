@@ -106,6 +106,7 @@ FINISH_REASON_STATUS: dict[str, Sample.Status] = {
 # Every TransferQueue column is declared once here: its dtype and its shape per row. Shape
 # letters: R = one value per row (sample); RT = one value per response token (row r has
 # `response_lengths[r]` of them, response-aligned); RL = one per prompt + response token. Who
+# B = bytes per row (a uint8 list; a multimodal row's encoder tensors as safetensors). Who
 # writes and who reads a column depends on the run (mode, estimator, optional roles) and is
 # resolved once by the run plan (`relax.config.plan`), which `relax-train --dry-run` prints.
 
@@ -113,8 +114,8 @@ FINISH_REASON_STATUS: dict[str, Sample.Status] = {
 @dataclass(frozen=True)
 class Column:
     name: str
-    dtype: str  # "int64" | "float32" (torch dtype names; this module stays free of torch)
-    shape: str  # "R" | "RT" | "RL"
+    dtype: str  # "int64" | "float32" | "uint8" (torch dtype names; this module stays free of torch)
+    shape: str  # "R" | "RT" | "RL" | "RB"
     doc: str
 
     @property
@@ -144,7 +145,11 @@ COLUMNS: dict[str, Column] = {c.name: c for c in (
     Column("values", "float32", "RT", "the critic's value of the state each token is chosen in"),
     Column("advantages", "float32", "RT", "per-token advantages (estimator, OPD penalty, whitening)"),
     Column("returns", "float32", "RT", "GAE returns the critic is fitted to"),
+    Column("multimodal_train_inputs", "uint8", "RB", "a multimodal row's encoder tensors (pixel_values, "
+           "image_grid_thw, ...) as safetensors bytes; empty for a text row"),
 )}
+# Written by Rollout only in multimodal runs (--multimodal-keys).
+MEDIA_COLUMN = "multimodal_train_inputs"
 
 # What Rollout writes for every sample, in this order.
 ROLLOUT_COLUMNS = ("tokens", "loss_masks", "rollout_log_probs", "response_lengths", "rewards", "group_indices",
@@ -170,6 +175,7 @@ class TrainBatch:
     teacher_log_probs_RT: list[list[float]] | None = None
     values_RT: list[list[float]] | None = None
     returns_RT: list[list[float]] | None = None
+    multimodal_train_inputs_RB: list[bytes] | None = None
 
     def __len__(self) -> int:
         return len(self.tokens_RL)

@@ -30,12 +30,15 @@ import torch
 
 
 def row_response_logits(model: Any, tokens: Sequence[int], response_length: int, temperature: float,
-                        device: torch.device | str = "cpu") -> torch.Tensor:
+                        device: torch.device | str = "cpu", model_inputs: dict[str, Any] | None = None
+                        ) -> torch.Tensor:
     """Temperature-scaled float32 logits that predict the last `response_length` tokens -> [R, V].
 
     One full forward of `tokens` (prompt + response) as a single row, no padding, no mask;
     only the last R + 1 positions go through the LM head (`logits_to_keep`). Row r of the
     result predicts response token r. Gradients flow when the caller enables them.
+    `model_inputs`: more keyword arguments of the forward (a multimodal row's encoder tensors and
+    position ids).
     """
     if not 0 <= response_length < len(tokens):
         raise ValueError(f"response_length must be in [0, {len(tokens) - 1}] for a {len(tokens)}-token row "
@@ -43,7 +46,8 @@ def row_response_logits(model: Any, tokens: Sequence[int], response_length: int,
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0 (pass 1.0 for greedy decoding), got {temperature}")
     ids_1L = torch.tensor([list(tokens)], dtype=torch.long, device=device)
-    logits_1KV = model(input_ids=ids_1L, use_cache=False, logits_to_keep=response_length + 1).logits
+    logits_1KV = model(input_ids=ids_1L, use_cache=False, logits_to_keep=response_length + 1,
+                       **(model_inputs or {})).logits
     return logits_1KV[0, :-1].float() / temperature  # [R, V]; position k predicts token L - R + k
 
 
@@ -54,7 +58,8 @@ def token_log_probs(logits_RV: torch.Tensor, targets_R: Sequence[int] | torch.Te
 
 
 def row_response_log_probs(model: Any, tokens: Sequence[int], response_length: int, temperature: float,
-                           device: torch.device | str = "cpu") -> torch.Tensor:
+                           device: torch.device | str = "cpu", model_inputs: dict[str, Any] | None = None
+                           ) -> torch.Tensor:
     """Log-probs of the last `response_length` tokens of `tokens` under `model` -> [R]."""
-    logits_RV = row_response_logits(model, tokens, response_length, temperature, device)
+    logits_RV = row_response_logits(model, tokens, response_length, temperature, device, model_inputs)
     return token_log_probs(logits_RV, list(tokens)[len(tokens) - response_length:])

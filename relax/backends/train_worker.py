@@ -194,14 +194,17 @@ class TrainWorkerBase:
                                    max_tokens=max_tokens if b.use_dynamic_batch_size else None)
 
     @torch.no_grad()
-    def compute_log_probs(self, tokens: list[list[int]], lengths: list[int]) -> list[list[float]]:
-        """Per-row response log-probs under the current weights (old policy or reference)."""
+    def compute_log_probs(self, tokens: list[list[int]], lengths: list[int],
+                          media: list[bytes] | None = None) -> list[list[float]]:
+        """Per-row response log-probs under the current weights (old policy or reference);
+        `media`: a multimodal run's encoder tensors per row (TransferQueue's bytes)."""
         self.model.eval()
         start = time.perf_counter()
         budget = self.spec.batch.log_probs_max_tokens_per_gpu or self.spec.batch.max_tokens_per_gpu
         out: list[list[float]] = [[] for _ in tokens]
         for idx in self._micro_batches([len(t) for t in tokens], budget):
-            logp_BT, _, _ = self._forward([tokens[i] for i in idx], [lengths[i] for i in idx])
+            logp_BT, _, _ = self._forward([tokens[i] for i in idx], [lengths[i] for i in idx],
+                                          media=None if media is None else [media[i] for i in idx])
             for row, i in enumerate(idx):
                 out[i] = logp_BT[row, : lengths[i]].cpu().tolist()
         if self.spec.true_on_policy:
@@ -336,8 +339,10 @@ class TrainWorkerBase:
             return self._value_micro_loss(batch, rows, num_samples=num_samples, num_tokens=num_tokens)
         lengths = [batch.response_lengths_R[i] for i in rows]
         # Entropy is always reported; it carries a gradient only into a loss that can use it.
+        media = batch.multimodal_train_inputs_RB
         logp_BT, mask_BT, ent_BT = self._forward([batch.tokens_RL[i] for i in rows], lengths, entropy=True,
-                                                 entropy_grad=self._entropy_grad())
+                                                 entropy_grad=self._entropy_grad(),
+                                                 media=None if media is None else [media[i] for i in rows])
         return self._policy_loss(batch, rows, logp_BT, mask_BT, ent_BT, num_samples=num_samples,
                                  num_tokens=num_tokens)
 

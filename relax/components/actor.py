@@ -45,7 +45,7 @@ from relax.config.schema import RelaxConfig
 from relax.distributed import transfer_queue as tq
 from relax.distributed.ray.actor_group import RayActorGroup
 from relax.distributed.weight_sync import WeightSyncError
-from relax.types import COLUMNS, ROLLOUT_COLUMNS, TrainBatch
+from relax.types import COLUMNS, MEDIA_COLUMN, ROLLOUT_COLUMNS, TrainBatch
 from relax.utils import checkpoints
 from relax.utils.logging import run_token, setup_logging
 from relax.utils.poll import Backoff
@@ -295,7 +295,7 @@ class Actor:
             rows = [index[k] for k in ready]
             part = batch.rows(rows)  # Rollout's columns of these rows, then the ones just completed
             for c in scored:
-                setattr(part, COLUMNS[c].field, [_as_list(v) for v in cols[c]])
+                setattr(part, COLUMNS[c].field, _cells(c, cols[c]))
             self._old_policy(part)
             batch.put(rows, part)
             per_rank: dict[int, list[tuple[int, int]]] = {}
@@ -358,8 +358,10 @@ class Actor:
     async def _old_log_probs(self, batch: TrainBatch) -> list[list[float]]:
         """The behaviour policy's log-probs, recomputed on the current weights (sharded as training is)."""
         _, shards_idx, _ = step_plan(batch.loss_masks_RT, self.cfg.batch.global_batch_size, self.group.dp_size)
+        media = batch.multimodal_train_inputs_RB
         results = await self.group.call_each("compute_log_probs", [
-            ([batch.tokens_RL[i] for i in idx], [batch.response_lengths_R[i] for i in idx]) for idx in shards_idx])
+            ([batch.tokens_RL[i] for i in idx], [batch.response_lengths_R[i] for i in idx],
+             None if media is None else [media[i] for i in idx]) for idx in shards_idx])
         old: list[list[float]] = [[] for _ in batch.tokens_RL]
         for idx, logps in zip(shards_idx, results):
             for i, lp in zip(idx, logps):
@@ -378,8 +380,8 @@ class Actor:
             raise RuntimeError(f"rollout {rollout_id}: {len(stale)} rows lag more than --max-staleness "
                                f"{self.plan.max_staleness} weight versions behind the actor's {self.version} "
                                f"(max lag {max(lags)}); the engines missed a weight update")
-        batch = TrainBatch.from_columns({name: [_as_list(v) for v in cols[name]] if COLUMNS[name].ragged
-                                         else cols[name].tolist() for name in columns if name != "weight_versions"})
+        batch = TrainBatch.from_columns({name: _cells(name, cols[name]) for name in columns
+                                         if name != "weight_versions"})
         self._old_policy(batch)
         return keys, batch, metrics
 
@@ -411,6 +413,13 @@ class Actor:
 def _as_list(value: Any) -> Any:
     """A fetched cell (tensor or plain value) as Python data."""
     return value.tolist() if hasattr(value, "tolist") else value
+
+
+def _cells(name: str, values: Any) -> list[Any]:
+    """A fetched column as Python data per row (the media column as bytes)."""
+    if name == MEDIA_COLUMN:
+        return tq.media_bytes(values)
+    return [_as_list(v) for v in values] if COLUMNS[name].ragged else values.tolist()
 
 
 async def _ignore(keys: list[str], cols: dict[str, Any]) -> None:

@@ -29,6 +29,7 @@ from relax.config.plan import RolePlan
 from relax.config.schema import RelaxConfig
 from relax.distributed import transfer_queue as tq
 from relax.distributed.checkpoint_service.transports import RayEndpoint
+from relax.types import MEDIA_COLUMN
 from relax.utils.logging import setup_logging
 from relax.utils.poll import Backoff
 
@@ -84,8 +85,9 @@ class ActorFwd:
         its own GPU by CUDA IPC."""
         return [(gpu,) if gpu else () for gpu in await self.group.call("gpu_identity")]
 
-    async def _log_probs(self, tokens: list[list[int]], lengths: list[int]) -> list[list[float]]:
-        logps, compute = await score_rows(self.group, tokens, lengths, "compute_log_probs")
+    async def _log_probs(self, tokens: list[list[int]], lengths: list[int], media: list[bytes] | None = None
+                         ) -> list[list[float]]:
+        logps, compute = await score_rows(self.group, tokens, lengths, "compute_log_probs", media)
         self.compute_seconds += compute
         return logps
 
@@ -94,8 +96,8 @@ class ActorFwd:
         metrics: dict[str, float] = {}
         if self.role == "reference" and ref_update_due(self.cfg, rollout_id):
             metrics |= await self._take_actor_weights(rollout_id)
-        keys, tokens, lengths = await read_rows(rollout_id)
-        logps, compute = await score_rows(self.group, tokens, lengths, "compute_log_probs")
+        keys, tokens, lengths, media = await read_rows(rollout_id, media=MEDIA_COLUMN in self.plan.reads)
+        logps, compute = await score_rows(self.group, tokens, lengths, "compute_log_probs", media)
         await tq.put_columns(rollout_id, keys, {self.column: jagged(logps)})
         return metrics | {f"time/{self.role}": time.perf_counter() - start, f"compute/{self.role}_seconds": compute}
 
@@ -117,7 +119,8 @@ class ActorFwd:
             if self.plan.receives_weights:  # old log-probs: on weights at least as new as the row's
                 await self._wait_weights(max(int(v) for v in cols["weight_versions"]))
             logps = await self._log_probs([t.tolist() for t in cols["tokens"]],
-                                          [int(x) for x in cols["response_lengths"]])
+                                          [int(x) for x in cols["response_lengths"]],
+                                          tq.media_bytes(cols.get(MEDIA_COLUMN)))
             await tq.put_columns(step, keys, {self.column: tq.sequence_column(logps)})
 
         alive = lambda: not self.stopping and self.group is not None  # noqa: E731

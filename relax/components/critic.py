@@ -100,7 +100,7 @@ class Critic:
     async def forward(self, rollout_id: int) -> dict[str, float]:
         """Write `values` onto every row of the step."""
         start = time.perf_counter()
-        keys, tokens, lengths = await read_rows(rollout_id)
+        keys, tokens, lengths, _ = await read_rows(rollout_id)
         values, compute = await score_rows(self.group, tokens, lengths, "compute_values")
         await tq.put_columns(rollout_id, keys, {"values": jagged(values)})
         return {"time/critic_forward": time.perf_counter() - start, "compute/critic_forward_seconds": compute}

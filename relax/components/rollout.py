@@ -37,7 +37,7 @@ from relax.engine.rollout.generator import Generator, StepState
 from relax.engine.rollout.partial_rollout import partial_metrics
 from relax.engine.rollout.replay import dump_rollout_details, save_rollout
 from relax.engine.specs import RewardSpec, RolloutSpec
-from relax.types import Sample
+from relax.types import MEDIA_COLUMN, Sample
 from relax.utils import checkpoints
 from relax.utils.http_utils import close_sessions
 from relax.utils.metrics import pass_rates
@@ -118,9 +118,14 @@ class Rollout:
                                         cfg.reward.genrm_sampling_config, cfg.custom.get("genrm_prompt_template"))
         self.rewards = RewardExecutor(RewardSpec.from_config(cfg.reward, judge), self.args)
         tokenizer = await asyncio.to_thread(self._tokenizer)
+        processor = None
+        if cfg.data.multimodal_keys:  # placeholders -> the model's media tokens, images -> encoder tensors
+            from relax.utils.multimodal.processor import MultimodalProcessor
+
+            processor = await asyncio.to_thread(MultimodalProcessor, cfg.ckpt.hf_checkpoint, tokenizer)
         self.generator = Generator(RolloutSpec.from_config(cfg), tokenizer=tokenizer,
                                    router_url=f"{self.fleet.router_url if self.fleet else ''}/generate",
-                                   rewards=self.rewards, plugin_args=self.args)
+                                   rewards=self.rewards, plugin_args=self.args, processor=processor)
         sglang_rollout.bind(self.args, self.generator)
         data_source_cls = import_object(cfg.data.data_source_path, flag="--data-source-path")
         self.data_source = await asyncio.to_thread(data_source_cls, self.args)
@@ -345,11 +350,12 @@ class Rollout:
         step = self.current = state or StepState()
         busy_before = self._busy_mark if self.plan.overlapping_steps else await self._engine_busy_seconds()
         streamed: set[int] = set()
+        media = MEDIA_COLUMN in self.plan.role.writes  # a multimodal run: rows carry encoder tensors
         # A reward post-process or a custom train-data conversion needs the whole step: the plan does not stream.
         if self.plan.stream_groups:
             async def sink(group: list[Sample]) -> None:
                 await tq.put_samples(rollout_id, group, [self.rewards.reward_value(s) for s in group],
-                                     started_at=started_at)
+                                     started_at=started_at, media=media)
                 streamed.update(s.index for s in group)
             step.group_sink = sink
         groups = await self.rollout_fn(step, rollout_id)
@@ -373,10 +379,10 @@ class Rollout:
             train_data = await call_maybe_async(self.convert_samples, self.args, samples)
         rest = [i for i, s in enumerate(samples) if s.index not in streamed]
         if train_data is not None:
-            await tq.put_samples(rollout_id, samples, rewards, train_data, started_at=started_at)
+            await tq.put_samples(rollout_id, samples, rewards, train_data, started_at=started_at, media=media)
         elif rest:
             await tq.put_samples(rollout_id, [samples[i] for i in rest], [rewards[i] for i in rest],
-                                 started_at=started_at)
+                                 started_at=started_at, media=media)
         await tq.mark_step_done(rollout_id, len(samples))
         if self.cfg.debug.dump_details:
             await asyncio.to_thread(dump_rollout_details, self.cfg.debug.dump_details, rollout_id, groups, rewards)

@@ -149,7 +149,7 @@ class Teacher:
 
     async def forward(self, rollout_id: int) -> dict[str, float]:
         start = time.perf_counter()
-        keys, tokens, lengths = await read_rows(rollout_id)
+        keys, tokens, lengths, _ = await read_rows(rollout_id)
         logps = await self.scorer.score(tokens, lengths)
         await tq.put_columns(rollout_id, keys, {"teacher_log_probs": jagged(logps)})
         return {"time/teacher": time.perf_counter() - start}

@@ -20,7 +20,7 @@ from relax.config.plan import RolePlan, reuses_training_log_probs
 from relax.config.schema import OptimizerConfig, RelaxConfig
 from relax.distributed import transfer_queue as tq
 from relax.distributed.ray.actor_group import RayActorGroup
-from relax.types import TrainBatch
+from relax.types import MEDIA_COLUMN, TrainBatch
 from relax.utils import checkpoints
 from relax.utils.plugins import import_object
 
@@ -164,13 +164,14 @@ def score_shards(num_rows: int, world_size: int) -> list[list[int]]:
 
 
 async def score_rows(group: RayActorGroup, tokens_RL: list[list[int]], lengths_R: list[int],
-                     method: str) -> tuple[list[list[float]], float]:
+                     method: str, media_R: list[bytes] | None = None) -> tuple[list[list[float]], float]:
     """Run the forward-only `method` (compute_log_probs / compute_values) of every rank on its share
-    of the rows; returns per-row response-aligned results in row order and the slowest rank's
-    compute seconds."""
+    of the rows (`media_R`: a multimodal run's encoder tensors per row); returns per-row
+    response-aligned results in row order and the slowest rank's compute seconds."""
     shards_idx = score_shards(len(tokens_RL), group.dp_size)
-    results = await group.call_each(method, [([tokens_RL[i] for i in idx], [lengths_R[i] for i in idx])
-                                             for idx in shards_idx])
+    media = [() if media_R is None else ([media_R[i] for i in idx],) for idx in shards_idx]
+    results = await group.call_each(method, [([tokens_RL[i] for i in idx], [lengths_R[i] for i in idx]) + m
+                                             for idx, m in zip(shards_idx, media)])
     compute = max(await group.call("pop_compute_seconds"))
     out: list[list[float]] = [[] for _ in tokens_RL]
     for idx, res in zip(shards_idx, results):
@@ -179,11 +180,15 @@ async def score_rows(group: RayActorGroup, tokens_RL: list[list[int]], lengths_R
     return out, compute
 
 
-async def read_rows(rollout_id: int) -> tuple[list[str], list[list[int]], list[int]]:
-    """Keys, token lists and response lengths of every row of step `rollout_id`, in key order."""
+async def read_rows(rollout_id: int, media: bool = False
+                    ) -> tuple[list[str], list[list[int]], list[int], list[bytes] | None]:
+    """Keys, token lists, response lengths and (`media`: a multimodal run) encoder tensors of every
+    row of step `rollout_id`, in key order."""
     keys = await tq.list_keys(rollout_id)
-    cols = await tq.get_columns(rollout_id, keys, ["tokens", "response_lengths"])
-    return keys, [t.tolist() for t in cols["tokens"]], cols["response_lengths"].tolist()
+    fields = ["tokens", "response_lengths"] + ([MEDIA_COLUMN] if media else [])
+    cols = await tq.get_columns(rollout_id, keys, fields)
+    return (keys, [t.tolist() for t in cols["tokens"]], cols["response_lengths"].tolist(),
+            tq.media_bytes(cols.get(MEDIA_COLUMN)))
 
 
 def mean_over_ranks(results: list[dict[str, float]], *, prefix: str) -> dict[str, float]:

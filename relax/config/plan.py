@@ -29,7 +29,7 @@ from typing import Any, Literal
 from relax.config.placement import GpuAsk, GpuPlacement, PlacementError, place_gpus
 from relax.config.placement import describe as describe_placement
 from relax.config.schema import RelaxConfig
-from relax.types import COLUMNS, ROLLOUT_COLUMNS
+from relax.types import COLUMNS, MEDIA_COLUMN, ROLLOUT_COLUMNS
 
 Mode = Literal["colocate", "fully_async"]
 
@@ -248,9 +248,12 @@ def resolve_plan(cfg: RelaxConfig, gpus: float = 0.0) -> RunPlan:
     if needs_genrm(cfg):  # first: the Rollout's rewards need the judge's router
         judges = max(1, cfg.reward.genrm_num_gpus // max(1, cfg.reward.genrm_num_gpus_per_engine))
         roles.append(RolePlan("genrm", judges, "engine", gpus_each=cfg.reward.genrm_num_gpus_per_engine))
-    actor_reads = ["tokens", "response_lengths", "loss_masks", "rollout_log_probs", "rewards", "weight_versions"]
+    # A multimodal run's rows carry their encoder tensors to every model forward.
+    media = (MEDIA_COLUMN,) if cfg.data.multimodal_keys else ()
+    actor_reads = ["tokens", "response_lengths", "loss_masks", "rollout_log_probs", "rewards", "weight_versions",
+                   *media]
     # Streaming readers key rows by their sample index; whole-step readers list the partition's keys.
-    scorer_reads = ("tokens", "response_lengths") + (("sample_indices",) if fully_async else ())
+    scorer_reads = ("tokens", "response_lengths") + media + (("sample_indices",) if fully_async else ())
     if needs_reference(cfg):
         actor_reads.append("ref_log_probs")
     if needs_teacher(cfg):
@@ -271,7 +274,7 @@ def resolve_plan(cfg: RelaxConfig, gpus: float = 0.0) -> RunPlan:
     engines = len(cfg.rollout.rollout_external_engine_addrs or ()) if external else rollout_engines(cfg, tp)
     unit = "" if debug_train else "external engine" if external else "engine"
     roles.append(RolePlan("rollout", 0 if debug_train else engines, unit, gpus_each=tp,
-                          writes=ROLLOUT_COLUMNS, streams=fully_async, receives_weights=not debug_train,
+                          writes=ROLLOUT_COLUMNS + media, streams=fully_async, receives_weights=not debug_train,
                           checkpoints=True, reward_workers=cfg.reward.reward_num_workers))
     if needs_reference(cfg):
         roles.append(RolePlan("reference", _ranks(cfg, "reference"), "rank", writes=("ref_log_probs",),

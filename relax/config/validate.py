@@ -334,6 +334,18 @@ def check_critic(cfg: RelaxConfig) -> None:
         raise ConfigError(f"--value-clip must be > 0 (the clip range of the value update), got {a.value_clip}")
 
 
+def check_multimodal(cfg: RelaxConfig) -> None:
+    """--multimodal-keys: the parts that take media (rollout, hf/SGLang engines, fsdp actor and
+    reference) are built; a critic or an OPD teacher would score rows without their images."""
+    if not cfg.data.multimodal_keys:
+        return
+    if cfg.algo.advantage_estimator == "ppo":
+        raise ConfigError("--multimodal-keys with --advantage-estimator ppo: the critic does not take images in this "
+                          "build; use a critic-free estimator (grpo, gspo, reinforce_plus_plus, ...)")
+    if cfg.algo.use_opd:
+        raise ConfigError("--multimodal-keys with --use-opd: the OPD teacher does not take images in this build")
+
+
 def check_opd(cfg: RelaxConfig) -> None:
     a = cfg.algo
     if a.advantage_estimator == "on_policy_distillation" and not a.use_opd:
@@ -605,6 +617,8 @@ def megatron_unfit(cfg: RelaxConfig) -> list[str]:
         reasons.append("--fully-async needs --train-backend fsdp in this build (ActorFwd ranks receive weights)")
     if cfg.cluster.true_on_policy_mode:
         reasons.append("--true-on-policy-mode needs --train-backend fsdp")
+    if cfg.data.multimodal_keys:
+        reasons.append("--multimodal-keys (a vision-language model) needs --train-backend fsdp in this build")
     return reasons
 
 
@@ -744,8 +758,8 @@ def check_metrics_sinks(cfg: RelaxConfig) -> None:
 
 CHECKS = (check_unsupported, check_ranges, check_mode, check_partial_rollout, check_debug, check_external,
           check_resource, check_batches, check_algorithm, check_paths, check_eval, check_context, check_prefetch,
-          check_genrm, check_true_on_policy, check_backends, check_plugins, check_exp_dir, check_notify,
-          check_metrics_sinks, check_fault_flags)
+          check_genrm, check_multimodal, check_true_on_policy, check_backends, check_plugins, check_exp_dir,
+          check_notify, check_metrics_sinks, check_fault_flags)
 
 
 def validate_config(cfg: RelaxConfig) -> RelaxConfig:

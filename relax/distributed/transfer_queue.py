@@ -34,6 +34,7 @@ ROLLOUT_COLUMNS: dict[str, tuple[torch.dtype, bool]] = {
     "weight_versions": (torch.int64, False),
     "truncated": (torch.int64, False),
 }
+MEDIA_COLUMN = ("multimodal_train_inputs", torch.uint8)  # rows' encoder tensors (multimodal runs only)
 
 
 RUN_ENV = "RELAX_RUN_ID"  # every process of a run has it: its partitions are `<run id>/...`
@@ -144,9 +145,24 @@ def row_version(sample: Sample, started_at: int | None = None) -> int:
     return min(versions) if versions else -1
 
 
+def media_column(samples: Sequence[Sample]) -> torch.Tensor:
+    """The samples' `multimodal_train_inputs` (encoder tensors) as safetensors bytes per row."""
+    from relax.utils.multimodal.processor import to_bytes
+
+    rows = [to_bytes(s.multimodal_train_inputs) for s in samples]
+    return torch.nested.nested_tensor([torch.frombuffer(bytearray(b), dtype=MEDIA_COLUMN[1]) if b
+                                       else torch.zeros(0, dtype=MEDIA_COLUMN[1]) for b in rows], layout=torch.jagged)
+
+
+def media_bytes(values: Sequence[Any] | None) -> list[bytes] | None:
+    """The media column read back (uint8 tensors) as one bytes object per row."""
+    return None if values is None else [v.numpy().tobytes() if hasattr(v, "numpy") else bytes(v) for v in values]
+
+
 def samples_to_columns(samples: Sequence[Sample], reward_values: Sequence[float], *,
-                       started_at: int | None = None) -> dict[str, torch.Tensor]:
-    """Rollout rows: one entry per sample, response-aligned sequences for masks/log-probs."""
+                       started_at: int | None = None, media: bool = False) -> dict[str, torch.Tensor]:
+    """Rollout rows: one entry per sample, response-aligned sequences for masks/log-probs;
+    `media`: also the multimodal column (a multimodal run)."""
     columns = {
         "tokens": [s.tokens for s in samples],
         "loss_masks": [s.loss_mask if s.loss_mask is not None else [1] * s.response_length for s in samples],
@@ -163,11 +179,14 @@ def samples_to_columns(samples: Sequence[Sample], reward_values: Sequence[float]
             raise ValueError(f"sample {s.index}: tokens ({len(s.tokens)}), response_length ({s.response_length}) and "
                              f"loss_mask ({len(s.loss_mask or [])}) disagree; a custom generate function must keep "
                              "len(loss_mask) == response_length <= len(tokens)")
-    return {name: _column(columns[name], *ROLLOUT_COLUMNS[name]) for name in ROLLOUT_COLUMNS}
+    out = {name: _column(columns[name], *ROLLOUT_COLUMNS[name]) for name in ROLLOUT_COLUMNS}
+    if media:
+        out[MEDIA_COLUMN[0]] = media_column(samples)
+    return out
 
 
 def train_data_to_columns(data: Any, samples: Sequence[Sample], reward_values: Sequence[float], *,
-                          started_at: int | None = None) -> dict[str, torch.Tensor]:
+                          started_at: int | None = None, media: bool = False) -> dict[str, torch.Tensor]:
     """Rows from a `--custom-convert-samples-to-train-data-path` result: its per-sample lists
     (slime's train-data keys: tokens, response_lengths, rewards, loss_masks, rollout_log_probs,
     truncated, sample_indices, ...) replace the default conversion's columns; keys it leaves
@@ -183,7 +202,7 @@ def train_data_to_columns(data: Any, samples: Sequence[Sample], reward_values: S
         if len(values) != len(samples):
             raise ValueError(f"{flag}: '{name}' has {len(values)} entries for {len(samples)} samples; return one "
                              "entry per sample, in the samples' order")
-    out = samples_to_columns(samples, reward_values, started_at=started_at)
+    out = samples_to_columns(samples, reward_values, started_at=started_at, media=media)
     out.update({name: _column(values, *ROLLOUT_COLUMNS[name]) for name, values in columns.items()})
     lengths = out["response_lengths"].tolist()
     for i, n in enumerate(lengths):
@@ -210,16 +229,18 @@ def sequence_column(values: Sequence[Sequence[float]], dtype: torch.dtype = torc
 
 
 async def put_samples(step: int, samples: Sequence[Sample], reward_values: Sequence[float],
-                      train_data: dict[str, Any] | None = None, *, started_at: int | None = None) -> list[str]:
+                      train_data: dict[str, Any] | None = None, *, started_at: int | None = None,
+                      media: bool = False) -> list[str]:
     """One row per sample (key = Sample.index); `train_data` is a custom conversion's result;
-    `started_at`: the engine version the step started at (fully async, see `row_version`)."""
+    `started_at`: the engine version the step started at (fully async, see `row_version`);
+    `media`: write the multimodal column too (a multimodal run's Rollout)."""
     keys = [str(s.index) for s in samples]
     if len(set(keys)) != len(keys):
         raise ValueError(f"step {step}: duplicate sample indices; every sample needs a unique Sample.index")
     if train_data is None:
-        columns = samples_to_columns(samples, reward_values, started_at=started_at)
+        columns = samples_to_columns(samples, reward_values, started_at=started_at, media=media)
     else:
-        columns = train_data_to_columns(train_data, samples, reward_values, started_at=started_at)
+        columns = train_data_to_columns(train_data, samples, reward_values, started_at=started_at, media=media)
     await put_columns(step, keys, columns)
     return keys
 

@@ -47,7 +47,8 @@ def test_every_column_has_a_dtype_a_shape_and_a_trainbatch_field_when_trained_on
     assert set(ROLLOUT_COLUMNS) <= set(COLUMNS)
     fields = set(TrainBatch.__dataclass_fields__)
     for col in COLUMNS.values():
-        assert col.dtype in ("int64", "float32") and col.shape in ("R", "RT", "RL") and col.doc
+        assert col.dtype in ("int64", "float32", "uint8") and col.shape in ("R", "RT", "RL", "RB") and col.doc
+        assert (col.dtype == "uint8") == (col.shape == "RB")  # bytes per row: the media column
         assert col.ragged == (col.shape != "R")
     assert {c.field for c in COLUMNS.values()} - fields == {"group_indices_R", "sample_indices_R",
                                                              "weight_versions_R", "truncated_R"}

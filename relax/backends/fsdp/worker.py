@@ -1,7 +1,8 @@
 """One data-parallel rank of the `fsdp` training backend (a Ray actor process).
 
-HF `AutoModelForCausalLM` sharded with FSDP2 `fully_shard` per decoder layer (one float32 rank:
-the plain module, see `sharded`), its forward through the chunked log-prob head, DCP
+HF `AutoModelForCausalLM` (a VL checkpoint: its image-text-to-text model, vision tower included)
+sharded with FSDP2 `fully_shard` per decoder layer (one float32 rank: the plain module, see
+`sharded`), its forward through the chunked log-prob head, DCP
 checkpoints and HF export. gloo on CPU, NCCL on GPU. Micro-batching, the training pass, the
 losses, the optimizer step and the weight push are the backend-agnostic half
 (`relax.backends.train_worker.TrainWorkerBase`).
@@ -14,6 +15,11 @@ Role "critic" builds a value model instead: the same causal-LM body with a scala
 when the checkpoint is a causal LM). Its value for response token t is read at the position
 that predicts t, the same position as that token's log-prob, and it trains on
 `relax.algorithms.value_loss`.
+
+Multimodal rows carry their encoder tensors (`pixel_values`, `image_grid_thw`; safetensors bytes
+from TransferQueue): a micro-batch's are concatenated and go into the same forward with the
+M-RoPE position ids of `relax.utils.multimodal.processor.rope_positions`, the positions the
+`hf` engine decoded with.
 """
 
 from __future__ import annotations
@@ -33,6 +39,8 @@ from relax.algorithms.logprobs import row_response_logits, token_log_probs
 from relax.algorithms.losses import entropy_from_logits
 from relax.backends.batching import pad_inputs, response_positions
 from relax.backends.train_worker import TRAINABLE_ROLES, TrainWorkerBase
+from relax.utils.multimodal.processor import (collate, decoder_layers, from_bytes, is_multimodal, load_model,
+                                              rope_positions)
 
 logger = logging.getLogger(__name__)
 
@@ -89,7 +97,7 @@ class FSDPTrainWorker(TrainWorkerBase):
     # ---- setup -------------------------------------------------------------------------
     def _build_model(self, path: str) -> torch.nn.Module:
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-        from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
+        from transformers import AutoConfig, AutoModelForTokenClassification
 
         dtype = torch.float32
         if self.spec.role == "critic":
@@ -97,10 +105,10 @@ class FSDPTrainWorker(TrainWorkerBase):
             config.classifier_dropout = 0.0  # a value head is a regression: no dropout
             model = AutoModelForTokenClassification.from_pretrained(path, config=config, dtype=dtype)
         else:
-            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+            model = load_model(path, dtype=dtype)  # a VL checkpoint: its vision tower too
         model = model.to(self.device)
         self.hf_config = model.config
-        self.pad_id = model.config.pad_token_id or 0
+        self.pad_id = model.config.get_text_config().pad_token_id or 0
         if self.spec.role not in TRAINABLE_ROLES:
             model.requires_grad_(False)
         if self.spec.recompute_layers is not None and self.spec.role in TRAINABLE_ROLES:
@@ -109,10 +117,10 @@ class FSDPTrainWorker(TrainWorkerBase):
             else:
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             keep = self.spec.recompute_layers
-            for layer in model.model.layers[keep:] if keep >= 0 else []:
+            for layer in decoder_layers(model)[keep:] if keep >= 0 else []:
                 layer.gradient_checkpointing = False  # --recompute-method block: only the first k
         if self.spec.compile_layers and self.device.type == "cuda":
-            for layer in model.model.layers:  # before FSDP wraps it, as torchtitan does
+            for layer in decoder_layers(model):  # before FSDP wraps it, as torchtitan does
                 layer.compile(dynamic=True)
         elif self.spec.compile_layers:
             logger.warning("--use-torch-compile applies to GPU ranks; this rank runs on %s uncompiled", self.device)
@@ -121,25 +129,37 @@ class FSDPTrainWorker(TrainWorkerBase):
             # One rank: keep each layer's gathered (bf16) parameters from forward to backward
             # instead of gathering and casting them again; there is no shard to save memory on.
             reshard = self.world_size > 1
-            for layer in model.model.layers:
+            for layer in decoder_layers(model):
                 fully_shard(layer, mp_policy=mp, reshard_after_forward=reshard)
             fully_shard(model, mp_policy=mp, reshard_after_forward=reshard)
         self._apply_freezing(model)
         return model
 
     # ---- forward passes ----------------------------------------------------------------
+    def _media_inputs(self, ids_BL: torch.Tensor, attn_BL: torch.Tensor, media: list[bytes] | None
+                      ) -> dict[str, torch.Tensor]:
+        """Forward kwargs of a multimodal micro-batch: every row's encoder tensors, concatenated,
+        and the M-RoPE position ids (`relax.utils.multimodal.processor`); {} for text rows."""
+        rows = [from_bytes(m) for m in media or []]
+        if not any(rows):
+            return {}
+        tensors = {k: v.to(self.device) for k, v in collate(rows).items()}
+        return {**tensors, "position_ids": rope_positions(self.model, ids_BL, attn_BL, tensors)}
+
     def _forward(self, tokens: list[list[int]], response_lengths: list[int], *, entropy: bool = False,
-                 entropy_grad: bool = False):
+                 entropy_grad: bool = False, media: list[bytes] | None = None):
         """Response-aligned `logp_BT`, `mask_BT` (and `entropy_BT`) at the rollout temperature.
+        `media`: the rows' encoder tensors (a multimodal run; safetensors bytes per row).
 
         The model's output layer is swapped for the chunked log-prob head for this forward
         (`ResponseHead`): no [B, L, V] logits are built, only the response tokens' log-probs
         (and entropies, detached unless `entropy_grad`). The forward still goes through the
         model's own `__call__`, so FSDP's hooks see the outputs and inputs they expect."""
         if self.spec.true_on_policy:
-            return self._forward_rows(tokens, response_lengths, entropy=entropy)
+            return self._forward_rows(tokens, response_lengths, entropy=entropy, media=media)
         ids_BL, attn_BL = pad_inputs(tokens, self.pad_id)
         ids_BL, attn_BL = ids_BL.to(self.device), attn_BL.to(self.device)
+        extra = self._media_inputs(ids_BL, attn_BL, media)
         index_BT, mask_BT = response_positions([len(t) for t in tokens], response_lengths)
         # Padded positions of short responses may point past the row; clamp, the mask zeroes them.
         index_BT = index_BT.clamp(max=ids_BL.shape[1] - 2).to(self.device)
@@ -150,16 +170,19 @@ class FSDPTrainWorker(TrainWorkerBase):
                              entropy=entropy, entropy_grad=entropy_grad,
                              fused=self.spec.compile_layers and self.device.type == "cuda")
         with head:
-            out_BTK = self.model(input_ids=ids_BL, attention_mask=attn_BL, use_cache=False).logits
+            out_BTK = self.model(input_ids=ids_BL, attention_mask=attn_BL, use_cache=False, **extra).logits
         return out_BTK[..., 0], mask_BT, out_BTK[..., 1] if entropy else None
 
-    def _forward_rows(self, tokens: list[list[int]], response_lengths: list[int], *, entropy: bool = False):
+    def _forward_rows(self, tokens: list[list[int]], response_lengths: list[int], *, entropy: bool = False,
+                      media: list[bytes] | None = None):
         """`_forward` for true on-policy: one unpadded forward per row (the engine's computation),
         right-padded afterwards to `[B, T]` (padding after the fact changes no value)."""
         width = max(max(response_lengths), 1)
         logps, ents = [], []
-        for toks, n in zip(tokens, response_lengths):
-            logits_RV = row_response_logits(self.model, toks, n, self.spec.temperature, self.device)
+        for r, (toks, n) in enumerate(zip(tokens, response_lengths)):
+            ids_1L = torch.tensor([toks], dtype=torch.long, device=self.device)
+            extra = self._media_inputs(ids_1L, torch.ones_like(ids_1L), None if media is None else [media[r]])
+            logits_RV = row_response_logits(self.model, toks, n, self.spec.temperature, self.device, extra)
             logps.append(torch.nn.functional.pad(token_log_probs(logits_RV, toks[len(toks) - n:]), (0, width - n)))
             if entropy:
                 ents.append(torch.nn.functional.pad(entropy_from_logits(logits_RV), (0, width - n)))
@@ -293,16 +316,21 @@ class FSDPTrainWorker(TrainWorkerBase):
         set_model_state_dict(self.model, state["model"])
 
     def export_hf(self, out_dir: str, tokenizer_path: str) -> None:
-        """Write an HF checkpoint loadable by `AutoModelForCausalLM.from_pretrained`."""
+        """Write an HF checkpoint loadable by `AutoModelForCausalLM.from_pretrained` (a VL model's by
+        `AutoModelForImageTextToText`, with its image processor)."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoTokenizer
 
         full = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         if self.rank == 0:
-            model = AutoModelForCausalLM.from_config(self.hf_config)
+            model = load_model(tokenizer_path, config=self.hf_config, from_config=True)
             model.load_state_dict(full, strict=False)
             model.tie_weights()
             model.save_pretrained(out_dir, safe_serialization=True)
             AutoTokenizer.from_pretrained(tokenizer_path).save_pretrained(out_dir)
+            if is_multimodal(self.hf_config):
+                from transformers import AutoImageProcessor
+
+                AutoImageProcessor.from_pretrained(tokenizer_path).save_pretrained(out_dir)
         dist.barrier()
 

@@ -32,6 +32,12 @@ through `relax.algorithms.logprobs` — the function the fsdp trainer scores row
 `--true-on-policy-mode` — so engine and trainer log-probs are bitwise equal. Cost: one extra
 forward per finished row. The recompute uses the weights loaded when the row finishes.
 
+Multimodal rows (`DecodeRow.media`: a VL model's encoder tensors, `relax.utils.multimodal.processor`)
+are prefilled one by one, unpadded, with the images through the vision tower and M-RoPE position
+ids from the model's `get_rope_index`; their group then joins like any other. A decode step feeds
+one text token per row, whose three M-RoPE components are equal: the row's position after its
+prompt (`max(prompt positions) + 1`, counting on), which is what `next_pos_B` holds.
+
 Joining needs plain `DynamicLayer` cache layers; for models whose cache has other layer kinds
 (sliding window, linear attention) `can_join` is False and `admit` is never called: new
 requests then wait for the next batch.
@@ -56,6 +62,7 @@ from transformers.cache_utils import DynamicLayer
 from relax.algorithms.logprobs import row_response_log_probs
 from relax.backends.hf.sampling import SamplingBatch, SamplingParams, apply_penalties, sample_next_tokens
 from relax.backends.hf.static_cache import GraphRunner, SlotCache, kv_shape, static_decode_supported, write_prefill
+from relax.utils.multimodal.processor import rope_positions
 
 ABORT_MESSAGE = "request aborted"
 REGEX_WINDOW = 64  # output tokens whose text a stop_regex is searched in
@@ -69,6 +76,7 @@ class DecodeRow:
     params: SamplingParams
     abort_event: threading.Event = field(default_factory=threading.Event)
     abort_message: str = ABORT_MESSAGE
+    media: dict[str, torch.Tensor] | None = None  # encoder tensors of a multimodal prompt (pixel_values, ...)
 
 
 @dataclass
@@ -358,11 +366,23 @@ class BatchDecoder:
         wanted = row.params.max_new_tokens
         return max(0, room if wanted is None else min(wanted, room))
 
-    def prompt_logprobs(self, prompts: Sequence[Sequence[int]], *, rows_per_forward: int = 16
-                        ) -> list[list[float | None]]:
+    def media_inputs(self, ids_BL: torch.Tensor, mask_BL: torch.Tensor, media: dict[str, torch.Tensor] | None
+                     ) -> dict[str, torch.Tensor]:
+        """Forward kwargs of a multimodal row: its encoder tensors and M-RoPE position ids."""
+        if not media:
+            return {}
+        media = {k: v.to(self.device) for k, v in media.items()}
+        return {**media, "position_ids": rope_positions(self.model, ids_BL, mask_BL, media)}
+
+    def prompt_logprobs(self, prompts: Sequence[Sequence[int]], *, rows_per_forward: int = 16,
+                        media: Sequence[dict[str, torch.Tensor] | None] | None = None) -> list[list[float | None]]:
         """Log-prob of every prompt token given the tokens before it (raw logits, no temperature):
         `[None, logp(t1 | t0), logp(t2 | t0 t1), ...]` per prompt. Right-padded forwards without a
-        cache, `rows_per_forward` prompts at a time, each under `step_lock`."""
+        cache, `rows_per_forward` prompts at a time, each under `step_lock`; a prompt with `media`
+        goes alone, with its encoder tensors."""
+        if media is not None and any(media):
+            return [self.prompt_logprobs([p], media=None)[0] if not m else self._media_prompt_logprobs(p, m)
+                    for p, m in zip(prompts, media)]
         out: list[list[float | None]] = []
         for start in range(0, len(prompts), rows_per_forward):
             chunk = [list(p) for p in prompts[start:start + rows_per_forward]]
@@ -378,6 +398,15 @@ class BatchDecoder:
             for b, p in enumerate(chunk):
                 out.append([None] + logp_BL[b, :len(p) - 1, 0].cpu().tolist())
         return out
+
+    def _media_prompt_logprobs(self, prompt: Sequence[int], media: dict[str, torch.Tensor]) -> list[float | None]:
+        ids_1L = torch.tensor([list(prompt)], dtype=torch.long, device=self.device)
+        mask_1L = torch.ones_like(ids_1L)
+        with torch.inference_mode(), self.step_lock:
+            logits_1LV = self.model(input_ids=ids_1L, attention_mask=mask_1L, use_cache=False,
+                                    **self.media_inputs(ids_1L, mask_1L, media)).logits
+            logp_L = torch.log_softmax(logits_1LV[0, :-1].float(), dim=-1).gather(-1, ids_1L[0, 1:, None])[:, 0]
+        return [None] + logp_L.cpu().tolist()
 
     def run(self, rows: Sequence[DecodeRow], *, on_finish: Callable[[int, RowResult], None] | None = None,
             before_step: Callable[[], None] | None = None,
@@ -438,10 +467,10 @@ class BatchDecoder:
         return results  # type: ignore[return-value]
 
     def _forward(self, input_ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor,
-                 cache: DynamicCache) -> torch.Tensor:
+                 cache: DynamicCache, **media: torch.Tensor) -> torch.Tensor:
         with self.step_lock:
             out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions,
-                             past_key_values=cache, use_cache=True, logits_to_keep=1)
+                             past_key_values=cache, use_cache=True, logits_to_keep=1, **media)
         self.stats.forward_calls += 1
         return out.logits[:, -1]
 
@@ -454,6 +483,16 @@ class BatchDecoder:
         prompts go through the model once, then each row takes a copy of its prompt's cache rows
         and last logits (`shared_prefill`)."""
         waiting: list[int] = []
+        media_rows = [i for i in rows if states[i].row.media]
+        if media_rows:  # each alone (module doc); the text rows as one group, joined after them
+            text_rows = [i for i in rows if not states[i].row.media]
+            groups = [self._prefill_media(i, states, finish) for i in media_rows]
+            if text_rows:
+                groups.append(self._prefill(text_rows, states, finish, running=running)[0])
+            batch = None
+            for group in groups:
+                batch = group if batch is None else (batch if group is None else batch.join(group))
+            return batch, []
         if self.slot_cache is not None:
             rows, waiting = self._fit_slots(rows, states, finish, running)
             if not rows:
@@ -476,6 +515,22 @@ class BatchDecoder:
         tokens_B, keep = self._sample(logits_BV, rows, states, sampling, finish)
         group = _Batch(rows, cache, mask_BL, tokens_B, position_ids_BL[:, -1] + 1, sampling)
         return group.select(keep), waiting
+
+    def _prefill_media(self, i: int, states: list[_RowState], finish: Callable[[int, dict], None]
+                       ) -> "_Batch | None":
+        """Prefill one multimodal row alone (no padding): encoders + M-RoPE positions."""
+        if self.slot_cache is not None:
+            raise RuntimeError("multimodal rows need the DynamicCache path (VL models are not slot-cache models)")
+        ids_1L = torch.tensor([states[i].row.prompt_ids], dtype=torch.long, device=self.device)
+        mask_1L = torch.ones_like(ids_1L)
+        inputs = self.media_inputs(ids_1L, mask_1L, states[i].row.media)
+        positions = inputs.pop("position_ids")
+        sampling = SamplingBatch.build([states[i].params], self.device)
+        cache = DynamicCache(config=self.model.config)
+        logits_1V = self._forward(ids_1L, mask_1L, positions, cache, **inputs)
+        tokens_1, keep = self._sample(logits_1V, [i], states, sampling, finish)
+        next_pos_1 = positions.amax(dim=(0, 2)) + 1  # (3, 1, L) -> (1,)
+        return _Batch([i], cache, mask_1L, tokens_1, next_pos_1, sampling).select(keep)
 
     def _fit_slots(self, rows: list[int], states: list[_RowState], finish: Callable[[int, dict], None],
                    running: bool) -> tuple[list[int], list[int]]:
@@ -549,9 +604,11 @@ class BatchDecoder:
         """The row's output log-probs from one unpadded full forward (true on-policy; module doc)."""
         params = state.params
         with self.step_lock, torch.inference_mode():
-            logp_R = row_response_log_probs(self.model, state.row.prompt_ids + state.output_ids,
-                                            len(state.output_ids), 1.0 if params.is_greedy else params.temperature,
-                                            self.device)
+            tokens = state.row.prompt_ids + state.output_ids
+            ids_1L = torch.tensor([tokens], dtype=torch.long, device=self.device)
+            logp_R = row_response_log_probs(self.model, tokens, len(state.output_ids),
+                                            1.0 if params.is_greedy else params.temperature, self.device,
+                                            self.media_inputs(ids_1L, torch.ones_like(ids_1L), state.row.media))
         self.stats.forward_calls += 1
         return logp_R.tolist()
 

@@ -24,6 +24,8 @@ from relax.backends.hf.protocol import GenerateItem
 from relax.backends.hf.sampling import warm_up_sampler
 from relax.backends.hf.scheduler import Scheduler
 from relax.backends.hf.weights import WeightReceiver
+from relax.utils.multimodal.processor import MultimodalProcessor, is_multimodal, load_model
+from relax.utils.multimodal.sources import MediaError
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +64,7 @@ class HFEngine:
                  seed: int | None = None, weight_sync_timeout_s: float = 600.0, batch_wait_s: float = 0.02,
                  rl_on_policy_target: str | None = None, load_format: str = "auto",
                  max_total_tokens: int | None = None, cuda_graphs: bool = True, cuda_graph_max_bs: int | None = None):
-        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoConfig, AutoTokenizer
 
         if dtype not in DTYPE_CHOICES:
             raise ValueError(f"--dtype must be one of {sorted(DTYPE_CHOICES)}, got {dtype!r}")
@@ -83,12 +85,15 @@ class HFEngine:
             if isinstance(torch_dtype, str):  # config.json's "dtype": "bfloat16"
                 torch_dtype = getattr(torch, torch_dtype)
             with self.device:
-                self.model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype)
+                self.model = load_model(model_path, config=config, dtype=torch_dtype, from_config=True)
         else:
-            self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=DTYPE_CHOICES[dtype])
+            self.model = load_model(model_path, dtype=DTYPE_CHOICES[dtype])
         self.model.to(self.device).eval()
-        self.vocab_size = int(self.model.config.vocab_size)
-        self.max_context_len = max_context_len or int(getattr(self.model.config, "max_position_embeddings", 4096))
+        # VL checkpoints: image_data on /generate (relax.utils.multimodal.processor)
+        self.processor = MultimodalProcessor(model_path, self.tokenizer) if is_multimodal(self.model.config) else None
+        text_config = self.model.config.get_text_config()  # a VL model's language model
+        self.vocab_size = int(text_config.vocab_size)
+        self.max_context_len = max_context_len or int(getattr(text_config, "max_position_embeddings", 4096))
         self.step_lock = threading.Lock()
         pad = self.tokenizer.pad_token_id
         self.decoder = BatchDecoder(self.model, self.tokenizer, device=self.device,
@@ -126,15 +131,31 @@ class HFEngine:
         if self.released_tags:
             raise EngineUnavailable(f"engine memory is released (tags {sorted(self.released_tags)}); "
                                     "call /resume_memory_occupation before generating")
+        media = [await asyncio.to_thread(self.media_tensors, item) if item.media else None for item in items]
         results = list(await asyncio.gather(*(
-            self.scheduler.generate(item.rid, DecodeRow(item.input_ids, item.params)) for item in items)))
+            self.scheduler.generate(item.rid, DecodeRow(item.input_ids, item.params, media=m))
+            for item, m in zip(items, media))))
         scored = [i for i, item in enumerate(items)
                   if item.logprob_start_len is not None and results[i].finish_reason.get("type") != "abort"]
         if scored:  # input-token logprobs: one cache-free forward per chunk, off the event loop
-            logprobs = await asyncio.to_thread(self.decoder.prompt_logprobs, [items[i].input_ids for i in scored])
+            logprobs = await asyncio.to_thread(self.decoder.prompt_logprobs, [items[i].input_ids for i in scored],
+                                               media=[media[i] for i in scored])
             for i, lp in zip(scored, logprobs):
                 results[i].input_logprobs = lp
         return results
+
+    def media_tensors(self, item: GenerateItem) -> dict[str, torch.Tensor]:
+        """The encoder tensors of an item's media (MediaError, a 400, when the model takes none or
+        the ids do not hold the images' pad tokens)."""
+        if self.processor is None:
+            raise MediaError(f"{'/'.join(sorted(item.media))}_data was sent, but model type "
+                             f"{getattr(self.model.config, 'model_type', None)!r} takes text only; serve a "
+                             "vision-language checkpoint (docs/multimodal.md)")
+        unsupported = sorted(set(item.media) - {"image"})
+        if unsupported:
+            raise MediaError(f"{unsupported[0]}_data is not supported by model type "
+                             f"{self.model.config.model_type!r} (it takes image_data)")
+        return self.processor.request_tensors(item.input_ids, item.media.get("image"))
 
     async def health_generate(self, timeout_s: float = 20.0) -> bool:
         """A 1-token greedy generation; True when the model answers in time (or is deliberately paused)."""
@@ -201,5 +222,5 @@ class HFEngine:
             # SGLang's /get_model_info fields that clients read
             "model_type": getattr(self.model.config, "model_type", None),
             "architectures": list(getattr(self.model.config, "architectures", None) or []),
-            "has_image_understanding": False, "has_audio_understanding": False,
+            "has_image_understanding": self.processor is not None, "has_audio_understanding": False,
         }

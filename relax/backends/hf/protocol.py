@@ -14,6 +14,12 @@ position k on; position 0 has no context, so its logprob is None (SGLang's conve
 default, returns output-token logprobs only). They are log-softmax of the raw logits (no
 temperature). `max_new_tokens: 0` scores a sequence without generating: the way a teacher
 engine serves on-policy distillation. `top_logprobs_num` is not supported.
+
+Media (SGLang's multimodal fields): `image_data` — for one prompt an item or a list of items, for
+a batch one entry per prompt (an item, a list, or null). An item is a URL, a local path, a
+`data:image/...;base64,` URI or raw base64. The prompt's `input_ids` must already hold each
+image's expanded pad tokens (`relax.utils.multimodal.processor`); the engine checks the count.
+`video_data` and `audio_data` are rejected with a 400 by models that do not take them.
 """
 
 from __future__ import annotations
@@ -43,6 +49,9 @@ class GenerateRequest(BaseModel):
     return_text_in_logprobs: StrictBool = False
     rid: StrictStr | list[StrictStr] | None = None
     stream: StrictBool = False
+    image_data: Any = None
+    video_data: Any = None
+    audio_data: Any = None
 
 
 class InitWeightsUpdateGroupRequest(BaseModel):
@@ -107,6 +116,7 @@ class GenerateItem:
     params: SamplingParams
     return_logprob: bool
     logprob_start_len: int | None = None  # input-token logprobs from this position (None: none)
+    media: dict[str, list[str]] | None = None  # {"image": [items]} (SGLang's image_data, ...)
 
 
 def _per_item(value: Any, n: int, field: str, default: Any) -> list[Any]:
@@ -129,6 +139,33 @@ def _prompts(req: GenerateRequest, tokenizer: Any) -> tuple[list[list[int]], boo
         batched = isinstance(req.text, list)
         prompts = [tokenizer.encode(t) for t in (req.text if batched else [req.text])]
     return [list(p) for p in prompts], batched
+
+
+MEDIA_FIELDS = {"image_data": "image", "video_data": "video", "audio_data": "audio"}
+
+
+def _media(req: GenerateRequest, n: int, batched: bool) -> list[dict[str, list[str]] | None]:
+    """Per prompt, its media items by modality (None: text only), from SGLang's `*_data` fields."""
+    out: list[dict[str, list[str]]] = [{} for _ in range(n)]
+    for name, modality in MEDIA_FIELDS.items():
+        value = getattr(req, name)
+        if value is None:
+            continue
+        if batched:
+            if not isinstance(value, list) or len(value) != n:
+                raise ValueError(f"{name}: a batched request needs one entry per prompt ({n}), each an item, a "
+                                 "list of items or null")
+            per_prompt = value
+        else:
+            per_prompt = [value]
+        for i, entry in enumerate(per_prompt):
+            items = [] if entry is None else entry if isinstance(entry, list) else [entry]
+            if any(not isinstance(item, str) or not item for item in items):
+                raise ValueError(f"{name} of prompt {i}: each item must be a non-empty string (URL, path, data URI "
+                                 "or base64)")
+            if items:
+                out[i][modality] = items
+    return [m or None for m in out]
 
 
 def check_prompt(i: int, ids: list[int], params: SamplingParams, vocab_size: int, max_context_len: int) -> None:
@@ -170,7 +207,9 @@ def normalize_generate(req: GenerateRequest, tokenizer: Any, *, vocab_size: int,
         rids = [r if r is not None else uuid.uuid4().hex for r in rids]
     for i, (ids, p) in enumerate(zip(prompts, params)):
         check_prompt(i, ids, p, vocab_size, max_context_len)
-    items = [GenerateItem(r, ids, p, lp, k) for r, ids, p, lp, k in zip(rids, prompts, params, logprob, starts)]
+    media = _media(req, n, batched)
+    items = [GenerateItem(r, ids, p, lp, k, m)
+             for r, ids, p, lp, k, m in zip(rids, prompts, params, logprob, starts, media)]
     if any(p.n > 1 for p in params):  # parallel sampling: n rows per prompt, prompt-major, a list reply
         items = expand_samples(items)
         if len(items) > MAX_BATCH_ITEMS:

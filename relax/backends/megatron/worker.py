@@ -201,9 +201,12 @@ class MegatronTrainWorker(TrainWorkerBase):
 
     # ---- forward passes ----------------------------------------------------------------
     def _forward(self, tokens: list[list[int]], response_lengths: list[int], *, entropy: bool = False,
-                 entropy_grad: bool = False):
+                 entropy_grad: bool = False, media: list[bytes] | None = None):
         """Response-aligned `logp_BT`, `mask_BT` (and `entropy_BT`) at the rollout temperature
-        (one stage: pipeline parallelism goes through `_pipeline`)."""
+        (one stage: pipeline parallelism goes through `_pipeline`). Text models only: `media`
+        must be empty (validation sends multimodal runs to fsdp)."""
+        if media and any(media):
+            raise ValueError("the megatron backend trains text models; multimodal rows need --train-backend fsdp")
         if self.spec.true_on_policy:
             raise NotImplementedError("--true-on-policy-mode runs on the fsdp backend")
         with self._micro_batch(tokens, response_lengths, entropy=entropy, entropy_grad=entropy_grad) as run:

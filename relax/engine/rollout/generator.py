@@ -27,6 +27,7 @@ from relax.engine.filters.dynamic_sampling_filters import as_filter_output
 from relax.engine.rollout.partial_rollout import is_resuming, resume_request, resume_until_done
 from relax.engine.specs import RolloutSpec
 from relax.types import FINISH_REASON_STATUS, Sample
+from relax.utils.data.formatting import render_chat_template
 from relax.utils.http_utils import post
 from relax.utils.plugins import accepts_keyword, call_maybe_async, load_plugin
 
@@ -122,12 +123,27 @@ def apply_output(sample: Sample, prompt_ids: list[int], out: dict[str, Any]) -> 
     return sample
 
 
+def prompt_text(tokenizer: Any, sample: Sample) -> str:
+    """The prompt as text (a message list through the chat template)."""
+    if isinstance(sample.prompt, str):
+        return sample.prompt
+    return render_chat_template(sample.prompt, tokenizer, tools=None, kwargs={})
+
+
 def prompt_ids(tokenizer: Any, sample: Sample) -> list[int]:
     """The prompt's token ids (a message list through the chat template)."""
-    if isinstance(sample.prompt, str):
-        return tokenizer.encode(sample.prompt, add_special_tokens=False)
-    text = tokenizer.apply_chat_template(sample.prompt, tokenize=False, add_generation_prompt=True)
-    return tokenizer.encode(text, add_special_tokens=False)
+    return tokenizer.encode(prompt_text(tokenizer, sample), add_special_tokens=False)
+
+
+def encode_prompt(tokenizer: Any, processor: Any, sample: Sample) -> tuple[list[int], dict[str, Any]]:
+    """The prompt's ids and the media fields of its /generate request. A multimodal sample (and a
+    VL `processor`) gets its placeholders expanded to the model's media tokens, its encoder tensors
+    in `sample.multimodal_train_inputs` (for the trainer) and `image_data` for the engine."""
+    if processor is None or not sample.multimodal_inputs:
+        return prompt_ids(tokenizer, sample), {}
+    encoded = processor.encode(prompt_text(tokenizer, sample), sample.multimodal_inputs)
+    sample.multimodal_train_inputs = encoded.tensors or None
+    return encoded.input_ids, encoded.request
 
 
 def _same_prompt(group: list[Sample]) -> bool:
@@ -137,9 +153,12 @@ def _same_prompt(group: list[Sample]) -> bool:
 # ---- the generator -------------------------------------------------------------------------
 
 class Generator:
-    def __init__(self, spec: RolloutSpec, *, tokenizer: Any, router_url: str, rewards: Any, plugin_args: Any) -> None:
-        """`rewards`: a `RewardExecutor`; `plugin_args`: the namespace user plugins are called with."""
+    def __init__(self, spec: RolloutSpec, *, tokenizer: Any, router_url: str, rewards: Any, plugin_args: Any,
+                 processor: Any = None) -> None:
+        """`rewards`: a `RewardExecutor`; `plugin_args`: the namespace user plugins are called with;
+        `processor`: a VL model's `MultimodalProcessor` (multimodal runs)."""
         self.spec, self.tokenizer, self.router_url = spec, tokenizer, router_url
+        self.processor = processor
         self.rewards, self.args = rewards, plugin_args
         self.custom_generate = load_plugin(spec.custom_generate_path, flag="--custom-generate-function-path",
                                            positional=3, expected=GENERATE_SIGNATURE) \
@@ -151,7 +170,7 @@ class Generator:
     def derive(self, spec: RolloutSpec, rewards: Any = None, plugin_args: Any = None) -> Generator:
         """A generator for other settings (an eval dataset) on the same tokenizer and router."""
         return Generator(spec, tokenizer=self.tokenizer, router_url=self.router_url, rewards=rewards or self.rewards,
-                         plugin_args=plugin_args if plugin_args is not None else self.args)
+                         plugin_args=plugin_args if plugin_args is not None else self.args, processor=self.processor)
 
     # ---- one sample ----------------------------------------------------------------------
     def _seeded(self, sample: Sample, params: dict[str, Any]) -> dict[str, Any]:
@@ -161,14 +180,14 @@ class Generator:
         """Default single-turn generate: prompt -> one response, with per-token log-probs; the
         response is cut to fit the context limit. An aborted sample (partial rollout) continues
         from its partial response with the budget it has left."""
-        ids = prompt_ids(self.tokenizer, sample)
+        ids, media = encode_prompt(self.tokenizer, self.processor, sample)
         resuming = is_resuming(sample)
         input_ids, params = resume_request(sample, ids, params)
         if params is not None:
             params = fit_to_context(params, len(input_ids), self.spec.sampling.max_context_len)
         if params is None:
             return out_of_budget(sample, ids)
-        payload = {"input_ids": input_ids, "sampling_params": params, "return_logprob": True}
+        payload = {"input_ids": input_ids, "sampling_params": params, "return_logprob": True, **media}
         out = await post(self.router_url, payload, timeout=self.spec.http_timeout)
         sample = apply_output(sample, ids, out)
         if resuming:  # decoded whole: segment texts may split a multi-byte character
@@ -203,14 +222,16 @@ class Generator:
         SGLang's batch form (`input_ids` as a list of lists, `sampling_params` as a list) returns
         one reply per item; n times fewer HTTP round trips than one request per sample. Samples a
         weight update aborted (partial rollout) are then resumed one by one."""
-        ids = prompt_ids(self.tokenizer, group[0])
+        ids, media = encode_prompt(self.tokenizer, self.processor, group[0])
+        for s in group[1:]:  # same prompt, same media: the same encoder tensors
+            s.multimodal_train_inputs = group[0].multimodal_train_inputs
         train_params = self.spec.sampling.params()
         base = fit_to_context(train_params, len(ids), self.spec.sampling.max_context_len)
         if base is None:
             step.done += len(group)
             return [no_room(s, ids) for s in group]
         payload = {"input_ids": [ids] * len(group), "sampling_params": [self._seeded(s, base) for s in group],
-                   "return_logprob": True}
+                   "return_logprob": True, **{k: [v] * len(group) for k, v in media.items()}}
         outs = await post(self.router_url, payload, timeout=self.spec.http_timeout)
         group = [apply_output(s, list(ids), out) for s, out in zip(group, outs)]
 

@@ -204,13 +204,30 @@ def add_system_prompt(prompt: str | list[dict], system_prompt: str | None) -> st
     return [{"role": "system", "content": system_prompt}, *prompt]
 
 
+def flatten_media_parts(messages: list[dict]) -> list[dict]:
+    """Messages whose typed media parts (`{"type": "image", ...}`) are their placeholders again, in
+    string contents: any chat template renders them, and the model's processor expands each
+    placeholder to its media tokens afterwards (`relax.utils.multimodal.processor`)."""
+    out = []
+    for message in messages:
+        content = message.get("content")
+        if isinstance(content, list) and any(isinstance(p, dict) and p.get("type") in MULTIMODAL_PLACEHOLDERS
+                                             for p in content):
+            text = "".join(MULTIMODAL_PLACEHOLDERS[p["type"]] if p.get("type") in MULTIMODAL_PLACEHOLDERS
+                           else str(p.get("text", "")) for p in content if isinstance(p, dict))
+            message = {**message, "content": text}
+        out.append(message)
+    return out
+
+
 def render_chat_template(messages: list[dict], tokenizer: Any, *, tools: list | None,
                          kwargs: dict[str, Any]) -> str:
-    """The chat-templated prompt string, ending with the generation prompt."""
+    """The chat-templated prompt string, ending with the generation prompt (media parts as their
+    placeholders, see `flatten_media_parts`)."""
     if tokenizer is None:
         raise ValueError("--apply-chat-template needs a tokenizer; set --hf-checkpoint to the model directory")
-    return tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True,
-                                         **kwargs)
+    return tokenizer.apply_chat_template(flatten_media_parts(messages), tools=tools, tokenize=False,
+                                         add_generation_prompt=True, **kwargs)
 
 
 def prompt_token_length(prompt: str | list[dict], tokenizer: Any, fmt: PromptFormat) -> int | None:
