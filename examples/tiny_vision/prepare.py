@@ -31,8 +31,8 @@ MODEL_SUBDIR = os.path.join("models", "tiny-vl-sft")
 class PrepareSettings:
     seed: int = 1234
     kind: str = "qwen2_5_vl"
-    sft_steps: int = 400
-    sft_stop_at: float = 0.4
+    sft_steps: int = 600
+    sft_stop_at: float = 0.35
     sft_check_every: int = 10
     sft_lr: float = 3e-3
     sft_batch_size: int = 32
@@ -40,7 +40,7 @@ class PrepareSettings:
     n_eval: int = 256
     hidden_size: int = 64
     num_layers: int = 2
-    vision_hidden: int = 32
+    vision_hidden: int = 64
     vision_depth: int = 2
 
 

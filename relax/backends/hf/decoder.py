@@ -37,6 +37,10 @@ are prefilled one by one, unpadded, with the images through the vision tower and
 ids from the model's `get_rope_index`; their group then joins like any other. A decode step feeds
 one text token per row, whose three M-RoPE components are equal: the row's position after its
 prompt (`max(prompt positions) + 1`, counting on), which is what `next_pos_B` holds.
+A VL model's media placeholder tokens (`banned_token_ids`: `<|image_pad|>`, `<|vision_start|>`,
+...) are never sampled (an emitted one would be read as an image slot by the trainer and the
+next turn); the reported log-probs stay those of the model's whole distribution at the row's
+temperature (`unbanned_logprobs`), the ones the trainer computes.
 
 Joining needs plain `DynamicLayer` cache layers; for models whose cache has other layer kinds
 (sliding window, linear attention) `can_join` is False and `admit` is never called: new
@@ -195,6 +199,17 @@ def shared_prefill(prompts: Sequence[Sequence[int]]) -> tuple[list[Sequence[int]
     return firsts, index
 
 
+def unbanned_logprobs(logprobs_B: torch.Tensor, chosen_logits_B: torch.Tensor, banned_BK: torch.Tensor,
+                      temperature_B: torch.Tensor) -> torch.Tensor:
+    """Log-probs under the full distribution from those sampled with K tokens masked out.
+
+    Masked: lp' = l_t/T - LSE_u (LSE over the allowed tokens); full: lp = l_t/T - logaddexp(LSE_u,
+    LSE_b) = lp' - softplus(LSE_b - LSE_u), with LSE_b over the banned logits / T."""
+    lse_u = chosen_logits_B.float() / temperature_B - logprobs_B
+    lse_b = torch.logsumexp(banned_BK.float() / temperature_B[:, None], dim=-1)
+    return logprobs_B - torch.nn.functional.softplus(lse_b - lse_u)
+
+
 def cache_supports_join(config: Any) -> bool:
     """True when the model's DynamicCache is made only of plain full-attention layers (mergeable)."""
     return all(type(layer) is DynamicLayer for layer in DynamicCache(config=config).layers)
@@ -324,8 +339,11 @@ class BatchDecoder:
                  eos_token_ids: Sequence[int], max_context_len: int, pad_token_id: int = 0,
                  step_lock: threading.Lock | None = None, seed: int | None = None, true_on_policy: bool = False,
                  max_running_requests: int = 256, max_total_tokens: int | None = None, cuda_graphs: bool = True,
-                 cuda_graph_max_bs: int | None = None, static_cache: bool = True):
+                 cuda_graph_max_bs: int | None = None, static_cache: bool = True,
+                 banned_token_ids: Sequence[int] = ()):
         self.model, self.tokenizer = model, tokenizer
+        self.banned_ids = torch.tensor(sorted(set(banned_token_ids)), dtype=torch.long, device=device) \
+            if banned_token_ids else None
         self.true_on_policy = true_on_policy
         self.device = torch.device(device)
         self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
@@ -589,7 +607,13 @@ class BatchDecoder:
                 finish: Callable[[int, dict], None]) -> tuple[torch.Tensor, list[int]]:
         """Draw one token per row, record it, answer finished rows. Returns (tokens_B, kept positions)."""
         self._apply_penalizers(logits_BV, [states[i] for i in rows])
+        if self.banned_ids is not None:
+            banned_BK = logits_BV[:, self.banned_ids].clone()
+            logits_BV[:, self.banned_ids] = float("-inf")
         tokens_B, logprobs_B = sample_next_tokens(logits_BV, sampling, self.shared_generator)
+        if self.banned_ids is not None:
+            chosen_B = logits_BV.gather(-1, tokens_B[:, None])[:, 0]  # greedy rows: temperature_B is 1
+            logprobs_B = unbanned_logprobs(logprobs_B, chosen_B, banned_BK, sampling.temperature_B)
         self.stats.generated_tokens += len(rows)
         keep = []
         for b, (i, token, logprob) in enumerate(zip(rows, tokens_B.tolist(), logprobs_B.tolist())):

@@ -102,7 +102,8 @@ class HFEngine:
                                     step_lock=self.step_lock, seed=seed,
                                     true_on_policy=rl_on_policy_target is not None,
                                     max_running_requests=max_running_requests, max_total_tokens=max_total_tokens,
-                                    cuda_graphs=cuda_graphs, cuda_graph_max_bs=cuda_graph_max_bs)
+                                    cuda_graphs=cuda_graphs, cuda_graph_max_bs=cuda_graph_max_bs,
+                                    banned_token_ids=self.processor.media_token_ids if self.processor else ())
         if self.device.type == "cuda":  # compile the GPU sampler now, not in the first rollout
             warm_up_sampler(self.vocab_size, self.device)
         if self.decoder.static_path_note is not None:

@@ -20,7 +20,8 @@ import functools
 import weakref
 from typing import Any
 
-from relax.engine.rollout.generator import Generator, StepState, parse_weight_version  # noqa: F401 (plugin API)
+from relax.engine.rollout.generator import (  # noqa: F401 (plugin API)
+    Generator, StepState, encode_prompt, parse_weight_version)
 from relax.types import Sample
 
 _BOUND: dict[int, Generator] = {}
@@ -59,9 +60,21 @@ def _tokenizer(path: str) -> Any:
 
 
 class GenerateState:
-    """`GenerateState(args).tokenizer`: the run's tokenizer (the seed's plugin API)."""
+    """`GenerateState(args).tokenizer`: the run's tokenizer (the seed's plugin API); `.processor`:
+    a multimodal run's `MultimodalProcessor` (None otherwise); `.encode(sample)`: the prompt's
+    ids and media request fields as the default generate makes them; `.media(sample)`: a
+    `MediaContext` for multi-turn image carry-over (`relax.utils.multimodal.turns`)."""
 
     def __init__(self, args: Any) -> None:
         self.args = args
         generator = _BOUND.get(id(args))
         self.tokenizer = generator.tokenizer if generator is not None else _tokenizer(args.hf_checkpoint)
+        self.processor = generator.processor if generator is not None else None
+
+    def encode(self, sample: Sample) -> tuple[list[int], dict[str, Any]]:
+        return encode_prompt(self.tokenizer, self.processor, sample)
+
+    def media(self, sample: Sample) -> Any:
+        from relax.utils.multimodal.turns import MediaContext
+
+        return MediaContext(self.processor, sample) if self.processor is not None else None

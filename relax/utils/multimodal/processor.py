@@ -152,6 +152,9 @@ class MultimodalProcessor:
         self.merge = int(self.config.vision_config.spatial_merge_size)
         self.image_token_id = int(self.config.image_token_id)
         self.video_token_id = int(getattr(self.config, "video_token_id", -1) or -1)
+        vocab = self.tokenizer.get_vocab()
+        # Media placeholders the model must never emit as text (the engine does not sample them).
+        self.media_token_ids = sorted({vocab[t] for t in MEDIA_TOKENS if t in vocab})
 
     # -- rollout side
     def encode(self, text: str, media: dict[str, list[Any]] | None) -> Encoded:
@@ -208,16 +211,30 @@ class MultimodalProcessor:
 
 def rope_positions(model: Any, ids_BL: Any, mask_BL: Any, tensors: dict[str, Any]) -> Any:
     """M-RoPE position ids `(3, B, L)` from the model's own `get_rope_index` (text tokens count
-    1, 2, 3, ...; an image's tokens take (t, h, w) grid positions). `mask_BL` marks real tokens."""
+    1, 2, 3, ...; an image's tokens take (t, h, w) grid positions). `mask_BL` marks real tokens
+    (left or right padding; padded positions get 0). Row by row, on each row's real tokens and
+    its own images (the `image_grid_thw` rows its pad tokens use up, in order): the same call the
+    engine makes for one unpadded row, whatever padding the batch has."""
     import torch
 
     config = model.config
-    types_BL = torch.zeros_like(ids_BL, dtype=torch.int32)
-    types_BL[ids_BL == config.image_token_id] = 1
-    video = getattr(config, "video_token_id", None)
-    if video is not None:
-        types_BL[ids_BL == video] = 2
-    position_ids, _ = model.model.get_rope_index(ids_BL, types_BL, image_grid_thw=tensors.get("image_grid_thw"),
-                                                 video_grid_thw=tensors.get("video_grid_thw"),
-                                                 attention_mask=mask_BL)
-    return position_ids
+    merge = int(config.vision_config.spatial_merge_size)
+    grids = tensors.get("image_grid_thw")
+    per_image = [] if grids is None else [int(n) // merge ** 2 for n in grids.prod(-1).tolist()]
+    out = torch.zeros((3, *ids_BL.shape), dtype=torch.long, device=ids_BL.device)
+    used = 0
+    for b in range(ids_BL.shape[0]):
+        keep = mask_BL[b].bool()
+        ids_1L = ids_BL[b, keep][None]
+        pads, first = int((ids_1L == config.image_token_id).sum()), used
+        while pads > 0:
+            if used >= len(per_image):
+                raise ValueError(f"row {b} has more image pad tokens than image_grid_thw describes")
+            pads, used = pads - per_image[used], used + 1
+        if used == first:  # a text row: 1-D positions in all three components
+            out[:, b, keep] = torch.arange(ids_1L.shape[1], device=ids_BL.device)
+            continue
+        types_1L = (ids_1L == config.image_token_id).to(torch.int32)
+        position_ids, _ = model.model.get_rope_index(ids_1L, types_1L, image_grid_thw=grids[first:used])
+        out[:, b, keep] = position_ids[:, 0]
+    return out

@@ -61,7 +61,7 @@ def generate(model_dir: str, encoded):
         engine = HFEngine(model_dir, seed=0)
         req = GenerateRequest(input_ids=[e.input_ids for e in encoded],
                               image_data=[e.request.get("image_data") for e in encoded], return_logprob=True,
-                              sampling_params=[dict(temperature=TEMPERATURE, max_new_tokens=6 + 3 * i,
+                              sampling_params=[dict(temperature=TEMPERATURE, max_new_tokens=12 + 3 * i,
                                                     ignore_eos=True, sampling_seed=i) for i in range(len(encoded))])
         items, _ = normalize_generate(req, engine.tokenizer, vocab_size=engine.vocab_size,
                                       max_context_len=engine.max_context_len)
@@ -76,11 +76,14 @@ def generate(model_dir: str, encoded):
 
 def test_engine_and_trainer_log_probs_agree_on_image_rows(model_dir):
     from relax.backends.fsdp.worker import FSDPTrainWorker
+    from relax.utils.multimodal.processor import MultimodalProcessor
 
     torch.manual_seed(0)
     encoded = encode(model_dir)
     assert [len(e.request.get("image_data", [])) for e in encoded] == [1, 2, 0]
     results = generate(model_dir, encoded)
+    media_ids = set(MultimodalProcessor(model_dir).media_token_ids)
+    assert media_ids and not any(t in media_ids for r in results for t in r.output_ids)  # never sampled
     samples = [Sample(index=i, tokens=e.input_ids + r.output_ids, response_length=len(r.output_ids),
                       multimodal_train_inputs=e.tensors or None, rollout_log_probs=r.output_logprobs)
                for i, (e, r) in enumerate(zip(encoded, results))]
@@ -111,3 +114,27 @@ def test_engine_and_trainer_log_probs_agree_on_image_rows(model_dir):
         assert moved, "the vision tower did not train"
     finally:
         worker.shutdown()
+
+
+def test_rope_positions_ignore_padding_and_follow_each_rows_images(model_dir):
+    """Rows batched with left or right padding get the positions they get alone."""
+    from relax.utils.multimodal.processor import collate, load_model, rope_positions
+
+    model = load_model(model_dir, dtype=torch.float32)
+    encoded = encode(model_dir)
+    alone = []
+    for e in encoded:
+        ids = torch.tensor([e.input_ids])
+        alone.append(rope_positions(model, ids, torch.ones_like(ids), e.tensors)[:, 0])
+    width = max(len(e.input_ids) for e in encoded) + 2
+    tensors = collate([e.tensors for e in encoded])
+    for left in (False, True):
+        ids = torch.zeros((len(encoded), width), dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for b, e in enumerate(encoded):
+            span = slice(width - len(e.input_ids), width) if left else slice(0, len(e.input_ids))
+            ids[b, span], mask[b, span] = torch.tensor(e.input_ids), 1
+        batched = rope_positions(model, ids, mask, tensors)
+        for b in range(len(encoded)):
+            assert torch.equal(batched[:, b, mask[b].bool()], alone[b])
+    assert not torch.equal(alone[0][1], alone[0][2])  # the image's tokens sit on a 2-D (h, w) grid

@@ -291,3 +291,20 @@ def test_stop_regex_stops_at_the_first_match_and_trims_it(tiny_model_and_tokeniz
     assert result.output_ids == [9, 9, 9]
     assert result.finish_reason == {"type": "stop", "matched": three}
     assert result.text == ""  # the match is trimmed, as a stop string is
+
+
+def test_unbanned_logprobs_recover_the_full_distribution():
+    """Sampling with tokens masked out reports the log-probs of the unmasked distribution."""
+    from relax.backends.hf.decoder import unbanned_logprobs
+
+    torch.manual_seed(0)
+    logits_BV, banned = torch.randn(3, 11) * 3, torch.tensor([2, 7])
+    temperature_B = torch.tensor([1.0, 0.7, 1.3])
+    tokens_B = torch.tensor([0, 5, 10])
+    masked_BV = logits_BV.clone()
+    masked_BV[:, banned] = float("-inf")
+    masked_B = torch.log_softmax(masked_BV / temperature_B[:, None], -1).gather(-1, tokens_B[:, None])[:, 0]
+    full_B = torch.log_softmax(logits_BV / temperature_B[:, None], -1).gather(-1, tokens_B[:, None])[:, 0]
+    got_B = unbanned_logprobs(masked_B, logits_BV.gather(-1, tokens_B[:, None])[:, 0], logits_BV[:, banned],
+                              temperature_B)
+    assert torch.allclose(got_B, full_B, atol=1e-6) and not torch.allclose(masked_B, full_B, atol=1e-3)
