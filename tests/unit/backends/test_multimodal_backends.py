@@ -138,3 +138,47 @@ def test_rope_positions_ignore_padding_and_follow_each_rows_images(model_dir):
         for b in range(len(encoded)):
             assert torch.equal(batched[:, b, mask[b].bool()], alone[b])
     assert not torch.equal(alone[0][1], alone[0][2])  # the image's tokens sit on a 2-D (h, w) grid
+
+
+def test_multi_turn_image_carry_over(model_dir):
+    """An observation with a new image mid-episode (MediaContext): the second /generate carries both
+    images, and the trainer, given the merged tensors, scores every model-written token as the
+    engine did."""
+    from relax.backends.fsdp.worker import FSDPTrainWorker
+    from relax.utils.multimodal.processor import MultimodalProcessor
+    from relax.utils.multimodal.turns import MediaContext
+
+    processor = MultimodalProcessor(model_dir)
+    first, second = images(7, 2)
+    text = processor.tokenizer.apply_chat_template([{"role": "user", "content": "<image>which cell is red?"}],
+                                                   tokenize=False, add_generation_prompt=True)
+    sample = Sample(index=0, multimodal_inputs={"image": [first]})
+    encoded = processor.encode(text, sample.multimodal_inputs)
+    sample.tokens, sample.multimodal_train_inputs = list(encoded.input_ids), encoded.tensors
+    prompt_len, mask, logps = len(sample.tokens), [], []
+    ctx = MediaContext(processor, sample)
+    for turn in range(2):
+        enc = type(encoded)(list(sample.tokens), request=ctx.request())
+        (result,) = generate(model_dir, [enc])
+        sample.tokens += result.output_ids
+        mask += [1] * len(result.output_ids)
+        logps += result.output_logprobs
+        if turn == 0:
+            obs = ctx.observe("<|im_end|>\n<|im_start|>user\n<image>and now?<|im_end|>\n<|im_start|>assistant\n",
+                              [second])
+            sample.tokens += obs
+            mask += [0] * len(obs)
+            logps += [0.0] * len(obs)
+    assert len(ctx.request()["image_data"]) == 2 and len(sample.multimodal_inputs["image"]) == 2
+    assert sample.multimodal_train_inputs["image_grid_thw"].shape[0] == 2
+    spec = TrainerSpec(model_path=model_dir, optim=OptimizerConfig(lr=1e-3), batch=BatchConfig(micro_batch_size=1),
+                       loss=PolicyLossConfig(), temperature=TEMPERATURE, threads=1)
+    worker = FSDPTrainWorker(0, 1, "127.0.0.1", free_port(), spec)
+    try:
+        media = tq.media_bytes(tq.media_column([sample]).unbind())
+        (trainer,) = worker.compute_log_probs([sample.tokens], [len(sample.tokens) - prompt_len], media)
+    finally:
+        worker.shutdown()
+    model_written = [(t, e) for t, e, m in zip(trainer, logps, mask) if m]
+    assert len(model_written) == sum(mask) > 0
+    assert max(abs(t - e) for t, e in model_written) < 1e-4
