@@ -8,10 +8,12 @@ writes
     DIR/models/tiny-vl-sft/                           HF checkpoint (safetensors, tokenizer, image processor)
     DIR/models/tiny-vl-sft/prepare.json               settings, SFT losses, accuracy, timings
 
-The warm start is deliberately weak: SFT stops once the model's expected accuracy (the mean
-probability of the exact correct response, teacher-forced: what T=1 sampling scores) reaches
-`--sft-stop-at`, so the RL run has room to learn and starts from a model that answers in format.
-The model sees the images through its own (random-initialised) vision tower, trained end to end.
+The warm start is deliberately weak: its targets are right only `--sft-correct-frac` of the time
+(else another cell, at random), so the model learns to see the red cell but stays unsure, and
+SFT stops once its expected accuracy (the mean probability of the exact correct response,
+teacher-forced: what T=1 sampling scores) reaches `--sft-stop-at`. RL then has room to learn:
+it sharpens an unsure policy whose uncertainty is visible to the reward. The model sees the
+images through its own (random-initialised) vision tower, trained end to end.
 """
 
 from __future__ import annotations
@@ -31,8 +33,9 @@ MODEL_SUBDIR = os.path.join("models", "tiny-vl-sft")
 class PrepareSettings:
     seed: int = 1234
     kind: str = "qwen2_5_vl"
-    sft_steps: int = 600
-    sft_stop_at: float = 0.35
+    sft_steps: int = 800
+    sft_stop_at: float = 0.4
+    sft_correct_frac: float = 0.5
     sft_check_every: int = 10
     sft_lr: float = 3e-3
     sft_batch_size: int = 32
@@ -63,16 +66,20 @@ def write_jsonl(path: str, rows: list[dict[str, Any]]) -> None:
             f.write(json.dumps(row) + "\n")
 
 
-def encode_rows(processor: Any, rows: list[dict[str, Any]]) -> list[tuple[list[int], list[int], dict]]:
-    """(prompt ids, response ids + eos, encoder tensors) per row, as the rollout encodes them."""
+def encode_rows(processor: Any, rows: list[dict[str, Any]], *, correct_frac: float = 1.0,
+                seed: int = 0) -> list[tuple[list[int], list[int], dict]]:
+    """(prompt ids, response ids + eos, encoder tensors) per row, as the rollout encodes them; the
+    response is the right cell with probability `correct_frac`, else another one."""
     from examples.tiny_vision.task import response_text
     from relax.utils.data.formatting import render_chat_template
 
     tok = processor.tokenizer
+    rng = random.Random(seed)
     out = []
     for row in rows:
         enc = processor.encode(render_chat_template(row["prompt"], tok, tools=None, kwargs={}), {"image": row["image"]})
-        response = tok.encode(response_text(row["label"]), add_special_tokens=False) + [tok.eos_token_id]
+        label = row["label"] if rng.random() < correct_frac else rng.choice([c for c in "1234" if c != row["label"]])
+        response = tok.encode(response_text(label), add_special_tokens=False) + [tok.eos_token_id]
         out.append((enc.input_ids, response, enc.tensors))
     return out
 
@@ -137,7 +144,8 @@ def prepare(out_dir: str, settings: PrepareSettings, *, force: bool = False) -> 
     processor = MultimodalProcessor(model_dir)
     model = load_model(model_dir, dtype=torch.float32)
     pad = processor.tokenizer.pad_token_id
-    train_enc, val_enc = encode_rows(processor, train_rows), encode_rows(processor, val_rows)
+    train_enc = encode_rows(processor, train_rows, correct_frac=settings.sft_correct_frac, seed=settings.seed)
+    val_enc = encode_rows(processor, val_rows)
 
     rng = random.Random(settings.seed)
     torch.manual_seed(settings.seed)

@@ -1,10 +1,9 @@
-"""The CPU vision task: "which cell is red?" on a 2x2 grid image.
+"""The CPU vision task: "which colour is the picture?", answered by number.
 
-Each image is 56x56 pixels: four 28x28 cells, one red, the others other colours, with pixel
-noise. A Qwen2.5-VL patch is 14 pixels and 2x2 patches merge into one LLM token, so each cell is
-exactly one image token: the answer is in the picture, nowhere in the text (every prompt reads
-the same). Cells are numbered 1 2 / 3 4; the response is `\\boxed{k}` and the built-in math
-reward checks it against the label `k`. Chance is 0.25.
+Each image is 56x56 pixels of one of four colours (1 red, 2 green, 3 blue, 4 yellow) with strong
+pixel noise; a Qwen2.5-VL sees it as 2x2 merged patches, 4 image tokens. Every prompt reads the
+same: the answer is only in the pixels. The response is `\\boxed{k}` and the built-in math reward
+checks it against the label `k`. Chance is 0.25.
 """
 
 from __future__ import annotations
@@ -14,25 +13,19 @@ import io
 import random
 from typing import Any
 
-CELL = 28
-OTHER_COLOURS = [(40, 170, 60), (40, 80, 200), (220, 200, 40), (128, 128, 128), (150, 60, 170)]
-RED = (215, 30, 30)
-QUESTION = "<image>Which cell is red? The cells are 1 2 on top and 3 4 below. Answer with \\boxed{n}."
+SIZE = 56
+COLOURS = {1: (210, 40, 40), 2: (40, 170, 60), 3: (40, 80, 210), 4: (220, 200, 40)}
+QUESTION = "<image>Which colour is the picture: 1 red, 2 green, 3 blue or 4 yellow? Answer with \\boxed{n}."
 
 
-def make_image(red_cell: int, rng: random.Random) -> Any:
-    """A PIL image with the red cell at `red_cell` (1..4)."""
+def make_image(colour: int, rng: random.Random) -> Any:
+    """A PIL image of colour `colour` (1..4) with noise."""
     import numpy as np
     from PIL import Image
 
     noise = np.random.default_rng(rng.randrange(2 ** 32))
-    pixels = np.zeros((2 * CELL, 2 * CELL, 3), dtype=np.int16)
-    others = rng.sample(OTHER_COLOURS, 3)
-    for cell in range(1, 5):
-        colour = RED if cell == red_cell else others.pop()
-        r, c = divmod(cell - 1, 2)
-        pixels[r * CELL:(r + 1) * CELL, c * CELL:(c + 1) * CELL] = colour
-    pixels += noise.integers(-25, 26, size=pixels.shape, dtype=np.int16)
+    pixels = np.zeros((SIZE, SIZE, 3), dtype=np.int16) + np.array(COLOURS[colour], dtype=np.int16)
+    pixels += noise.integers(-60, 61, size=pixels.shape, dtype=np.int16)
     return Image.fromarray(pixels.clip(0, 255).astype(np.uint8))
 
 
@@ -42,10 +35,10 @@ def data_uri(image: Any) -> str:
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
 
 
-def make_row(red_cell: int, rng: random.Random) -> dict[str, Any]:
+def make_row(colour: int, rng: random.Random) -> dict[str, Any]:
     """One Relax row: a message with the `<image>` placeholder, the image (inline PNG), the label."""
-    return {"prompt": [{"role": "user", "content": QUESTION}], "image": [data_uri(make_image(red_cell, rng))],
-            "label": str(red_cell)}
+    return {"prompt": [{"role": "user", "content": QUESTION}], "image": [data_uri(make_image(colour, rng))],
+            "label": str(colour)}
 
 
 def make_rows(n: int, seed: int) -> list[dict[str, Any]]:

@@ -1,5 +1,5 @@
 #!/bin/bash
-# CPU vision example: GRPO on a tiny Qwen2.5-VL that learns to read an image ("which cell is red?").
+# CPU vision example: GRPO on a tiny Qwen2.5-VL that learns to read an image ("which colour is the picture?").
 #
 #   bash scripts/training/multimodal/run-tiny-vl-cpu.sh [EXTRA RELAX FLAGS...]
 #
@@ -20,7 +20,7 @@ fi
 
 EXP_DIR="${EXP_DIR:-${RELAX_ROOT:-$(pwd)}/outputs/tiny-vl-cpu}"
 MODEL_DIR="${MODEL_DIR:-${EXP_DIR}}"
-NUM_ROLLOUT="${NUM_ROLLOUT:-40}"
+NUM_ROLLOUT="${NUM_ROLLOUT:-60}"
 EVAL_INTERVAL="${EVAL_INTERVAL:-20}"
 SEED="${SEED:-1234}"
 RUN_DIR="${EXP_DIR}/run"
