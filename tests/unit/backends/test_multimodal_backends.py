@@ -182,3 +182,27 @@ def test_multi_turn_image_carry_over(model_dir):
     model_written = [(t, e) for t, e, m in zip(trainer, logps, mask) if m]
     assert len(model_written) == sum(mask) > 0
     assert max(abs(t - e) for t, e in model_written) < 1e-4
+
+
+def test_freezing_the_vision_tower(model_dir):
+    """--freeze-params-name-list visual: a step on image rows moves the language model only."""
+    from relax.backends.fsdp.worker import FSDPTrainWorker
+    from relax.utils.multimodal.processor import to_bytes
+
+    encoded = encode(model_dir)[:2]
+    tokens = [e.input_ids + [5, 6, 7] for e in encoded]
+    media = [to_bytes(e.tensors) for e in encoded]
+    spec = TrainerSpec(model_path=model_dir, optim=OptimizerConfig(lr=1e-2, freeze_params_name_list=["visual"]),
+                       batch=BatchConfig(micro_batch_size=2), loss=PolicyLossConfig(), temperature=1.0, threads=1)
+    worker = FSDPTrainWorker(0, 1, "127.0.0.1", free_port(), spec)
+    try:
+        before = {n: p.detach().clone() for n, p in worker.model.named_parameters()}
+        old = worker.compute_log_probs(tokens, [3, 3], media)
+        batch = TrainBatch(tokens_RL=tokens, response_lengths_R=[3, 3], loss_masks_RT=[[1] * 3] * 2,
+                           advantages_RT=[[1.0] * 3, [-1.0] * 3], old_log_probs_RT=old,
+                           multimodal_train_inputs_RB=media)
+        worker.train(batch, 1, [6])
+        changed = {n for n, p in worker.model.named_parameters() if not torch.equal(p, before[n])}
+    finally:
+        worker.shutdown()
+    assert changed and not any("visual" in n for n in changed)
