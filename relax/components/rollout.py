@@ -235,8 +235,7 @@ class Rollout:
 
     def requests_resent(self) -> int:
         """Generate requests sent again after their engine failed, so far."""
-        router = self.fleet.router if self.fleet else None
-        return getattr(router, "resent", 0)
+        return self.fleet.requests_resent() if self.fleet else 0
 
     def weight_receivers(self) -> list[str]:
         """The engines take every weight push (their URLs; the DCS coordinator lists them)."""

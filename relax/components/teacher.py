@@ -13,6 +13,10 @@ of `TEACHERS`:
               engine is launched from --opd-teacher-load with --rollout-backend, or is an
               external SGLang server at --rm-url (slime's convention).
 
+A teacher engine Relax launched is watched like the Rollout's with `--use-fault-tolerance`
+(`relax.core.health`): a dead or hung one is replaced by a fresh engine from the same checkpoint
+and its scoring requests in flight are sent again; an external one (--rm-url) is not watched.
+
 The teacher must share the student's tokenizer: rows are scored token for token. In
 fully-async plan `run` streams over each step's rows as Rollout writes them, like the Reference.
 """
@@ -28,6 +32,7 @@ from relax.backends.engine_client import EngineClient
 from relax.components.actor_fwd import stream_steps
 from relax.components.step_advantages import jagged
 from relax.components.training import make_worker_group, move_ranks, read_rows, score_rows
+from relax.config.fault import recovery_window_s
 from relax.config.plan import RolePlan
 from relax.config.schema import RelaxConfig
 from relax.distributed import transfer_queue as tq
@@ -100,7 +105,8 @@ class EngineTeacher:
                 api_key=api_key, log_dir=cfg.misc.exp_dir or ".", threads=cfg.cluster.engine_threads or 1,
                 startup_timeout=cfg.rollout.engine_startup_timeout, http_timeout=cfg.rollout.http_timeout,
                 log_names=("teacher_engine.log",) if self.plan.workers == 1 else (),
-                devices=tuple(self.gpu_slots.devices) if self.gpu_slots else ()))
+                devices=tuple(self.gpu_slots.devices) if self.gpu_slots else (),
+                hold_s=recovery_window_s(cfg) if cfg.fault.use_fault_tolerance else 0.0))
             await self.fleet.start(self.plan.workers)
             url = self.fleet.router_url
         else:
@@ -170,6 +176,28 @@ class Teacher:
 
     async def onload(self) -> dict[str, float]:
         return await move_ranks(getattr(self.scorer, "group", None), "onload")
+
+    # ---- health (relax.core.health drives these; a teacher engine Relax launched) ---------------
+    def _fleet(self) -> EngineFleet | None:
+        return getattr(self.scorer, "fleet", None)
+
+    async def check_engines(self, timeout: float) -> list[tuple[str, str]]:
+        """(url, what is wrong) for every teacher engine that died or did not answer its health check."""
+        fleet = self._fleet()
+        return await fleet.probe(timeout) if fleet else []
+
+    async def replace_engine(self, url: str) -> str:
+        """A fresh teacher engine from --opd-teacher-load in place of the failed one at `url`; returns its
+        URL, not yet routed to (`admit_engine`)."""
+        return await self._fleet().replace(url)
+
+    async def admit_engine(self, url: str) -> None:
+        await self._fleet().admit(url)
+
+    def requests_resent(self) -> int:
+        """Scoring requests sent again after their engine failed, so far."""
+        fleet = self._fleet()
+        return fleet.requests_resent() if fleet else 0
 
     async def shutdown(self) -> None:
         if self.scorer is not None:

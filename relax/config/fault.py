@@ -1,9 +1,10 @@
 """The fault-tolerance flags (`FaultConfig`): what they require, and the one deadline derived from them.
 
 `--use-fault-tolerance` turns on tier 1 (engine health checks every `--rollout-health-check-interval`
-seconds; a dead or hung engine is replaced in place, its requests re-sent); `--use-health-check`
-turns on role heartbeats and tier 2 (a global restart from the last checkpoint, at most
-`--max-global-restart` times). `relax.core.health` carries them out; docs/operations.md says what
+seconds; a dead or hung engine is replaced in place, its requests re-sent; at most
+`--max-engine-replacements` times per engine slot); `--use-health-check` turns on role heartbeats
+and tier 2 (a global restart from the last checkpoint, at most `--max-global-restart` times).
+`relax.core.health` carries them out; docs/operations.md says what
 each does.
 """
 
@@ -34,6 +35,13 @@ def check_fault_flags(cfg: RelaxConfig) -> None:
                                f"{f.rollout_health_check_first_wait}")
     if f.max_global_restart < 0:
         raise ConfigError(f"--max-global-restart must be >= 0 (0 = never restart), got {f.max_global_restart}")
+    if f.max_engine_replacements < 0:
+        raise ConfigError(f"--max-engine-replacements must be >= 0 (0 = never replace an engine in place), got "
+                          f"{f.max_engine_replacements}")
+    if f.max_engine_replacements != default.max_engine_replacements and not f.use_fault_tolerance:
+        raise ConfigError(f"--max-engine-replacements {f.max_engine_replacements} bounds the tier-1 engine "
+                          "replacements of --use-fault-tolerance, which is off: add --use-fault-tolerance or drop "
+                          "the flag")
     if f.max_global_restart != default.max_global_restart and not f.use_health_check:
         raise ConfigError(f"--max-global-restart {f.max_global_restart} bounds the global restarts of "
                                "--use-health-check, which is off: add --use-health-check or drop the flag")

@@ -435,9 +435,10 @@ class DebugConfig:
 class FaultConfig:
     """Health checks and recovery (docs/operations.md, relax.core.health)."""
 
-    use_fault_tolerance: bool = opt(False, "Tier 1: a rollout engine that dies or hangs (no answer to its health "
-                                    "check) is replaced in place by a fresh one that gets the current weights before "
-                                    "it is routed to; its requests in flight are sent again to the other engines.")
+    use_fault_tolerance: bool = opt(False, "Tier 1: an engine the run launched (rollout, GenRM judge, OPD teacher) "
+                                    "that dies or hangs (no answer to its health check) is replaced in place by a "
+                                    "fresh one (a rollout engine gets the current weights before it is routed to); "
+                                    "its requests in flight are sent again to the other engines or to it.")
     use_health_check: bool = opt(False, "The Controller's HealthManager: role heartbeats and engine health checks; "
                                  "tier 2: when a trainer rank, a role or an engine fails beyond tier 1, every role is "
                                  "torn down and the run resumes from the last checkpoint under --save.")
@@ -449,6 +450,10 @@ class FaultConfig:
                                               "seconds is hung.")
     rollout_health_check_first_wait: float = opt(0.0, "Seconds to wait after start-up before the first health "
                                                  "check.")
+    max_engine_replacements: int = opt(3, "Relax extension (with --use-fault-tolerance): most tier-1 replacements "
+                                       "of one engine slot (an engine and those that replaced it) per attempt of the "
+                                       "run; the slot's next failure escalates to tier 2 (a global restart with "
+                                       "--use-health-check, else the run ends). 0: never replace an engine.")
 
 
 @dataclass(frozen=True)

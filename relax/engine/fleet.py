@@ -1,10 +1,11 @@
 """`EngineFleet`: a set of inference engines of one backend behind one router.
 
 Used for every engine the run starts: the Rollout's (which receive weights), the GenRM judges
-and an engine-backed OPD teacher. A fleet launches its engines side by side through the
-backend registry (`--rollout-backend`; the launch function returns an `EngineHandle`), waits
-until each answers its health check (an engine that dies first raises with its log tail),
-starts the router in front of them and keeps one HTTP client per engine. Engines can be added
+and an engine-backed OPD teacher (which keep their checkpoint's weights: a replacement needs no
+push). A fleet launches its engines side by side through the backend registry
+(`--rollout-backend`; the launch function returns an `EngineHandle`), waits until each answers
+its health check (an engine that dies first raises with its log tail), starts the router in
+front of them and keeps one HTTP client per engine. Engines can be added
 and removed while it runs (`add`, `remove`), and a failed one replaced (`probe` finds engines that
 died or stopped answering, `replace` swaps one for a fresh engine on the same device, `admit`
 routes to it once it holds the current weights: `relax.core.health` drives these). With
@@ -30,6 +31,7 @@ import asyncio
 import inspect
 import logging
 import os
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping
@@ -219,6 +221,7 @@ class EngineFleet:
         await self.remove(url, wait_s=1.0)  # SIGKILL after 1 s: a stopped (hung) engine ignores SIGTERM
         self.replaced += 1
         stem, _, ext = log_name.rpartition(".")
+        stem = re.sub(r"\.restart\d+$", "", stem)  # a replacement's replacement: engine_0.restart2.log
         return await self.add(route=False, device=device, log_name=f"{stem}.restart{self.replaced}.{ext}")
 
     async def probe(self, timeout: float) -> list[tuple[str, str]]:
@@ -298,6 +301,10 @@ class EngineFleet:
 
     def alive(self) -> int:
         return sum(e.alive() for e in self.engines)
+
+    def requests_resent(self) -> int:
+        """Requests the built-in router sent again after their engine failed, so far (fault tolerance)."""
+        return getattr(self.router, "resent", 0)
 
     def describe(self, url: str) -> str:
         """The engine at `url`: pid, exited (code) / stopped / silent, its log and the log's end."""

@@ -62,12 +62,15 @@ def scalars(metrics: dict[str, Any]) -> dict[str, float]:
 
 # ---- the sinks ------------------------------------------------------------------------------
 
+METRICS_LOG = "metrics.jsonl"  # the JSONL sink's file in the run directory
+
+
 class JsonlSink:
     """`<exp_dir>/metrics.jsonl`: one JSON object per row (`{"step": s, key: value, ...}`)."""
 
     def __init__(self, cfg: SinkConfig) -> None:
         os.makedirs(cfg.exp_dir, exist_ok=True)
-        self.file = open(os.path.join(cfg.exp_dir, "metrics.jsonl"), "a")
+        self.file = open(os.path.join(cfg.exp_dir, METRICS_LOG), "a")
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         self.file.write(json.dumps({"step": step, **metrics}) + "\n")
@@ -75,6 +78,43 @@ class JsonlSink:
 
     def close(self) -> None:
         self.file.close()
+
+
+def cut_metrics_log(path: str, since: int, keep_through: int | None, side_path: str) -> list[int | None]:
+    """A global restart redoes the steps after its checkpoint: of the rows written to the JSONL log
+    at `path` after byte offset `since` (this run's rows), move those of steps after `keep_through`
+    (every one when None: the run starts over) to the end of `side_path`, so that the redone steps'
+    rows are the only ones in the log. A row cut short by a killed writer goes there too. Rows
+    before `since` (an earlier run in the same directory) stay as they are. Returns the moved
+    rows' steps (None for a row that does not parse)."""
+    if not os.path.exists(path):
+        return []
+    with open(path, "rb") as f:
+        head, tail = f.read(since), f.read()
+    kept, moved, steps = [], [], []
+    for line in tail.splitlines(keepends=True):
+        step = _row_step(line)
+        if step is not None and keep_through is not None and step <= keep_through and line.endswith(b"\n"):
+            kept.append(line)
+        else:
+            moved.append(line if line.endswith(b"\n") else line + b"\n")
+            steps.append(step)
+    if moved:
+        with open(side_path, "ab") as f:
+            f.writelines(moved)
+        with open(path + ".cut", "wb") as f:
+            f.write(head)
+            f.writelines(kept)
+        os.replace(path + ".cut", path)  # a crash now leaves the old log or the new one, never half of one
+    return steps
+
+
+def _row_step(line: bytes) -> int | None:
+    try:
+        row = json.loads(line)
+    except ValueError:
+        return None
+    return row.get("step") if isinstance(row, dict) and isinstance(row.get("step"), int) else None
 
 
 class TensorBoardSink:

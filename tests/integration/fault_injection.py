@@ -1,7 +1,8 @@
 """Real faults for the recovery tests: signals sent to a run's own processes (engines, a trainer rank,
 a Serve replica), found through /proc, at moments read from what the run writes (metrics.jsonl,
-health_events.jsonl) and from an engine's load. Also a reward function that hangs once, and a local
-endpoint Apprise posts the run's alerts to."""
+health_events.jsonl), from an engine's load and from a trainer rank that stops in its backward pass
+when told to. Also a reward function that hangs once, and a local endpoint Apprise posts the run's
+alerts to."""
 
 from __future__ import annotations
 
@@ -31,6 +32,49 @@ def hang_once_reward(args, sample, **kwargs):
             return reward
         time.sleep(3600)
     return reward
+
+
+ARM_FILE, HELD_FILE = "hold-rank-in-backward", "rank-in-backward"  # in the run directory
+
+
+def reducer_held_in_backward(mask_BT, *, per_token_loss, num_global_samples=None, num_global_tokens=None):
+    """`--custom-pg-loss-reducer-function-path`: the default pg-loss reducer (the numbers stay those of
+    the uninterrupted run), except that once the injector has armed it (`ARM_FILE` in the run directory)
+    the first backward pass through it, in any rank and attempt of the run, stops there: the rank
+    writes its pid to `HELD_FILE` and waits to be killed (mid-step, its gradients half computed)."""
+    from relax.algorithms.reducers import make_reducer
+
+    reduce = make_reducer(mask_BT, per_token_loss=per_token_loss, num_global_samples=num_global_samples,
+                          num_global_tokens=num_global_tokens)
+    token_file = os.environ.get("RELAX_RUN_TOKEN_FILE")  # <exp-dir>/.relax/run_token-<id>
+    run = Path(token_file).parent.parent if token_file else None
+    if run is None or not (run / ARM_FILE).exists():
+        return reduce
+
+    def reduce_and_hold(values_BT):
+        if values_BT.requires_grad:
+            values_BT.register_hook(lambda grad: _hold(run))  # runs in the backward pass
+        return reduce(values_BT)
+
+    return reduce_and_hold
+
+
+def _hold(run: Path) -> None:
+    try:
+        fd = os.open(run / HELD_FILE, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        return  # held once per run: the resumed attempt trains on
+    os.write(fd, str(os.getpid()).encode())
+    os.close(fd)
+    time.sleep(300)  # killed here by the injector (else the step goes on and the test fails: no restart)
+
+
+def held_rank(run_dir: Path) -> int | None:
+    """The pid of the trainer rank held in its backward pass (`reducer_held_in_backward`), once it is."""
+    try:
+        return int((run_dir / HELD_FILE).read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def _cmdline(pid: int) -> list[str]:
@@ -84,14 +128,19 @@ def weight_version(url: str) -> str | None:
         return None
 
 
-def process_with(needle: str, env: str | None = None) -> int | None:
+def process_with(needle: str, env: str | None = None, run_dir: Path | None = None) -> int | None:
     """The pid of the process whose command line (Ray's proctitle) contains `needle` and whose
-    environment holds `env` (KEY=value), if any."""
-    for pid in _pids():
-        if any(needle in part for part in _cmdline(pid)):
-            if env is None or env.encode() in _environ(pid):
-                return pid
-    return None
+    environment holds `env` (KEY=value), of the run in `run_dir` (other runs may share the machine)."""
+    return next((pid for pid in _pids() if is_process(pid, needle, env, run_dir)), None)
+
+
+def is_process(pid: int, needle: str, env: str | None = None, run_dir: Path | None = None) -> bool:
+    """Process `pid` is one `process_with(needle, env, run_dir)` looks for."""
+    if not any(needle in part for part in _cmdline(pid)):
+        return False
+    environ = _environ(pid)
+    run = f"RELAX_RUN_TOKEN_FILE={run_dir}/".encode()  # where every role process of the run reads its token
+    return (env is None or env.encode() in environ) and (run_dir is None or any(e.startswith(run) for e in environ))
 
 
 def _environ(pid: int) -> list[bytes]:
@@ -113,7 +162,7 @@ def wait_until(condition: Callable[[], object], timeout: float, poll_s: float = 
 
 
 def rows(exp_dir: Path) -> dict[int, dict]:
-    """The last metrics row of each step (a step redone after a global restart is logged again)."""
+    """The metrics row of each step, by step (its last row, were there several)."""
     path = exp_dir / "metrics.jsonl"
     if not path.exists():
         return {}

@@ -7,12 +7,15 @@ trains it suffers, in this order:
    (SIGSTOP: alive, hung, its requests in flight held), and the DCS coordinator's Serve replica is
    killed;
 2. the first sample whose reward is 0 hangs its reward worker;
-3. once step 1 is checkpointed: the Actor's trainer rank is killed (SIGKILL), mid step 2.
+3. once step 2 is logged (step 1 checkpointed): the Actor's trainer rank is killed (SIGKILL) mid step 3,
+   in its backward pass (held there by the run's pg-loss reducer, `reducer_held_in_backward`, which
+   otherwise is the default one).
 Tier 1 must replace both engines (requests re-sent, the new engines given the current weights before
 they are routed to), Serve must restart the coordinator and the HealthManager set it up again, the
 reward executor must time out the hung sample, and tier 2 must restart the run from step 1's
 checkpoint. Every step's samples must then be exactly the uninterrupted reference run's: none lost,
-none twice, none different; and the resumed steps must equal the reference run's."""
+none twice, none different; the resumed steps must equal the reference run's; and metrics.jsonl must
+hold each step once (the failed attempt's row of step 2, redone, moved to metrics.jsonl.attempt-1)."""
 
 from __future__ import annotations
 
@@ -23,8 +26,8 @@ import signal
 from pathlib import Path
 
 import pytest
-from fault_injection import (AlertInbox, Injector, engines, events, load, process_with, rows, wait_until,
-                             weight_version)
+from fault_injection import (ARM_FILE, AlertInbox, Injector, engines, events, held_rank, is_process, load,
+                             process_with, rows, wait_until, weight_version)
 from run_helpers import reference_args
 
 from relax.config import parse_config
@@ -54,15 +57,19 @@ def inject(run_dir: Path):
         assert busy, "engine 0 got no request"
         inj.signal(pid0, signal.SIGKILL, f"engine 0 mid-rollout, {busy} request(s) running there")
         inj.signal(pid1, signal.SIGSTOP, "engine 1 mid-rollout (hung, not dead)")
-        dcs = process_with("-dcs:dcs")  # Ray's title of the replica: ray::ServeReplica:relax-<run>-dcs:dcs
+        dcs = process_with("-dcs:dcs", run_dir=run_dir)  # Ray's title: ray::ServeReplica:relax-<run>-dcs:dcs
         assert dcs, "no DCS coordinator replica process"
         inj.signal(dcs, signal.SIGKILL, "the DCS coordinator's Serve replica")
-        # 3. Both engines replaced and step 1 checkpointed -> kill the Actor's trainer rank (mid step 2).
-        assert wait_until(lambda: 1 in rows(run_dir) and len(events(run_dir, "engine_replaced")) == 2,
-                          timeout=240, poll_s=0.05), "step 1 never finished, or the engines were not both replaced"
-        rank = process_with("FSDPTrainWorker", env="RELAX_WORKER_GROUP=actor")
-        assert rank, "no trainer rank of the actor"
-        inj.signal(rank, signal.SIGKILL, "the Actor's trainer rank")
+        # 3. Both engines replaced, step 1 checkpointed and step 2 logged -> the Actor's trainer rank stops in
+        #    step 3's backward pass; kill it there (mid-step: tier 2 redoes steps 2 and 3).
+        assert wait_until(lambda: 2 in rows(run_dir) and len(events(run_dir, "engine_replaced")) == 2,
+                          timeout=300, poll_s=0.05), "step 2 never finished, or the engines were not both replaced"
+        (run_dir / ARM_FILE).touch()
+        held = wait_until(lambda: held_rank(run_dir), timeout=240, poll_s=0.05)
+        assert held, "the Actor's trainer rank never reached step 3's backward pass"
+        assert is_process(held, "FSDPTrainWorker", env="RELAX_WORKER_GROUP=actor", run_dir=run_dir), \
+            f"pid {held} is not a trainer rank of this run's actor"
+        inj.signal(held, signal.SIGKILL, "the Actor's trainer rank, in step 3's backward pass")
 
     return Injector(plan)
 
@@ -78,6 +85,7 @@ def faulted_run(ray_cluster, tiny_setup, reference_run, tmp_path_factory):
         "--use-fault-tolerance", "--use-health-check", "--rollout-health-check-interval", "1",
         "--rollout-health-check-timeout", "2", "--max-global-restart", "1",
         "--custom-rm-path", "tests.integration.fault_injection.hang_once_reward", "--reward-timeout", "3",
+        "--custom-pg-loss-reducer-function-path", "tests.integration.fault_injection.reducer_held_in_backward",
         "--custom-config-path", str(exp / "custom.yaml")]
     inbox = AlertInbox()
     cfg = parse_config(args + ["--notify-urls", inbox.url])
@@ -157,18 +165,29 @@ def test_a_hung_reward_is_timed_out_and_the_run_goes_on(faulted_run):
     assert sum(timeouts.values()) == 1
 
 
-def test_a_killed_trainer_rank_restarts_the_run_from_its_checkpoint(faulted_run, reference_run):
+def step_rows(path: Path) -> list[dict]:
+    return [row for row in map(json.loads, path.read_text().splitlines()) if "time/step" in row]
+
+
+def test_a_trainer_rank_killed_mid_step_restarts_the_run_from_its_checkpoint(faulted_run, reference_run):
     """Tier 2: the run resumes from step 1's checkpoint and steps 2 and 3 equal the uninterrupted run's;
-    each recovery was alerted."""
+    metrics.jsonl holds each step once, the resumed attempt's rows; each recovery was alerted."""
     run, expected = faulted_run["run"], rows(reference_run / "run")
     restarts = events(run, "global_restart")
     print("global restarts:", [e["message"] for e in restarts])
     assert len(restarts) == 1 and "resuming from the checkpoint of step 1" in restarts[0]["message"]
+    assert restarts[0]["superseded_steps"] == [2]  # the rank died in step 3: step 2 had been logged
+    logged, moved = step_rows(run / "metrics.jsonl"), step_rows(run / "metrics.jsonl.attempt-1")
+    print("steps in metrics.jsonl:", [r["step"] for r in logged], "moved to metrics.jsonl.attempt-1:",
+          [r["step"] for r in moved])
+    assert [r["step"] for r in logged] == [0, 1, 2, 3] and [r["step"] for r in moved] == [2]
     got = rows(run)
-    assert sorted(got) == [0, 1, 2, 3] and got[3]["health/global_restarts"] == 1
+    assert got[3]["health/global_restarts"] == 1 and got[2]["health/global_restarts"] == 1  # step 2: redone
     for step in range(4):
         for key in COMPARED:
             assert got[step][key] == pytest.approx(expected[step][key], rel=1e-4, abs=1e-6), (step, key)
+    for key in COMPARED:  # the step the failed attempt had done: the same numbers as the one redone
+        assert moved[0][key] == pytest.approx(expected[2][key], rel=1e-4, abs=1e-6), key
     titles = [a.get("title", "") for a in faulted_run["alerts"]]
     print("alerts:", titles)
     assert any("engine replaced" in t for t in titles) and any("global restart" in t for t in titles)

@@ -113,6 +113,9 @@ def test_resource_entries_for_roles_the_run_does_not_deploy_fail(base, extra, ne
     (["--rollout-health-check-interval", "5"], "the engine health checks run only with --use-fault-tolerance"),
     (["--use-fault-tolerance", "--rollout-health-check-timeout", "0"], "--rollout-health-check-timeout must be > 0"),
     (["--use-health-check", "--max-global-restart", "-1"], "--max-global-restart must be >= 0"),
+    (["--max-engine-replacements", "1"], "--max-engine-replacements 1 bounds the tier-1 engine replacements of "
+                                         "--use-fault-tolerance, which is off"),
+    (["--use-fault-tolerance", "--max-engine-replacements", "-1"], "--max-engine-replacements must be >= 0"),
 ])
 def test_flags_the_mode_cannot_use_fail_with_the_fix(base, extra, needle):
     with pytest.raises(ConfigError, match=needle):

@@ -10,6 +10,7 @@ import pytest
 from relax.config import ConfigError, parse_config
 from relax.core.health import HealthEvents, resume_config, run_with_restarts, summary
 from relax.utils import checkpoints
+from relax.utils.metrics_sinks import JsonlSink, SinkConfig
 
 
 @pytest.fixture
@@ -44,8 +45,8 @@ def test_a_failed_attempt_restarts_from_the_last_complete_checkpoint(base, tmp_p
 
 def test_without_a_checkpoint_the_run_starts_over(base, tmp_path):
     cfg = parse_config(base + ["--use-health-check"])
-    resumed, where = resume_config(cfg)
-    assert resumed is cfg and where == "the start (no checkpoint under --save yet)"
+    resumed, where, step = resume_config(cfg)
+    assert resumed is cfg and where == "the start (no checkpoint under --save yet)" and step is None
 
 
 @pytest.mark.parametrize("flags, error, attempts", [
@@ -68,3 +69,35 @@ def test_an_error_from_a_remote_process_is_summarised_by_its_cause():
 
     error = RayTaskError(RuntimeError("The actor died unexpectedly before finishing this task.\n\tclass_name: X"))
     assert summary(error) == "RuntimeError: The actor died unexpectedly before finishing this task."
+
+
+def test_a_restart_leaves_one_row_per_step_in_the_metrics_log(base, tmp_path):
+    """The resumed attempt's rows replace the failed attempt's for the steps it redoes: those move to
+    metrics.jsonl.attempt-<n>; rows of an earlier run in the same directory are left alone."""
+    cfg = parse_config(base + ["--use-health-check"])
+    log = tmp_path / "run" / "metrics.jsonl"
+    log.parent.mkdir()
+    log.write_text('{"step": 7, "earlier": 1}\n')  # another run's, before this one
+
+    def attempt(c):
+        sink = JsonlSink(SinkConfig(exp_dir=cfg.misc.exp_dir))
+        first = c.ckpt.load is None
+        for step in range(0 if first else 2, 4):
+            if first and step == 3:  # checkpoint after step 1, steps 2 logged, step 3 half written, then a crash
+                sink.file.write('{"step": 3, "train/los')
+                sink.close()
+                raise RuntimeError("rank died")
+            sink.log(step, {"attempt": 1.0 if first else 2.0})
+            if first and step == 1:
+                checkpoints.commit(str(tmp_path / "ckpt"), 1, {})
+        sink.close()
+
+    events = HealthEvents(cfg.misc.exp_dir)
+    run_with_restarts(cfg, attempt, events)
+    rows = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [(r["step"], r.get("attempt")) for r in rows] == [(7, None), (0, 1.0), (1, 1.0), (2, 2.0), (3, 2.0)]
+    side = (tmp_path / "run" / "metrics.jsonl.attempt-1").read_text().splitlines()
+    assert side == ['{"step": 2, "attempt": 1.0}', '{"step": 3, "train/los']  # the torn row goes there too
+    restart = json.loads((tmp_path / "run" / "health_events.jsonl").read_text())
+    assert restart["superseded_steps"] == [2]
+    assert "attempt's rows of steps [2] and 1 row(s) cut short moved to metrics.jsonl.attempt-1" in restart["message"]
