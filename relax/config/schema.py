@@ -138,9 +138,9 @@ class DataConfig:
     skip_malformed_rows: bool = opt(False, "Skip (and count) malformed data rows instead of failing.")
     # Media pipelines (relax.utils.multimodal; docs/multimodal.md). None = the seed's default.
     use_audio_in_video: bool = opt(False, "Also process the audio track of videos.", supported=False)
-    image_max_token_num: int | None = opt(None, "Most vision tokens per image (default 16384): with "
-                                          "--use-streaming-dataset, images are resized as they load to within "
-                                          "[min, max] tokens x 28^2 pixels (docs/multimodal.md).")
+    image_max_token_num: int | None = opt(None, "Most vision tokens per image (default 16384): the rollout resizes "
+                                          "each image to within [min, max] tokens x (patch x merge)^2 pixels of the "
+                                          "model before its processor sees it (docs/multimodal.md).")
     image_min_token_num: int | None = opt(None, "Fewest vision tokens per image (default 4).")
     video_min_token_num: int | None = opt(None, "Fewest vision tokens per video frame (default 128).",
                                           supported=False)
@@ -151,8 +151,9 @@ class DataConfig:
                                            supported=False)
     video_fps_max_frames: int | None = opt(None, "Most frames sampled per video (default 768).",
                                            supported=False)
-    image_resize_scale_factor: int | None = opt(None, "Side alignment of the image pre-resize (default 28 = "
-                                                "patch_size * spatial_merge_size; 0 = no alignment).")
+    image_resize_scale_factor: int | None = opt(None, "Side alignment of the image pre-resize (default: the "
+                                                "model's patch_size * spatial_merge_size, 28 for Qwen2.5-VL; 0 = no "
+                                                "alignment).")
     audio_sample_rate: int | None = opt(None, "Audio is resampled to this rate (default 16000).",
                                         supported=False)
     frame_factor: int | None = opt(None, "Sampled frame counts are multiples of this (default 2).",

@@ -68,10 +68,13 @@ class ImageConfig:
         return self.max_tokens * self.unit ** 2
 
     @classmethod
-    def from_flags(cls, flags: Any) -> ImageConfig:
+    def from_flags(cls, flags: Any, *, patch_size: int = 14, merge_size: int = 2) -> ImageConfig:
+        """From the data flags; `patch_size` / `merge_size`: the model's (the alignment default is
+        their product, 28 for Qwen2.5-VL, 32 for Qwen3-VL)."""
         return cls(min_tokens=_or(flags.image_min_token_num, 4),
                    max_tokens=_or(flags.image_max_token_num, 16384),
-                   resize_factor=_or(flags.image_resize_scale_factor, 28))
+                   resize_factor=_or(flags.image_resize_scale_factor, patch_size * merge_size),
+                   patch_size=patch_size, merge_size=merge_size)
 
 
 @dataclass(frozen=True)
