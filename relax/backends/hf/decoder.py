@@ -33,8 +33,10 @@ through `relax.algorithms.logprobs` — the function the fsdp trainer scores row
 forward per finished row. The recompute uses the weights loaded when the row finishes.
 
 Multimodal rows (`DecodeRow.media`: a VL model's encoder tensors, `relax.utils.multimodal.processor`)
-are prefilled one by one, unpadded, with the images through the vision tower and M-RoPE position
-ids from the model's `get_rope_index`; their group then joins like any other. A decode step feeds
+are prefilled as their own left-padded group, the images through the vision tower and M-RoPE
+position ids from the model's `get_rope_index` (row by row, on real tokens); rows with the same
+prompt and the same media object (a GRPO group's samples) share one prefill, as text rows do.
+The group then joins like any other. A decode step feeds
 one text token per row, whose three M-RoPE components are equal: the row's position after its
 prompt (`max(prompt positions) + 1`, counting on), which is what `next_pos_B` holds.
 A VL model's media placeholder tokens (`banned_token_ids`: `<|image_pad|>`, `<|vision_start|>`,
@@ -502,9 +504,9 @@ class BatchDecoder:
         and last logits (`shared_prefill`)."""
         waiting: list[int] = []
         media_rows = [i for i in rows if states[i].row.media]
-        if media_rows:  # each alone (module doc); the text rows as one group, joined after them
+        if media_rows:  # their own group (module doc); the text rows as another, joined after them
             text_rows = [i for i in rows if not states[i].row.media]
-            groups = [self._prefill_media(i, states, finish) for i in media_rows]
+            groups = [self._prefill_media(media_rows, states, finish)]
             if text_rows:
                 groups.append(self._prefill(text_rows, states, finish, running=running)[0])
             batch = None
@@ -534,21 +536,32 @@ class BatchDecoder:
         group = _Batch(rows, cache, mask_BL, tokens_B, position_ids_BL[:, -1] + 1, sampling)
         return group.select(keep), waiting
 
-    def _prefill_media(self, i: int, states: list[_RowState], finish: Callable[[int, dict], None]
+    def _prefill_media(self, rows: list[int], states: list[_RowState], finish: Callable[[int, dict], None]
                        ) -> "_Batch | None":
-        """Prefill one multimodal row alone (no padding): encoders + M-RoPE positions."""
+        """Prefill multimodal rows as one left-padded group (encoders + M-RoPE positions); rows with
+        the same prompt and media object share one prefill."""
         if self.slot_cache is not None:
             raise RuntimeError("multimodal rows need the DynamicCache path (VL models are not slot-cache models)")
-        ids_1L = torch.tensor([states[i].row.prompt_ids], dtype=torch.long, device=self.device)
-        mask_1L = torch.ones_like(ids_1L)
-        inputs = self.media_inputs(ids_1L, mask_1L, states[i].row.media)
-        positions = inputs.pop("position_ids")
-        sampling = SamplingBatch.build([states[i].params], self.device)
+        from relax.utils.multimodal.processor import collate
+
+        keys = [(tuple(states[i].row.prompt_ids), id(states[i].row.media)) for i in rows]
+        distinct = list(dict.fromkeys(keys))
+        index = [distinct.index(k) for k in keys]
+        firsts = [rows[keys.index(k)] for k in distinct]
+        ids_UL, mask_UL, _ = left_pad([states[i].row.prompt_ids for i in firsts], self.pad_token_id, self.device)
+        inputs = self.media_inputs(ids_UL, mask_UL, collate([states[i].row.media for i in firsts]))
+        positions_3UL = inputs.pop("position_ids")
         cache = DynamicCache(config=self.model.config)
-        logits_1V = self._forward(ids_1L, mask_1L, positions, cache, **inputs)
-        tokens_1, keep = self._sample(logits_1V, [i], states, sampling, finish)
-        next_pos_1 = positions.amax(dim=(0, 2)) + 1  # (3, 1, L) -> (1,)
-        return _Batch([i], cache, mask_1L, tokens_1, next_pos_1, sampling).select(keep)
+        logits_UV = self._forward(ids_UL, mask_UL, positions_3UL, cache, **inputs)
+        next_pos_U = positions_3UL.amax(dim=(0, 2)) + 1  # the position after each prompt
+        if len(firsts) < len(rows):
+            index_B = torch.tensor(index, dtype=torch.long, device=self.device)
+            cache.batch_select_indices(index_B)
+            logits_UV, mask_UL, next_pos_U = logits_UV[index_B], mask_UL[index_B], next_pos_U[index_B]
+            self.stats.prefill_rows_shared += len(rows) - len(firsts)
+        sampling = SamplingBatch.build([states[i].params for i in rows], self.device)
+        tokens_B, keep = self._sample(logits_UV, rows, states, sampling, finish)
+        return _Batch(rows, cache, mask_UL, tokens_B, next_pos_U, sampling).select(keep)
 
     def _fit_slots(self, rows: list[int], states: list[_RowState], finish: Callable[[int, dict], None],
                    running: bool) -> tuple[list[int], list[int]]:

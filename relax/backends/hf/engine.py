@@ -132,7 +132,7 @@ class HFEngine:
         if self.released_tags:
             raise EngineUnavailable(f"engine memory is released (tags {sorted(self.released_tags)}); "
                                     "call /resume_memory_occupation before generating")
-        media = [await asyncio.to_thread(self.media_tensors, item) if item.media else None for item in items]
+        media = await asyncio.to_thread(self.batch_media, items)
         results = list(await asyncio.gather(*(
             self.scheduler.generate(item.rid, DecodeRow(item.input_ids, item.params, media=m))
             for item, m in zip(items, media))))
@@ -144,6 +144,23 @@ class HFEngine:
             for i, lp in zip(scored, logprobs):
                 results[i].input_logprobs = lp
         return results
+
+    def batch_media(self, items: list[GenerateItem]) -> list[dict[str, torch.Tensor] | None]:
+        """Each item's encoder tensors (None: text); items with the same media share one object, so
+        the decoder prefills a group's samples once."""
+        import json
+
+        done: dict[str, dict[str, torch.Tensor]] = {}
+        out: list[dict[str, torch.Tensor] | None] = []
+        for item in items:
+            if not item.media:
+                out.append(None)
+                continue
+            key = json.dumps(item.media, sort_keys=True) + str(item.input_ids)
+            if key not in done:
+                done[key] = self.media_tensors(item)
+            out.append(done[key])
+        return out
 
     def media_tensors(self, item: GenerateItem) -> dict[str, torch.Tensor]:
         """The encoder tensors of an item's media (MediaError, a 400, when the model takes none or

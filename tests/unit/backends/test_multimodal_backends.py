@@ -206,3 +206,38 @@ def test_freezing_the_vision_tower(model_dir):
     finally:
         worker.shutdown()
     assert changed and not any("visual" in n for n in changed)
+
+
+def test_group_samples_share_one_multimodal_prefill(model_dir):
+    """n samples of one image prompt: one prefill through the vision tower, then n rows that decode
+    apart; each row's log-probs still match a forward of that row alone."""
+    from relax.algorithms.logprobs import row_response_log_probs
+    from relax.backends.hf.engine import HFEngine
+    from relax.backends.hf.protocol import GenerateRequest, normalize_generate
+    from relax.utils.multimodal.processor import load_model, rope_positions
+
+    (encoded,) = encode(model_dir)[:1]
+
+    async def run():
+        engine = HFEngine(model_dir, seed=0)
+        req = GenerateRequest(input_ids=encoded.input_ids, image_data=encoded.request["image_data"],
+                              return_logprob=True, sampling_params=dict(temperature=TEMPERATURE, max_new_tokens=8,
+                                                                        ignore_eos=True, n=3, sampling_seed=5))
+        items, _ = normalize_generate(req, engine.tokenizer, vocab_size=engine.vocab_size,
+                                      max_context_len=engine.max_context_len)
+        await engine.start()
+        try:
+            return await engine.generate(items), engine.decoder.stats.prefill_rows_shared
+        finally:
+            await engine.stop()
+
+    results, shared = asyncio.run(run())
+    assert shared == 2 and len({tuple(r.output_ids) for r in results}) > 1  # one prefill, different samples
+    model = load_model(model_dir, dtype=torch.float32)
+    for r in results:
+        tokens = encoded.input_ids + r.output_ids
+        ids = torch.tensor([tokens])
+        inputs = {**encoded.tensors, "position_ids": rope_positions(model, ids, torch.ones_like(ids), encoded.tensors)}
+        with torch.no_grad():
+            alone = row_response_log_probs(model, tokens, len(r.output_ids), TEMPERATURE, "cpu", inputs)
+        assert (alone - torch.tensor(r.output_logprobs)).abs().max().item() < 1e-4
