@@ -595,7 +595,6 @@ def check_backends(cfg: RelaxConfig) -> RelaxConfig:
 
 # Megatron flags the megatron backend does not act on yet: given a non-default value, an error.
 MEGATRON_NOT_BUILT = {
-    "context_parallel_size": ("parallel", 1, "context parallelism"),
     "expert_tensor_parallel_size": ("parallel", 1, "expert tensor parallelism (experts are whole per rank)"),
     "optimizer_cpu_offload": ("optim", False, "optimizer CPU offload"),
     "overlap_cpu_optimizer_d2h_h2d": ("optim", False, "optimizer CPU offload"),
@@ -611,8 +610,9 @@ MEGATRON_NOT_BUILT = {
 def megatron_unfit(cfg: RelaxConfig) -> list[str]:
     """What this run needs that the megatron backend does not build (auto then picks fsdp)."""
     reasons = []
-    if cfg.algo.advantage_estimator == "ppo":
-        reasons.append("the critic (PPO) needs --train-backend fsdp in this build")
+    if cfg.algo.advantage_estimator == "ppo" and cfg.parallel.pipeline_model_parallel_size > 1:
+        reasons.append("the critic (PPO) does not run with --pipeline-model-parallel-size > 1 on the megatron "
+                       "backend yet; use 1 or --train-backend fsdp")
     if cfg.cluster.fully_async:
         reasons.append("--fully-async needs --train-backend fsdp in this build (ActorFwd ranks receive weights)")
     if cfg.cluster.true_on_policy_mode:
@@ -637,6 +637,10 @@ def check_megatron(cfg: RelaxConfig) -> None:
         raise ConfigError(f"--train-backend megatron: {unfit[0]}")
     if p.expert_tensor_parallel_size != 1:
         raise ConfigError("--expert-tensor-parallel-size must be 1 with the megatron backend")
+    if p.context_parallel_size > 1 and p.pipeline_model_parallel_size > 1:
+        raise ConfigError(f"--context-parallel-size {p.context_parallel_size} with --pipeline-model-parallel-size "
+                          f"{p.pipeline_model_parallel_size}: the megatron backend does not run context and pipeline "
+                          "parallelism together yet; set one of them to 1")
     for name in ("attention_dropout", "hidden_dropout"):
         value = getattr(m, name)
         if value not in (None, 0, 0.0):

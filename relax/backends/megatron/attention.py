@@ -8,7 +8,16 @@ is GiBs per layer); without Transformer Engine there is no fused kernel to pick 
 module takes the same place in the layer spec (`core_attention`) with the same call, and lets
 PyTorch choose the kernel (flash / memory-efficient on GPUs, the math kernel on CPU), with GQA
 heads shared by the kernel (`enable_gqa`) instead of repeated. Rows are right-padded and the mask
-is causal, so the kernel's own causal masking gives every real token exactly the keys it may see.
+is causal, so the kernel's own causal masking gives every real token exactly the keys it may see
+(each row is one sequence: the batch dimension is the sequence boundary; no thd packing).
+
+Context parallelism (`--context-parallel-size` C > 1; megatron-core's own CP attention is
+Transformer Engine's): each rank holds 2 of the 2C chunks of every row (`cp_positions`), so its
+queries see only part of the keys. K and V are all-gathered over the context-parallel group
+(megatron's `gather_from_sequence_parallel_region`: the backward reduce-scatters their gradients,
+each rank getting the sum of every rank's gradient for its own keys), and the causal mask compares
+global positions: `attention_mask` is then the worker's `[1, 1, S, C*S]` (True = masked) from
+`cp_causal_mask`, its keys in the all-gathered order (rank 0's chunks, rank 1's, ...).
 
 `RMSNorm`: megatron-core's torch norm (`WrappedTorchNorm`, used without Transformer Engine or
 Apex) refuses sequence parallelism. An RMSNorm is per token, so it runs on a sequence shard as it
@@ -27,12 +36,14 @@ from megatron.core.transformer.module import MegatronModule
 
 class SDPACoreAttention(MegatronModule):
     def __init__(self, config: Any, layer_number: int, attn_mask_type: Any, attention_type: str,
-                 attention_dropout: float | None = None, softmax_scale: float | None = None, **_: Any) -> None:
+                 attention_dropout: float | None = None, softmax_scale: float | None = None, **kwargs: Any) -> None:
         super().__init__(config=config)
         tp = config.tensor_model_parallel_size
         self.heads = config.num_attention_heads // tp
         self.groups = (config.num_query_groups or config.num_attention_heads) // tp
         self.softmax_scale = softmax_scale
+        pg = kwargs.get("pg_collection")
+        self.cp_group = pg.cp if pg is not None and config.context_parallel_size > 1 else None
         if attention_type != "self":
             raise ValueError(f"SDPACoreAttention is for causal self-attention, not {attention_type}")
 
@@ -41,12 +52,36 @@ class SDPACoreAttention(MegatronModule):
                 **_: Any) -> torch.Tensor:
         if attention_bias is not None or packed_seq_params is not None:
             raise ValueError("SDPACoreAttention takes neither an attention bias nor packed sequences")
+        mask = None
+        if self.cp_group is not None:  # keys and values of the whole row, queries of this rank's chunks
+            from megatron.core.tensor_parallel import gather_from_sequence_parallel_region
+
+            key, value = (gather_from_sequence_parallel_region(t, tensor_parallel_output_grad=True, group=self.cp_group)
+                          for t in (key, value))  # [C*s, b, groups, d]
+            mask = ~attention_mask  # [1, 1, s, C*s], True = may attend
         # [s, b, heads, d] -> [b, heads, s, d]
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.softmax_scale,
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, scale=self.softmax_scale,
                                              enable_gqa=self.heads != self.groups)
         s, b = query.shape[0], query.shape[1]
         return out.permute(2, 0, 1, 3).reshape(s, b, -1)  # [s, b, heads * d]
+
+
+def cp_positions(length: int, cp_size: int, cp_rank: int) -> torch.Tensor:
+    """The global positions rank `cp_rank` holds of a row of `length` (a multiple of 2C) under
+    megatron's load-balanced split: of 2C equal chunks, chunks r and 2C-1-r (each rank then has
+    as many early, cheap queries as late, expensive ones)."""
+    chunk = length // (2 * cp_size)
+    first, second = cp_rank * chunk, (2 * cp_size - 1 - cp_rank) * chunk
+    return torch.cat([torch.arange(first, first + chunk), torch.arange(second, second + chunk)])  # [2 * chunk]
+
+
+def cp_causal_mask(length: int, cp_size: int, cp_rank: int) -> torch.Tensor:
+    """`[1, 1, S, C*S]`, True = masked: this rank's queries (S = length / C) against the keys of
+    every rank in all-gathered order; a key is visible when its global position is not later."""
+    keys_K = torch.cat([cp_positions(length, cp_size, r) for r in range(cp_size)])
+    queries_S = cp_positions(length, cp_size, cp_rank)
+    return (keys_K[None, :] > queries_S[:, None])[None, None]
 
 
 class RMSNorm(torch.nn.Module):

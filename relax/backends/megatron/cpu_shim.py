@@ -1,6 +1,6 @@
 """The CUDA-only spots of megatron-core, made to run on a CPU (gloo, fp32), in one place.
 
-megatron-core assumes a GPU in three places that a tiny CPU model reaches:
+megatron-core assumes a GPU in these places that a tiny CPU model reaches:
   1. `torch.cuda.current_device()` is used as a device by RoPE's frequency table and by the
      tensor-parallel scratch buffers (`get_tensor`): on a machine without CUDA it points at
      "cpu" instead of raising.
@@ -15,6 +15,9 @@ megatron-core assumes a GPU in three places that a tiny CPU model reaches:
   4. With tied embeddings under pipeline parallelism, `setup_embeddings_and_output_layer`
      moves the last stage's embedding copy to "cuda" before the all-reduce that initialises it
      from the first stage's; on a CPU `Tensor.cuda` is the identity while that method runs.
+  6. Under context parallelism RoPE's table is cut to this rank's chunks by
+     `get_pos_emb_on_this_cp_rank`, whose chunk index goes through pinned memory to "cuda"; on a
+     CPU the same cut is made with a CPU index (`_pos_emb_on_this_cp_rank`).
 megatron's optimizer (`get_megatron_optimizer`) also hard-codes CUDA; the worker uses torch's
 AdamW on CPU instead (docs/backends/megatron.md). Two more spots are avoided without patching:
 the default causal mask (`get_default_causal_mask`, device="cuda": the worker passes its own
@@ -69,6 +72,19 @@ def apply() -> None:
             torch.Tensor.cuda = cuda
 
     LanguageModule.setup_embeddings_and_output_layer = setup_on_cpu
+
+    from megatron.core.models.common.embeddings import rotary_pos_embedding
+
+    rotary_pos_embedding.get_pos_emb_on_this_cp_rank = _pos_emb_on_this_cp_rank  # (6)
+
+
+def _pos_emb_on_this_cp_rank(pos_emb: torch.Tensor, seq_dim: int, cp_group: Any) -> torch.Tensor:
+    """megatron-core's `get_pos_emb_on_this_cp_rank` with its chunk index on the CPU."""
+    cp_size, cp_rank = cp_group.size(), cp_group.rank()
+    index = torch.tensor([cp_rank, 2 * cp_size - cp_rank - 1])
+    pos_emb = pos_emb.view(*pos_emb.shape[:seq_dim], 2 * cp_size, -1, *pos_emb.shape[seq_dim + 1:])
+    pos_emb = pos_emb.index_select(seq_dim, index)
+    return pos_emb.view(*pos_emb.shape[:seq_dim], -1, *pos_emb.shape[seq_dim + 2:])
 
 
 def seed_model_parallel(seed: int) -> None:

@@ -14,6 +14,12 @@ One rank (tp = 1) takes the chunked head the fsdp backend uses (no [N, V] logits
 `MegatronResponseHead` swaps the `GPTModel`'s output layer for one forward, as the fsdp
 backend's `ResponseHead` does for an HF model: the model returns `[B, T, 2]` (log-prob, entropy)
 of the response tokens instead of `[B, L, V]` logits.
+
+Under context parallelism a rank holds the hidden states of its chunks only (`attention.py`):
+it computes the response tokens read at those positions, zero elsewhere, and the `[B, T, 2]`
+values are summed over the context-parallel group, so every rank of the group holds every
+token's values and computes the same loss as one rank would. As for the vocabulary reductions,
+the sum's backward is the identity: each rank back-propagates the gradient of its own tokens.
 """
 
 from __future__ import annotations
@@ -54,15 +60,17 @@ def vocab_parallel_log_probs(logits_NV: torch.Tensor, targets_N: torch.Tensor, v
 class MegatronResponseHead:
     """Context manager: for one forward, the model's `output_layer` returns `[T, B, 2]` =
     (log-prob, entropy) of the response tokens (`GPTModel` transposes it to `[B, T, 2]`).
-    Row b's token t is read at hidden position `index_BT[b, t]` and predicts `targets_BT[b, t]`."""
+    Row b's token t is read at hidden position `index_BT[b, t]` and predicts `targets_BT[b, t]`;
+    with `cp_group`, positions are this rank's local ones and `mask_BT` marks the tokens it holds."""
 
     def __init__(self, layer: torch.nn.Module, index_BT: torch.Tensor, mask_BT: torch.Tensor,
                  targets_BT: torch.Tensor, *, temperature: float, chunk: int | None, entropy: bool,
-                 entropy_grad: bool, tp_group: Any, tp_rank: int, tp_size: int, sequence_parallel: bool):
+                 entropy_grad: bool, tp_group: Any, tp_rank: int, tp_size: int, sequence_parallel: bool,
+                 cp_group: Any = None):
         self.layer, self.index_BT, self.mask_BT, self.targets_BT = layer, index_BT, mask_BT.bool(), targets_BT
         self.temperature, self.chunk, self.entropy, self.entropy_grad = temperature, chunk, entropy, entropy_grad
         self.tp_group, self.tp_rank, self.tp_size = tp_group, tp_rank, tp_size
-        self.sequence_parallel = sequence_parallel
+        self.sequence_parallel, self.cp_group = sequence_parallel, cp_group
 
     def forward(self, hidden_LBH: torch.Tensor, weight: torch.Tensor | None = None, runtime_gather_output: Any = None):
         if self.sequence_parallel:  # the backward reduce-scatters: each rank's hidden gradient is partial
@@ -95,10 +103,52 @@ class MegatronResponseHead:
 
         ent_BT = scatter(ent_N if self.entropy_grad else ent_N.detach()) if ent_N is not None \
             else torch.zeros_like(self.mask_BT, dtype=torch.float32)
-        return torch.stack([scatter(logp_N), ent_BT], dim=-1).transpose(0, 1), None
+        out_BT2 = torch.stack([scatter(logp_N), ent_BT], dim=-1)
+        if self.cp_group is not None:  # each token from the rank that holds it
+            from megatron.core.tensor_parallel.mappings import reduce_from_tensor_model_parallel_region
+
+            out_BT2 = reduce_from_tensor_model_parallel_region(out_BT2, group=self.cp_group)
+        return out_BT2.transpose(0, 1), None
 
     def __enter__(self) -> "MegatronResponseHead":
         self.layer.forward = self.forward  # the instance attribute shadows the class's forward
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        del self.layer.forward
+
+
+class MegatronValueHead:
+    """Context manager: for one forward, the `GPTModel`'s `output_layer` returns `[T, B, 1]`, the
+    values of the response tokens from the critic's scalar head `value_head` (hidden -> 1, the
+    fsdp critic's `score`), read at the same positions as `MegatronResponseHead`'s log-probs.
+    The head is replicated over the tensor group: every rank computes the same values and loss, so
+    under --sequence-parallel the gathered hidden states' gradient is split back, not summed."""
+
+    def __init__(self, layer: torch.nn.Module, value_head: torch.nn.Module, index_BT: torch.Tensor,
+                 mask_BT: torch.Tensor, *, tp_group: Any, sequence_parallel: bool, cp_group: Any = None):
+        self.layer, self.value_head, self.index_BT, self.mask_BT = layer, value_head, index_BT, mask_BT.bool()
+        self.tp_group, self.sequence_parallel, self.cp_group = tp_group, sequence_parallel, cp_group
+
+    def forward(self, hidden_LBH: torch.Tensor, weight: torch.Tensor | None = None, runtime_gather_output: Any = None):
+        if self.sequence_parallel:
+            from megatron.core.tensor_parallel import gather_from_sequence_parallel_region
+
+            hidden_LBH = gather_from_sequence_parallel_region(hidden_LBH, tensor_parallel_output_grad=False,
+                                                              group=self.tp_group)
+        length, b, h = hidden_LBH.shape
+        rows_B1 = torch.arange(b, device=hidden_LBH.device)[:, None] * length
+        hidden_NH = hidden_LBH.transpose(0, 1).reshape(b * length, h)[(rows_B1 + self.index_BT)[self.mask_BT]]
+        values_N = self.value_head(hidden_NH.to(self.value_head.weight.dtype))[:, 0].float()
+        values_BT = values_N.new_zeros(self.mask_BT.shape).index_put((self.mask_BT,), values_N)
+        if self.cp_group is not None:  # each token from the context-parallel rank that holds it
+            from megatron.core.tensor_parallel.mappings import reduce_from_tensor_model_parallel_region
+
+            values_BT = reduce_from_tensor_model_parallel_region(values_BT, group=self.cp_group)
+        return values_BT.transpose(0, 1)[..., None], None
+
+    def __enter__(self) -> "MegatronValueHead":
+        self.layer.forward = self.forward
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -4,7 +4,7 @@ The model is built from the HF checkpoint's `config.json` (`model.py`) and its w
 from the checkpoint's safetensors (`convert.py`), sharded for this rank's place in the
 tensor / pipeline / expert-parallel layout (`--tensor-model-parallel-size`,
 `--pipeline-model-parallel-size`, `--expert-model-parallel-size`, `--sequence-parallel`); data
-parallelism is what is left of the world. The rows of a shard
+parallelism is what is left of the world (after `--context-parallel-size` too). The rows of a shard
 reach every rank of its tensor-parallel group; each computes the same loss from vocabulary-
 parallel log-probs (`head.py`) and the backend-agnostic half (`relax.backends.train_worker`)
 trains it: the same micro-batches, losses and optimizer steps as the fsdp backend. Gradients
@@ -18,8 +18,13 @@ to the engines through the weight-sync protocol (same buckets, deadline and erro
 On a CPU (gloo, float32) `cpu_shim` covers megatron-core's CUDA-only spots; torch's AdamW is the
 optimizer on both (megatron's is CUDA-only), sharded over data-parallel ranks with
 --use-distributed-optimizer (torch's ZeroRedundancyOptimizer).
-Not built yet, and rejected by validation with that message: context parallelism, the critic
-(value model), and receiving weights (fully async ActorFwd ranks).
+Context parallelism (`--context-parallel-size`, with data parallelism): each row's tokens split
+into 2C chunks, two per rank (`attention.py`), every rank of the group computing the whole loss
+from log-probs summed over it (`head.py`), gradients summed over it.
+The critic (role "critic"): the same model with a scalar value head in place of the language-model
+head (`_add_value_head`, `head.py: MegatronValueHead`), trained on the shared value loss.
+Not built yet, and rejected by validation with that message: the critic under pipeline
+parallelism, and receiving weights (fully async ActorFwd ranks).
 """
 
 from __future__ import annotations
@@ -36,10 +41,11 @@ import torch.distributed as dist
 
 from relax.backends.batching import pad_inputs, response_positions
 from relax.backends.megatron import cpu_shim
+from relax.backends.megatron.attention import cp_causal_mask, cp_positions
 from relax.backends.megatron.convert import (
     Layout, expert_range, global_name, hf_to_megatron, hf_tensors, shard_state, stage_layers, tp_dim, tp_merge,
 )
-from relax.backends.megatron.head import MegatronResponseHead
+from relax.backends.megatron.head import MegatronResponseHead, MegatronValueHead
 from relax.backends.megatron.model import (
     build_gpt, check_arch_flags, read_hf_state, rope_theta, transformer_config,
 )
@@ -63,9 +69,10 @@ class MegatronTrainWorker(TrainWorkerBase):
 
         cpu_shim.apply()
         mp = self.spec.model_parallel
-        if mp.cp > 1:
-            raise NotImplementedError("the megatron backend does not run context parallelism yet: "
-                                      "set --context-parallel-size 1")
+        if mp.cp > 1 and mp.pp > 1:
+            raise NotImplementedError(
+                f"--context-parallel-size {mp.cp} with --pipeline-model-parallel-size {mp.pp}: the megatron backend "
+                "does not run context and pipeline parallelism together yet; set one of them to 1")
         if self.world_size % (mp.tp * mp.pp * mp.cp):
             raise ValueError(f"{self.world_size} ranks do not split into tensor x pipeline x context parallel "
                              f"groups of {mp.tp} x {mp.pp} x {mp.cp}")
@@ -77,11 +84,13 @@ class MegatronTrainWorker(TrainWorkerBase):
         self.tp_rank, self.tp_size = ps.get_tensor_model_parallel_rank(), mp.tp
         self.ep_rank, self.ep_size = ps.get_expert_model_parallel_rank(), mp.ep
         self.pp_rank, self.pp_size = ps.get_pipeline_model_parallel_rank(), mp.pp
+        self.cp_rank, self.cp_size = ps.get_context_parallel_rank(), mp.cp
         self._pad_to = (0, 0)  # (rows, length) every micro-batch is padded to (a pipeline schedule's)
         self.first_stage, self.last_stage = self.pp_rank == 0, self.pp_rank == mp.pp - 1
 
     def parallel_info(self) -> dict[str, Any]:
-        return {"dp_rank": self.dp_rank, "dp_size": self.dp_size, "output": self.tp_rank == 0 and self.last_stage}
+        return {"dp_rank": self.dp_rank, "dp_size": self.dp_size,
+                "output": self.tp_rank == 0 and self.cp_rank == 0 and self.last_stage}
 
     def _seed(self, seed: int) -> None:
         random.seed(seed)
@@ -91,9 +100,9 @@ class MegatronTrainWorker(TrainWorkerBase):
     def _build_model(self, path: str) -> torch.nn.Module:
         from transformers import AutoConfig
 
-        if self.spec.role not in ("actor", "reference"):
-            raise NotImplementedError(f"the megatron backend has no {self.spec.role} model yet (actor and "
-                                      "reference/scoring ranks only): train the critic with --train-backend fsdp")
+        if self.spec.role == "critic" and self.spec.model_parallel.pp > 1:
+            raise NotImplementedError(f"the megatron critic does not run pipeline parallelism yet: "
+                                      f"--pipeline-model-parallel-size {self.spec.model_parallel.pp}; use 1")
         hf_config = AutoConfig.from_pretrained(path)
         self.hf_config, self.pad_id = hf_config, hf_config.pad_token_id or 0
         self.layout = layout = Layout.from_hf_config(hf_config)
@@ -113,7 +122,10 @@ class MegatronTrainWorker(TrainWorkerBase):
         model = build_gpt(layout, self.config, pre_process=self.first_stage, post_process=self.last_stage,
                           rope_theta=rope_theta(hf_config), num_layers=len(self.layers),
                           max_positions=getattr(hf_config, "max_position_embeddings", 4096))
-        self._load_hf(model, read_hf_state(path))
+        hf_state = read_hf_state(path)
+        if self.spec.role == "critic":
+            self._add_value_head(model, hf_state)
+        self._load_hf(model, hf_state)
         model = model.to(self.device)
         if self.spec.compile_layers and self.device.type == "cuda":  # --use-torch-compile, as fsdp does
             for layer in model.decoder.layers:
@@ -123,6 +135,27 @@ class MegatronTrainWorker(TrainWorkerBase):
         self._apply_freezing(model)
         self._main = self._main_weights(model) if self.spec.optim.bf16 else {}
         return model
+
+    def _add_value_head(self, model: torch.nn.Module, hf_state: dict[str, torch.Tensor]) -> None:
+        """Critic: a scalar head (hidden -> 1, with bias) on the final norm's output, as the fsdp
+        critic's `score` (`AutoModelForTokenClassification`, `num_labels=1`): read from the
+        checkpoint's `score.*` when it has them (a critic checkpoint), else initialised as
+        transformers initialises it (normal(0, initializer_range), bias 0). The language-model
+        head is not used: an untied one is frozen (zeros when the checkpoint has none)."""
+        head = torch.nn.Linear(self.layout.hidden_size, 1)
+        with torch.no_grad():
+            if "score.weight" in hf_state:
+                head.weight.copy_(hf_state.pop("score.weight"))
+                head.bias.copy_(hf_state.pop("score.bias", torch.zeros(1)))
+            else:
+                # Every rank draws the same head (data-parallel ranks are seeded apart).
+                g = torch.Generator().manual_seed(self.spec.optim.seed)
+                head.weight.normal_(0.0, getattr(self.hf_config, "initializer_range", 0.02), generator=g)
+                head.bias.zero_()
+        model.value_head = head
+        if not self.layout.tied:
+            hf_state.setdefault("lm_head.weight", torch.zeros(self.layout.vocab_size, self.layout.hidden_size))
+            model.output_layer.weight.requires_grad_(False)
 
     def _main_weights(self, model: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
         """--bf16: the model computes with bfloat16 weights (megatron-core's linear layers run their
@@ -194,12 +227,17 @@ class MegatronTrainWorker(TrainWorkerBase):
                             layers=self.layers, experts=self.experts, first_stage=self.first_stage,
                             last_stage=self.last_stage, tied=self.layout.tied)
         result = model.load_state_dict(local, strict=False)
-        missing = [k for k in result.missing_keys if not k.endswith("_extra_state")]
+        missing = [k for k in result.missing_keys if not k.endswith("_extra_state") and not k.startswith("value_head.")]
         if missing or result.unexpected_keys:
             raise RuntimeError(f"the converted checkpoint does not fit the Megatron model: missing {missing[:5]}, "
                                f"unexpected {result.unexpected_keys[:5]}")
 
     # ---- forward passes ----------------------------------------------------------------
+    def _micro_batches(self, lengths: list[int], max_tokens: int | None) -> list[list[int]]:
+        """Under context parallelism a rank holds 1/C of a micro-batch's tokens: --max-tokens-per-gpu
+        bounds each rank's share (C times as many tokens per micro-batch)."""
+        return super()._micro_batches(lengths, max_tokens * self.cp_size if max_tokens else max_tokens)
+
     def _forward(self, tokens: list[list[int]], response_lengths: list[int], *, entropy: bool = False,
                  entropy_grad: bool = False, media: list[bytes] | None = None):
         """Response-aligned `logp_BT`, `mask_BT` (and `entropy_BT`) at the rollout temperature
@@ -213,7 +251,9 @@ class MegatronTrainWorker(TrainWorkerBase):
             return run.outputs(run.call(self.model))
 
     def _micro_batch(self, tokens: list[list[int]], response_lengths: list[int], *, entropy: bool,
-                     entropy_grad: bool) -> "_MicroBatch":
+                     entropy_grad: bool, values: bool = False) -> "_MicroBatch":
+        """One micro-batch's inputs and the head its forward returns through: response log-probs
+        (and entropies), or a critic's `values` (`[B, T, 1]`)."""
         ids_BL, _ = pad_inputs(tokens, self.pad_id)
         index_BT, mask_BT = response_positions([len(t) for t in tokens], response_lengths)
         rows = len(tokens)
@@ -227,15 +267,38 @@ class MegatronTrainWorker(TrainWorkerBase):
         # Right padding under a causal mask: no real token attends to a pad (megatron's default
         # causal mask is built on "cuda", so the mask is passed).
         causal_11LL = torch.triu(torch.ones(length, length, dtype=torch.bool, device=self.device), 1)[None, None]
-        head = None
-        if self.last_stage:
+        head_index_BT, head_mask_BT = index_BT, mask_BT
+        if self.cp_size > 1:  # this rank's chunks of every row (attention.py: cp_positions)
+            ids_BL, position_BL, causal_11LL, head_index_BT, head_mask_BT = self._cp_shard(ids_BL, index_BT, mask_BT)
+        head: Any = None
+        cp_group = self.ps.get_context_parallel_group() if self.cp_size > 1 else None
+        if values:
+            head = MegatronValueHead(self.model.output_layer, self.model.value_head, head_index_BT, head_mask_BT,
+                                     tp_group=self.ps.get_tensor_model_parallel_group(),
+                                     sequence_parallel=self.config.sequence_parallel, cp_group=cp_group)
+        elif self.last_stage:
             head = MegatronResponseHead(
-                self.model.output_layer, index_BT, mask_BT, targets_BT, temperature=self.spec.temperature,
+                self.model.output_layer, head_index_BT, head_mask_BT, targets_BT, temperature=self.spec.temperature,
                 chunk=self.spec.batch.log_probs_chunk_size, entropy=entropy, entropy_grad=entropy_grad,
                 tp_group=self.ps.get_tensor_model_parallel_group(), tp_rank=self.tp_rank, tp_size=self.tp_size,
-                sequence_parallel=self.config.sequence_parallel)
+                sequence_parallel=self.config.sequence_parallel, cp_group=cp_group)
         autocast = self.spec.optim.bf16 and not self._main  # a scoring rank's float32 weights under --bf16
         return _MicroBatch(ids_BL, position_BL, causal_11LL, mask_BT, rows, head, entropy, autocast)
+
+    def _cp_shard(self, ids_BL: torch.Tensor, index_BT: torch.Tensor, mask_BT: torch.Tensor):
+        """Context parallelism: this rank's share of a micro-batch padded to a multiple of 2C.
+        Returns its tokens `ids_BS` and their global positions `position_BS` (S = L / C; RoPE is
+        cut to them by megatron-core itself), the attention mask over the all-gathered keys
+        `[1, 1, S, L]`, and where the response tokens it holds are read (`index_BT` local,
+        `mask_BT` of those it holds)."""
+        b, length = ids_BL.shape
+        positions_S = cp_positions(length, self.cp_size, self.cp_rank).to(self.device)
+        local_L = torch.full((length,), -1, dtype=torch.long, device=self.device)
+        local_L[positions_S] = torch.arange(len(positions_S), device=self.device)
+        local_BT = local_L[index_BT]
+        mask_11SL = cp_causal_mask(length, self.cp_size, self.cp_rank).to(self.device)
+        return (ids_BL[:, positions_S], positions_S[None].expand(b, -1), mask_11SL, local_BT.clamp(min=0),
+                mask_BT * (local_BT >= 0))
 
     # ---- pipeline parallelism ------------------------------------------------------------
     def _pipeline(self, micro: list[tuple[list[list[int]], list[int]]], *, loss: Any = None,
@@ -266,9 +329,8 @@ class MegatronTrainWorker(TrainWorkerBase):
             return out, loss_func
 
         # One activation shape for the whole schedule: every micro-batch padded to the largest.
-        self._pad_to = (max(len(t) for t, _ in micro), max(max(len(x) for x in toks) for toks, _ in micro))
-        if self.config.sequence_parallel:
-            self._pad_to = (self._pad_to[0], -(-self._pad_to[1] // self.tp_size) * self.tp_size)
+        length, multiple = max(max(len(x) for x in toks) for toks, _ in micro), self._length_multiple()
+        self._pad_to = (max(len(t) for t, _ in micro), -(-length // multiple) * multiple)
         try:
             with cpu_shim.cuda_to_cpu():
                 get_forward_backward_func()(
@@ -331,16 +393,16 @@ class MegatronTrainWorker(TrainWorkerBase):
         """Pad a micro-batch to the shape every rank of its expert group runs (the all-gather token
         dispatcher exchanges equal-sized blocks), at least to `_pad_to` (a pipeline schedule's one
         activation shape), its length to a multiple of the tensor-parallel size under
-        --sequence-parallel (the sequence is split over those ranks). Extra rows are padding with
-        an empty response."""
+        --sequence-parallel (the sequence is split over those ranks) and of 2C under context
+        parallelism (2C chunks). Extra rows are padding with an empty response."""
         (b, length), t = ids_BL.shape, index_BT.shape[1]
         b, length = max(b, self._pad_to[0]), max(length, self._pad_to[1])
         shape = torch.tensor([b, length, t])
         if self.ep_size > 1:
             dist.all_reduce(shape, op=dist.ReduceOp.MAX, group=self.ps.get_expert_model_parallel_group())
         b2, length2, t2 = shape.tolist()
-        if self.config.sequence_parallel:
-            length2 = -(-length2 // self.tp_size) * self.tp_size
+        multiple = self._length_multiple()
+        length2 = -(-length2 // multiple) * multiple
         (b, length), t = ids_BL.shape, index_BT.shape[1]
         if (b2, length2, t2) == (b, length, t):
             return ids_BL, index_BT, mask_BT
@@ -348,16 +410,30 @@ class MegatronTrainWorker(TrainWorkerBase):
         return (pad(ids_BL, (0, length2 - length, 0, b2 - b), value=self.pad_id),
                 pad(index_BT, (0, t2 - t, 0, b2 - b)), pad(mask_BT, (0, t2 - t, 0, b2 - b)))
 
+    def _length_multiple(self) -> int:
+        """What a micro-batch's length is padded to a multiple of: the sequence is split over the
+        tensor ranks under --sequence-parallel, and into 2C chunks under context parallelism."""
+        return (self.tp_size if self.config.sequence_parallel else 1) * (2 * self.cp_size if self.cp_size > 1 else 1)
+
     def _values(self, tokens: list[list[int]], response_lengths: list[int]):
-        raise NotImplementedError("the megatron backend has no value model yet: use --train-backend fsdp for PPO")
+        """Critic: response-aligned `values_BT` and `mask_BT` (the value of the state each response
+        token is chosen in, read where its log-prob is: the fsdp critic's positions)."""
+        with self._micro_batch(tokens, response_lengths, entropy=False, entropy_grad=False, values=True) as run:
+            out_BT1 = run.call(self.model)
+        mask_BT = run.mask_BT[:run.rows]
+        return out_BT1[:run.rows, :, 0].float() * mask_BT, mask_BT
 
     # ---- gradients ---------------------------------------------------------------------
     def _reduce_grads(self) -> None:
         """Average over data-parallel ranks: dense weights over the data-parallel group, expert
         weights over their expert-data-parallel group (each expert rank already summed the
         gradients of every token routed to it), both divided by the data-parallel size; with
-        --sequence-parallel the norms' partial gradients are summed over the tensor group."""
+        --sequence-parallel the norms' partial gradients are summed over the tensor group. Under
+        context parallelism each rank's gradient is its chunks' share of the same loss: summed
+        over the context-parallel ranks too (megatron's data-parallel-with-CP group, which the
+        expert-data-parallel group also spans), still divided by the data-parallel size only."""
         ps = self.ps
+        dp_group = ps.get_data_parallel_group(with_context_parallel=True)
         tied = self._tied_copy()
         for name, p, grad in self._grads():
             if p is tied:  # first and last stage hold the tied embedding
@@ -369,8 +445,8 @@ class MegatronTrainWorker(TrainWorkerBase):
             if is_expert(name):  # its expert-data-parallel copies (data and, under TP, tensor ranks) saw other tokens
                 if ps.get_expert_data_parallel_world_size() > 1:
                     dist.all_reduce(grad, group=ps.get_expert_data_parallel_group())
-            elif self.dp_size > 1:
-                dist.all_reduce(grad, group=ps.get_data_parallel_group())
+            elif self.dp_size * self.cp_size > 1:
+                dist.all_reduce(grad, group=dp_group)
             if self.dp_size > 1:
                 grad.div_(self.dp_size)
 
@@ -453,14 +529,14 @@ class MegatronTrainWorker(TrainWorkerBase):
         """This stage's full tensors under global names, on its leader (tensor rank 0 of
         data-parallel shard 0; the tied output-layer copy of a last stage left out)."""
         ps = self.ps
-        dense_sender = self.dp_rank == 0
+        dense_sender = self.dp_rank == 0 and self.cp_rank == 0
         expert_sender = ps.get_expert_data_parallel_rank() == 0 and self.tp_rank == 0
         leader = dense_sender and self.tp_rank == 0
         layers = self.layers
         tied = self._tied_copy()
         for name, p in self.model.named_parameters():
-            if tied is p and not self.first_stage:
-                continue
+            if tied is p and not self.first_stage or name.startswith("value_head."):
+                continue  # the critic's value head has no place in a causal-LM checkpoint
             # float32 out of bfloat16 weights (export): the main weights' own values
             t = (self._main[name] if dtype == torch.float32 and name in self._main else p).detach()
             if dtype is not None and t.is_floating_point() and t.dtype != dtype:
@@ -501,12 +577,15 @@ class MegatronTrainWorker(TrainWorkerBase):
 
     # ---- checkpoints -------------------------------------------------------------------
     def _rank_file(self, path: Path) -> Path:
-        return path / "model" / f"tp{self.tp_rank}_pp{self.pp_rank}_ep{self.ep_rank}_dp{self.dp_rank}.pt"
+        # Context-parallel ranks hold the same weights; rank 0's file keeps the name the converter reads.
+        cp = f"_cp{self.cp_rank}" if self.cp_rank else ""
+        return path / "model" / f"tp{self.tp_rank}_pp{self.pp_rank}_ep{self.ep_rank}{cp}_dp{self.dp_rank}.pt"
 
     def _layout_meta(self) -> dict[str, Any]:
         mp = self.spec.model_parallel
         return {"world_size": self.world_size, "tp": self.tp_size, "pp": self.pp_size, "ep": self.ep_size,
-                "first_stage_layers": mp.first_stage_layers, "last_stage_layers": mp.last_stage_layers}
+                "cp": self.cp_size, "first_stage_layers": mp.first_stage_layers,
+                "last_stage_layers": mp.last_stage_layers}
 
     def save(self, ckpt_dir: str, rollout_id: int, save_optim: bool = True) -> None:
         """Each rank's own shards (model, optimizer), RNG and the layout; resume needs the same layout
@@ -528,7 +607,7 @@ class MegatronTrainWorker(TrainWorkerBase):
 
     def _read_rank_file(self, path: Path) -> dict[str, Any]:
         meta = json.loads((path / "meta.json").read_text())
-        saved = {k: meta.get(k) for k in self._layout_meta()}
+        saved = {k: meta.get(k, 1 if k == "cp" else None) for k in self._layout_meta()}
         if meta.get("backend") != "megatron" or saved != self._layout_meta():
             raise ValueError(f"{path} was saved by {meta.get('backend', 'fsdp')} ranks laid out as {saved}; this "
                              f"group is megatron {self._layout_meta()}: resume with the same layout, or start "

@@ -137,7 +137,9 @@ def test_recompute_flags_reach_the_fsdp_ranks(base):
 
 
 @pytest.mark.parametrize("extra, needle", [
-    (["--context-parallel-size", "2"], "--context-parallel-size 2: the megatron backend does not build"),
+    (["--context-parallel-size", "2", "--pipeline-model-parallel-size", "2"],
+     "--context-parallel-size 2 with --pipeline-model-parallel-size 2"),
+    (["--advantage-estimator", "ppo", "--pipeline-model-parallel-size", "2"], "the critic (PPO) does not run with"),
     (["--overlap-grad-reduce"], "--overlap-grad-reduce True"),
     (["--megatron-to-hf-mode", "bridge"], "bridge conversion"),
     (["--fully-async"], "--fully-async needs --train-backend fsdp"),
@@ -271,4 +273,6 @@ def test_auto_train_backend_picks_megatron_with_a_gpu_unless_the_run_needs_fsdp(
     monkeypatch.setattr(validate, "sglang_installed", lambda: False)
     assert parse_config(base).cluster.train_backend == "megatron"
     assert parse_config(base + ["--fully-async"]).cluster.train_backend == "fsdp"
-    assert parse_config(base + ["--advantage-estimator", "ppo"]).cluster.train_backend == "fsdp"
+    assert parse_config(base + ["--advantage-estimator", "ppo"]).cluster.train_backend == "megatron"
+    ppo_pp = ["--advantage-estimator", "ppo", "--pipeline-model-parallel-size", "2"]
+    assert parse_config(base + ppo_pp).cluster.train_backend == "fsdp"

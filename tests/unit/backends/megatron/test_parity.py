@@ -2,8 +2,9 @@
 
 On a tiny Qwen3 (tied embeddings) and a tiny Qwen3-MoE (untied, 4 experts, top-2): per-token
 log-probs before and after one optimizer step, the gradient norm and the loss, for megatron with
-TP=1, TP=2, TP=2 with sequence parallelism, DP=2 (also with the distributed optimizer), PP=2 and
-EP=2 against fsdp on one rank. Two-rank layouts run in two spawned processes
+TP=1, TP=2, TP=2 with sequence parallelism, DP=2 (also with the distributed optimizer), PP=2,
+EP=2 and CP=2 (context parallelism: each row split into 4 chunks, 2 per rank) against fsdp on
+one rank. Two-rank layouts run in two spawned processes
 (`parity_cases.run`), which also report the HF-named weights each pushes."""
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ def runs(tmp_path_factory):
            ("megatron", paths["moe"], {"ep": 2}), ("megatron", paths["dense"], {"pp": 2}),
            ("megatron", paths["moe"], {"pp": 2}), ("megatron", paths["dense"], {"tp": 2, "sequence_parallel": True}),
            ("megatron", paths["moe"], {"tp": 2, "sequence_parallel": True}),
-           ("megatron", paths["dense"], {"distributed_optimizer": True})]
+           ("megatron", paths["dense"], {"distributed_optimizer": True}), ("megatron", paths["dense"], {"cp": 2})]
     port = free_port()
     ctx = mp.get_context("spawn")
     procs = [ctx.Process(target=parity_cases.run, args=(r, 2, port, two, f"{root}/two")) for r in range(2)]
@@ -53,11 +54,13 @@ def runs(tmp_path_factory):
             "ep2": {"moe": [load("two.0")[2], load("two.1")[2]]},
             "pp2": {"dense": [load("two.0")[3], load("two.1")[3]], "moe": [load("two.0")[4], load("two.1")[4]]},
             "tp2sp": {"dense": [load("two.0")[5], load("two.1")[5]], "moe": [load("two.0")[6], load("two.1")[6]]},
-            "dp2zero": {"dense": [load("two.0")[7], load("two.1")[7]]}}
+            "dp2zero": {"dense": [load("two.0")[7], load("two.1")[7]]},
+            "cp2": {"dense": [load("two.0")[8], load("two.1")[8]]}}
 
 
 @pytest.mark.parametrize("layout,model", [("tp1", "dense"), ("tp2", "dense"), ("dp2", "dense"), ("pp2", "dense"),
-                                          ("tp2sp", "dense"), ("dp2zero", "dense"), ("tp1_moe", "moe"),
+                                          ("tp2sp", "dense"), ("dp2zero", "dense"), ("cp2", "dense"),
+                                          ("tp1_moe", "moe"),
                                           ("ep2", "moe"), ("pp2", "moe"), ("tp2sp", "moe")])
 def test_megatron_matches_fsdp(runs, layout, model):
     ref, ranks = runs["fsdp"][model], runs[layout][model]
@@ -75,8 +78,8 @@ def test_megatron_matches_fsdp(runs, layout, model):
     assert loss == pytest.approx(ref["metrics"]["pg_loss"], abs=ATOL_NORM)
 
 
-@pytest.mark.parametrize("layout,model", [("tp1", "dense"), ("tp2", "dense"), ("pp2", "dense"), ("ep2", "moe"),
-                                          ("pp2", "moe")])
+@pytest.mark.parametrize("layout,model", [("tp1", "dense"), ("tp2", "dense"), ("pp2", "dense"), ("cp2", "dense"),
+                                          ("ep2", "moe"), ("pp2", "moe")])
 def test_pushed_weights_are_the_checkpoints_names(runs, layout, model):
     """Rank 0 sends HF checkpoint names; dense ones equal what fsdp sends after the same step."""
     hf = runs[layout][model][0]["hf"]
@@ -93,7 +96,7 @@ def test_pushed_weights_are_the_checkpoints_names(runs, layout, model):
 
 
 @pytest.mark.parametrize("case,layout,model", [(0, "tp2", "dense"), (2, "ep2", "moe"), (3, "pp2", "dense"),
-                                               (4, "pp2", "moe")])
+                                               (4, "pp2", "moe"), (8, "cp2", "dense")])
 def test_checkpoint_converts_to_the_pushed_hf_weights(runs, case, layout, model, tmp_path):
     """scripts/tools/convert_megatron_to_hf.py on a two-rank checkpoint gives, bit for bit, the
     weights the backend pushed; the result loads as an HF model."""
