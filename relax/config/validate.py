@@ -27,14 +27,24 @@ logger = logging.getLogger(__name__)
 
 KNOWN_ROLES = ("actor", "rollout", "reference", "actor_fwd", "advantages", "critic", "teacher", "genrm")
 
-# Megatron flag -> HF config.json key, for the fsdp contradiction check.
+# Megatron flag -> HF config.json key(s), for the contradiction check (the first key present is
+# compared; transformers 5 writes Qwen3-MoE's `num_experts` as `num_local_experts`).
 ARCH_TO_HF = {
-    "num_layers": "num_hidden_layers", "hidden_size": "hidden_size", "ffn_hidden_size": "intermediate_size",
-    "num_attention_heads": "num_attention_heads", "num_query_groups": "num_key_value_heads",
-    "kv_channels": "head_dim", "norm_epsilon": "rms_norm_eps", "rotary_base": "rope_theta",
-    "num_experts": "num_experts", "moe_ffn_hidden_size": "moe_intermediate_size",
-    "moe_router_topk": "num_experts_per_tok",
+    "num_layers": ("num_hidden_layers",), "hidden_size": ("hidden_size",), "ffn_hidden_size": ("intermediate_size",),
+    "num_attention_heads": ("num_attention_heads",), "num_query_groups": ("num_key_value_heads",),
+    "kv_channels": ("head_dim",), "norm_epsilon": ("rms_norm_eps",), "rotary_base": ("rope_theta",),
+    "num_experts": ("num_experts", "num_local_experts"), "moe_ffn_hidden_size": ("moe_intermediate_size",),
+    "moe_router_topk": ("num_experts_per_tok",),
 }
+
+
+def text_model_config(hf: dict) -> dict:
+    """The language model's part of a config.json (a VL model's `text_config`, an Omni model's
+    `thinker_config.text_config`), with `rope_theta` from `rope_parameters` when only that has it."""
+    text = hf.get("thinker_config", hf).get("text_config", hf.get("thinker_config", hf))
+    rope = text.get("rope_parameters") or text.get("rope_scaling") or {}
+    return {**text, "rope_theta": text["rope_theta"]} if "rope_theta" in text else \
+        {**text, **({"rope_theta": rope["rope_theta"]} if "rope_theta" in rope else {})}
 
 
 def _flag(name: str) -> str:
@@ -582,10 +592,11 @@ def check_backends(cfg: RelaxConfig) -> RelaxConfig:
         if cfg.parallel.recompute_granularity is None and (cfg.parallel.recompute_method or
                                                            cfg.parallel.recompute_num_layers is not None):
             raise ConfigError("--recompute-method / --recompute-num-layers need --recompute-granularity full")
-    hf = _hf_config(cfg.ckpt.hf_checkpoint)
-    for arch, hf_key in ARCH_TO_HF.items():
+    hf = text_model_config(_hf_config(cfg.ckpt.hf_checkpoint))
+    for arch, hf_keys in ARCH_TO_HF.items():
         value = getattr(cfg.megatron, arch)
-        if value is not None and hf_key in hf and float(hf[hf_key]) != float(value):
+        hf_key = next((k for k in hf_keys if k in hf), None)
+        if value is not None and hf_key is not None and float(hf[hf_key]) != float(value):
             raise ConfigError(f"{_flag(arch)} {value} contradicts {cfg.ckpt.hf_checkpoint}/config.json "
                               f"{hf_key}={hf[hf_key]}; the HF config is the source of truth (the "
                               f"{cfg.cluster.train_backend} backend builds its model from it): remove the flag or "

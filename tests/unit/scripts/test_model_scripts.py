@@ -170,8 +170,21 @@ def test_a_disagreeing_rotary_base_fails_for_the_megatron_check(tmp_path):
     from relax.backends.megatron.convert import Layout
     from relax.backends.megatron.model import check_arch_flags
 
-    path, config = write_config(tmp_path, "qwen3-vl-4B.sh", rope_theta=1e6)  # Qwen3-4B's, not Qwen3-VL-4B's
-    cfg = parse_config(base(tmp_path, path) + model_args("qwen3-vl-4B.sh"))
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    path, config = write_config(bad, "qwen3-vl-4B.sh", rope_theta=1e6)  # Qwen3-4B's, not Qwen3-VL-4B's
+    with pytest.raises(ConfigError, match="--rotary-base 5000000"):  # the start-up check (rope_parameters)
+        parse_config(base(tmp_path, path) + model_args("qwen3-vl-4B.sh"))
+    good, _ = write_config(tmp_path, "qwen3-vl-4B.sh")
+    cfg = parse_config(base(tmp_path, good) + model_args("qwen3-vl-4B.sh"))
     flags = {f.name: getattr(cfg.megatron, f.name) for f in dataclasses.fields(cfg.megatron)}
-    with pytest.raises(ValueError, match="--rotary-base 5000000"):
+    with pytest.raises(ValueError, match="--rotary-base 5000000"):  # and the megatron builder's own
         check_arch_flags(flags, Layout.from_hf_config(config), config, str(path))
+
+
+def test_a_disagreeing_expert_count_fails_at_start_up(tmp_path):
+    """transformers 5 writes a MoE text config's expert count as `num_local_experts`; the start-up
+    check reads it there, inside the VL config's text part."""
+    path, _ = write_config(tmp_path, "qwen3-vl-30B-A3B.sh", num_experts=64)
+    with pytest.raises(ConfigError, match="--num-experts 128 contradicts"):
+        parse_config(base(tmp_path, path) + model_args("qwen3-vl-30B-A3B.sh"))
