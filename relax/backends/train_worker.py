@@ -120,7 +120,8 @@ class _TrainPass:
 class TrainWorkerBase:
     """One rank of a training backend: everything that does not depend on how the model is built
     or run. A backend subclass provides `_build_model`, `_forward`, `_values`, `_full_state`,
-    `receive_weights` and the checkpoint methods, and may override the hooks `_setup_parallel`
+    `_weight_receiver` (what loads pushed weights; `receive_weights` is the shared protocol) and
+    the checkpoint methods, and may override the hooks `_setup_parallel`
     (process groups beyond the world's), `_set_grad_sync`, `_reduce_grads`, `_clip_grad_norm`,
     `data_parallel_rank` and `parallel_info`."""
 
@@ -514,6 +515,37 @@ class TrainWorkerBase:
     # ---- weights in (fully async: ActorFwd takes the actor's weights) ------------------
     def weight_version(self) -> int | None:
         return None if self._receiver is None else self._receiver.version
+
+    def _weight_receiver(self) -> Any:
+        """The backend's `WeightReceiver` (with a `version`), loading pushed HF tensors into its model."""
+        raise NotImplementedError(f"{type(self).__name__} does not receive weights")
+
+    def receive_weights(self, path: str, payload: dict) -> dict[str, Any]:
+        """The receiving side of SGLang's weight-update protocol, reached through a Ray handle.
+
+        Pause/flush/continue are no-ops: this actor runs one call at a time, so no forward pass
+        overlaps a load. `received` tells the sender whether the bucket's bytes were consumed."""
+        if self._receiver is None:
+            self._receiver = self._weight_receiver()
+        try:
+            if path == "/init_weights_update_group":
+                return {"success": True, "message": self._receiver.init_group(**payload)}
+            if path == "/update_weights_from_distributed":
+                success, message = self._receiver.update(payload)
+                return {"success": success, "message": message, "received": True}
+            if path == "/update_weights_from_tensor":  # the sender shares this GPU: CUDA IPC handles
+                from relax.distributed.ipc import deserialize, named_tensors
+
+                success, message = self._receiver.load_named(
+                    named_tensors(deserialize(payload["serialized_named_tensors"][0])))
+                if success and payload.get("weight_version") is not None:
+                    self._receiver.version = int(payload["weight_version"])
+                return {"success": success, "message": message, "received": True}
+            if path == "/destroy_weights_update_group":
+                return {"success": True, "message": self._receiver.destroy_group(payload["group_name"])}
+        except (ValueError, RuntimeError, KeyError) as exc:
+            return {"success": False, "message": f"{type(exc).__name__}: {exc}", "received": False}
+        return {"success": True, "message": f"{path}: nothing to do on a training rank"}
 
     # ---- checkpoints -------------------------------------------------------------------
     def shutdown(self) -> None:

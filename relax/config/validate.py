@@ -344,6 +344,21 @@ def check_critic(cfg: RelaxConfig) -> None:
         raise ConfigError(f"--value-clip must be > 0 (the clip range of the value update), got {a.value_clip}")
 
 
+def check_ref_actor_config(cfg: RelaxConfig) -> None:
+    """--ref-actor-config: the keys the Reference/ActorFwd services read (threads); others would be
+    silently ignored."""
+    overrides = cfg.cluster.ref_actor_config or {}
+    if not isinstance(overrides, dict):
+        raise ConfigError(f"--ref-actor-config must be a JSON object like '{{\"threads\": 2}}', got {overrides!r}")
+    unknown = sorted(set(overrides) - {"threads"})
+    if unknown:
+        raise ConfigError(f"--ref-actor-config: unknown key(s) {unknown}; it takes {{\"threads\": N}} (the Reference "
+                          "and ActorFwd use the actor's parallel layout and flags otherwise)")
+    threads = overrides.get("threads")
+    if threads is not None and (not isinstance(threads, int) or isinstance(threads, bool) or threads < 1):
+        raise ConfigError(f"--ref-actor-config threads must be an integer >= 1, got {threads!r}")
+
+
 def check_multimodal(cfg: RelaxConfig) -> None:
     """--multimodal-keys: the parts that take media (rollout, hf/SGLang engines, fsdp actor and
     reference) are built; a critic or an OPD teacher would score rows without their images."""
@@ -624,8 +639,6 @@ def megatron_unfit(cfg: RelaxConfig) -> list[str]:
     if cfg.algo.advantage_estimator == "ppo" and cfg.parallel.pipeline_model_parallel_size > 1:
         reasons.append("the critic (PPO) does not run with --pipeline-model-parallel-size > 1 on the megatron "
                        "backend yet; use 1 or --train-backend fsdp")
-    if cfg.cluster.fully_async:
-        reasons.append("--fully-async needs --train-backend fsdp in this build (ActorFwd ranks receive weights)")
     if cfg.cluster.true_on_policy_mode:
         reasons.append("--true-on-policy-mode needs --train-backend fsdp")
     if cfg.data.multimodal_keys:
@@ -773,8 +786,8 @@ def check_metrics_sinks(cfg: RelaxConfig) -> None:
 
 CHECKS = (check_unsupported, check_ranges, check_mode, check_partial_rollout, check_debug, check_external,
           check_resource, check_batches, check_algorithm, check_paths, check_eval, check_context, check_prefetch,
-          check_genrm, check_multimodal, check_true_on_policy, check_backends, check_plugins, check_exp_dir,
-          check_notify, check_metrics_sinks, check_fault_flags)
+          check_genrm, check_ref_actor_config, check_multimodal, check_true_on_policy, check_backends, check_plugins,
+          check_exp_dir, check_notify, check_metrics_sinks, check_fault_flags)
 
 
 def validate_config(cfg: RelaxConfig) -> RelaxConfig:

@@ -227,34 +227,11 @@ class FSDPTrainWorker(TrainWorkerBase):
             yield name, full, full.data_ptr() != own.data_ptr()
 
     # ---- weights in (fully async: ActorFwd takes the actor's weights) ------------------
-    def receive_weights(self, path: str, payload: dict) -> dict[str, Any]:
-        """The receiving side of SGLang's weight-update protocol, reached through a Ray handle.
-
-        Pause/flush/continue are no-ops: this actor runs one call at a time, so no forward pass
-        overlaps a load. `received` tells the sender whether the bucket's bytes were consumed."""
+    def _weight_receiver(self) -> Any:
+        """Pushed HF tensors into this rank's (FSDP-sharded) parameters."""
         from relax.backends.fsdp.weights import ShardedWeightReceiver
 
-        if self._receiver is None:
-            self._receiver = ShardedWeightReceiver(self.model, device=self.device, timeout_s=self.spec.sync_timeout_s)
-        try:
-            if path == "/init_weights_update_group":
-                return {"success": True, "message": self._receiver.init_group(**payload)}
-            if path == "/update_weights_from_distributed":
-                success, message = self._receiver.update(payload)
-                return {"success": success, "message": message, "received": True}
-            if path == "/update_weights_from_tensor":  # the sender shares this GPU: CUDA IPC handles
-                from relax.distributed.ipc import deserialize, named_tensors
-
-                success, message = self._receiver.load_named(
-                    named_tensors(deserialize(payload["serialized_named_tensors"][0])))
-                if success and payload.get("weight_version") is not None:
-                    self._receiver.version = int(payload["weight_version"])
-                return {"success": success, "message": message, "received": True}
-            if path == "/destroy_weights_update_group":
-                return {"success": True, "message": self._receiver.destroy_group(payload["group_name"])}
-        except (ValueError, RuntimeError, KeyError) as exc:
-            return {"success": False, "message": f"{type(exc).__name__}: {exc}", "received": False}
-        return {"success": True, "message": f"{path}: nothing to do on a training rank"}
+        return ShardedWeightReceiver(self.model, device=self.device, timeout_s=self.spec.sync_timeout_s)
 
     # ---- checkpoints -------------------------------------------------------------------
     def save(self, ckpt_dir: str, rollout_id: int, save_optim: bool = True) -> None:

@@ -159,10 +159,85 @@ def megatron_to_hf(name: str, tensor: torch.Tensor, layout: Layout) -> list[tupl
     raise ConversionError(f"no HF name for Megatron parameter {name!r}")
 
 
+@dataclass(frozen=True)
+class Source:
+    """The HF tensors one full Megatron tensor is made of, and how: "same" (one tensor), "qkv"
+    (`fuse_qkv`) or "cat" (gate and up rows)."""
+
+    hf_names: tuple[str, ...]
+    kind: str = "same"
+
+
+def megatron_sources(layout: Layout) -> dict[str, Source]:
+    """Global Megatron name -> its `Source`, for every tensor of the model (every layer, every
+    expert): the recipe `hf_to_megatron` and the weight receiver (`weights.py`) both follow."""
+    out = {"embedding.word_embeddings.weight": Source(("model.embed_tokens.weight",)),
+           "decoder.final_layernorm.weight": Source(("model.norm.weight",))}
+    if not layout.tied:
+        out["output_layer.weight"] = Source(("lm_head.weight",))
+    for i in range(layout.num_layers):
+        hp, mp = f"model.layers.{i}.", f"decoder.layers.{i}."
+        suffixes = ["input_layernorm.weight", "self_attention.linear_proj.weight", "pre_mlp_layernorm.weight"]
+        if layout.qk_norm:
+            suffixes += ["self_attention.q_layernorm.weight", "self_attention.k_layernorm.weight"]
+        suffixes.append("mlp.router.weight" if layout.num_experts else "mlp.linear_fc2.weight")
+        for mg_suffix in suffixes:
+            out[mp + mg_suffix] = Source((hp + _SAME[mg_suffix],))
+        for kind in ("weight", "bias") if layout.qkv_bias else ("weight",):
+            out[f"{mp}self_attention.linear_qkv.{kind}"] = Source(
+                tuple(f"{hp}self_attn.{p}_proj.{kind}" for p in "qkv"), "qkv")
+        if layout.num_experts:
+            for e in range(layout.num_experts):
+                ep, me = f"{hp}mlp.experts.{e}.", f"{mp}mlp.experts.local_experts.{e}."
+                out[me + "linear_fc1.weight"] = Source((ep + "gate_proj.weight", ep + "up_proj.weight"), "cat")
+                out[me + "linear_fc2.weight"] = Source((ep + "down_proj.weight",))
+        else:
+            out[mp + "mlp.linear_fc1.weight"] = Source((hp + "mlp.gate_proj.weight", hp + "mlp.up_proj.weight"), "cat")
+    return out
+
+
+def fuse(source: Source, tensors: list[torch.Tensor], layout: Layout) -> torch.Tensor:
+    """The full Megatron tensor of `source` from its HF tensors (in `source.hf_names` order)."""
+    if source.kind == "qkv":
+        return fuse_qkv(*tensors, layout)
+    if source.kind == "cat":
+        return torch.cat(tensors)
+    return tensors[0]
+
+
+def hf_shapes(layout: Layout) -> dict[str, tuple[int, ...]]:
+    """HF name -> shape of every tensor the HF checkpoint has (a tied one's `lm_head.weight` too:
+    some checkpoints and senders carry it)."""
+    h, d, v = layout.hidden_size, layout.head_dim, layout.vocab_size
+    q, kv = layout.num_heads * d, layout.num_kv_heads * d
+    f, fe = layout.ffn_hidden_size, layout.moe_ffn_hidden_size
+    out: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (v, h), "model.norm.weight": (h,),
+                                       "lm_head.weight": (v, h)}
+    for i in range(layout.num_layers):
+        p = f"model.layers.{i}."
+        out |= {p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,),
+                p + "self_attn.q_proj.weight": (q, h), p + "self_attn.k_proj.weight": (kv, h),
+                p + "self_attn.v_proj.weight": (kv, h), p + "self_attn.o_proj.weight": (h, q)}
+        if layout.qkv_bias:
+            out |= {p + "self_attn.q_proj.bias": (q,), p + "self_attn.k_proj.bias": (kv,),
+                    p + "self_attn.v_proj.bias": (kv,)}
+        if layout.qk_norm:
+            out |= {p + "self_attn.q_norm.weight": (d,), p + "self_attn.k_norm.weight": (d,)}
+        if layout.num_experts:
+            out[p + "mlp.gate.weight"] = (layout.num_experts, h)
+            for e in range(layout.num_experts):
+                ep = f"{p}mlp.experts.{e}."
+                out |= {ep + "gate_proj.weight": (fe, h), ep + "up_proj.weight": (fe, h),
+                        ep + "down_proj.weight": (h, fe)}
+        else:
+            out |= {p + "mlp.gate_proj.weight": (f, h), p + "mlp.up_proj.weight": (f, h),
+                    p + "mlp.down_proj.weight": (h, f)}
+    return out
+
+
 def hf_to_megatron(hf: dict[str, torch.Tensor], layout: Layout) -> dict[str, torch.Tensor]:
     """An HF state dict -> full Megatron tensors under global names (every layer, every expert).
     Raises on a tensor it does not place and on one the model needs but the checkpoint lacks."""
-    out: dict[str, torch.Tensor] = {}
     used: set[str] = set()
 
     def take(key: str) -> torch.Tensor:
@@ -171,32 +246,9 @@ def hf_to_megatron(hf: dict[str, torch.Tensor], layout: Layout) -> dict[str, tor
         used.add(key)
         return hf[key]
 
-    out["embedding.word_embeddings.weight"] = take("model.embed_tokens.weight")
-    out["decoder.final_layernorm.weight"] = take("model.norm.weight")
-    if not layout.tied:
-        out["output_layer.weight"] = take("lm_head.weight")
-    elif "lm_head.weight" in hf:
+    out = {name: fuse(src, [take(k) for k in src.hf_names], layout) for name, src in megatron_sources(layout).items()}
+    if layout.tied and "lm_head.weight" in hf:
         used.add("lm_head.weight")  # the tied copy some checkpoints carry
-    for i in range(layout.num_layers):
-        hp, mp = f"model.layers.{i}.", f"decoder.layers.{i}."
-        suffixes = ["input_layernorm.weight", "self_attention.linear_proj.weight", "pre_mlp_layernorm.weight"]
-        if layout.qk_norm:
-            suffixes += ["self_attention.q_layernorm.weight", "self_attention.k_layernorm.weight"]
-        suffixes.append("mlp.router.weight" if layout.num_experts else "mlp.linear_fc2.weight")
-        for mg_suffix in suffixes:
-            out[mp + mg_suffix] = take(hp + _SAME[mg_suffix])
-        for kind in ("weight", "bias") if layout.qkv_bias else ("weight",):
-            q, k, v = (take(f"{hp}self_attn.{p}_proj.{kind}") for p in "qkv")
-            out[f"{mp}self_attention.linear_qkv.{kind}"] = fuse_qkv(q, k, v, layout)
-        if layout.num_experts:
-            for e in range(layout.num_experts):
-                ep = f"{hp}mlp.experts.{e}."
-                out[f"{mp}mlp.experts.local_experts.{e}.linear_fc1.weight"] = torch.cat(
-                    [take(ep + "gate_proj.weight"), take(ep + "up_proj.weight")])
-                out[f"{mp}mlp.experts.local_experts.{e}.linear_fc2.weight"] = take(ep + "down_proj.weight")
-        else:
-            out[mp + "mlp.linear_fc1.weight"] = torch.cat([take(hp + "mlp.gate_proj.weight"),
-                                                         take(hp + "mlp.up_proj.weight")])
     extra = sorted(set(hf) - used - {k for k in hf if k.endswith("rotary_emb.inv_freq")})
     if extra:
         raise ConversionError(f"{len(extra)} HF tensor(s) have no Megatron place, e.g. {extra[:3]} "

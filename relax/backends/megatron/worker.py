@@ -23,8 +23,10 @@ into 2C chunks, two per rank (`attention.py`), every rank of the group computing
 from log-probs summed over it (`head.py`), gradients summed over it.
 The critic (role "critic"): the same model with a scalar value head in place of the language-model
 head (`_add_value_head`, `head.py: MegatronValueHead`), trained on the shared value loss.
+Weights in (fully async: ActorFwd ranks take the actor's pushes): each rank receives the HF-named
+buckets, fuses them with the raw converters and keeps its own shards (`weights.py`).
 Not built yet, and rejected by validation with that message: the critic under pipeline
-parallelism, and receiving weights (fully async ActorFwd ranks).
+parallelism.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ from relax.backends.megatron.head import MegatronResponseHead, MegatronValueHead
 from relax.backends.megatron.model import (
     build_gpt, check_arch_flags, read_hf_state, rope_theta, transformer_config,
 )
+from relax.backends.megatron.weights import MegatronWeightReceiver
 from relax.backends.train_worker import TRAINABLE_ROLES, TrainWorkerBase, lr_lambda, reduce_metric
 
 logger = logging.getLogger(__name__)
@@ -222,10 +225,13 @@ class MegatronTrainWorker(TrainWorkerBase):
         for m in self._main.values():
             m.data = m.data.to(device)
 
+    def _shard(self, full: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Full Megatron tensors under global names -> this rank's local state (its shards only)."""
+        return shard_state(full, tp=self.tp_size, tp_rank=self.tp_rank, layers=self.layers, experts=self.experts,
+                           first_stage=self.first_stage, last_stage=self.last_stage, tied=self.layout.tied)
+
     def _load_hf(self, model: torch.nn.Module, hf_state: dict[str, torch.Tensor]) -> None:
-        local = shard_state(hf_to_megatron(hf_state, self.layout), tp=self.tp_size, tp_rank=self.tp_rank,
-                            layers=self.layers, experts=self.experts, first_stage=self.first_stage,
-                            last_stage=self.last_stage, tied=self.layout.tied)
+        local = self._shard(hf_to_megatron(hf_state, self.layout))
         result = model.load_state_dict(local, strict=False)
         missing = [k for k in result.missing_keys if not k.endswith("_extra_state") and not k.startswith("value_head.")]
         if missing or result.unexpected_keys:
@@ -567,9 +573,25 @@ class MegatronTrainWorker(TrainWorkerBase):
         for hf_name, t in hf_tensors(self._gathered(dtype), self.layout):
             yield hf_name, t, t.data_ptr() not in own
 
+    # ---- weights in (fully async: ActorFwd takes the actor's weights) ------------------
+    def _weight_receiver(self) -> MegatronWeightReceiver:
+        return MegatronWeightReceiver(self.model, self.layout, self._shard, device=self.device,
+                                      timeout_s=self.spec.sync_timeout_s)
+
     def receive_weights(self, path: str, payload: dict) -> dict[str, Any]:
-        return {"success": False, "received": False,
-                "message": "the megatron backend does not receive weights yet (fully async ActorFwd): use fsdp"}
+        """The shared protocol (`TrainWorkerBase.receive_weights`); a push's begin drops what an
+        unfinished one left, and a CUDA-IPC push's last bucket is checked for incomplete fused
+        tensors as a broadcast's is (`weights.py`)."""
+        if path == "/begin_weight_update" and self._receiver is not None:
+            self._receiver.begin()
+        version = payload.get("weight_version") if path == "/update_weights_from_tensor" else None
+        if version is None:
+            return super().receive_weights(path, payload)
+        reply = super().receive_weights(path, {**payload, "weight_version": None})
+        if reply["success"]:
+            ok, message = self._receiver.finish(int(version), reply["message"])
+            reply = {**reply, "success": ok, "message": message}
+        return reply
 
     def shutdown(self) -> None:
         super().shutdown()
@@ -634,7 +656,21 @@ class MegatronTrainWorker(TrainWorkerBase):
         return meta
 
     def load_weights(self, ckpt_dir: str) -> None:
-        self.model.load_state_dict(self._read_rank_file(Path(ckpt_dir))["state"]["model"])
+        """Only the model weights (a Reference taking the Actor's, --ref-update-interval): the same
+        tensor / pipeline / expert / context layout, any number of data-parallel ranks (every
+        data-parallel copy of this rank's shards holds the same weights: the lowest is read)."""
+        path = Path(ckpt_dir)
+        meta = json.loads((path / "meta.json").read_text())
+        mine = {k: v for k, v in self._layout_meta().items() if k != "world_size"}
+        saved = {k: meta.get(k, 1 if k == "cp" else None) for k in mine}
+        if meta.get("backend") != "megatron" or saved != mine:
+            raise ValueError(f"{path} was saved by {meta.get('backend', 'fsdp')} ranks laid out as {saved}; these "
+                             f"megatron ranks are {mine}: give them the same model-parallel layout")
+        stem = self._rank_file(path).name.rsplit("_dp", 1)[0]
+        copies = sorted((path / "model").glob(f"{stem}_dp*.pt"), key=lambda f: int(f.stem.rsplit("_dp", 1)[1]))
+        if not copies:
+            raise FileNotFoundError(f"{path}/model has no {stem}_dp*.pt: an incomplete checkpoint")
+        self.model.load_state_dict(torch.load(copies[0], weights_only=False)["model"])
 
     def export_hf(self, out_dir: str, tokenizer_path: str) -> None:
         """An HF checkpoint (safetensors under the checkpoint's own names, config, tokenizer)."""

@@ -48,6 +48,8 @@ def test_bytes_flag_accepts_suffixes(base):
 
 
 @pytest.mark.parametrize("extra, needle", [
+    (["--ref-actor-config", '{"tensor_model_parallel_size": 2}'], "unknown key(s) ['tensor_model_parallel_size']"),
+    (["--ref-actor-config", '{"threads": 0}'], "threads must be an integer >= 1"),
     (["--colocate", "--fully-async"], "--fully-async"),
     (["--global-batch-size", "3"], "--global-batch-size 3 must divide"),
     (["--kl-coef", "0.1", "--use-kl-loss", "--kl-loss-coef", "0.1"], "--kl-coef"),
@@ -142,7 +144,6 @@ def test_recompute_flags_reach_the_fsdp_ranks(base):
     (["--advantage-estimator", "ppo", "--pipeline-model-parallel-size", "2"], "the critic (PPO) does not run with"),
     (["--overlap-grad-reduce"], "--overlap-grad-reduce True"),
     (["--megatron-to-hf-mode", "bridge"], "bridge conversion"),
-    (["--fully-async"], "--fully-async needs --train-backend fsdp"),
     (["--attention-dropout", "0.1"], "RL training runs without dropout"),
     (["--num-layers", "4"], "--num-layers 4 contradicts"),
     (["--some-megatron-flag"], "the megatron backend does not read them"),
@@ -166,6 +167,12 @@ def test_megatron_backend_acts_on_its_flags(base):
     assert ignored_flag_notes(cfg) == []  # each acts or is an error
     spec = model_parallel_spec(cfg)
     assert (spec.tp, spec.pp, spec.ep, spec.recompute_granularity) == (2, 2, 1, "selective")
+
+
+def test_megatron_backend_runs_fully_async(base):
+    pytest.importorskip("megatron.core")
+    cfg = parse_config(base + ["--train-backend", "megatron", "--fully-async", "--max-staleness", "1"])
+    assert cfg.cluster.fully_async and cfg.cluster.train_backend == "megatron"
 
 
 def test_megatron_only_flags_are_reported_as_ignored_under_fsdp(base):
@@ -272,7 +279,7 @@ def test_auto_train_backend_picks_megatron_with_a_gpu_unless_the_run_needs_fsdp(
     monkeypatch.setattr(plan, "local_gpus", lambda: 1)
     monkeypatch.setattr(validate, "sglang_installed", lambda: False)
     assert parse_config(base).cluster.train_backend == "megatron"
-    assert parse_config(base + ["--fully-async"]).cluster.train_backend == "fsdp"
+    assert parse_config(base + ["--fully-async"]).cluster.train_backend == "megatron"
     assert parse_config(base + ["--advantage-estimator", "ppo"]).cluster.train_backend == "megatron"
     ppo_pp = ["--advantage-estimator", "ppo", "--pipeline-model-parallel-size", "2"]
     assert parse_config(base + ppo_pp).cluster.train_backend == "fsdp"

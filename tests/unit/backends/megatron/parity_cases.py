@@ -71,3 +71,24 @@ def run(rank: int, world_size: int, port: int, cases: list, out: str) -> None:
                         "hf": hf if rank == 0 else {}})
     with open(f"{out}.{rank}.json", "w") as f:
         json.dump(results, f)
+
+
+def serve_receiver(rank: int, world_size: int, port: int, cases: list, conn) -> None:
+    """A megatron scoring rank (as ActorFwd's) per case (model path, model_parallel kwargs), in turn,
+    answering over `conn`: ("call", path, payload) -> `receive_weights`' reply, ("score",) ->
+    (parallel_info, log-probs of `batch()`), ("next",) -> shut down, start the next case."""
+    from relax.backends.megatron.worker import MegatronTrainWorker
+
+    for i, (model_path, parallel) in enumerate(cases):
+        spec = TrainerSpec(model_path=model_path, role="reference", optim=OptimizerConfig(), threads=1,
+                           batch=BatchConfig(micro_batch_size=4), model_parallel=ModelParallelSpec(**parallel),
+                           sync_timeout_s=60)
+        worker = MegatronTrainWorker(rank, world_size, "127.0.0.1", port + i, spec)
+        b = batch()
+        while (msg := conn.recv())[0] != "next":
+            if msg[0] == "score":
+                conn.send((worker.parallel_info(), worker.compute_log_probs(b.tokens_RL, b.response_lengths_R)))
+            else:
+                conn.send(worker.receive_weights(msg[1], msg[2]))
+        worker.shutdown()
+    conn.close()

@@ -86,3 +86,31 @@ def test_bf16_computes_in_bf16_and_steps_float32_main_weights(tmp_path):
         assert exported["model.norm.weight"].dtype == torch.float32
     finally:
         w.shutdown()
+
+
+def test_reference_takes_the_actors_weights_from_a_checkpoint_of_more_data_parallel_ranks(tmp_path):
+    """--ref-update-interval: a rank loads the weights of the Actor's save whatever its data-parallel
+    size (its lowest copy of the same shards); another model-parallel layout is refused."""
+    import torch
+
+    path = parity_cases.make_models(str(tmp_path))["moe"]
+    w = worker(path)
+    step(w)
+    w.save(str(tmp_path / "ckpt"), 0)
+    trained = {n: p.detach().clone() for n, p in w.model.named_parameters()}
+    w.shutdown()
+    ckpt = tmp_path / "ckpt"
+    meta = json.loads((ckpt / "meta.json").read_text())
+    (ckpt / "meta.json").write_text(json.dumps({**meta, "world_size": 4}))  # as if saved by 4 data-parallel ranks
+    for d in (2, 11):
+        (ckpt / "model" / f"tp0_pp0_ep0_dp{d}.pt").write_bytes(b"not read")
+
+    w = worker(path)
+    try:
+        w.load_weights(str(ckpt))
+        assert all(torch.equal(p, trained[n]) for n, p in w.model.named_parameters())
+        (ckpt / "meta.json").write_text(json.dumps({**meta, "tp": 2}))
+        with pytest.raises(ValueError, match="give them the same model-parallel layout"):
+            w.load_weights(str(ckpt))
+    finally:
+        w.shutdown()

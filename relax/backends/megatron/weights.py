@@ -1,0 +1,96 @@
+"""Receiving side of the weight push for a megatron rank: ActorFwd taking the actor's weights.
+
+In fully-async mode the ActorFwd ranks are receivers of the same broadcast group as the
+inference engines (SGLang's protocol, `relax.distributed.weight_sync`), as the fsdp ranks are
+(`relax.backends.fsdp.weights`). The push carries HF-named tensors in buckets; a Megatron
+tensor may be made of several (q/k/v fused into `linear_qkv`, gate/up into `linear_fc1`), and a
+bucket boundary may fall between them. So each rank keeps the HF tensors of a fused tensor
+until all of them have arrived, then builds the full Megatron tensor with the raw converter
+(`convert.fuse`) and copies in only its own tensor / pipeline / expert shard
+(`convert.shard_state`, as `MegatronTrainWorker._load_hf` does at start). Every rank receives
+every tensor from the sender, so loading needs no collective among the ranks and cannot
+deadlock against the sender. A well-formed bucket is always received in full; names or shapes
+the model does not have reject the bucket (nothing loaded); a push whose last bucket leaves a
+fused tensor incomplete is refused and its version not taken.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from relax.backends.megatron.convert import Layout, fuse, hf_shapes, megatron_sources
+from relax.distributed.weight_sync import TensorSpec, WeightReceiver, parse_specs
+
+# Full Megatron tensors under global names -> this rank's local state dict (its shards only).
+Placer = Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]]
+
+
+class MegatronWeightReceiver(WeightReceiver):
+    """The engine's receiver, loading HF-named tensors into a megatron-core model's shards;
+    remembers the last complete version."""
+
+    def __init__(self, model: torch.nn.Module, layout: Layout, place: Placer, *, device: torch.device,
+                 timeout_s: float = 600.0) -> None:
+        super().__init__(model, timeout_s=timeout_s, device=device)
+        self.layout, self.place = layout, place
+        self.version: int | None = None
+        self.sources = megatron_sources(layout)
+        self.target_of = {hf: name for name, src in self.sources.items() for hf in src.hf_names}
+        self.shapes = hf_shapes(layout)
+        self.pending: dict[str, torch.Tensor] = {}  # HF tensors of fused tensors still incomplete
+
+    def problems(self, specs: list[TensorSpec]) -> list[str]:
+        found = []
+        for spec in specs:
+            shape = self.shapes.get(spec.name)
+            if shape is None:
+                found.append(f"{spec.name!r} is not a weight of the model ({self.layout.model_type})")
+            elif shape != spec.shape:
+                found.append(f"{spec.name!r} has shape {list(spec.shape)}, the model has {list(shape)}")
+        return found
+
+    def begin(self) -> None:
+        """A new push: what an unfinished one left behind is dropped."""
+        self.pending.clear()
+
+    def update(self, payload: dict) -> tuple[bool, str]:
+        """Blocking: receive one bucket from rank 0 and load this rank's shards of what it completes.
+        The last bucket (it carries `weight_version`) must leave no fused tensor incomplete."""
+        specs = parse_specs(payload["names"], payload["dtypes"], payload["shapes"])
+        success, message = self.receive_and_load(specs, payload.get("group_name"))
+        if success and payload.get("weight_version") is not None:
+            success, message = self.finish(int(payload["weight_version"]), message)
+        return success, message
+
+    def finish(self, version: int, message: str) -> tuple[bool, str]:
+        if self.pending:
+            missing = sorted({h for n in {self.target_of[p] for p in self.pending}
+                              for h in self.sources[n].hf_names} - set(self.pending))
+            self.pending.clear()
+            return False, (f"the push of version {version} ended without {missing[:4]} ({len(missing)} tensor(s)); "
+                           "their fused Megatron tensors are incomplete, the version is not taken")
+        self.version = version
+        return True, message
+
+    def load_named(self, named: list[tuple[str, torch.Tensor]]) -> tuple[bool, str]:
+        # CUDA IPC: the sender frees these blocks after the call; keep copies of what waits for more.
+        return super().load_named([(n, t.clone()) for n, t in named])
+
+    @torch.no_grad()
+    def load(self, specs: list[TensorSpec], tensors: list[torch.Tensor]) -> None:
+        touched = set()
+        for spec, tensor in zip(specs, tensors):
+            name = self.target_of.get(spec.name)
+            if name is not None:  # None: a tied model's lm_head copy
+                self.pending[spec.name] = tensor.to(self.device)
+                touched.add(name)
+        full = {}
+        for name in touched:
+            src = self.sources[name]
+            if all(h in self.pending for h in src.hf_names):
+                full[name] = fuse(src, [self.pending.pop(h) for h in src.hf_names], self.layout)
+        params = dict(self.model.named_parameters())
+        for local, tensor in self.place(full).items():
+            params[local].copy_(tensor)
