@@ -48,7 +48,8 @@ def row_response_logits(model: Any, tokens: Sequence[int], response_length: int,
     ids_1L = torch.tensor([list(tokens)], dtype=torch.long, device=device)
     logits_1KV = model(input_ids=ids_1L, use_cache=False, logits_to_keep=response_length + 1,
                        **(model_inputs or {})).logits
-    return logits_1KV[0, :-1].float() / temperature  # [R, V]; position k predicts token L - R + k
+    # The last R + 1 positions, also for models that ignore logits_to_keep (the Qwen3-Omni thinker).
+    return logits_1KV[0, -(response_length + 1):-1].float() / temperature  # [R, V]; row k predicts token L - R + k
 
 
 def token_log_probs(logits_RV: torch.Tensor, targets_R: Sequence[int] | torch.Tensor) -> torch.Tensor:

@@ -118,19 +118,21 @@ class Rollout:
                                         cfg.reward.genrm_sampling_config, cfg.custom.get("genrm_prompt_template"))
         self.rewards = RewardExecutor(RewardSpec.from_config(cfg.reward, judge), self.args)
         tokenizer = await asyncio.to_thread(self._tokenizer)
-        processor = image_pipeline = None
-        if cfg.data.multimodal_keys:  # placeholders -> the model's media tokens, images -> encoder tensors
-            from relax.utils.multimodal import ImageConfig, ImagePipeline
+        processor = pipelines = None
+        if cfg.data.multimodal_keys:  # placeholders -> the model's media tokens, media -> encoder tensors
+            from relax.utils.multimodal import AudioConfig, AudioPipeline, ImageConfig, ImagePipeline
             from relax.utils.multimodal.processor import MultimodalProcessor
 
-            processor = await asyncio.to_thread(MultimodalProcessor, cfg.ckpt.hf_checkpoint, tokenizer)
+            audio = AudioConfig.from_flags(cfg.data)
+            processor = await asyncio.to_thread(MultimodalProcessor, cfg.ckpt.hf_checkpoint, tokenizer, audio)
             vision = processor.config.vision_config  # the image flags resize in the model's own units
-            image_pipeline = ImagePipeline(ImageConfig.from_flags(cfg.data, patch_size=int(vision.patch_size),
-                                                                  merge_size=int(vision.spatial_merge_size)))
+            pipelines = {"image": ImagePipeline(ImageConfig.from_flags(cfg.data, patch_size=int(vision.patch_size),
+                                                                       merge_size=int(vision.spatial_merge_size))),
+                         "audio": AudioPipeline(audio)}
         self.generator = Generator(RolloutSpec.from_config(cfg), tokenizer=tokenizer,
                                    router_url=f"{self.fleet.router_url if self.fleet else ''}/generate",
                                    rewards=self.rewards, plugin_args=self.args, processor=processor,
-                                   image_pipeline=image_pipeline)
+                                   pipelines=pipelines)
         sglang_rollout.bind(self.args, self.generator)
         data_source_cls = import_object(cfg.data.data_source_path, flag="--data-source-path")
         self.data_source = await asyncio.to_thread(data_source_cls, self.args)

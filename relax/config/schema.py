@@ -154,8 +154,9 @@ class DataConfig:
     image_resize_scale_factor: int | None = opt(None, "Side alignment of the image pre-resize (default: the "
                                                 "model's patch_size * spatial_merge_size, 28 for Qwen2.5-VL; 0 = no "
                                                 "alignment).")
-    audio_sample_rate: int | None = opt(None, "Audio is resampled to this rate (default 16000).",
-                                        supported=False)
+    audio_sample_rate: int | None = opt(None, "Audio is resampled to this rate as it loads (default 16000), and a "
+                                        "bare waveform array is taken to be at it; the model's processor then "
+                                        "resamples to its feature extractor's rate (docs/multimodal.md).")
     frame_factor: int | None = opt(None, "Sampled frame counts are multiples of this (default 2).",
                                    supported=False)
     mm_processor_pool_size: int = opt(0, "Processes for multimodal processing (0 = threads).", supported=False)

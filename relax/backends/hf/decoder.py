@@ -32,15 +32,15 @@ through `relax.algorithms.logprobs` — the function the fsdp trainer scores row
 `--true-on-policy-mode` — so engine and trainer log-probs are bitwise equal. Cost: one extra
 forward per finished row. The recompute uses the weights loaded when the row finishes.
 
-Multimodal rows (`DecodeRow.media`: a VL model's encoder tensors, `relax.utils.multimodal.processor`)
-are prefilled as their own left-padded group, the images through the vision tower and M-RoPE
+Multimodal rows (`DecodeRow.media`: a VL / Omni model's encoder tensors, `relax.utils.multimodal.processor`)
+are prefilled as their own left-padded group, the images (and audio) through their encoders and M-RoPE
 position ids from the model's `get_rope_index` (row by row, on real tokens); rows with the same
 prompt and the same media object (a GRPO group's samples) share one prefill, as text rows do.
 The group then joins like any other. A decode step feeds
 one text token per row, whose three M-RoPE components are equal: the row's position after its
 prompt (`max(prompt positions) + 1`, counting on), which is what `next_pos_B` holds.
-A VL model's media placeholder tokens (`banned_token_ids`: `<|image_pad|>`, `<|vision_start|>`,
-...) are never sampled (an emitted one would be read as an image slot by the trainer and the
+A VL / Omni model's media placeholder tokens (`banned_token_ids`: `<|image_pad|>`, `<|vision_start|>`,
+`<|audio_pad|>`, ...) are never sampled (an emitted one would be read as an image slot by the trainer and the
 next turn); the reported log-probs stay those of the model's whole distribution at the row's
 temperature (`unbanned_logprobs`), the ones the trainer computes.
 

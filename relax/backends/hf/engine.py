@@ -89,7 +89,7 @@ class HFEngine:
         else:
             self.model = load_model(model_path, dtype=DTYPE_CHOICES[dtype])
         self.model.to(self.device).eval()
-        # VL checkpoints: image_data on /generate (relax.utils.multimodal.processor)
+        # VL / Omni checkpoints: image_data (and audio_data) on /generate (relax.utils.multimodal.processor)
         self.processor = MultimodalProcessor(model_path, self.tokenizer) if is_multimodal(self.model.config) else None
         text_config = self.model.config.get_text_config()  # a VL model's language model
         self.vocab_size = int(text_config.vocab_size)
@@ -164,16 +164,17 @@ class HFEngine:
 
     def media_tensors(self, item: GenerateItem) -> dict[str, torch.Tensor]:
         """The encoder tensors of an item's media (MediaError, a 400, when the model takes none or
-        the ids do not hold the images' pad tokens)."""
+        the ids do not hold the images' / audios' pad tokens)."""
         if self.processor is None:
             raise MediaError(f"{'/'.join(sorted(item.media))}_data was sent, but model type "
                              f"{getattr(self.model.config, 'model_type', None)!r} takes text only; serve a "
                              "vision-language checkpoint (docs/multimodal.md)")
-        unsupported = sorted(set(item.media) - {"image"})
+        takes = self.processor.family.modalities
+        unsupported = sorted(set(item.media) - set(takes))
         if unsupported:
             raise MediaError(f"{unsupported[0]}_data is not supported by model type "
-                             f"{self.model.config.model_type!r} (it takes image_data)")
-        return self.processor.request_tensors(item.input_ids, item.media.get("image"))
+                             f"{self.model.config.model_type!r} (it takes {', '.join(m + '_data' for m in takes)})")
+        return self.processor.request_tensors(item.input_ids, item.media.get("image"), item.media.get("audio"))
 
     async def health_generate(self, timeout_s: float = 20.0) -> bool:
         """A 1-token greedy generation; True when the model answers in time (or is deliberately paused)."""
@@ -240,5 +241,6 @@ class HFEngine:
             # SGLang's /get_model_info fields that clients read
             "model_type": getattr(self.model.config, "model_type", None),
             "architectures": list(getattr(self.model.config, "architectures", None) or []),
-            "has_image_understanding": self.processor is not None, "has_audio_understanding": False,
+            "has_image_understanding": self.processor is not None,
+            "has_audio_understanding": self.processor is not None and "audio" in self.processor.family.modalities,
         }

@@ -19,7 +19,9 @@ Media (SGLang's multimodal fields): `image_data` — for one prompt an item or a
 a batch one entry per prompt (an item, a list, or null). An item is a URL, a local path, a
 `data:image/...;base64,` URI or raw base64. The prompt's `input_ids` must already hold each
 image's expanded pad tokens (`relax.utils.multimodal.processor`); the engine checks the count.
-`video_data` and `audio_data` are rejected with a 400 by models that do not take them.
+`audio_data` (Omni models) likewise: a WAV (PCM or 32-bit float, the rollout's lossless form) as a
+path, URL or `data:audio/wav;base64,` URI, each audio's `<|audio_pad|>` tokens in the ids.
+`video_data`, and `audio_data` for models without an audio encoder, are rejected with a 400.
 """
 
 from __future__ import annotations

@@ -135,17 +135,21 @@ def prompt_ids(tokenizer: Any, sample: Sample) -> list[int]:
     return tokenizer.encode(prompt_text(tokenizer, sample), add_special_tokens=False)
 
 
-def encode_prompt(tokenizer: Any, processor: Any, sample: Sample, image_pipeline: Any = None
+def encode_prompt(tokenizer: Any, processor: Any, sample: Sample, pipelines: dict[str, Any] | None = None
                   ) -> tuple[list[int], dict[str, Any]]:
     """The prompt's ids and the media fields of its /generate request. A multimodal sample (and a
     VL `processor`) gets its placeholders expanded to the model's media tokens, its encoder tensors
     in `sample.multimodal_train_inputs` (for the trainer) and `image_data` for the engine; its
-    images resized first by `image_pipeline` (the --image-*-token-num flags), when given."""
+    media first through `pipelines` (modality -> pipeline: images resized per --image-*-token-num,
+    audio resampled to --audio-sample-rate), when given."""
     if processor is None or not sample.multimodal_inputs:
         return prompt_ids(tokenizer, sample), {}
     media = dict(sample.multimodal_inputs)
-    if image_pipeline is not None and media.get("image"):
-        media["image"] = [image_pipeline.process(item).pixels for item in media["image"]]
+    for modality, pipeline in (pipelines or {}).items():
+        if media.get(modality):
+            processed = [pipeline.process(item) for item in media[modality]]
+            media[modality] = [p.pixels for p in processed] if modality == "image" else \
+                [{"array": p.waveform, "sampling_rate": p.sample_rate} for p in processed]
     encoded = processor.encode(prompt_text(tokenizer, sample), media)
     sample.multimodal_train_inputs = encoded.tensors or None
     return encoded.input_ids, encoded.request
@@ -159,12 +163,12 @@ def _same_prompt(group: list[Sample]) -> bool:
 
 class Generator:
     def __init__(self, spec: RolloutSpec, *, tokenizer: Any, router_url: str, rewards: Any, plugin_args: Any,
-                 processor: Any = None, image_pipeline: Any = None) -> None:
+                 processor: Any = None, pipelines: dict[str, Any] | None = None) -> None:
         """`rewards`: a `RewardExecutor`; `plugin_args`: the namespace user plugins are called with;
-        `processor`: a VL model's `MultimodalProcessor` and `image_pipeline` the image flags' resize
-        (multimodal runs)."""
+        `processor`: a VL/Omni model's `MultimodalProcessor` and `pipelines` the media flags' resize /
+        resample (multimodal runs)."""
         self.spec, self.tokenizer, self.router_url = spec, tokenizer, router_url
-        self.processor, self.image_pipeline = processor, image_pipeline
+        self.processor, self.pipelines = processor, pipelines
         self.rewards, self.args = rewards, plugin_args
         self.custom_generate = load_plugin(spec.custom_generate_path, flag="--custom-generate-function-path",
                                            positional=3, expected=GENERATE_SIGNATURE) \
@@ -177,7 +181,7 @@ class Generator:
         """A generator for other settings (an eval dataset) on the same tokenizer and router."""
         return Generator(spec, tokenizer=self.tokenizer, router_url=self.router_url, rewards=rewards or self.rewards,
                          plugin_args=plugin_args if plugin_args is not None else self.args, processor=self.processor,
-                         image_pipeline=self.image_pipeline)
+                         pipelines=self.pipelines)
 
     # ---- one sample ----------------------------------------------------------------------
     def _seeded(self, sample: Sample, params: dict[str, Any]) -> dict[str, Any]:
@@ -187,7 +191,7 @@ class Generator:
         """Default single-turn generate: prompt -> one response, with per-token log-probs; the
         response is cut to fit the context limit. An aborted sample (partial rollout) continues
         from its partial response with the budget it has left."""
-        ids, media = encode_prompt(self.tokenizer, self.processor, sample, self.image_pipeline)
+        ids, media = encode_prompt(self.tokenizer, self.processor, sample, self.pipelines)
         resuming = is_resuming(sample)
         input_ids, params = resume_request(sample, ids, params)
         if params is not None:
@@ -229,7 +233,7 @@ class Generator:
         SGLang's batch form (`input_ids` as a list of lists, `sampling_params` as a list) returns
         one reply per item; n times fewer HTTP round trips than one request per sample. Samples a
         weight update aborted (partial rollout) are then resumed one by one."""
-        ids, media = encode_prompt(self.tokenizer, self.processor, group[0], self.image_pipeline)
+        ids, media = encode_prompt(self.tokenizer, self.processor, group[0], self.pipelines)
         for s in group[1:]:  # same prompt, same media: the same encoder tensors
             s.multimodal_train_inputs = group[0].multimodal_train_inputs
         train_params = self.spec.sampling.params()

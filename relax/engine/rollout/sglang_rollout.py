@@ -70,10 +70,10 @@ class GenerateState:
         generator = _BOUND.get(id(args))
         self.tokenizer = generator.tokenizer if generator is not None else _tokenizer(args.hf_checkpoint)
         self.processor = generator.processor if generator is not None else None
-        self.image_pipeline = generator.image_pipeline if generator is not None else None
+        self.pipelines = generator.pipelines if generator is not None else None
 
     def encode(self, sample: Sample) -> tuple[list[int], dict[str, Any]]:
-        return encode_prompt(self.tokenizer, self.processor, sample, self.image_pipeline)
+        return encode_prompt(self.tokenizer, self.processor, sample, self.pipelines)
 
     def media(self, sample: Sample) -> Any:
         from relax.utils.multimodal.turns import MediaContext

@@ -1,7 +1,8 @@
 """Audio pipeline: a media item -> mono waveform at the processor's rate, cut to the max length -> frames, tokens.
 
 Steps:
-1. decode: a PCM WAV file (8/16/32-bit integer, via the standard library's `wave`), an HF
+1. decode: a PCM WAV file (8/16/32-bit integer, via the standard library's `wave`; or 32-bit IEEE
+   float, the exact form `float_wav` writes for /generate's `audio_data`), an HF
    datasets audio struct `{"array": [...], "sampling_rate": sr}`, or a bare array/tensor [T]
    or [T, C] taken to be at the target rate already; channels are averaged to mono;
 2. resample to `--audio-sample-rate` (Whisper-family processors expect 16 kHz) with a
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import io
 import math
+import struct
 import wave
 from dataclasses import dataclass
 from typing import Any
@@ -57,10 +59,47 @@ def resample(waveform_T: Any, orig_rate: int, new_rate: int) -> Any:
     return out
 
 
-def decode_wav(data: bytes, item: Any) -> tuple[Any, int]:
-    """PCM WAV bytes -> (float64 numpy [T] mono in [-1, 1], sample rate)."""
+def float_wav(waveform_T: Any, rate: int) -> bytes:
+    """A mono float waveform [T] as 32-bit IEEE-float WAV bytes (format tag 3): lossless for
+    float32 samples, unlike 16-bit PCM, so an engine decodes exactly what the rollout processed."""
     import numpy as np
 
+    data = np.asarray(waveform_T, dtype="<f4").tobytes()
+    fmt = struct.pack("<HHIIHH", 3, 1, rate, rate * 4, 4, 32)
+    return (b"RIFF" + struct.pack("<I", 4 + 8 + len(fmt) + 8 + len(data)) + b"WAVE"
+            + b"fmt " + struct.pack("<I", len(fmt)) + fmt + b"data" + struct.pack("<I", len(data)) + data)
+
+
+def _float_wav(data: bytes) -> tuple[Any, int] | None:
+    """(float64 [T] mono, rate) of a 32-bit IEEE-float WAV; None for any other WAV (the `wave`
+    module reads PCM only)."""
+    import numpy as np
+
+    if data[:4] != b"RIFF" or data[8:12] != b"WAVE":
+        return None
+    pos, fmt, samples = 12, None, None
+    while pos + 8 <= len(data):
+        tag, size = data[pos:pos + 4], struct.unpack("<I", data[pos + 4:pos + 8])[0]
+        body = data[pos + 8:pos + 8 + size]
+        if tag == b"fmt ":
+            fmt = struct.unpack("<HHIIHH", body[:16])
+        elif tag == b"data":
+            samples = body
+        pos += 8 + size + (size & 1)
+    if fmt is None or samples is None or fmt[0] != 3 or fmt[5] != 32:
+        return None
+    channels, rate = fmt[1], fmt[2]
+    array = np.frombuffer(samples[:len(samples) // (4 * channels) * 4 * channels], dtype="<f4").astype(np.float64)
+    return array.reshape(-1, channels).mean(axis=1), rate
+
+
+def decode_wav(data: bytes, item: Any) -> tuple[Any, int]:
+    """PCM or 32-bit float WAV bytes -> (float64 numpy [T] mono in [-1, 1], sample rate)."""
+    import numpy as np
+
+    floats = _float_wav(data)
+    if floats is not None:
+        return floats
     try:
         with wave.open(io.BytesIO(data), "rb") as wav:
             width, channels, rate = wav.getsampwidth(), wav.getnchannels(), wav.getframerate()

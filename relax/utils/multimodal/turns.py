@@ -2,15 +2,17 @@
 
 A custom generate function that feeds environment observations back to the model appends them
 to `sample.tokens` turn by turn. When an observation holds images (a screenshot, a cropped
-view: `{"obs_str": "...<image>...", "multi_modal_data": {"image": [...]}}`), three things must
-grow together, or the engine and the trainer see different inputs:
+view: `{"obs_str": "...<image>...", "multi_modal_data": {"image": [...]}}`) or, for an Omni
+model, audio clips (`<audio>`), three things must grow together, or the engine and the trainer
+see different inputs:
 
-- the token ids: each `<image>` of the observation expanded to the model's media tokens;
-- the engine's `image_data`: every image of the sample so far, in order (the next /generate
-  sends the whole context);
-- the trainer's `sample.multimodal_train_inputs`: the new images' encoder tensors concatenated
-  after the earlier ones (`pixel_values` rows, `image_grid_thw` rows), in the same order as
-  their pad tokens in `sample.tokens`.
+- the token ids: each `<image>` / `<audio>` of the observation expanded to the model's media tokens;
+- the engine's `image_data` / `audio_data`: every item of the sample so far, in order (the next
+  /generate sends the whole context; the prompt's own media first);
+- the trainer's `sample.multimodal_train_inputs`: the new items' encoder tensors concatenated
+  after the earlier ones (`pixel_values` / `image_grid_thw` rows, `input_features` /
+  `feature_attention_mask` rows padded to the longest), in the same order as their pad tokens
+  in `sample.tokens`.
 
 `MediaContext` keeps them in step:
 
@@ -26,19 +28,15 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from relax.utils.multimodal.processor import image_to_data_uri
+from relax.utils.multimodal.processor import collate
 
 
 def merge_tensors(old: dict[str, Any] | None, new: dict[str, Any] | None) -> dict[str, Any] | None:
-    """`old`'s encoder tensors followed by `new`'s, key by key (concatenated along dim 0)."""
-    import torch
-
+    """`old`'s encoder tensors followed by `new`'s, key by key (concatenated along dim 0, audio
+    frames padded: `collate`)."""
     if not new:
         return old
-    if not old:
-        return dict(new)
-    return {k: torch.cat([old[k], new[k]]) if k in old and k in new else old.get(k, new.get(k))
-            for k in {*old, *new}}
+    return collate([old, new])
 
 
 class MediaContext:
@@ -46,22 +44,24 @@ class MediaContext:
 
     def __init__(self, processor: Any, sample: Any) -> None:
         self.processor, self.sample = processor, sample
-        images = list((sample.multimodal_inputs or {}).get("image") or [])
-        self.image_data = [image_to_data_uri(item) for item in images]
+        media = {k: list(v) for k, v in (sample.multimodal_inputs or {}).items() if k in ("image", "audio") and v}
+        self.data = processor.request_fields(media)  # field -> data URIs, in order
 
     def request(self) -> dict[str, list[str]]:
-        """The media fields of the next /generate request (every image so far)."""
-        return {"image_data": list(self.image_data)} if self.image_data else {}
+        """The media fields of the next /generate request (every item so far)."""
+        return {field: list(uris) for field, uris in self.data.items()}
 
-    def observe(self, text: str, images: Sequence[Any] = ()) -> list[int]:
-        """Token ids of an observation `text` whose `<image>` placeholders stand for `images`;
-        the images join the sample's media and its trainer tensors."""
-        images = list(images)
-        encoded = self.processor.encode(text, {"image": images} if images else None)
-        if images:
+    def observe(self, text: str, images: Sequence[Any] = (), audios: Sequence[Any] = ()) -> list[int]:
+        """Token ids of an observation `text` whose `<image>` / `<audio>` placeholders stand for
+        `images` / `audios`; the items join the sample's media and its trainer tensors."""
+        new = {k: list(v) for k, v in (("image", images), ("audio", audios)) if v}
+        encoded = self.processor.encode(text, new or None)
+        if new:
             inputs = dict(self.sample.multimodal_inputs or {})
-            inputs["image"] = list(inputs.get("image") or []) + images
+            for modality, items in new.items():
+                inputs[modality] = list(inputs.get(modality) or []) + items
             self.sample.multimodal_inputs = inputs
             self.sample.multimodal_train_inputs = merge_tensors(self.sample.multimodal_train_inputs, encoded.tensors)
-            self.image_data += encoded.request["image_data"]
+            for field, uris in encoded.request.items():
+                self.data[field] = self.data.get(field, []) + uris
         return encoded.input_ids

@@ -1,7 +1,8 @@
-"""Vision-language rows through the CPU backends: the hf engine (image_data on /generate, batched
-with text rows) and the fsdp trainer (encoder tensors from TransferQueue's bytes, padded
-micro-batches) give the same per-token log-probs of the same sample (fp32, < 1e-4), for a tiny
-Qwen2.5-VL and a tiny Qwen3-VL; a training step on those rows moves the vision tower too."""
+"""Vision-language and omni rows through the CPU backends: the hf engine (image_data / audio_data on
+/generate, batched with text rows) and the fsdp trainer (encoder tensors from TransferQueue's bytes,
+padded micro-batches) give the same per-token log-probs of the same sample (fp32, < 1e-4), for a
+tiny Qwen2.5-VL, a tiny Qwen3-VL and a tiny Qwen3-Omni thinker (an audio row, an audio + image
+row, a text row); a training step on those rows moves the media encoders too."""
 
 from __future__ import annotations
 
@@ -18,7 +19,9 @@ from relax.distributed.ray.actor_group import free_port
 from relax.types import Sample, TrainBatch
 
 TEMPERATURE = 0.8
-CONTENTS = ["<image>which cell is red?", "<image>and this one<image>?", "no image here"]
+CONTENTS = {"vl": ["<image>which cell is red?", "<image>and this one<image>?", "no image here"],
+            "qwen3_omni": ["<audio>is the second tone higher?", "<audio>and this one<image>?", "no media here"]}
+ENCODER = {"vl": ".visual.", "qwen3_omni": ".audio_tower."}  # the tower a step on these rows must move
 
 
 def images(seed: int, n: int):
@@ -30,25 +33,43 @@ def images(seed: int, n: int):
                                          dtype=np.uint8)) for _ in range(n)]
 
 
-@pytest.fixture(scope="module", params=["qwen2_5_vl", "qwen3_vl"])
+def tones(seed: int, n: int):
+    """n sine tones of different lengths (float32 waveforms at 16 kHz, as the loader gives them)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    return [(0.4 * np.sin(2 * np.pi * rng.uniform(200, 800) * np.arange(int(16000 * rng.uniform(0.4, 1.6))) / 16000)
+             ).astype(np.float32) for _ in range(n)]
+
+
+def family(model_dir: str) -> str:
+    return "qwen3_omni" if "qwen3_omni" in model_dir else "vl"
+
+
+@pytest.fixture(scope="module", params=["qwen2_5_vl", "qwen3_vl", "qwen3_omni"])
 def model_dir(request, tmp_path_factory):
     from relax.utils.tiny_model import train_chatml_tokenizer
-    from relax.utils.tiny_multimodal import build_tiny_vl
+    from relax.utils.tiny_multimodal import build_tiny_omni, build_tiny_vl
 
-    tokenizer = train_chatml_tokenizer(["which cell is red? and this one no image here"] * 10, vocab_size=300)
-    return build_tiny_vl(request.param, tokenizer, str(tmp_path_factory.mktemp(request.param)))
+    tokenizer = train_chatml_tokenizer(["which cell is red? and this one no image here is the second tone higher?"]
+                                       * 10, vocab_size=300)
+    out = str(tmp_path_factory.mktemp(request.param))
+    if request.param == "qwen3_omni":
+        return build_tiny_omni(tokenizer, out)
+    return build_tiny_vl(request.param, tokenizer, out)
 
 
 def encode(model_dir: str):
-    """The rollout side: chat template, placeholders expanded, encoder tensors, image_data."""
+    """The rollout side: chat template, placeholders expanded, encoder tensors, image_data / audio_data."""
     from relax.utils.multimodal.processor import MultimodalProcessor
 
     processor = MultimodalProcessor(model_dir)
     out = []
-    for i, content in enumerate(CONTENTS):
+    for i, content in enumerate(CONTENTS[family(model_dir)]):
         text = processor.tokenizer.apply_chat_template([{"role": "user", "content": content}], tokenize=False,
                                                        add_generation_prompt=True)
-        out.append(processor.encode(text, {"image": images(i, content.count("<image>"))}))
+        media = {"image": images(i, content.count("<image>")), "audio": tones(i, content.count("<audio>"))}
+        out.append(processor.encode(text, {k: v for k, v in media.items() if v}))
     return out
 
 
@@ -60,7 +81,8 @@ def generate(model_dir: str, encoded):
     async def run():
         engine = HFEngine(model_dir, seed=0)
         req = GenerateRequest(input_ids=[e.input_ids for e in encoded],
-                              image_data=[e.request.get("image_data") for e in encoded], return_logprob=True,
+                              image_data=[e.request.get("image_data") for e in encoded],
+                              audio_data=[e.request.get("audio_data") for e in encoded], return_logprob=True,
                               sampling_params=[dict(temperature=TEMPERATURE, max_new_tokens=12 + 3 * i,
                                                     ignore_eos=True, sampling_seed=i) for i in range(len(encoded))])
         items, _ = normalize_generate(req, engine.tokenizer, vocab_size=engine.vocab_size,
@@ -74,13 +96,14 @@ def generate(model_dir: str, encoded):
     return asyncio.run(run())
 
 
-def test_engine_and_trainer_log_probs_agree_on_image_rows(model_dir):
+def test_engine_and_trainer_log_probs_agree_on_media_rows(model_dir):
     from relax.backends.fsdp.worker import FSDPTrainWorker
     from relax.utils.multimodal.processor import MultimodalProcessor
 
     torch.manual_seed(0)
     encoded = encode(model_dir)
-    assert [len(e.request.get("image_data", [])) for e in encoded] == [1, 2, 0]
+    counts = [(len(e.request.get("image_data", [])), len(e.request.get("audio_data", []))) for e in encoded]
+    assert counts == ([(1, 0), (2, 0), (0, 0)] if family(model_dir) == "vl" else [(0, 1), (1, 1), (0, 0)])
     results = generate(model_dir, encoded)
     media_ids = set(MultimodalProcessor(model_dir).media_token_ids)
     assert media_ids and not any(t in media_ids for r in results for t in r.output_ids)  # never sampled
@@ -98,7 +121,7 @@ def test_engine_and_trainer_log_probs_agree_on_image_rows(model_dir):
             assert len(lp) == s.response_length
             diff = (torch.tensor(lp) - torch.tensor(s.rollout_log_probs)).abs().max().item()
             assert diff < 1e-4, f"row {s.index}: engine vs trainer log-probs differ by {diff}"
-        # Without the images the same tokens score differently: the trainer really used them.
+        # Without the media the same tokens score differently: the trainer really used them.
         blind = worker.compute_log_probs([s.tokens for s in samples[:1]], [s.response_length for s in samples[:1]])
         assert (torch.tensor(blind[0]) - torch.tensor(trainer[0])).abs().max().item() > 1e-3
         lengths = [s.response_length for s in samples]
@@ -106,12 +129,13 @@ def test_engine_and_trainer_log_probs_agree_on_image_rows(model_dir):
                            loss_masks_RT=[[1] * n for n in lengths],
                            advantages_RT=[[[1.0, -1.0, 0.5][i]] * n for i, n in enumerate(lengths)],
                            old_log_probs_RT=trainer, multimodal_train_inputs_RB=media)
-        visual = {n: p.detach().clone() for n, p in worker.model.named_parameters() if ".visual." in f".{n}"}
+        tower = ENCODER[family(model_dir)]
+        visual = {n: p.detach().clone() for n, p in worker.model.named_parameters() if tower in f".{n}"}
         assert visual
         metrics = worker.train(batch, 1, [sum(lengths)])
         assert metrics["grad_norm"] > 0
         moved = [n for n, p in worker.model.named_parameters() if n in visual and not torch.equal(p, visual[n])]
-        assert moved, "the vision tower did not train"
+        assert moved, f"the encoder ({tower}) did not train"
     finally:
         worker.shutdown()
 
@@ -137,22 +161,25 @@ def test_rope_positions_ignore_padding_and_follow_each_rows_images(model_dir):
         batched = rope_positions(model, ids, mask, tensors)
         for b in range(len(encoded)):
             assert torch.equal(batched[:, b, mask[b].bool()], alone[b])
-    assert not torch.equal(alone[0][1], alone[0][2])  # the image's tokens sit on a 2-D (h, w) grid
+    with_image = next(i for i, c in enumerate(CONTENTS[family(model_dir)]) if "<image>" in c)
+    assert not torch.equal(alone[with_image][1], alone[with_image][2])  # image tokens sit on a 2-D (h, w) grid
 
 
-def test_multi_turn_image_carry_over(model_dir):
-    """An observation with a new image mid-episode (MediaContext): the second /generate carries both
-    images, and the trainer, given the merged tensors, scores every model-written token as the
-    engine did."""
+def test_multi_turn_media_carry_over(model_dir):
+    """An observation with a new image (omni: and a new audio clip, after an audio + image prompt) mid-episode
+    (MediaContext): the second /generate carries every item so far, and the trainer, given the
+    merged tensors, scores every model-written token as the engine did."""
     from relax.backends.fsdp.worker import FSDPTrainWorker
     from relax.utils.multimodal.processor import MultimodalProcessor
     from relax.utils.multimodal.turns import MediaContext
 
     processor = MultimodalProcessor(model_dir)
     first, second = images(7, 2)
-    text = processor.tokenizer.apply_chat_template([{"role": "user", "content": "<image>which cell is red?"}],
-                                                   tokenize=False, add_generation_prompt=True)
-    sample = Sample(index=0, multimodal_inputs={"image": [first]})
+    omni = family(model_dir) == "qwen3_omni"
+    content = ("<audio>" if omni else "") + "<image>which cell is red?"
+    text = processor.tokenizer.apply_chat_template([{"role": "user", "content": content}], tokenize=False,
+                                                   add_generation_prompt=True)
+    sample = Sample(index=0, multimodal_inputs={"image": [first], **({"audio": tones(2, 1)} if omni else {})})
     encoded = processor.encode(text, sample.multimodal_inputs)
     sample.tokens, sample.multimodal_train_inputs = list(encoded.input_ids), encoded.tensors
     prompt_len, mask, logps = len(sample.tokens), [], []
@@ -164,13 +191,17 @@ def test_multi_turn_image_carry_over(model_dir):
         mask += [1] * len(result.output_ids)
         logps += result.output_logprobs
         if turn == 0:
-            obs = ctx.observe("<|im_end|>\n<|im_start|>user\n<image>and now?<|im_end|>\n<|im_start|>assistant\n",
-                              [second])
+            obs = ctx.observe("<|im_end|>\n<|im_start|>user\n<audio><image>and now?<|im_end|>\n"
+                              "<|im_start|>assistant\n", [second], tones(3, 1)) if omni else \
+                ctx.observe("<|im_end|>\n<|im_start|>user\n<image>and now?<|im_end|>\n<|im_start|>assistant\n",
+                            [second])
             sample.tokens += obs
             mask += [0] * len(obs)
             logps += [0.0] * len(obs)
     assert len(ctx.request()["image_data"]) == 2 and len(sample.multimodal_inputs["image"]) == 2
     assert sample.multimodal_train_inputs["image_grid_thw"].shape[0] == 2
+    if omni:
+        assert len(ctx.request()["audio_data"]) == 2 and sample.multimodal_train_inputs["input_features"].shape[0] == 2
     spec = TrainerSpec(model_path=model_dir, optim=OptimizerConfig(lr=1e-3), batch=BatchConfig(micro_batch_size=1),
                        loss=PolicyLossConfig(), temperature=TEMPERATURE, threads=1)
     worker = FSDPTrainWorker(0, 1, "127.0.0.1", free_port(), spec)
@@ -184,15 +215,17 @@ def test_multi_turn_image_carry_over(model_dir):
     assert max(abs(t - e) for t, e in model_written) < 1e-4
 
 
-def test_freezing_the_vision_tower(model_dir):
-    """--freeze-params-name-list visual: a step on image rows moves the language model only."""
+def test_freezing_the_media_encoder(model_dir):
+    """--freeze-params-name-list visual (audio_tower for the omni model's audio rows): a step on
+    media rows moves the rest only."""
     from relax.backends.fsdp.worker import FSDPTrainWorker
     from relax.utils.multimodal.processor import to_bytes
 
     encoded = encode(model_dir)[:2]
     tokens = [e.input_ids + [5, 6, 7] for e in encoded]
     media = [to_bytes(e.tensors) for e in encoded]
-    spec = TrainerSpec(model_path=model_dir, optim=OptimizerConfig(lr=1e-2, freeze_params_name_list=["visual"]),
+    frozen = ENCODER[family(model_dir)].strip(".")
+    spec = TrainerSpec(model_path=model_dir, optim=OptimizerConfig(lr=1e-2, freeze_params_name_list=[frozen]),
                        batch=BatchConfig(micro_batch_size=2), loss=PolicyLossConfig(), temperature=1.0, threads=1)
     worker = FSDPTrainWorker(0, 1, "127.0.0.1", free_port(), spec)
     try:
@@ -205,11 +238,11 @@ def test_freezing_the_vision_tower(model_dir):
         changed = {n for n, p in worker.model.named_parameters() if not torch.equal(p, before[n])}
     finally:
         worker.shutdown()
-    assert changed and not any("visual" in n for n in changed)
+    assert changed and not any(frozen in n for n in changed)
 
 
 def test_group_samples_share_one_multimodal_prefill(model_dir):
-    """n samples of one image prompt: one prefill through the vision tower, then n rows that decode
+    """n samples of one image (omni: audio) prompt: one prefill through the encoder, then n rows that decode
     apart; each row's log-probs still match a forward of that row alone."""
     from relax.algorithms.logprobs import row_response_log_probs
     from relax.backends.hf.engine import HFEngine
@@ -220,7 +253,8 @@ def test_group_samples_share_one_multimodal_prefill(model_dir):
 
     async def run():
         engine = HFEngine(model_dir, seed=0)
-        req = GenerateRequest(input_ids=encoded.input_ids, image_data=encoded.request["image_data"],
+        req = GenerateRequest(input_ids=encoded.input_ids, image_data=encoded.request.get("image_data"),
+                              audio_data=encoded.request.get("audio_data"),
                               return_logprob=True, sampling_params=dict(temperature=TEMPERATURE, max_new_tokens=8,
                                                                         ignore_eos=True, n=3, sampling_seed=5))
         items, _ = normalize_generate(req, engine.tokenizer, vocab_size=engine.vocab_size,
@@ -241,3 +275,21 @@ def test_group_samples_share_one_multimodal_prefill(model_dir):
         with torch.no_grad():
             alone = row_response_log_probs(model, tokens, len(r.output_ids), TEMPERATURE, "cpu", inputs)
         assert (alone - torch.tensor(r.output_logprobs)).abs().max().item() < 1e-4
+
+
+def test_engine_takes_audio_only_with_an_audio_encoder(model_dir):
+    """has_audio_understanding says so; a VL model answers audio_data with a clear MediaError (a 400)."""
+    from relax.backends.hf.engine import HFEngine
+    from relax.backends.hf.protocol import GenerateItem
+    from relax.backends.hf.sampling import parse_sampling_params
+    from relax.utils.multimodal.processor import audio_to_data_uri
+    from relax.utils.multimodal.sources import MediaError
+
+    engine = HFEngine(model_dir, seed=0)
+    omni = family(model_dir) == "qwen3_omni"
+    info = engine.info()
+    assert info["has_image_understanding"] and info["has_audio_understanding"] == omni
+    item = GenerateItem("r", [1, 2], parse_sampling_params({"max_new_tokens": 1}), False,
+                        media={"audio": [audio_to_data_uri(tones(0, 1)[0], 16000)]})
+    with pytest.raises(MediaError, match="audio pad token" if omni else "audio_data is not supported"):
+        engine.media_tensors(item)

@@ -38,7 +38,7 @@ def test_image_flags_resize_before_the_processor(processor, max_tokens, want):
     sample = Sample(prompt=[{"role": "user", "content": [{"type": "image", "image": None},
                                                           {"type": "text", "text": "how many red things"}]}],
                     multimodal_inputs={"image": [np.zeros((112, 112, 3), dtype=np.uint8)]})
-    ids, request = encode_prompt(processor.tokenizer, processor, sample, pipeline)
+    ids, request = encode_prompt(processor.tokenizer, processor, sample, {"image": pipeline})
     assert ids.count(processor.image_token_id) == want  # 112x112 = 16 tokens of 28x28; max 4 -> 56x56
     assert len(request["image_data"]) == 1 and request["image_data"][0].startswith("data:image/png;base64,")
     assert sample.multimodal_train_inputs["image_grid_thw"].prod().item() == 4 * want

@@ -1,0 +1,8 @@
+"""These tests compare the megatron and fsdp backends in float32 on the CPU over gloo (two spawned
+ranks share the machine). On a GPU machine they run on the CPU too: two ranks cannot share one GPU
+over NCCL, and GPU numerics are measured by bench/megatron_throughput.py instead. Set before any
+test of this folder queries CUDA; spawned ranks inherit it."""
+
+import os
+
+os.environ["CUDA_VISIBLE_DEVICES"] = ""
