@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from relax.utils.multimodal.processor import AUDIO_TOKENS, MEDIA_TOKENS
+from relax.utils.multimodal.processor import AUDIO_TOKENS, MEDIA_TOKENS, submodule
 
 KINDS = ("qwen2_5_vl", "qwen3_vl")
 
@@ -149,7 +149,7 @@ def build_tiny_omni(tokenizer: Any, out_dir: str, *, hidden_size: int = 64, num_
         # He init for the audio front end (the real checkpoint's trained convolutions keep the
         # mel content well above the sinusoidal positions they are added to): at std 0.02 three
         # convolutions shrink the features ~1e4-fold, and the encoder's output is its positions alone.
-        tower = model.model.audio_tower
+        tower = submodule(model, "audio_tower")
         for layer, gain in ((tower.conv2d1, "relu"), (tower.conv2d2, "relu"), (tower.conv2d3, "relu"),
                             (tower.conv_out, "linear")):
             torch.nn.init.kaiming_normal_(layer.weight, nonlinearity=gain)

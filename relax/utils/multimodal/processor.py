@@ -41,19 +41,26 @@ from relax.utils.multimodal.sources import MediaError
 PLACEHOLDERS = {"image": "<image>", "video": "<video>", "audio": "<audio>"}
 
 
+def submodule(model: Any, name: str) -> Any:
+    """`model.model.<name>` (transformers >= 5.2x's layout) or `model.<name>` (older releases put a
+    thinker's towers and `get_rope_index` on the top-level model)."""
+    body = getattr(model, "model", None)
+    return getattr(body, name) if body is not None and hasattr(body, name) else getattr(model, name)
+
+
 def _vl_rope_index(model: Any, ids_1L: Any, grids: Any, audio_frames: Any) -> Any:
     """Qwen2.5-VL / Qwen3-VL `get_rope_index` on one unpadded row -> `(3, 1, L)`."""
     import torch
 
     types_1L = (ids_1L == model.config.image_token_id).to(torch.int32)
-    return model.model.get_rope_index(ids_1L, types_1L, image_grid_thw=grids)[0]
+    return submodule(model, "get_rope_index")(ids_1L, types_1L, image_grid_thw=grids)[0]
 
 
 def _omni_rope_index(model: Any, ids_1L: Any, grids: Any, audio_frames: Any) -> Any:
     """Qwen3-Omni thinker `get_rope_index` on one unpadded row -> `(3, 1, L)`: audio tokens take
     consecutive positions (`audio_seqlens`: each audio's feature frames), images a (t, h, w) grid;
     no audio track in video."""
-    position_ids, _ = model.model.get_rope_index(ids_1L, image_grid_thw=grids, attention_mask=ids_1L.new_ones(
+    position_ids, _ = submodule(model, "get_rope_index")(ids_1L, image_grid_thw=grids, attention_mask=ids_1L.new_ones(
         ids_1L.shape), use_audio_in_video=False, audio_seqlens=audio_frames)
     return position_ids
 
