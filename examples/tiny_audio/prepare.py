@@ -35,9 +35,9 @@ MODEL_SUBDIR = os.path.join("models", "tiny-omni-sft")
 class PrepareSettings:
     seed: int = 1234
     sft_steps: int = 800
-    sft_stop_at: float = 0.6
+    sft_stop_at: float = 0.55
     sft_correct_frac: float = 1.0
-    sft_check_every: int = 3
+    sft_check_every: int = 1
     sft_lr: float = 3e-3
     sft_batch_size: int = 32
     n_train: int = 4000
