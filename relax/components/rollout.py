@@ -120,15 +120,12 @@ class Rollout:
         tokenizer = await asyncio.to_thread(self._tokenizer)
         processor = pipelines = None
         if cfg.data.multimodal_keys:  # placeholders -> the model's media tokens, media -> encoder tensors
-            from relax.utils.multimodal import AudioConfig, AudioPipeline, ImageConfig, ImagePipeline
+            from relax.utils.multimodal import AudioConfig
             from relax.utils.multimodal.processor import MultimodalProcessor
 
-            audio = AudioConfig.from_flags(cfg.data)
-            processor = await asyncio.to_thread(MultimodalProcessor, cfg.ckpt.hf_checkpoint, tokenizer, audio)
-            vision = processor.config.vision_config  # the image flags resize in the model's own units
-            pipelines = {"image": ImagePipeline(ImageConfig.from_flags(cfg.data, patch_size=int(vision.patch_size),
-                                                                       merge_size=int(vision.spatial_merge_size))),
-                         "audio": AudioPipeline(audio)}
+            processor = await asyncio.to_thread(MultimodalProcessor, cfg.ckpt.hf_checkpoint, tokenizer,
+                                                AudioConfig.from_flags(cfg.data))
+            pipelines = processor.pipelines(cfg.data)  # the media flags, in the model's own units
         self.generator = Generator(RolloutSpec.from_config(cfg), tokenizer=tokenizer,
                                    router_url=f"{self.fleet.router_url if self.fleet else ''}/generate",
                                    rewards=self.rewards, plugin_args=self.args, processor=processor,

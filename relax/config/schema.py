@@ -142,23 +142,20 @@ class DataConfig:
                                           "each image to within [min, max] tokens x (patch x merge)^2 pixels of the "
                                           "model before its processor sees it (docs/multimodal.md).")
     image_min_token_num: int | None = opt(None, "Fewest vision tokens per image (default 4).")
-    video_min_token_num: int | None = opt(None, "Fewest vision tokens per video frame (default 128).",
-                                          supported=False)
-    video_max_token_num: int | None = opt(None, "Most vision tokens per video frame (default 768).",
-                                          supported=False)
-    video_fps: float | None = opt(None, "Frames per second sampled from videos (default 2.0).", supported=False)
-    video_fps_min_frames: int | None = opt(None, "Fewest frames sampled per video (default 4).",
-                                           supported=False)
-    video_fps_max_frames: int | None = opt(None, "Most frames sampled per video (default 768).",
-                                           supported=False)
+    video_min_token_num: int | None = opt(None, "Fewest vision tokens per video frame (default 128): the rollout "
+                                          "sizes each video's frames within [min, max] tokens x (patch x merge)^2 "
+                                          "pixels of the model (docs/multimodal.md).")
+    video_max_token_num: int | None = opt(None, "Most vision tokens per video frame (default 768).")
+    video_fps: float | None = opt(None, "Frames per second sampled from videos (default 2.0).")
+    video_fps_min_frames: int | None = opt(None, "Fewest frames sampled per video (default 4).")
+    video_fps_max_frames: int | None = opt(None, "Most frames sampled per video (default 768).")
     image_resize_scale_factor: int | None = opt(None, "Side alignment of the image pre-resize (default: the "
                                                 "model's patch_size * spatial_merge_size, 28 for Qwen2.5-VL; 0 = no "
                                                 "alignment).")
     audio_sample_rate: int | None = opt(None, "Audio is resampled to this rate as it loads (default 16000), and a "
                                         "bare waveform array is taken to be at it; the model's processor then "
                                         "resamples to its feature extractor's rate (docs/multimodal.md).")
-    frame_factor: int | None = opt(None, "Sampled frame counts are multiples of this (default 2).",
-                                   supported=False)
+    frame_factor: int | None = opt(None, "Sampled frame counts are multiples of this (default 2).")
     mm_processor_pool_size: int = opt(0, "Processes for multimodal processing (0 = threads).", supported=False)
 
 

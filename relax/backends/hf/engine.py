@@ -174,7 +174,8 @@ class HFEngine:
         if unsupported:
             raise MediaError(f"{unsupported[0]}_data is not supported by model type "
                              f"{self.model.config.model_type!r} (it takes {', '.join(m + '_data' for m in takes)})")
-        return self.processor.request_tensors(item.input_ids, item.media.get("image"), item.media.get("audio"))
+        return self.processor.request_tensors(item.input_ids, item.media.get("image"), item.media.get("audio"),
+                                              item.media.get("video"))
 
     async def health_generate(self, timeout_s: float = 20.0) -> bool:
         """A 1-token greedy generation; True when the model answers in time (or is deliberately paused)."""

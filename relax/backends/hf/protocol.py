@@ -21,7 +21,10 @@ a batch one entry per prompt (an item, a list, or null). An item is a URL, a loc
 image's expanded pad tokens (`relax.utils.multimodal.processor`); the engine checks the count.
 `audio_data` (Omni models) likewise: a WAV (PCM or 32-bit float, the rollout's lossless form) as a
 path, URL or `data:audio/wav;base64,` URI, each audio's `<|audio_pad|>` tokens in the ids.
-`video_data`, and `audio_data` for models without an audio encoder, are rejected with a 400.
+`video_data` (VL and Omni models): per video a file (path, URL, data URI or base64; decoded with
+PyAV and sampled per the default video flags) or `{"frames": [frame items], "fps": <rate>}`, frames
+already sampled and sized (the rollout's form: the video flags were applied), each video's
+`<|video_pad|>` tokens in the ids. A modality the model has no encoder for is a 400.
 """
 
 from __future__ import annotations
@@ -162,12 +165,29 @@ def _media(req: GenerateRequest, n: int, batched: bool) -> list[dict[str, list[s
             per_prompt = [value]
         for i, entry in enumerate(per_prompt):
             items = [] if entry is None else entry if isinstance(entry, list) else [entry]
-            if any(not isinstance(item, str) or not item for item in items):
-                raise ValueError(f"{name} of prompt {i}: each item must be a non-empty string (URL, path, data URI "
-                                 "or base64)")
+            for item in items:
+                _check_media_item(name, i, item)
             if items:
                 out[i][modality] = items
     return [m or None for m in out]
+
+
+def _check_media_item(name: str, i: int, item: Any) -> None:
+    """A media item is a non-empty string (URL, path, data URI or base64); a video may also be
+    `{"frames": [frame strings], "fps": <rate of those frames>}` (frames already sampled and sized)."""
+    if isinstance(item, str) and item:
+        return
+    if name == "video_data" and isinstance(item, dict):
+        frames, fps = item.get("frames"), item.get("fps", 2.0)
+        if (isinstance(frames, list) and frames and all(isinstance(f, str) and f for f in frames)
+                and isinstance(fps, (int, float)) and not isinstance(fps, bool) and fps > 0
+                and set(item) <= {"frames", "fps"}):
+            return
+        raise ValueError(f"video_data of prompt {i}: a frame-list video is {{\"frames\": [non-empty strings], "
+                         f"\"fps\": <positive number>}}, got keys {sorted(item)}")
+    what = "a non-empty string (URL, path, data URI or base64)" + (
+        " or {\"frames\": [...], \"fps\": <fps>}" if name == "video_data" else "")
+    raise ValueError(f"{name} of prompt {i}: each item must be {what}")
 
 
 def check_prompt(i: int, ids: list[int], params: SamplingParams, vocab_size: int, max_context_len: int) -> None:

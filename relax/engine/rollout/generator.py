@@ -29,6 +29,7 @@ from relax.engine.specs import RolloutSpec
 from relax.types import FINISH_REASON_STATUS, Sample
 from relax.utils.data.formatting import render_chat_template
 from relax.utils.http_utils import post
+from relax.utils.multimodal.processor import through_pipelines
 from relax.utils.plugins import accepts_keyword, call_maybe_async, load_plugin
 
 logger = logging.getLogger(__name__)
@@ -144,13 +145,7 @@ def encode_prompt(tokenizer: Any, processor: Any, sample: Sample, pipelines: dic
     audio resampled to --audio-sample-rate), when given."""
     if processor is None or not sample.multimodal_inputs:
         return prompt_ids(tokenizer, sample), {}
-    media = dict(sample.multimodal_inputs)
-    for modality, pipeline in (pipelines or {}).items():
-        if media.get(modality):
-            processed = [pipeline.process(item) for item in media[modality]]
-            media[modality] = [p.pixels for p in processed] if modality == "image" else \
-                [{"array": p.waveform, "sampling_rate": p.sample_rate} for p in processed]
-    encoded = processor.encode(prompt_text(tokenizer, sample), media)
+    encoded = processor.encode(prompt_text(tokenizer, sample), through_pipelines(sample.multimodal_inputs, pipelines))
     sample.multimodal_train_inputs = encoded.tensors or None
     return encoded.input_ids, encoded.request
 

@@ -78,4 +78,4 @@ class GenerateState:
     def media(self, sample: Sample) -> Any:
         from relax.utils.multimodal.turns import MediaContext
 
-        return MediaContext(self.processor, sample) if self.processor is not None else None
+        return MediaContext(self.processor, sample, self.pipelines) if self.processor is not None else None

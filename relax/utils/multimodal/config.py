@@ -105,8 +105,10 @@ class VideoConfig:
                            merge_size=self.merge_size)
 
     @classmethod
-    def from_flags(cls, flags: Any) -> VideoConfig:
-        return cls(min_tokens=_or(flags.video_min_token_num, 128),
+    def from_flags(cls, flags: Any, *, patch_size: int = 14, merge_size: int = 2) -> VideoConfig:
+        """From the data flags; `patch_size` / `merge_size`: the model's (frames are sized in its units)."""
+        return cls(patch_size=patch_size, merge_size=merge_size,
+                   min_tokens=_or(flags.video_min_token_num, 128),
                    max_tokens=_or(flags.video_max_token_num, 768),
                    fps=float(_or(flags.video_fps, 2.0)),
                    min_frames=_or(flags.video_fps_min_frames, 4),

@@ -39,6 +39,7 @@ from relax.utils.multimodal.config import AudioConfig
 from relax.utils.multimodal.sources import MediaError
 
 PLACEHOLDERS = {"image": "<image>", "video": "<video>", "audio": "<audio>"}
+DEFAULT_VIDEO_FPS = 2.0  # the rate of a bare frame list (the --video-fps default: frames are sampled at it)
 
 
 def submodule(model: Any, name: str) -> Any:
@@ -48,20 +49,39 @@ def submodule(model: Any, name: str) -> Any:
     return getattr(body, name) if body is not None and hasattr(body, name) else getattr(model, name)
 
 
-def _vl_rope_index(model: Any, ids_1L: Any, grids: Any, audio_frames: Any) -> Any:
-    """Qwen2.5-VL / Qwen3-VL `get_rope_index` on one unpadded row -> `(3, 1, L)`."""
+@dataclass
+class RowMedia:
+    """One row's share of a batch's media tensors, for its `get_rope_index` call (None: none)."""
+
+    images: Any = None    # image_grid_thw rows [n, 3]
+    videos: Any = None    # video_grid_thw rows [n, 3]
+    seconds: Any = None   # seconds per temporal grid of each video [n] (families with `video_seconds`)
+    audio_frames: Any = None  # feature frames of each audio [n]
+
+
+def _vl_rope_index(model: Any, ids_1L: Any, media: RowMedia) -> Any:
+    """Qwen2.5-VL / Qwen3-VL `get_rope_index` on one unpadded row -> `(3, 1, L)`. Token types: 1
+    image pad, 2 video pad (Qwen3-VL's frames are separate groups: timestamps lie between them)."""
     import torch
 
-    types_1L = (ids_1L == model.config.image_token_id).to(torch.int32)
-    return submodule(model, "get_rope_index")(ids_1L, types_1L, image_grid_thw=grids)[0]
+    config = model.config
+    types_1L = (ids_1L == config.image_token_id).to(torch.int32)
+    types_1L[ids_1L == getattr(config, "video_token_id", -1)] = 2
+    extra = {} if media.seconds is None else {"second_per_grid_ts": media.seconds}
+    videos = None if media.videos is None else media.videos.clone()
+    return submodule(model, "get_rope_index")(ids_1L, types_1L, image_grid_thw=media.images,
+                                              video_grid_thw=videos, **extra)[0]
 
 
-def _omni_rope_index(model: Any, ids_1L: Any, grids: Any, audio_frames: Any) -> Any:
+def _omni_rope_index(model: Any, ids_1L: Any, media: RowMedia) -> Any:
     """Qwen3-Omni thinker `get_rope_index` on one unpadded row -> `(3, 1, L)`: audio tokens take
-    consecutive positions (`audio_seqlens`: each audio's feature frames), images a (t, h, w) grid;
-    no audio track in video."""
-    position_ids, _ = submodule(model, "get_rope_index")(ids_1L, image_grid_thw=grids, attention_mask=ids_1L.new_ones(
-        ids_1L.shape), use_audio_in_video=False, audio_seqlens=audio_frames)
+    consecutive positions (`audio_seqlens`: each audio's feature frames), images a (t, h, w) grid,
+    videos a grid whose time steps are `seconds x position_id_per_seconds` apart; no audio track
+    in video."""
+    position_ids, _ = submodule(model, "get_rope_index")(
+        ids_1L, image_grid_thw=media.images, video_grid_thw=media.videos,
+        attention_mask=ids_1L.new_ones(ids_1L.shape), use_audio_in_video=False,
+        audio_seqlens=media.audio_frames, second_per_grids=media.seconds)
     return position_ids
 
 
@@ -80,7 +100,10 @@ class Family:
     image_pad: str             # the token repeated once per merged image patch
     image_open: str
     image_close: str
-    rope_index: Callable[..., Any] = _vl_rope_index  # (model, ids_1L, image grids, audio frames) -> (3, 1, L)
+    rope_index: Callable[..., Any] = _vl_rope_index  # (model, ids_1L, RowMedia) -> (3, 1, L)
+    video_pad: str | None = "<|video_pad|>"  # one per merged patch of every temporal slice (open/close: the image's)
+    video_timestamps: bool = False  # Qwen3-VL: each temporal slice is `<t seconds>` + open + pads + close
+    video_seconds: str | None = None  # the forward kwarg holding each video's seconds per temporal grid
     audio_pad: str | None = None    # None: the model takes no audio
     audio_open: str | None = None
     audio_close: str | None = None
@@ -89,17 +112,19 @@ class Family:
 
     @property
     def modalities(self) -> tuple[str, ...]:
-        return ("image", "audio") if self.audio_pad else ("image",)
+        return ("image",) + (("video",) if self.video_pad else ()) + (("audio",) if self.audio_pad else ())
 
 
-QWEN_VL = Family(image_pad="<|image_pad|>", image_open="<|vision_start|>", image_close="<|vision_end|>")
-QWEN3_OMNI = Family(image_pad="<|image_pad|>", image_open="<|vision_start|>", image_close="<|vision_end|>",
-                    rope_index=_omni_rope_index, audio_pad="<|audio_pad|>", audio_open="<|audio_start|>",
-                    audio_close="<|audio_end|>", audio_tokens=_qwen3_omni_audio_tokens)
+_VISION = dict(image_pad="<|image_pad|>", image_open="<|vision_start|>", image_close="<|vision_end|>")
+QWEN2_5_VL = Family(**_VISION, video_seconds="second_per_grid_ts")
+QWEN3_VL = Family(**_VISION, video_timestamps=True)
+QWEN3_OMNI = Family(**_VISION, rope_index=_omni_rope_index, video_seconds="video_second_per_grid",
+                    audio_pad="<|audio_pad|>", audio_open="<|audio_start|>", audio_close="<|audio_end|>",
+                    audio_tokens=_qwen3_omni_audio_tokens)
 FAMILIES: dict[str, Family] = {
-    "qwen2_5_vl": QWEN_VL,
-    "qwen3_vl": QWEN_VL,
-    "qwen3_vl_moe": QWEN_VL,
+    "qwen2_5_vl": QWEN2_5_VL,
+    "qwen3_vl": QWEN3_VL,
+    "qwen3_vl_moe": QWEN3_VL,
     "qwen3_omni_moe_thinker": QWEN3_OMNI,
 }
 MEDIA_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
@@ -153,6 +178,131 @@ def audio_to_data_uri(waveform_T: Any, rate: int) -> str:
     from relax.utils.multimodal.audio import float_wav
 
     return "data:audio/wav;base64," + base64.b64encode(float_wav(waveform_T, rate)).decode("ascii")
+
+
+def video_to_request(item: Any) -> dict[str, Any]:
+    """A video item as /generate's `video_data` entry: `{"frames": [PNG data URIs], "fps": f}` (its
+    frames as given, lossless, and their rate)."""
+    frames, fps, _ = video_item(item)
+    return {"frames": [image_to_data_uri(frame) for frame in frames], "fps": fps}
+
+
+def video_item(item: Any) -> tuple[list[Any], float, list[float]]:
+    """(frames, fps, each frame's time in seconds) of a video item as the processor takes it: frames
+    already sampled and sized (the video pipeline's work): `{"frames": [...], "fps": f,
+    "frame_times": [...]}` (fps and times optional) or a bare frame list / uint8 [T, H, W, 3]
+    array, whose frames are taken to be `DEFAULT_VIDEO_FPS` apart."""
+    if isinstance(item, dict) and "frames" in item:
+        frames, fps, times = item["frames"], item.get("fps") or DEFAULT_VIDEO_FPS, item.get("frame_times")
+    elif isinstance(item, (list, tuple)) or (hasattr(item, "shape") and len(item.shape) == 4):
+        frames, fps, times = item, DEFAULT_VIDEO_FPS, None
+    else:
+        raise MediaError(f"a video item must be a list of frames or {{'frames': [...], 'fps': <fps>}}, got "
+                         f"{type(item).__name__} (video files go through the video pipeline first)")
+    frames = [frames[i] for i in range(len(frames))]
+    if not frames:
+        raise MediaError("a video item has no frames")
+    if not isinstance(fps, (int, float)) or isinstance(fps, bool) or fps <= 0:
+        raise MediaError(f"video fps must be a positive number, got {fps!r}")
+    times = [i / fps for i in range(len(frames))] if times is None else [float(t) for t in times]
+    if len(times) != len(frames):
+        raise MediaError(f"a video item has {len(frames)} frames but {len(times)} frame_times")
+    return frames, float(fps), times
+
+
+def slice_times(frame_times: Sequence[float], temporal_patch: int) -> list[float]:
+    """The time of each temporal slice (`temporal_patch` frames, the last frame repeated to fill the
+    final one): the mean of its first and last frame's times (Qwen3-VL's timestamps)."""
+    times = list(frame_times)
+    times += [times[-1]] * (-len(times) % temporal_patch)
+    return [(times[i] + times[i + temporal_patch - 1]) / 2 for i in range(0, len(times), temporal_patch)]
+
+
+def patchify_video(frames_THWC: Any, settings: VideoSettings) -> tuple[Any, tuple[int, int, int]]:
+    """uint8 frames [T, H, W, 3] -> (`pixel_values_videos` rows [t*h*w, 3*tp*p*p], (t, h, w)), the Qwen-VL
+    video processor's layout: rescaled and normalised, T padded to a multiple of the temporal patch
+    `tp` with the last frame, patches ordered merge window by merge window (an image is a video of
+    `tp` equal frames)."""
+    import torch
+
+    p, tp, m = settings.patch_size, settings.temporal_patch_size, settings.merge_size
+    x = torch.as_tensor(frames_THWC).permute(0, 3, 1, 2).to(torch.float32) * settings.rescale_factor
+    mean = torch.tensor(settings.mean, dtype=torch.float32)[None, :, None, None]
+    std = torch.tensor(settings.std, dtype=torch.float32)[None, :, None, None]
+    x = (x - mean) / std
+    if x.shape[0] % tp:
+        x = torch.cat([x, x[-1:].expand(tp - x.shape[0] % tp, -1, -1, -1)])
+    t, c, height, width = x.shape[0] // tp, x.shape[1], x.shape[2], x.shape[3]
+    h, w = height // p, width // p
+    x = x.reshape(t, tp, c, h // m, m, p, w // m, m, p).permute(0, 3, 6, 4, 7, 2, 1, 5, 8)
+    return x.reshape(t * h * w, c * tp * p * p), (t, h, w)
+
+
+@dataclass(frozen=True)
+class VideoSettings:
+    """The checkpoint's video processor settings (`video_preprocessor_config.json`, else its image
+    processor's: Qwen2.5-VL keeps one file for both)."""
+
+    patch_size: int
+    temporal_patch_size: int
+    merge_size: int
+    mean: tuple[float, float, float]
+    std: tuple[float, float, float]
+    rescale_factor: float
+
+    @classmethod
+    def load(cls, model_path: str, image_processor: Any) -> VideoSettings:
+        import json
+        import os
+
+        cfg: dict[str, Any] = {}
+        path = os.path.join(model_path, "video_preprocessor_config.json")
+        if os.path.isfile(path):
+            with open(path) as f:
+                cfg = json.load(f)
+
+        def get(name: str, default: Any = None) -> Any:
+            return cfg.get(name, getattr(image_processor, name, default))
+
+        return cls(patch_size=int(get("patch_size")), temporal_patch_size=int(get("temporal_patch_size", 2)),
+                   merge_size=int(get("merge_size")), mean=tuple(float(v) for v in get("image_mean")),
+                   std=tuple(float(v) for v in get("image_std")), rescale_factor=float(get("rescale_factor", 1 / 255)))
+
+
+_PIPELINE_ITEM: dict[str, Callable[[Any], Any]] = {
+    "image": lambda p: p.pixels,
+    "video": lambda p: {"frames": p.frames, "fps": p.sampled_fps, "frame_times": p.frame_times},
+    "audio": lambda p: {"array": p.waveform, "sampling_rate": p.sample_rate},
+}
+
+
+def through_pipelines(media: dict[str, Sequence[Any]] | None, pipelines: dict[str, Any] | None
+                      ) -> dict[str, list[Any]]:
+    """A row's media (`{"image": [items], ...}`) through the flags' pipelines, in the forms
+    `MultimodalProcessor.encode` takes: images resized (uint8 [H, W, 3]), videos sampled and sized
+    (`{"frames", "fps", "frame_times"}`), audio resampled (`{"array", "sampling_rate"}`). A
+    modality without a pipeline passes as it is."""
+    out = {k: list(v) for k, v in (media or {}).items() if v}
+    for modality, pipeline in (pipelines or {}).items():
+        if out.get(modality):
+            out[modality] = [_PIPELINE_ITEM[modality](pipeline.process(item)) for item in out[modality]]
+    return out
+
+
+PROCESSOR_FILES = ("preprocessor_config.json", "video_preprocessor_config.json", "processor_config.json",
+                   "chat_template.json", "chat_template.jinja")
+
+
+def copy_processor_files(src: str, out: str) -> list[str]:
+    """Copy a checkpoint's processor files (image / video processor, feature extractor, chat
+    template) to an export next to it; returns those copied."""
+    import os
+    import shutil
+
+    copied = [name for name in PROCESSOR_FILES if os.path.isfile(os.path.join(src, name))]
+    for name in copied:
+        shutil.copyfile(os.path.join(src, name), os.path.join(out, name))
+    return copied
 
 
 # ---- serialisation for TransferQueue ----------------------------------------------------------
@@ -231,6 +381,7 @@ class MultimodalProcessor:
         self.merge = int(self.config.vision_config.spatial_merge_size)
         self.image_token_id = int(self.config.image_token_id)
         self.video_token_id = int(getattr(self.config, "video_token_id", -1) or -1)
+        self.video = VideoSettings.load(model_path, self.image_processor)
         vocab = self.tokenizer.get_vocab()
         # Media placeholders the model must never emit as text (the engine does not sample them).
         self.media_token_ids = sorted({vocab[t] for t in MEDIA_TOKENS + AUDIO_TOKENS if t in vocab})
@@ -241,11 +392,25 @@ class MultimodalProcessor:
             self.feature_extractor = WhisperFeatureExtractor.from_pretrained(model_path)
             self.audio_token_id = int(self.config.audio_token_id)
 
+    def pipelines(self, flags: Any) -> dict[str, Any]:
+        """The media flags' pipelines for this model (`through_pipelines`): images and video frames
+        sized in its own units (patch x merge), audio resampled to --audio-sample-rate."""
+        from relax.utils.multimodal import AudioPipeline, ImageConfig, ImagePipeline, VideoConfig, VideoPipeline
+
+        units = dict(patch_size=self.video.patch_size, merge_size=self.video.merge_size)
+        vision = self.config.vision_config
+        return {"image": ImagePipeline(ImageConfig.from_flags(flags, patch_size=int(vision.patch_size),
+                                                              merge_size=int(vision.spatial_merge_size))),
+                "video": VideoPipeline(VideoConfig.from_flags(flags, **units)),
+                "audio": AudioPipeline(AudioConfig.from_flags(flags))}
+
     # -- rollout side
     def encode(self, text: str, media: dict[str, list[Any]] | None) -> Encoded:
         """`text` (the chat-templated prompt) with its placeholders expanded, and the tensors of
         `media` (`{"image": [items], "audio": [items]}`, each in placeholder order)."""
         media = {k: list(v) for k, v in (media or {}).items() if v}
+        if media.get("video"):
+            media["video"] = [self.as_frames(item) for item in media["video"]]
         unsupported = sorted(set(media) - set(self.family.modalities))
         if unsupported:
             raise MediaError(f"{', '.join(unsupported)} inputs are not supported by model type "
@@ -256,16 +421,20 @@ class MultimodalProcessor:
                 raise MediaError(f"the prompt has {have} {PLACEHOLDERS[modality]} placeholder(s) for {want} "
                                  f"{modality}(s); put one placeholder per {modality} in the content")
         request = self.request_fields(media)
-        tensors = self.request_media_tensors(request.get("image_data"), request.get("audio_data"))
-        spans = {m: self._spans(m, tensors) for m in self.family.modalities}
+        tensors = self.request_media_tensors(request.get("image_data"), request.get("audio_data"),
+                                             request.get("video_data"))
+        spans = {m: self._spans(m, tensors, media.get(m, [])) for m in self.family.modalities}
         return Encoded(self.tokenizer.encode(self._expand(text, spans), add_special_tokens=False), tensors, request)
 
     def request_fields(self, media: dict[str, list[Any]]) -> dict[str, list[str]]:
-        """/generate's media fields of `media`: `image_data` (PNG data URIs), `audio_data` (float
-        WAV data URIs at the feature extractor's rate), each only when there are items."""
-        request = {}
+        """/generate's media fields of `media`: `image_data` (PNG data URIs), `video_data` (`{"frames":
+        [PNG data URIs], "fps"}` per video), `audio_data` (float WAV data URIs at the feature
+        extractor's rate), each only when there are items."""
+        request: dict[str, list[Any]] = {}
         if media.get("image"):
             request["image_data"] = [image_to_data_uri(item) for item in media["image"]]
+        if media.get("video"):
+            request["video_data"] = [video_to_request(item) for item in media["video"]]
         if media.get("audio"):
             if self.feature_extractor is None:
                 raise MediaError(f"audio inputs are not supported by model type {model_type(self.config)!r}")
@@ -274,11 +443,23 @@ class MultimodalProcessor:
                                      for item in media["audio"]]
         return request
 
-    def _spans(self, modality: str, tensors: dict[str, Any]) -> list[str]:
-        """Each item's expansion `<open><pad>*n<close>`, in order."""
+    def _spans(self, modality: str, tensors: dict[str, Any], items: Sequence[Any]) -> list[str]:
+        """Each item's expansion `<open><pad>*n<close>`, in order (Qwen3-VL videos: one such block per
+        temporal slice, each after its `<t seconds>` timestamp)."""
         f = self.family
         if modality == "image":
             return [f.image_open + f.image_pad * n + f.image_close for n in self.image_token_counts(tensors)]
+        if modality == "video":
+            spans = []
+            for item, (t, h, w) in zip(items, tensors.get("video_grid_thw", []).tolist() if items else []):
+                per_slice = h * w // self.merge ** 2
+                if not f.video_timestamps:
+                    spans.append(f.image_open + f.video_pad * (t * per_slice) + f.image_close)
+                    continue
+                times = slice_times(video_item(item)[2], self.video.temporal_patch_size)
+                spans.append("".join(f"<{s:.1f} seconds>" + f.image_open + f.video_pad * per_slice + f.image_close
+                                     for s in times[:t]))
+            return spans
         return [f.audio_open + f.audio_pad * n + f.audio_close for n in self.audio_token_counts(tensors)]
 
     @staticmethod
@@ -303,6 +484,51 @@ class MultimodalProcessor:
 
     def image_token_counts(self, tensors: dict[str, Any]) -> list[int]:
         grid = tensors.get("image_grid_thw")
+        return [] if grid is None else [int(n) // (self.merge ** 2) for n in grid.prod(-1).tolist()]
+
+    def video_tensors(self, items: Sequence[Any]) -> dict[str, Any]:
+        """`pixel_values_videos`, `video_grid_thw` (and the family's seconds per temporal grid) of video
+        items, their frames used as given: all one size, each side a multiple of patch x merge (the
+        video pipeline sizes them per --video-min/max-token-num)."""
+        import numpy as np
+        import torch
+
+        from relax.utils.multimodal.image import to_pil
+
+        if not items:
+            return {}
+        unit = self.video.patch_size * self.video.merge_size
+        pixels, grids, seconds = [], [], []
+        for k, item in enumerate(items):
+            frames, fps, _ = video_item(self.as_frames(item))
+            decoded = [np.asarray(to_pil(f, kind=f"video {k} frame {i}")) for i, f in enumerate(frames)]
+            height, width = decoded[0].shape[:2]
+            if any(f.shape[:2] != (height, width) for f in decoded) or height % unit or width % unit:
+                raise MediaError(f"video {k}: frames must all be one size with sides multiples of {unit} pixels "
+                                 f"(got {height}x{width}); send them through the video pipeline (the rollout "
+                                 "sizes frames per --video-min/max-token-num)")
+            rows, grid = patchify_video(np.stack(decoded), self.video)
+            pixels.append(rows)
+            grids.append(grid)
+            seconds.append(self.video.temporal_patch_size / fps)
+        out = {"pixel_values_videos": torch.cat(pixels), "video_grid_thw": torch.tensor(grids, dtype=torch.long)}
+        if self.family.video_seconds:
+            out[self.family.video_seconds] = torch.tensor(seconds, dtype=torch.float32)
+        return out
+
+    def as_frames(self, item: Any) -> Any:
+        """A video file (path, URL, bytes, data URI) as `{"frames", "fps", "frame_times"}`, sampled and
+        sized by the video pipeline at the default video flags in this model's units; frame lists
+        pass as they are (already sampled and sized)."""
+        if not isinstance(item, (str, bytes, bytearray)):
+            return item
+        from relax.utils.multimodal import VideoConfig, VideoPipeline
+
+        cfg = VideoConfig(patch_size=self.video.patch_size, merge_size=self.video.merge_size)
+        return _PIPELINE_ITEM["video"](VideoPipeline(cfg).process(item))
+
+    def video_token_counts(self, tensors: dict[str, Any]) -> list[int]:
+        grid = tensors.get("video_grid_thw")
         return [] if grid is None else [int(n) // (self.merge ** 2) for n in grid.prod(-1).tolist()]
 
     def waveform(self, item: Any, cfg: AudioConfig) -> Any:
@@ -338,9 +564,13 @@ class MultimodalProcessor:
         return [] if mask is None else [int(n) for n in self.family.audio_tokens(mask.sum(-1), self.config)]
 
     # -- engine side
-    def request_media_tensors(self, image_data: Sequence[Any] | None, audio_data: Sequence[Any] | None
-                              ) -> dict[str, Any]:
+    def request_media_tensors(self, image_data: Sequence[Any] | None, audio_data: Sequence[Any] | None,
+                              video_data: Sequence[Any] | None = None) -> dict[str, Any]:
         tensors = self.image_tensors(list(image_data or []))
+        if video_data:
+            if not self.family.video_pad:
+                raise MediaError(f"video_data is not supported by model type {model_type(self.config)!r}")
+            tensors.update(self.video_tensors(list(video_data)))
         if audio_data:
             if self.feature_extractor is None:
                 raise MediaError(f"audio_data is not supported by model type {model_type(self.config)!r} "
@@ -349,11 +579,14 @@ class MultimodalProcessor:
         return tensors
 
     def request_tensors(self, input_ids: Sequence[int], image_data: Sequence[Any] | None,
-                        audio_data: Sequence[Any] | None = None) -> dict[str, Any]:
+                        audio_data: Sequence[Any] | None = None, video_data: Sequence[Any] | None = None
+                        ) -> dict[str, Any]:
         """The encoder tensors of one /generate item, checked against its ids: the ids must hold
-        exactly the pad tokens the images and audios expand to (the rollout's `encode` makes them so)."""
-        tensors = self.request_media_tensors(image_data, audio_data)
+        exactly the pad tokens the images, videos and audios expand to (the rollout's `encode` makes
+        them so)."""
+        tensors = self.request_media_tensors(image_data, audio_data, video_data)
         for name, token_id, want in (("image", self.image_token_id, sum(self.image_token_counts(tensors))),
+                                     ("video", self.video_token_id, sum(self.video_token_counts(tensors))),
                                      ("audio", self.audio_token_id, sum(self.audio_token_counts(tensors)))):
             have = sum(1 for t in input_ids if t == token_id)
             if want != have:
@@ -374,34 +607,44 @@ def _take(per_item: list[int], used: int, pads: int, what: str, b: int) -> int:
 
 def rope_positions(model: Any, ids_BL: Any, mask_BL: Any, tensors: dict[str, Any]) -> Any:
     """M-RoPE position ids `(3, B, L)` from the model's own `get_rope_index` (text tokens count
-    1, 2, 3, ...; an image's tokens take (t, h, w) grid positions; an audio's count on). `mask_BL`
-    marks real tokens (left or right padding; padded positions get 0). Row by row, on each row's
-    real tokens and its own media (the `image_grid_thw` rows and audios its pad tokens use up, in
-    order): the same call the engine makes for one unpadded row, whatever padding the batch has."""
+    1, 2, 3, ...; an image's tokens take (t, h, w) grid positions, a video's too with its time
+    steps; an audio's count on). `mask_BL` marks real tokens (left or right padding; padded
+    positions get 0). Row by row, on each row's real tokens and its own media (the grid rows and
+    audios its pad tokens use up, in order): the same call the engine makes for one unpadded row,
+    whatever padding the batch has."""
     import torch
 
     config = model.config
     family = FAMILIES[model_type(config)]
     merge = int(config.vision_config.spatial_merge_size)
-    grids = tensors.get("image_grid_thw")
-    per_image = [] if grids is None else [int(n) // merge ** 2 for n in grids.prod(-1).tolist()]
+    images, videos = tensors.get("image_grid_thw"), tensors.get("video_grid_thw")
+    seconds = tensors.get(family.video_seconds) if family.video_seconds else None
     mask = tensors.get("feature_attention_mask")
     frames = None if mask is None else mask.sum(-1)
-    per_audio = [] if frames is None else [int(n) for n in family.audio_tokens(frames, config)]
-    audio_id = getattr(config, "audio_token_id", None)
+    kinds = {  # kind -> (pad token id, pad tokens per item)
+        "image": (config.image_token_id, [] if images is None else [int(n) // merge ** 2 for n in images.prod(-1)]),
+        "video": (getattr(config, "video_token_id", None),
+                  [] if videos is None else [int(n) // merge ** 2 for n in videos.prod(-1)]),
+        "audio": (getattr(config, "audio_token_id", None),
+                  [] if frames is None else [int(n) for n in family.audio_tokens(frames, config)]),
+    }
+    used = dict.fromkeys(kinds, 0)
     out = torch.zeros((3, *ids_BL.shape), dtype=torch.long, device=ids_BL.device)
-    images = audios = 0
     for b in range(ids_BL.shape[0]):
         keep = mask_BL[b].bool()
         ids_1L = ids_BL[b, keep][None]
-        first_image, first_audio = images, audios
-        images = _take(per_image, images, int((ids_1L == config.image_token_id).sum()), "image", b)
-        if audio_id is not None:
-            audios = _take(per_audio, audios, int((ids_1L == audio_id).sum()), "audio", b)
-        if images == first_image and audios == first_audio:  # a text row: 1-D positions in all three components
+        first = dict(used)
+        for kind, (token_id, per_item) in kinds.items():
+            if token_id is not None:
+                used[kind] = _take(per_item, used[kind], int((ids_1L == token_id).sum()), kind, b)
+        if used == first:  # a text row: 1-D positions in all three components
             out[:, b, keep] = torch.arange(ids_1L.shape[1], device=ids_BL.device)
             continue
-        position_ids = family.rope_index(model, ids_1L, grids[first_image:images] if images > first_image else None,
-                                         frames[first_audio:audios] if audios > first_audio else None)
-        out[:, b, keep] = position_ids[:, 0].to(out.dtype)
+
+        def mine(t: Any, kind: str) -> Any:
+            return t[first[kind]:used[kind]] if t is not None and used[kind] > first[kind] else None
+
+        row = RowMedia(images=mine(images, "image"), videos=mine(videos, "video"), seconds=mine(seconds, "video"),
+                       audio_frames=mine(frames, "audio"))
+        out[:, b, keep] = family.rope_index(model, ids_1L, row)[:, 0].to(out.dtype)
     return out

@@ -53,6 +53,13 @@ class ProcessedVideo:
     indices: list[int]               # which source frames were kept
     grid_thw: tuple[int, int, int]   # (T / frame_factor, H / patch, W / patch), as `video_grid_thw`
     num_tokens: int
+    source_fps: float = 30.0         # the rate of the source frames (`indices` count in it)
+    sampled_fps: float = 2.0         # the rate of the kept frames: len(indices) / duration
+
+    @property
+    def frame_times(self) -> list[float]:
+        """Each kept frame's time in seconds (its source index / source fps)."""
+        return [i / self.source_fps for i in self.indices]
 
 
 def _frames_and_fps(item: Any, cfg: VideoConfig) -> tuple[list, float]:
@@ -93,4 +100,5 @@ class VideoPipeline:
         grid = (len(indices) // self.cfg.frame_factor, height // fc.patch_size, width // fc.patch_size)
         return ProcessedVideo(frames=torch.from_numpy(np.stack(resized)),  # [T, H, W, 3]
                               indices=indices, grid_thw=grid,
-                              num_tokens=grid[0] * grid[1] * grid[2] // fc.merge_size ** 2)
+                              num_tokens=grid[0] * grid[1] * grid[2] // fc.merge_size ** 2,
+                              source_fps=source_fps, sampled_fps=len(indices) * source_fps / len(frames))

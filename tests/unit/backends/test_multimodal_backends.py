@@ -1,8 +1,8 @@
 """Vision-language and omni rows through the CPU backends: the hf engine (image_data / audio_data on
 /generate, batched with text rows) and the fsdp trainer (encoder tensors from TransferQueue's bytes,
 padded micro-batches) give the same per-token log-probs of the same sample (fp32, < 1e-4), for a
-tiny Qwen2.5-VL, a tiny Qwen3-VL and a tiny Qwen3-Omni thinker (an audio row, an audio + image
-row, a text row); a training step on those rows moves the media encoders too."""
+tiny Qwen2.5-VL, a tiny Qwen3-VL and a tiny Qwen3-Omni thinker (image rows, an audio row, an audio
++ image row, a video row, a text row); a training step on those rows moves the media encoders too."""
 
 from __future__ import annotations
 
@@ -19,8 +19,9 @@ from relax.distributed.ray.actor_group import free_port
 from relax.types import Sample, TrainBatch
 
 TEMPERATURE = 0.8
-CONTENTS = {"vl": ["<image>which cell is red?", "<image>and this one<image>?", "no image here"],
-            "qwen3_omni": ["<audio>is the second tone higher?", "<audio>and this one<image>?", "no media here"]}
+CONTENTS = {"vl": ["<image>which cell is red?", "<image>and this one<image>?", "no image here", "<video>what moves?"],
+            "qwen3_omni": ["<audio>is the second tone higher?", "<audio>and this one<image>?", "no media here",
+                           "<video>what moves?"]}
 ENCODER = {"vl": ".visual.", "qwen3_omni": ".audio_tower."}  # the tower a step on these rows must move
 
 
@@ -42,6 +43,28 @@ def tones(seed: int, n: int):
              ).astype(np.float32) for _ in range(n)]
 
 
+def clips(seed: int, n: int):
+    """n videos: 10 frames of a square moving over noise, at 5 fps (2 s: the pipeline keeps 4)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        frames = rng.integers(0, 256, size=(10, 50, 70, 3), dtype=np.uint8)
+        for t in range(10):
+            frames[t, 10:30, 5 * t:5 * t + 20] = 255
+        out.append({"frames": list(frames), "fps": 5})
+    return out
+
+
+def video_pipelines(processor):
+    """The video pipeline at small per-frame bounds (4..8 tokens) in the model's units."""
+    from relax.utils.multimodal import VideoConfig, VideoPipeline
+
+    return {"video": VideoPipeline(VideoConfig(min_tokens=4, max_tokens=8, patch_size=processor.video.patch_size,
+                                               merge_size=processor.video.merge_size))}
+
+
 def family(model_dir: str) -> str:
     return "qwen3_omni" if "qwen3_omni" in model_dir else "vl"
 
@@ -61,15 +84,16 @@ def model_dir(request, tmp_path_factory):
 
 def encode(model_dir: str):
     """The rollout side: chat template, placeholders expanded, encoder tensors, image_data / audio_data."""
-    from relax.utils.multimodal.processor import MultimodalProcessor
+    from relax.utils.multimodal.processor import MultimodalProcessor, through_pipelines
 
     processor = MultimodalProcessor(model_dir)
     out = []
     for i, content in enumerate(CONTENTS[family(model_dir)]):
         text = processor.tokenizer.apply_chat_template([{"role": "user", "content": content}], tokenize=False,
                                                        add_generation_prompt=True)
-        media = {"image": images(i, content.count("<image>")), "audio": tones(i, content.count("<audio>"))}
-        out.append(processor.encode(text, {k: v for k, v in media.items() if v}))
+        media = {"image": images(i, content.count("<image>")), "audio": tones(i, content.count("<audio>")),
+                 "video": clips(i, content.count("<video>"))}
+        out.append(processor.encode(text, through_pipelines(media, video_pipelines(processor))))
     return out
 
 
@@ -82,7 +106,8 @@ def generate(model_dir: str, encoded):
         engine = HFEngine(model_dir, seed=0)
         req = GenerateRequest(input_ids=[e.input_ids for e in encoded],
                               image_data=[e.request.get("image_data") for e in encoded],
-                              audio_data=[e.request.get("audio_data") for e in encoded], return_logprob=True,
+                              audio_data=[e.request.get("audio_data") for e in encoded],
+                              video_data=[e.request.get("video_data") for e in encoded], return_logprob=True,
                               sampling_params=[dict(temperature=TEMPERATURE, max_new_tokens=12 + 3 * i,
                                                     ignore_eos=True, sampling_seed=i) for i in range(len(encoded))])
         items, _ = normalize_generate(req, engine.tokenizer, vocab_size=engine.vocab_size,
@@ -102,8 +127,10 @@ def test_engine_and_trainer_log_probs_agree_on_media_rows(model_dir):
 
     torch.manual_seed(0)
     encoded = encode(model_dir)
-    counts = [(len(e.request.get("image_data", [])), len(e.request.get("audio_data", []))) for e in encoded]
-    assert counts == ([(1, 0), (2, 0), (0, 0)] if family(model_dir) == "vl" else [(0, 1), (1, 1), (0, 0)])
+    counts = [tuple(len(e.request.get(f"{m}_data", [])) for m in ("image", "audio", "video")) for e in encoded]
+    assert counts == ([(1, 0, 0), (2, 0, 0), (0, 0, 0), (0, 0, 1)] if family(model_dir) == "vl" else
+                      [(0, 1, 0), (1, 1, 0), (0, 0, 0), (0, 0, 1)])
+    assert encoded[3].tensors["video_grid_thw"].tolist() == [[2, 4, 4]]  # 4 frames kept, 2 temporal slices
     results = generate(model_dir, encoded)
     media_ids = set(MultimodalProcessor(model_dir).media_token_ids)
     assert media_ids and not any(t in media_ids for r in results for t in r.output_ids)  # never sampled
@@ -111,7 +138,7 @@ def test_engine_and_trainer_log_probs_agree_on_media_rows(model_dir):
                       multimodal_train_inputs=e.tensors or None, rollout_log_probs=r.output_logprobs)
                for i, (e, r) in enumerate(zip(encoded, results))]
     media = tq.media_bytes(tq.media_column(samples).unbind())  # through the data plane's column
-    assert media[2] == b"" and media[0] and media[1]
+    assert media[2] == b"" and media[0] and media[1] and media[3]
     spec = TrainerSpec(model_path=model_dir, optim=OptimizerConfig(lr=1e-2), batch=BatchConfig(micro_batch_size=3),
                        loss=PolicyLossConfig(), temperature=TEMPERATURE, threads=1)
     worker = FSDPTrainWorker(0, 1, "127.0.0.1", free_port(), spec)
@@ -122,12 +149,13 @@ def test_engine_and_trainer_log_probs_agree_on_media_rows(model_dir):
             diff = (torch.tensor(lp) - torch.tensor(s.rollout_log_probs)).abs().max().item()
             assert diff < 1e-4, f"row {s.index}: engine vs trainer log-probs differ by {diff}"
         # Without the media the same tokens score differently: the trainer really used them.
-        blind = worker.compute_log_probs([s.tokens for s in samples[:1]], [s.response_length for s in samples[:1]])
-        assert (torch.tensor(blind[0]) - torch.tensor(trainer[0])).abs().max().item() > 1e-3
+        for row in (0, 3):
+            blind = worker.compute_log_probs([samples[row].tokens], [samples[row].response_length])
+            assert (torch.tensor(blind[0]) - torch.tensor(trainer[row])).abs().max().item() > 1e-3
         lengths = [s.response_length for s in samples]
         batch = TrainBatch(tokens_RL=[s.tokens for s in samples], response_lengths_R=lengths,
                            loss_masks_RT=[[1] * n for n in lengths],
-                           advantages_RT=[[[1.0, -1.0, 0.5][i]] * n for i, n in enumerate(lengths)],
+                           advantages_RT=[[[1.0, -1.0, 0.5, -0.5][i]] * n for i, n in enumerate(lengths)],
                            old_log_probs_RT=trainer, multimodal_train_inputs_RB=media)
         tower = ENCODER[family(model_dir)]
         visual = {n: p.detach().clone() for n, p in worker.model.named_parameters() if tower in f".{n}"}
@@ -163,10 +191,13 @@ def test_rope_positions_ignore_padding_and_follow_each_rows_images(model_dir):
             assert torch.equal(batched[:, b, mask[b].bool()], alone[b])
     with_image = next(i for i, c in enumerate(CONTENTS[family(model_dir)]) if "<image>" in c)
     assert not torch.equal(alone[with_image][1], alone[with_image][2])  # image tokens sit on a 2-D (h, w) grid
+    video = torch.tensor(encoded[3].input_ids) == model.config.video_token_id
+    assert not torch.equal(alone[3][1, video], alone[3][2, video])  # and video tokens too
 
 
 def test_multi_turn_media_carry_over(model_dir):
-    """An observation with a new image (omni: and a new audio clip, after an audio + image prompt) mid-episode
+    """An observation with a new image and a video (omni: an audio clip too, after an audio + image prompt)
+    mid-episode
     (MediaContext): the second /generate carries every item so far, and the trainer, given the
     merged tensors, scores every model-written token as the engine did."""
     from relax.backends.fsdp.worker import FSDPTrainWorker
@@ -183,7 +214,7 @@ def test_multi_turn_media_carry_over(model_dir):
     encoded = processor.encode(text, sample.multimodal_inputs)
     sample.tokens, sample.multimodal_train_inputs = list(encoded.input_ids), encoded.tensors
     prompt_len, mask, logps = len(sample.tokens), [], []
-    ctx = MediaContext(processor, sample)
+    ctx = MediaContext(processor, sample, video_pipelines(processor))
     for turn in range(2):
         enc = type(encoded)(list(sample.tokens), request=ctx.request())
         (result,) = generate(model_dir, [enc])
@@ -191,15 +222,16 @@ def test_multi_turn_media_carry_over(model_dir):
         mask += [1] * len(result.output_ids)
         logps += result.output_logprobs
         if turn == 0:
-            obs = ctx.observe("<|im_end|>\n<|im_start|>user\n<audio><image>and now?<|im_end|>\n"
-                              "<|im_start|>assistant\n", [second], tones(3, 1)) if omni else \
-                ctx.observe("<|im_end|>\n<|im_start|>user\n<image>and now?<|im_end|>\n<|im_start|>assistant\n",
-                            [second])
+            obs = ctx.observe("<|im_end|>\n<|im_start|>user\n<audio><image><video>and now?<|im_end|>\n"
+                              "<|im_start|>assistant\n", [second], tones(3, 1), clips(3, 1)) if omni else \
+                ctx.observe("<|im_end|>\n<|im_start|>user\n<image><video>and now?<|im_end|>\n"
+                            "<|im_start|>assistant\n", [second], videos=clips(3, 1))
             sample.tokens += obs
             mask += [0] * len(obs)
             logps += [0.0] * len(obs)
     assert len(ctx.request()["image_data"]) == 2 and len(sample.multimodal_inputs["image"]) == 2
     assert sample.multimodal_train_inputs["image_grid_thw"].shape[0] == 2
+    assert len(ctx.request()["video_data"]) == 1 and sample.multimodal_train_inputs["video_grid_thw"].shape[0] == 1
     if omni:
         assert len(ctx.request()["audio_data"]) == 2 and sample.multimodal_train_inputs["input_features"].shape[0] == 2
     spec = TrainerSpec(model_path=model_dir, optim=OptimizerConfig(lr=1e-3), batch=BatchConfig(micro_batch_size=1),
