@@ -633,6 +633,9 @@ MEGATRON_NOT_BUILT = {
 }
 
 
+MEGATRON_VL = ("qwen2_5_vl",)  # relax.backends.megatron.vision.SUPPORTED (not imported: no megatron at validation)
+
+
 def megatron_unfit(cfg: RelaxConfig) -> list[str]:
     """What this run needs that the megatron backend does not build (auto then picks fsdp)."""
     reasons = []
@@ -642,7 +645,16 @@ def megatron_unfit(cfg: RelaxConfig) -> list[str]:
     if cfg.cluster.true_on_policy_mode:
         reasons.append("--true-on-policy-mode needs --train-backend fsdp")
     if cfg.data.multimodal_keys:
-        reasons.append("--multimodal-keys (a vision-language model) needs --train-backend fsdp in this build")
+        p = cfg.parallel
+        config = Path(cfg.ckpt.hf_checkpoint or "") / "config.json"
+        model_type = json.loads(config.read_text()).get("model_type") if config.is_file() else None
+        if model_type is not None and model_type not in MEGATRON_VL:
+            reasons.append(f"--multimodal-keys with a {model_type} model: the megatron backend trains the "
+                           f"vision-language models {', '.join(MEGATRON_VL)}; use --train-backend fsdp")
+        elif p.pipeline_model_parallel_size > 1 or p.context_parallel_size > 1:
+            reasons.append("--multimodal-keys: a vision-language model runs without pipeline and context parallelism "
+                           "on the megatron backend; set --pipeline-model-parallel-size and --context-parallel-size "
+                           "to 1, or use --train-backend fsdp")
     return reasons
 
 

@@ -32,12 +32,13 @@ def add_media_tokens(tokenizer: Any, tokens: tuple[str, ...] = MEDIA_TOKENS) -> 
     return tokenizer
 
 
-def _text_config(tokenizer: Any, hidden_size: int, num_layers: int, num_heads: int, max_position_embeddings: int
-                 ) -> dict[str, Any]:
+def _text_config(tokenizer: Any, hidden_size: int, num_layers: int, num_heads: int, max_position_embeddings: int,
+                 vocab_multiple: int = 1) -> dict[str, Any]:
     head_dim = hidden_size // num_heads
     half = head_dim // 2  # M-RoPE splits each head's rotary half into temporal / height / width sections
     section = [half - 2 * (half // 3), half // 3, half // 3]
-    return dict(vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=2 * hidden_size,
+    vocab = -(-len(tokenizer) // vocab_multiple) * vocab_multiple  # padded, as real checkpoints pad theirs
+    return dict(vocab_size=vocab, hidden_size=hidden_size, intermediate_size=2 * hidden_size,
                 num_hidden_layers=num_layers, num_attention_heads=num_heads, num_key_value_heads=num_heads,
                 head_dim=head_dim, max_position_embeddings=max_position_embeddings,
                 rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": section},
@@ -46,11 +47,11 @@ def _text_config(tokenizer: Any, hidden_size: int, num_layers: int, num_heads: i
 
 
 def _config(kind: str, tokenizer: Any, *, hidden_size: int, num_layers: int, num_heads: int,
-            vision_hidden: int, vision_depth: int, max_position_embeddings: int) -> Any:
+            vision_hidden: int, vision_depth: int, max_position_embeddings: int, vocab_multiple: int = 1) -> Any:
     from transformers import Qwen2_5_VLConfig, Qwen3VLConfig
 
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in MEDIA_TOKENS}
-    text = _text_config(tokenizer, hidden_size, num_layers, num_heads, max_position_embeddings)
+    text = _text_config(tokenizer, hidden_size, num_layers, num_heads, max_position_embeddings, vocab_multiple)
     common = dict(image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
                   vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
                   tie_word_embeddings=True)
@@ -71,17 +72,18 @@ def _config(kind: str, tokenizer: Any, *, hidden_size: int, num_layers: int, num
 def build_tiny_vl(kind: str, tokenizer: Any, out_dir: str, *, hidden_size: int = 64, num_layers: int = 2,
                   num_heads: int = 4, vision_hidden: int = 32, vision_depth: int = 2,
                   max_position_embeddings: int = 1024, min_tokens: int = 4, max_tokens: int = 64,
-                  seed: int = 0) -> str:
+                  seed: int = 0, vocab_multiple: int = 1) -> str:
     """Write a random tiny `kind` VL checkpoint with `tokenizer` (media tokens added) to `out_dir`.
 
-    The image processor keeps images within [min_tokens, max_tokens] LLM tokens."""
+    The image processor keeps images within [min_tokens, max_tokens] LLM tokens; the vocabulary
+    is padded to a multiple of `vocab_multiple` (tensor parallelism splits it)."""
     import torch
     from transformers import AutoModelForImageTextToText, Qwen2VLImageProcessorPil
 
     add_media_tokens(tokenizer)
     config = _config(kind, tokenizer, hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads,
                      vision_hidden=vision_hidden, vision_depth=vision_depth,
-                     max_position_embeddings=max_position_embeddings)
+                     max_position_embeddings=max_position_embeddings, vocab_multiple=vocab_multiple)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = AutoModelForImageTextToText.from_config(config, dtype=torch.float32)

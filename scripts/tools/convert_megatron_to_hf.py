@@ -7,7 +7,9 @@ The checkpoint holds one file per rank (`model/tp{t}_pp{p}_ep{e}_dp{d}.pt`) and 
 layout; one copy of each (tensor rank, expert rank) is read; `--hf-config` is the HF model it
 was trained from (its config.json and tokenizer are copied). Shards are merged and renamed by the
 same functions the backend pushes weights with (`relax/backends/megatron/convert.py`): the output
-loads with `AutoModelForCausalLM.from_pretrained` and in SGLang. No GPU or torch.distributed needed.
+loads with `AutoModelForCausalLM.from_pretrained` and in SGLang (a Qwen2.5-VL run's: its vision tower
+too, written by `AutoModelForImageTextToText` with the processor files). No GPU or torch.distributed
+needed.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import torch  # noqa: E402
 from relax.backends.megatron.convert import (  # noqa: E402
     Layout, expert_range, global_name, hf_tensors, stage_layers, tp_merge,
 )
+from relax.backends.megatron.vision import VisionSide  # noqa: E402
 
 
 def rank_state(ckpt: Path, t: int, stage: int, e: int, layout: tuple[int, int, int]) -> dict[str, torch.Tensor]:
@@ -71,12 +74,23 @@ def convert(ckpt: str, hf_config: str, out: str) -> list[str]:
     from safetensors.torch import save_file
     from transformers import AutoConfig
 
+    from relax.utils.multimodal.processor import copy_processor_files, is_multimodal, load_model
+
     config = AutoConfig.from_pretrained(hf_config)
-    layout = Layout.from_hf_config(config)
-    state = {name: t.contiguous() for name, t in hf_tensors(merged_megatron_state(Path(ckpt), layout).items(),
-                                                           layout)}
+    vision = VisionSide(config) if is_multimodal(config) else None
+    layout = Layout.from_hf_config(config.text_config if vision else config)
+    merged = merged_megatron_state(Path(ckpt), layout).items()
+    state = {name: t.contiguous() for name, t in (vision.hf_tensors(merged, layout) if vision else
+                                                  hf_tensors(merged, layout))}
     os.makedirs(out, exist_ok=True)
-    save_file(state, os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
+    if vision:  # a VL model: written by its HF class (the checkpoint's own names), with its processor files
+        model = load_model(hf_config, config=config, from_config=True)
+        model.load_state_dict(state, strict=False)
+        model.tie_weights()
+        model.save_pretrained(out, safe_serialization=True)
+        copy_processor_files(hf_config, out)
+    else:
+        save_file(state, os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
     config.save_pretrained(out)
     for name in os.listdir(hf_config):  # tokenizer, chat template, generation config
         if name.startswith(("tokenizer", "special_tokens", "vocab", "merges", "generation_config", "chat_template")):

@@ -39,8 +39,8 @@ from relax.algorithms.logprobs import row_response_logits, token_log_probs
 from relax.algorithms.losses import entropy_from_logits
 from relax.backends.batching import pad_inputs, response_positions
 from relax.backends.train_worker import TRAINABLE_ROLES, TrainWorkerBase
-from relax.utils.multimodal.processor import (collate, decoder_layers, from_bytes, is_multimodal, load_model,
-                                              rope_positions)
+from relax.utils.multimodal.processor import (collate, copy_processor_files, decoder_layers, from_bytes,
+                                              is_multimodal, load_model, rope_positions)
 
 logger = logging.getLogger(__name__)
 
@@ -305,9 +305,7 @@ class FSDPTrainWorker(TrainWorkerBase):
             model.tie_weights()
             model.save_pretrained(out_dir, safe_serialization=True)
             AutoTokenizer.from_pretrained(tokenizer_path).save_pretrained(out_dir)
-            if is_multimodal(self.hf_config):
-                from transformers import AutoImageProcessor
-
-                AutoImageProcessor.from_pretrained(tokenizer_path).save_pretrained(out_dir)
+            if is_multimodal(self.hf_config):  # its image / video processor, feature extractor
+                copy_processor_files(tokenizer_path, out_dir)
         dist.barrier()
 

@@ -33,6 +33,7 @@ FAMILIES: dict[str, dict[str, Any]] = {
     "llama": {"qk_norm": False, "qkv_bias": None, "moe": False},
     "mistral": {"qk_norm": False, "qkv_bias": None, "moe": False},
     "qwen2": {"qk_norm": False, "qkv_bias": True, "moe": False},
+    "qwen2_5_vl_text": {"qk_norm": False, "qkv_bias": True, "moe": False},  # Qwen2.5-VL's language model (vision.py)
     "qwen3": {"qk_norm": True, "qkv_bias": False, "moe": False},
     "qwen3_moe": {"qk_norm": True, "qkv_bias": False, "moe": True},
 }
@@ -60,6 +61,7 @@ class Layout:
     num_experts: int = 0
     moe_ffn_hidden_size: int = 0
     moe_top_k: int = 0
+    mrope_section: tuple[int, ...] = ()  # M-RoPE (a VL model's language model): rotary dims per t / h / w
 
     @classmethod
     def from_hf_config(cls, config: Any) -> "Layout":
@@ -88,11 +90,17 @@ class Layout:
             num_experts=config.num_experts if moe else 0,
             moe_ffn_hidden_size=config.moe_intermediate_size if moe else 0,
             moe_top_k=config.num_experts_per_tok if moe else 0,
+            mrope_section=tuple(_rope_parameters(config).get("mrope_section") or ()),
         )
 
     @property
     def heads_per_group(self) -> int:
         return self.num_heads // self.num_kv_heads
+
+
+def _rope_parameters(config: Any) -> dict[str, Any]:
+    """`rope_parameters` (transformers >= 5) or the older `rope_scaling`."""
+    return dict(getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {})
 
 
 # ---- 1. HF <-> full Megatron tensors -----------------------------------------------------------
@@ -263,7 +271,10 @@ _ROW = ("linear_proj.weight", "linear_fc2.weight")
 
 
 def tp_dim(name: str) -> int | None:
-    """The dimension a parameter is split along under tensor parallelism (None: replicated)."""
+    """The dimension a parameter is split along under tensor parallelism (None: replicated; a VL
+    model's vision tower, `visual.*`, is whole on every rank)."""
+    if name.startswith("visual."):
+        return None
     if name.endswith(_COLUMN):
         return 0
     if name.endswith(_ROW):

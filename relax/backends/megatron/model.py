@@ -3,7 +3,7 @@
 `Layout` (convert.py) holds the shapes; `transformer_config` turns it and the parallel layout
 into megatron-core's `TransformerConfig` with the local (non-Transformer-Engine) layer spec and
 PyTorch's SDPA as the attention core (`attention.py`), which runs on CPUs and on GPUs without
-Transformer Engine: RMSNorm, SwiGLU, GQA, RoPE, q/k norms,
+Transformer Engine: RMSNorm, SwiGLU, GQA, RoPE (M-RoPE for a VL model's language model), q/k norms,
 biases on q/k/v where the family has them, tied or untied embeddings, MoE with top-k routing.
 `check_arch_flags` compares the seed's model flags (`--num-layers`, `--hidden-size`, ... from
 `scripts/models/*.sh`) with the checkpoint's config and names each mismatch.
@@ -59,6 +59,7 @@ def transformer_config(layout: Layout, par: ModelParallelSpec, *, bf16: bool = F
         # count). Micro-batches are padded to one shape per schedule (the worker's `_pipeline`):
         # the all-gather MoE dispatcher refuses variable sequence lengths.
         batch_p2p_comm=par.pp == 1, calculate_per_token_loss=par.pp > 1,
+        mrope_section=list(layout.mrope_section) or None,
         **moe, **recompute,
     )
 
@@ -82,7 +83,8 @@ def build_gpt(layout: Layout, config: Any, *, pre_process: bool, post_process: b
     block = TransformerBlockSubmodules(layer_specs=[spec] * num_layers, layer_norm=RMSNorm)
     return GPTModel(config, block, vocab_size=layout.vocab_size, max_sequence_length=max_positions,
                     pre_process=pre_process, post_process=post_process,
-                    share_embeddings_and_output_weights=layout.tied, position_embedding_type="rope",
+                    share_embeddings_and_output_weights=layout.tied,
+                    position_embedding_type="mrope" if layout.mrope_section else "rope",
                     rotary_base=int(rope_theta) if float(rope_theta).is_integer() else rope_theta,
                     parallel_output=True)
 

@@ -12,11 +12,13 @@ every tensor from the sender, so loading needs no collective among the ranks and
 deadlock against the sender. A well-formed bucket is always received in full; names or shapes
 the model does not have reject the bucket (nothing loaded); a push whose last bucket leaves a
 fused tensor incomplete is refused and its version not taken.
+A VL model (`vision.py`) takes its text weights under the VL model's names (either layout) and
+its vision tower's straight into the replicated tower.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
@@ -32,19 +34,29 @@ class MegatronWeightReceiver(WeightReceiver):
     remembers the last complete version."""
 
     def __init__(self, model: torch.nn.Module, layout: Layout, place: Placer, *, device: torch.device,
-                 timeout_s: float = 600.0) -> None:
+                 timeout_s: float = 600.0, vision: Any = None) -> None:
         super().__init__(model, timeout_s=timeout_s, device=device)
-        self.layout, self.place = layout, place
+        self.layout, self.place, self.vision = layout, place, vision
         self.version: int | None = None
         self.sources = megatron_sources(layout)
         self.target_of = {hf: name for name, src in self.sources.items() for hf in src.hf_names}
         self.shapes = hf_shapes(layout)
         self.pending: dict[str, torch.Tensor] = {}  # HF tensors of fused tensors still incomplete
 
+    def _text_name(self, name: str) -> str | None:
+        """The text-model HF name of an incoming tensor (None: a VL model's tower tensor)."""
+        return self.vision.text_name(name) if self.vision is not None else name
+
     def problems(self, specs: list[TensorSpec]) -> list[str]:
         found = []
+        params = dict(self.model.named_parameters()) if self.vision is not None else {}
         for spec in specs:
-            shape = self.shapes.get(spec.name)
+            text = self._text_name(spec.name)
+            if text is None:
+                param = params.get(self.vision.visual_name(spec.name))
+                shape = None if param is None else tuple(param.shape)
+            else:
+                shape = self.shapes.get(text)
             if shape is None:
                 found.append(f"{spec.name!r} is not a weight of the model ({self.layout.model_type})")
             elif shape != spec.shape:
@@ -81,16 +93,20 @@ class MegatronWeightReceiver(WeightReceiver):
     @torch.no_grad()
     def load(self, specs: list[TensorSpec], tensors: list[torch.Tensor]) -> None:
         touched = set()
+        params = dict(self.model.named_parameters())
         for spec, tensor in zip(specs, tensors):
-            name = self.target_of.get(spec.name)
+            text = self._text_name(spec.name)
+            if text is None:  # the tower: whole on every rank
+                params[self.vision.visual_name(spec.name)].copy_(tensor)
+                continue
+            name = self.target_of.get(text)
             if name is not None:  # None: a tied model's lm_head copy
-                self.pending[spec.name] = tensor.to(self.device)
+                self.pending[text] = tensor.to(self.device)
                 touched.add(name)
         full = {}
         for name in touched:
             src = self.sources[name]
             if all(h in self.pending for h in src.hf_names):
                 full[name] = fuse(src, [self.pending.pop(h) for h in src.hf_names], self.layout)
-        params = dict(self.model.named_parameters())
         for local, tensor in self.place(full).items():
             params[local].copy_(tensor)

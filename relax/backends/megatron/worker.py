@@ -25,8 +25,11 @@ The critic (role "critic"): the same model with a scalar value head in place of 
 head (`_add_value_head`, `head.py: MegatronValueHead`), trained on the shared value loss.
 Weights in (fully async: ActorFwd ranks take the actor's pushes): each rank receives the HF-named
 buckets, fuses them with the raw converters and keeps its own shards (`weights.py`).
+A vision-language model (Qwen2.5-VL): the language model as above with M-RoPE, the checkpoint's
+vision tower beside it, whole on every rank; micro-batches with media feed the decoder the word
+embeddings with the tower's features in place (`vision.py`).
 Not built yet, and rejected by validation with that message: the critic under pipeline
-parallelism.
+parallelism; media under pipeline or context parallelism.
 """
 
 from __future__ import annotations
@@ -51,8 +54,10 @@ from relax.backends.megatron.head import MegatronResponseHead, MegatronValueHead
 from relax.backends.megatron.model import (
     build_gpt, check_arch_flags, read_hf_state, rope_theta, transformer_config,
 )
+from relax.backends.megatron.vision import VisionSide, check_supported, split_state
 from relax.backends.megatron.weights import MegatronWeightReceiver
 from relax.backends.train_worker import TRAINABLE_ROLES, TrainWorkerBase, lr_lambda, reduce_metric
+from relax.utils.multimodal.processor import collate, from_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -106,11 +111,18 @@ class MegatronTrainWorker(TrainWorkerBase):
         if self.spec.role == "critic" and self.spec.model_parallel.pp > 1:
             raise NotImplementedError(f"the megatron critic does not run pipeline parallelism yet: "
                                       f"--pipeline-model-parallel-size {self.spec.model_parallel.pp}; use 1")
+        from relax.utils.multimodal.processor import is_multimodal
+
         hf_config = AutoConfig.from_pretrained(path)
-        self.hf_config, self.pad_id = hf_config, hf_config.pad_token_id or 0
-        self.layout = layout = Layout.from_hf_config(hf_config)
         mp = self.spec.model_parallel
-        check_arch_flags(mp.arch_flags, layout, hf_config, path)
+        self.vision = None  # a VL model's tower, positions and names (vision.py)
+        if is_multimodal(hf_config):
+            check_supported(hf_config, mp.pp, mp.cp)
+            self.vision = VisionSide(hf_config)
+        text_config = hf_config.text_config if self.vision else hf_config
+        self.hf_config, self.pad_id = hf_config, text_config.pad_token_id or 0
+        self.layout = layout = Layout.from_hf_config(text_config)
+        check_arch_flags(mp.arch_flags, layout, text_config, path)
         if layout.vocab_size % mp.tp:
             raise ValueError(f"vocab size {layout.vocab_size} does not split over --tensor-model-parallel-size "
                              f"{mp.tp}; pick a size that divides it")
@@ -120,12 +132,15 @@ class MegatronTrainWorker(TrainWorkerBase):
         if mp.ep > 1 and not layout.num_experts:
             raise ValueError(f"--expert-model-parallel-size {mp.ep} needs an MoE model; {path} is dense")
         self.layers = stage_layers(layout.num_layers, mp.pp, mp.first_stage_layers, mp.last_stage_layers)[self.pp_rank]
-        self.config = transformer_config(layout, mp, bf16=self.spec.optim.bf16, norm_eps=hf_config.rms_norm_eps)
+        self.config = transformer_config(layout, mp, bf16=self.spec.optim.bf16, norm_eps=text_config.rms_norm_eps)
         self.experts = expert_range(layout.num_experts, mp.ep, self.ep_rank) if layout.num_experts else None
         model = build_gpt(layout, self.config, pre_process=self.first_stage, post_process=self.last_stage,
-                          rope_theta=rope_theta(hf_config), num_layers=len(self.layers),
-                          max_positions=getattr(hf_config, "max_position_embeddings", 4096))
+                          rope_theta=rope_theta(text_config), num_layers=len(self.layers),
+                          max_positions=getattr(text_config, "max_position_embeddings", 4096))
         hf_state = read_hf_state(path)
+        if self.vision:
+            hf_state, visual_state = split_state(hf_state)
+            model.visual = self.vision.build_visual(visual_state)
         if self.spec.role == "critic":
             self._add_value_head(model, hf_state)
         self._load_hf(model, hf_state)
@@ -233,7 +248,8 @@ class MegatronTrainWorker(TrainWorkerBase):
     def _load_hf(self, model: torch.nn.Module, hf_state: dict[str, torch.Tensor]) -> None:
         local = self._shard(hf_to_megatron(hf_state, self.layout))
         result = model.load_state_dict(local, strict=False)
-        missing = [k for k in result.missing_keys if not k.endswith("_extra_state") and not k.startswith("value_head.")]
+        missing = [k for k in result.missing_keys if not k.endswith("_extra_state")
+                   and not k.startswith(("value_head.", "visual."))]  # the critic's head, a VL tower: loaded apart
         if missing or result.unexpected_keys:
             raise RuntimeError(f"the converted checkpoint does not fit the Megatron model: missing {missing[:5]}, "
                                f"unexpected {result.unexpected_keys[:5]}")
@@ -247,19 +263,21 @@ class MegatronTrainWorker(TrainWorkerBase):
     def _forward(self, tokens: list[list[int]], response_lengths: list[int], *, entropy: bool = False,
                  entropy_grad: bool = False, media: list[bytes] | None = None):
         """Response-aligned `logp_BT`, `mask_BT` (and `entropy_BT`) at the rollout temperature
-        (one stage: pipeline parallelism goes through `_pipeline`). Text models only: `media`
-        must be empty (validation sends multimodal runs to fsdp)."""
-        if media and any(media):
-            raise ValueError("the megatron backend trains text models; multimodal rows need --train-backend fsdp")
+        (one stage: pipeline parallelism goes through `_pipeline`). `media`: the rows' encoder
+        tensors (a VL model: `vision.py`)."""
+        if media and any(media) and self.vision is None:
+            raise ValueError(f"rows with media, but {self.spec.model_path} is a text model")
         if self.spec.true_on_policy:
             raise NotImplementedError("--true-on-policy-mode runs on the fsdp backend")
-        with self._micro_batch(tokens, response_lengths, entropy=entropy, entropy_grad=entropy_grad) as run:
+        with self._micro_batch(tokens, response_lengths, entropy=entropy, entropy_grad=entropy_grad,
+                               media=media) as run:
             return run.outputs(run.call(self.model))
 
     def _micro_batch(self, tokens: list[list[int]], response_lengths: list[int], *, entropy: bool,
-                     entropy_grad: bool, values: bool = False) -> "_MicroBatch":
+                     entropy_grad: bool, values: bool = False, media: list[bytes] | None = None) -> "_MicroBatch":
         """One micro-batch's inputs and the head its forward returns through: response log-probs
-        (and entropies), or a critic's `values` (`[B, T, 1]`)."""
+        (and entropies), or a critic's `values` (`[B, T, 1]`). A VL model's micro-batch carries
+        its rows' encoder tensors and M-RoPE positions (`vision.py`)."""
         ids_BL, _ = pad_inputs(tokens, self.pad_id)
         index_BT, mask_BT = response_positions([len(t) for t in tokens], response_lengths)
         rows = len(tokens)
@@ -289,7 +307,18 @@ class MegatronTrainWorker(TrainWorkerBase):
                 tp_group=self.ps.get_tensor_model_parallel_group(), tp_rank=self.tp_rank, tp_size=self.tp_size,
                 sequence_parallel=self.config.sequence_parallel, cp_group=cp_group)
         autocast = self.spec.optim.bf16 and not self._main  # a scoring rank's float32 weights under --bf16
-        return _MicroBatch(ids_BL, position_BL, causal_11LL, mask_BT, rows, head, entropy, autocast)
+        run = _MicroBatch(ids_BL, position_BL, causal_11LL, mask_BT, rows, head, entropy, autocast)
+        if self.vision is not None:  # M-RoPE positions [3, B, L] (rows given without media: text positions)
+            run.position_BL = position_BL[None].expand(3, -1, -1)
+            if media is not None:
+                real_BL = torch.zeros_like(ids_BL, dtype=torch.bool)
+                for i, t in enumerate(tokens):
+                    real_BL[i, :len(t)] = True
+                tensors = {k: v.to(self.device) for k, v in collate([from_bytes(m) for m in media]).items()}
+                run.position_BL = self.vision.positions(ids_BL, real_BL, tensors)
+                if tensors:
+                    run.embed = lambda model: self.vision.embed(model, ids_BL, tensors, self.config.sequence_parallel)
+        return run
 
     def _cp_shard(self, ids_BL: torch.Tensor, index_BT: torch.Tensor, mask_BT: torch.Tensor):
         """Context parallelism: this rank's share of a micro-batch padded to a multiple of 2C.
@@ -348,9 +377,10 @@ class MegatronTrainWorker(TrainWorkerBase):
         return results
 
     @torch.no_grad()
-    def compute_log_probs(self, tokens: list[list[int]], lengths: list[int]) -> list[list[float]]:
+    def compute_log_probs(self, tokens: list[list[int]], lengths: list[int],
+                          media: list[bytes] | None = None) -> list[list[float]]:
         if self.pp_size == 1:
-            return super().compute_log_probs(tokens, lengths)
+            return super().compute_log_probs(tokens, lengths, media)
         self.model.eval()
         start = time.perf_counter()
         budget = self.spec.batch.log_probs_max_tokens_per_gpu or self.spec.batch.max_tokens_per_gpu
@@ -570,13 +600,14 @@ class MegatronTrainWorker(TrainWorkerBase):
     def _full_state(self, dtype: torch.dtype | None = None):
         """(HF name, full tensor, fresh) for every weight, on rank 0 (the others only help gather)."""
         own = {p.data_ptr() for p in self.model.parameters()}
-        for hf_name, t in hf_tensors(self._gathered(dtype), self.layout):
+        convert = self.vision.hf_tensors if self.vision else hf_tensors
+        for hf_name, t in convert(self._gathered(dtype), self.layout):
             yield hf_name, t, t.data_ptr() not in own
 
     # ---- weights in (fully async: ActorFwd takes the actor's weights) ------------------
     def _weight_receiver(self) -> MegatronWeightReceiver:
         return MegatronWeightReceiver(self.model, self.layout, self._shard, device=self.device,
-                                      timeout_s=self.spec.sync_timeout_s)
+                                      timeout_s=self.spec.sync_timeout_s, vision=self.vision)
 
     def receive_weights(self, path: str, payload: dict) -> dict[str, Any]:
         """The shared protocol (`TrainWorkerBase.receive_weights`); a push's begin drops what an
@@ -681,7 +712,19 @@ class MegatronTrainWorker(TrainWorkerBase):
         if self.rank == 0:
             out = Path(out_dir)
             out.mkdir(parents=True, exist_ok=True)
-            save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+            if self.vision:  # through the HF model: its save writes the checkpoint's own names and layout
+                from relax.utils.multimodal.processor import copy_processor_files, load_model
+
+                model = load_model(tokenizer_path, config=self.hf_config, from_config=True)
+                result = model.load_state_dict(state, strict=False)
+                if result.unexpected_keys or set(result.missing_keys) - {"lm_head.weight"}:
+                    raise RuntimeError(f"the exported weights do not fit the HF model: missing "
+                                       f"{result.missing_keys[:4]}, unexpected {result.unexpected_keys[:4]}")
+                model.tie_weights()
+                model.save_pretrained(out, safe_serialization=True)
+                copy_processor_files(tokenizer_path, str(out))
+            else:
+                save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
             self.hf_config.save_pretrained(out)
             AutoTokenizer.from_pretrained(tokenizer_path).save_pretrained(out)
             gen = Path(tokenizer_path) / "generation_config.json"
@@ -696,6 +739,7 @@ class _MicroBatch:
     def __init__(self, ids_BL, position_BL, causal_11LL, mask_BT, rows, head, entropy, bf16) -> None:
         self.ids_BL, self.position_BL, self.causal_11LL, self.mask_BT = ids_BL, position_BL, causal_11LL, mask_BT
         self.rows, self.head, self.entropy = rows, head, entropy
+        self.embed: Any = None  # model -> the decoder's input (a VL micro-batch with media)
         self.autocast = torch.autocast(ids_BL.device.type, dtype=torch.bfloat16, enabled=bf16)
 
     def __enter__(self) -> "_MicroBatch":
@@ -710,6 +754,8 @@ class _MicroBatch:
             self.head.__exit__(*exc)
 
     def call(self, model: torch.nn.Module) -> torch.Tensor:
+        if self.embed is not None:
+            return model(self.ids_BL, self.position_BL, self.causal_11LL, decoder_input=self.embed(model))
         return model(self.ids_BL, self.position_BL, self.causal_11LL)
 
     def outputs(self, out_BTK: torch.Tensor):
