@@ -35,6 +35,7 @@ from relax.engine.rollout import sglang_rollout
 from relax.engine.rollout.evaluation import EVAL_FUNCTION_SIGNATURE, EvalDataSource, eval_args, eval_groups
 from relax.engine.rollout.generator import Generator, StepState
 from relax.engine.rollout.partial_rollout import partial_metrics
+from relax.engine.rollout.prompt_encoding import PromptEncoder
 from relax.engine.rollout.replay import dump_rollout_details, save_rollout
 from relax.engine.specs import RewardSpec, RolloutSpec
 from relax.types import MEDIA_COLUMN, Sample
@@ -118,7 +119,7 @@ class Rollout:
                                         cfg.reward.genrm_sampling_config, cfg.custom.get("genrm_prompt_template"))
         self.rewards = RewardExecutor(RewardSpec.from_config(cfg.reward, judge), self.args)
         tokenizer = await asyncio.to_thread(self._tokenizer)
-        processor = pipelines = None
+        processor = pipelines = encoder = None
         if cfg.data.multimodal_keys:  # placeholders -> the model's media tokens, media -> encoder tensors
             from relax.utils.multimodal import AudioConfig
             from relax.utils.multimodal.processor import MultimodalProcessor
@@ -126,10 +127,12 @@ class Rollout:
             processor = await asyncio.to_thread(MultimodalProcessor, cfg.ckpt.hf_checkpoint, tokenizer,
                                                 AudioConfig.from_flags(cfg.data))
             pipelines = processor.pipelines(cfg.data)  # the media flags, in the model's own units
+            encoder = PromptEncoder(tokenizer, processor, pipelines, pool_size=cfg.data.mm_processor_pool_size,
+                                    model_path=cfg.ckpt.hf_checkpoint, data_flags=cfg.data)
         self.generator = Generator(RolloutSpec.from_config(cfg), tokenizer=tokenizer,
                                    router_url=f"{self.fleet.router_url if self.fleet else ''}/generate",
                                    rewards=self.rewards, plugin_args=self.args, processor=processor,
-                                   pipelines=pipelines)
+                                   pipelines=pipelines, encoder=encoder)
         sglang_rollout.bind(self.args, self.generator)
         data_source_cls = import_object(cfg.data.data_source_path, flag="--data-source-path")
         self.data_source = await asyncio.to_thread(data_source_cls, self.args)
@@ -218,6 +221,8 @@ class Rollout:
             self.gpu_slots.release()
         if hasattr(self, "rewards"):
             self.rewards.close()
+        if getattr(self, "generator", None) is not None:
+            self.generator.encoder.close()
         for _, generator in self._evaluators.values():
             if generator is not None and generator.rewards is not self.rewards:
                 generator.rewards.close()

@@ -156,7 +156,9 @@ class DataConfig:
                                         "bare waveform array is taken to be at it; the model's processor then "
                                         "resamples to its feature extractor's rate (docs/multimodal.md).")
     frame_factor: int | None = opt(None, "Sampled frame counts are multiples of this (default 2).")
-    mm_processor_pool_size: int = opt(0, "Processes for multimodal processing (0 = threads).", supported=False)
+    mm_processor_pool_size: int = opt(0, "Processes that encode multimodal prompts (decode, resize, patchify) "
+                                      "beside the rollout's event loop; 0 = a worker thread per prompt "
+                                      "(docs/multimodal.md).")
 
 
 @dataclass(frozen=True)

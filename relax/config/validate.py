@@ -362,6 +362,10 @@ def check_ref_actor_config(cfg: RelaxConfig) -> None:
 def check_multimodal(cfg: RelaxConfig) -> None:
     """--multimodal-keys: the parts that take media (rollout, hf/SGLang engines, fsdp actor and
     reference) are built; a critic or an OPD teacher would score rows without their images."""
+    pool = cfg.data.mm_processor_pool_size
+    if pool < 0 or pool and not cfg.data.multimodal_keys:
+        raise ConfigError(f"--mm-processor-pool-size {pool}: it sets the processes that encode multimodal prompts, "
+                          "so it must be >= 0 and needs --multimodal-keys")
     if not cfg.data.multimodal_keys:
         return
     if cfg.algo.advantage_estimator == "ppo":
@@ -648,8 +652,8 @@ def megatron_unfit(cfg: RelaxConfig) -> list[str]:
         p = cfg.parallel
         config = Path(cfg.ckpt.hf_checkpoint or "") / "config.json"
         model_type = json.loads(config.read_text()).get("model_type") if config.is_file() else None
-        if model_type is not None and model_type not in MEGATRON_VL:
-            reasons.append(f"--multimodal-keys with a {model_type} model: the megatron backend trains the "
+        if config.is_file() and model_type not in MEGATRON_VL:
+            reasons.append(f"--multimodal-keys with a {model_type or 'text'} model: the megatron backend trains the "
                            f"vision-language models {', '.join(MEGATRON_VL)}; use --train-backend fsdp")
         elif p.pipeline_model_parallel_size > 1 or p.context_parallel_size > 1:
             reasons.append("--multimodal-keys: a vision-language model runs without pipeline and context parallelism "

@@ -88,7 +88,8 @@ def test_vl_grpo_run_trains_on_images(ray_cluster, vl_setup, tmp_path):
 
 def test_vl_grpo_run_on_the_megatron_backend(ray_cluster, vl_setup, tmp_path):
     """The same rows (images and videos) with the Actor and the Reference on megatron-core
-    (vision tower beside the megatron language model: relax/backends/megatron/vision.py)."""
+    (vision tower beside the megatron language model: relax/backends/megatron/vision.py), the
+    prompts encoded in a pool process (--mm-processor-pool-size 1)."""
     pytest.importorskip("megatron.core")
     exp = tmp_path / "run"
     run_relax([
@@ -97,6 +98,7 @@ def test_vl_grpo_run_on_the_megatron_backend(ray_cluster, vl_setup, tmp_path):
         "--multimodal-keys", '{"image": "image", "video": "video"}', "--skip-malformed-rows",
         "--video-fps", "2", "--video-fps-min-frames", "2", "--video-min-token-num", "4", "--video-max-token-num", "4",
         "--custom-rm-path", "tests.integration.digit_reward.parity_reward", "--train-backend", "megatron",
+        "--mm-processor-pool-size", "1",  # prompts encoded in a process beside the rollout's event loop
         "--rollout-batch-size", "4", "--n-samples-per-prompt", "4", "--rollout-max-response-len", "6",
         "--num-rollout", "3", "--lr", "1e-2", "--progress-bar", "false", "--exp-dir", str(exp),
         "--use-kl-loss", "--kl-loss-coef", "0.01", "--kl-loss-type", "low_var_kl",

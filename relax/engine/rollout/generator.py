@@ -25,6 +25,7 @@ from typing import Any
 
 from relax.engine.filters.dynamic_sampling_filters import as_filter_output
 from relax.engine.rollout.partial_rollout import is_resuming, resume_request, resume_until_done
+from relax.engine.rollout.prompt_encoding import PromptEncoder
 from relax.engine.specs import RolloutSpec
 from relax.types import FINISH_REASON_STATUS, Sample
 from relax.utils.data.formatting import render_chat_template
@@ -158,12 +159,14 @@ def _same_prompt(group: list[Sample]) -> bool:
 
 class Generator:
     def __init__(self, spec: RolloutSpec, *, tokenizer: Any, router_url: str, rewards: Any, plugin_args: Any,
-                 processor: Any = None, pipelines: dict[str, Any] | None = None) -> None:
+                 processor: Any = None, pipelines: dict[str, Any] | None = None, encoder: Any = None) -> None:
         """`rewards`: a `RewardExecutor`; `plugin_args`: the namespace user plugins are called with;
         `processor`: a VL/Omni model's `MultimodalProcessor` and `pipelines` the media flags' resize /
-        resample (multimodal runs)."""
+        resample (multimodal runs); `encoder`: how prompts are encoded off the event loop
+        (`prompt_encoding.PromptEncoder`; default: threads)."""
         self.spec, self.tokenizer, self.router_url = spec, tokenizer, router_url
         self.processor, self.pipelines = processor, pipelines
+        self.encoder = encoder or PromptEncoder(tokenizer, processor, pipelines)
         self.rewards, self.args = rewards, plugin_args
         self.custom_generate = load_plugin(spec.custom_generate_path, flag="--custom-generate-function-path",
                                            positional=3, expected=GENERATE_SIGNATURE) \
@@ -176,7 +179,7 @@ class Generator:
         """A generator for other settings (an eval dataset) on the same tokenizer and router."""
         return Generator(spec, tokenizer=self.tokenizer, router_url=self.router_url, rewards=rewards or self.rewards,
                          plugin_args=plugin_args if plugin_args is not None else self.args, processor=self.processor,
-                         pipelines=self.pipelines)
+                         pipelines=self.pipelines, encoder=self.encoder)
 
     # ---- one sample ----------------------------------------------------------------------
     def _seeded(self, sample: Sample, params: dict[str, Any]) -> dict[str, Any]:
@@ -186,7 +189,7 @@ class Generator:
         """Default single-turn generate: prompt -> one response, with per-token log-probs; the
         response is cut to fit the context limit. An aborted sample (partial rollout) continues
         from its partial response with the budget it has left."""
-        ids, media = encode_prompt(self.tokenizer, self.processor, sample, self.pipelines)
+        ids, media = await self.encoder.encode(sample)
         resuming = is_resuming(sample)
         input_ids, params = resume_request(sample, ids, params)
         if params is not None:
@@ -228,7 +231,7 @@ class Generator:
         SGLang's batch form (`input_ids` as a list of lists, `sampling_params` as a list) returns
         one reply per item; n times fewer HTTP round trips than one request per sample. Samples a
         weight update aborted (partial rollout) are then resumed one by one."""
-        ids, media = encode_prompt(self.tokenizer, self.processor, group[0], self.pipelines)
+        ids, media = await self.encoder.encode(group[0])
         for s in group[1:]:  # same prompt, same media: the same encoder tensors
             s.multimodal_train_inputs = group[0].multimodal_train_inputs
         train_params = self.spec.sampling.params()

@@ -70,6 +70,8 @@ def test_bytes_flag_accepts_suffixes(base):
     (["--fully-async", "--partial-rollout", "--partial-rollout-max-aborted-count", "-1"], "must be >= 0"),
     (["--recompute-granularity", "selective"], "use --recompute-granularity full"),
     (["--recompute-method", "block"], "need --recompute-granularity full"),
+    (["--mm-processor-pool-size", "2"], "needs --multimodal-keys"),
+    (["--mm-processor-pool-size", "-1"], "must be >= 0"),
 ])
 def test_bad_combinations_fail_naming_the_flag(base, extra, needle):
     with pytest.raises((ConfigError, SystemExit)) as err:
@@ -147,6 +149,7 @@ def test_recompute_flags_reach_the_fsdp_ranks(base):
     (["--attention-dropout", "0.1"], "RL training runs without dropout"),
     (["--num-layers", "4"], "--num-layers 4 contradicts"),
     (["--some-megatron-flag"], "the megatron backend does not read them"),
+    (["--multimodal-keys", '{"image": "image"}'], "the megatron backend trains the vision-language models qwen2_5_vl"),
 ])
 def test_megatron_backend_rejects_what_it_does_not_build(base, extra, needle):
     pytest.importorskip("megatron.core")
