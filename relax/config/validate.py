@@ -637,7 +637,7 @@ MEGATRON_NOT_BUILT = {
 }
 
 
-MEGATRON_VL = ("qwen2_5_vl",)  # relax.backends.megatron.vision.SUPPORTED (not imported: no megatron at validation)
+MEGATRON_VL = ("qwen2_5_vl", "qwen3_vl")  # relax.backends.megatron.vision.SUPPORTED (not imported: no megatron at validation)
 
 
 def megatron_unfit(cfg: RelaxConfig) -> list[str]:

@@ -35,6 +35,7 @@ FAMILIES: dict[str, dict[str, Any]] = {
     "qwen2": {"qk_norm": False, "qkv_bias": True, "moe": False},
     "qwen2_5_vl_text": {"qk_norm": False, "qkv_bias": True, "moe": False},  # Qwen2.5-VL's language model (vision.py)
     "qwen3": {"qk_norm": True, "qkv_bias": False, "moe": False},
+    "qwen3_vl_text": {"qk_norm": True, "qkv_bias": False, "moe": False},  # Qwen3-VL's language model (vision.py)
     "qwen3_moe": {"qk_norm": True, "qkv_bias": False, "moe": True},
 }
 
@@ -62,6 +63,7 @@ class Layout:
     moe_ffn_hidden_size: int = 0
     moe_top_k: int = 0
     mrope_section: tuple[int, ...] = ()  # M-RoPE (a VL model's language model): rotary dims per t / h / w
+    mrope_interleaved: bool = False  # Qwen3-VL: h / w frequencies interleaved with t's (model.InterleavedMRoPE)
 
     @classmethod
     def from_hf_config(cls, config: Any) -> "Layout":
@@ -91,6 +93,7 @@ class Layout:
             moe_ffn_hidden_size=config.moe_intermediate_size if moe else 0,
             moe_top_k=config.num_experts_per_tok if moe else 0,
             mrope_section=tuple(_rope_parameters(config).get("mrope_section") or ()),
+            mrope_interleaved=model_type == "qwen3_vl_text",  # its HF rotary embedding always interleaves
         )
 
     @property

@@ -81,12 +81,37 @@ def build_gpt(layout: Layout, config: Any, *, pre_process: bool, post_process: b
     if layout.qk_norm:
         sub.self_attention.submodules.q_layernorm = sub.self_attention.submodules.k_layernorm = RMSNorm
     block = TransformerBlockSubmodules(layer_specs=[spec] * num_layers, layer_norm=RMSNorm)
-    return GPTModel(config, block, vocab_size=layout.vocab_size, max_sequence_length=max_positions,
+    model = GPTModel(config, block, vocab_size=layout.vocab_size, max_sequence_length=max_positions,
                     pre_process=pre_process, post_process=post_process,
                     share_embeddings_and_output_weights=layout.tied,
                     position_embedding_type="mrope" if layout.mrope_section else "rope",
                     rotary_base=int(rope_theta) if float(rope_theta).is_integer() else rope_theta,
                     parallel_output=True)
+    if layout.mrope_interleaved:
+        model.rotary_pos_emb = InterleavedMRoPE(layout.head_dim, rope_theta)
+    return model
+
+
+class InterleavedMRoPE(torch.nn.Module):
+    """Qwen3-VL's M-RoPE: frequency i of a head's rotary half follows the height position when
+    i % 3 == 1 (i < 3 x section[1]), the width position when i % 3 == 2 (i < 3 x section[2]) and
+    the temporal one otherwise (megatron-core's `MultimodalRotaryEmbedding` assigns contiguous
+    sections, Qwen2-VL's layout). Called as the GPT model calls that one:
+    `(position_ids [3, B, S], mrope_section)` -> `[S, B, 1, head_dim]`."""
+
+    def __init__(self, head_dim: int, base: float) -> None:
+        super().__init__()
+        self.register_buffer("inv_freq", 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32)
+                                                         / head_dim)), persistent=False)
+
+    def forward(self, position_ids: torch.Tensor, mrope_section: list[int], cp_group: Any = None) -> torch.Tensor:
+        freqs = position_ids.to(self.inv_freq.device).float()[..., None] * self.inv_freq  # [3, B, S, D/2]
+        thw = freqs[0].clone()
+        for dim in (1, 2):
+            index = slice(dim, 3 * mrope_section[dim], 3)
+            thw[..., index] = freqs[dim, ..., index]
+        emb = torch.cat((thw, thw), dim=-1)  # [B, S, D]
+        return emb[:, :, None, :].transpose(0, 1).contiguous()
 
 
 def rope_theta(config: Any) -> float:

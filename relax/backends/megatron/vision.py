@@ -1,10 +1,11 @@
-"""Vision-language models on the megatron backend: a Qwen2.5-VL vision tower beside a megatron-core
-language model.
+"""Vision-language models on the megatron backend: a Qwen2.5-VL or Qwen3-VL vision tower beside a
+megatron-core language model.
 
 - The language model is a megatron-core `GPTModel` built from the checkpoint's `text_config` with
-  M-RoPE (`position_embedding_type="mrope"`, its `mrope_section`); its weights convert like a
-  Qwen2 model's (`convert.py`), so tensor parallelism, sequence parallelism and data parallelism
-  work as for text models.
+  M-RoPE (`position_embedding_type="mrope"`, its `mrope_section`; Qwen3-VL's interleaved layout
+  through `model.InterleavedMRoPE`); its weights convert like a Qwen2 (Qwen2.5-VL) or Qwen3
+  (Qwen3-VL) model's (`convert.py`), so tensor parallelism, sequence parallelism and data
+  parallelism work as for text models.
 - The vision tower is the checkpoint's own transformers module (`model.visual`), with the
   checkpoint's weights, whole on every rank (a few hundred million weights for real Qwen2.5-VL
   models: replicated, not split). It is trained by the same optimizer (or frozen with
@@ -18,14 +19,18 @@ language model.
   model's own `get_rope_index` (`relax.utils.multimodal.processor.rope_positions`), called on a
   copy of the HF model on the meta device (no weights), so they are the engines' and the fsdp
   trainer's positions. Text rows get 0, 1, 2, ... in all three.
+- Qwen3-VL's deepstack: the tower also returns features from some of its blocks; the k-th is
+  added to the hidden states leaving decoder layer k at the media positions (a forward hook on
+  that layer, reading the micro-batch's additions from `model.deepstack_adds`: it runs again,
+  with the same additions, when activation recompute replays the layer in the backward pass).
 - Names: checkpoints name the text weights `model.layers.*` (the original layout, what
   transformers writes) or `model.language_model.layers.*`, and the tower `visual.*` or
   `model.visual.*`; both are read. Weights go out under the HF model's in-memory names (what the
   engines' models call their parameters and what the fsdp trainer sends).
 
-Not built (start-up errors): Qwen3-VL and the Omni thinker on this backend (their deepstack
-features enter the middle of the decoder, and Qwen3-VL interleaves M-RoPE sections, which
-megatron-core's rotary embedding does not), and media under pipeline or context parallelism.
+Not built (start-up errors): Qwen3-VL-MoE and the Omni thinker on this backend (their MoE
+language models keep their experts in fused HF tensors the converter does not read), and media
+under pipeline or context parallelism.
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ import torch
 
 from relax.backends.megatron.convert import ConversionError, Layout, megatron_to_hf
 
-SUPPORTED = ("qwen2_5_vl",)
+SUPPORTED = ("qwen2_5_vl", "qwen3_vl")
 VISUAL = "visual."  # the tower's parameters on the megatron model: `visual.<its own names>`
 _MEDIA = (("image_token_id", "pixel_values", "image_grid_thw"),
           ("video_token_id", "pixel_values_videos", "video_grid_thw"))
@@ -47,8 +52,8 @@ def check_supported(hf_config: Any, pp: int, cp: int) -> None:
     model_type = getattr(hf_config, "model_type", None)
     if model_type not in SUPPORTED:
         raise ConversionError(f"model_type {model_type!r}: the megatron backend trains the vision-language models "
-                              f"{', '.join(SUPPORTED)} (Qwen3-VL's deepstack features and interleaved M-RoPE are not "
-                              "built); use --train-backend fsdp")
+                              f"{', '.join(SUPPORTED)} (the MoE ones, Qwen3-VL-MoE and the Omni thinker, are "
+                              "not built); use --train-backend fsdp")
     if pp > 1 or cp > 1:
         raise ConversionError(f"a vision-language model on the megatron backend runs without pipeline and context "
                               f"parallelism (got --pipeline-model-parallel-size {pp}, --context-parallel-size {cp}); "
@@ -86,6 +91,13 @@ class VisionSide:
         self.text_prefix = paths[id(submodule(self.hf, "language_model"))] + "."
         self.visual_cls = type(submodule(self.hf, "visual"))
         self.token_ids = {key: int(getattr(hf_config, key)) for key, _, _ in _MEDIA}
+        self.deepstack = len(getattr(hf_config.vision_config, "deepstack_visual_indexes", None) or [])
+
+    def install(self, model: Any) -> None:
+        """Qwen3-VL: the deepstack hooks on the first decoder layers (module doc)."""
+        model.deepstack_adds = None
+        for k in range(self.deepstack):
+            model.decoder.layers[k].register_forward_hook(_deepstack_hook(model, k))
 
     def build_visual(self, state: dict[str, torch.Tensor]) -> torch.nn.Module:
         """The tower with the checkpoint's weights (`split_state`'s second half)."""
@@ -115,19 +127,26 @@ class VisionSide:
             emb_LBH = tensor_parallel.gather_from_sequence_parallel_region(emb_LBH, tensor_parallel_output_grad=False)
         emb_BLH = emb_LBH.transpose(0, 1)
         tower = model.visual
+        adds_BLH = [emb_BLH.new_zeros(emb_BLH.shape) for _ in range(self.deepstack)]
         for token_key, pixels_key, grid_key in _MEDIA:
             if pixels_key not in media:
                 continue
             out = tower(media[pixels_key].to(next(tower.parameters()).dtype), grid_thw=media[grid_key])
             features = out if isinstance(out, torch.Tensor) else out.pooler_output
-            mask_BL = ids_BL == self.token_ids[token_key]
-            if int(mask_BL.sum()) != features.shape[0]:
-                raise ValueError(f"the micro-batch holds {int(mask_BL.sum())} {token_key.split('_')[0]} pad tokens but "
-                                 f"its {pixels_key} give {features.shape[0]} features")
-            emb_BLH = emb_BLH.masked_scatter(mask_BL[..., None], features.to(emb_BLH.dtype))
+            mask_BL1 = (ids_BL == self.token_ids[token_key])[..., None]
+            if int(mask_BL1.sum()) != features.shape[0]:
+                raise ValueError(f"the micro-batch holds {int(mask_BL1.sum())} {token_key.split('_')[0]} pad tokens "
+                                 f"but its {pixels_key} give {features.shape[0]} features")
+            emb_BLH = emb_BLH.masked_scatter(mask_BL1, features.to(emb_BLH.dtype))
+            for k, level in enumerate(getattr(out, "deepstack_features", None) or []):
+                adds_BLH[k] = adds_BLH[k].masked_scatter(mask_BL1, level.to(emb_BLH.dtype))
         emb_LBH = emb_BLH.transpose(0, 1).contiguous()
+        adds = [a.transpose(0, 1).contiguous() for a in adds_BLH]
         if sequence_parallel:
             emb_LBH = tensor_parallel.scatter_to_sequence_parallel_region(emb_LBH)
+            adds = [tensor_parallel.scatter_to_sequence_parallel_region(a) for a in adds]
+        if self.deepstack:
+            model.deepstack_adds = adds
         return emb_LBH
 
     # -- names
@@ -156,3 +175,18 @@ class VisionSide:
                 continue
             for hf_name, t in megatron_to_hf(name, tensor, layout):
                 yield self.hf_name(hf_name), t
+
+
+def _deepstack_hook(model: Any, k: int) -> Any:
+    """Adds `model.deepstack_adds[k]` (`[L, B, H]`, zero off the media positions) to decoder layer
+    k's output hidden states; nothing when the micro-batch has no media."""
+
+    def hook(module: Any, args: Any, output: Any) -> Any:
+        adds = model.deepstack_adds
+        if adds is None:
+            return output
+        if isinstance(output, tuple):
+            return (output[0] + adds[k].to(output[0].dtype), *output[1:])
+        return output + adds[k].to(output.dtype)
+
+    return hook

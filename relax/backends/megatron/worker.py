@@ -25,7 +25,7 @@ The critic (role "critic"): the same model with a scalar value head in place of 
 head (`_add_value_head`, `head.py: MegatronValueHead`), trained on the shared value loss.
 Weights in (fully async: ActorFwd ranks take the actor's pushes): each rank receives the HF-named
 buckets, fuses them with the raw converters and keeps its own shards (`weights.py`).
-A vision-language model (Qwen2.5-VL): the language model as above with M-RoPE, the checkpoint's
+A vision-language model (Qwen2.5-VL, Qwen3-VL): the language model as above with M-RoPE, the checkpoint's
 vision tower beside it, whole on every rank; micro-batches with media feed the decoder the word
 embeddings with the tower's features in place (`vision.py`).
 Not built yet, and rejected by validation with that message: the critic under pipeline
@@ -141,6 +141,7 @@ class MegatronTrainWorker(TrainWorkerBase):
         if self.vision:
             hf_state, visual_state = split_state(hf_state)
             model.visual = self.vision.build_visual(visual_state)
+            self.vision.install(model)
         if self.spec.role == "critic":
             self._add_value_head(model, hf_state)
         self._load_hf(model, hf_state)
@@ -756,6 +757,8 @@ class _MicroBatch:
     def call(self, model: torch.nn.Module) -> torch.Tensor:
         if self.embed is not None:
             return model(self.ids_BL, self.position_BL, self.causal_11LL, decoder_input=self.embed(model))
+        if hasattr(model, "deepstack_adds"):  # a VL model's micro-batch without media: no deepstack additions
+            model.deepstack_adds = None
         return model(self.ids_BL, self.position_BL, self.causal_11LL)
 
     def outputs(self, out_BTK: torch.Tensor):

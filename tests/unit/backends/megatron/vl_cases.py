@@ -1,4 +1,4 @@
-"""Run fsdp and megatron ranks on a tiny Qwen2.5-VL and report what they computed (for
+"""Run fsdp and megatron ranks on a tiny Qwen2.5-VL or Qwen3-VL and report what they computed (for
 test_megatron_multimodal.py): the same pattern as `parity_cases.run`, on rows with images, a
 video and text. `make_data` writes the model and the rows once; `run` (one process per rank)
 scores them, trains one step, scores again, and reports the HF-named weights it would push and
@@ -21,8 +21,8 @@ CONTENTS = ["<image>which cell is red?", "no image here", "<image>and this one<i
             "plain text again", "<image>one more"]
 
 
-def make_data(root: str) -> tuple[str, str]:
-    """A tiny Qwen2.5-VL (vocabulary padded to a multiple of 8: tensor parallelism splits it) and a
+def make_data(root: str, kind: str = "qwen2_5_vl") -> tuple[str, str]:
+    """A tiny `kind` VL model (vocabulary padded to a multiple of 8: tensor parallelism splits it) and a
     batch of its rows (token ids with expanded media tokens, a response each, the encoder tensors
     as TransferQueue's bytes)."""
     import numpy as np
@@ -35,9 +35,9 @@ def make_data(root: str) -> tuple[str, str]:
 
     tokenizer = train_chatml_tokenizer(["which cell is red? and this one no image here what moves"] * 10,
                                        vocab_size=300)
-    model = build_tiny_vl("qwen2_5_vl", tokenizer, os.path.join(root, "vl"), vocab_multiple=8)
+    model = build_tiny_vl(kind, tokenizer, os.path.join(root, kind), vocab_multiple=8)
     processor = MultimodalProcessor(model)
-    video = {"video": VideoPipeline(VideoConfig(min_tokens=4, max_tokens=8))}
+    video = {"video": VideoPipeline(VideoConfig(min_tokens=4, max_tokens=8, patch_size=processor.video.patch_size))}
     rng = np.random.default_rng(0)
     g = torch.Generator().manual_seed(3)
     tokens, lengths, media = [], [], []
@@ -53,7 +53,7 @@ def make_data(root: str) -> tuple[str, str]:
         tokens.append(encoded.input_ids + torch.randint(3, 250, (n,), generator=g).tolist())
         lengths.append(n)
         media.append(to_bytes(encoded.tensors))
-    data = os.path.join(root, "rows.pt")
+    data = os.path.join(root, f"{kind}-rows.pt")
     torch.save({"tokens": tokens, "lengths": lengths, "media": media}, data)
     return model, data
 
