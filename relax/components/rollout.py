@@ -200,15 +200,18 @@ class Rollout:
 
     def _load_eval_sets(self, tokenizer: Any) -> dict[str, tuple[EvalDataset, list[Sample]]]:
         from relax.utils.data.dataset import PromptDataset
+        from relax.utils.data.formatting import MediaLength
 
-        d = self.cfg.data
+        d, g = self.cfg.data, self.generator
+        # Multimodal eval rows are measured as the model sees them, with the rollout's own processor.
+        media_length = MediaLength(g.processor, g.pipelines) if g.processor is not None else None
         return {
             ds.name: (ds, PromptDataset(
                 ds.path, tokenizer, input_key=ds.input_key, label_key=ds.label_key, metadata_key=ds.metadata_key,
                 tool_key=ds.tool_key, apply_chat_template=d.apply_chat_template,
                 apply_chat_template_kwargs=d.apply_chat_template_kwargs, system_prompt=d.system_prompt,
                 max_prompt_len=ds.max_prompt_len, multimodal_keys=d.multimodal_keys,
-                skip_malformed=d.skip_malformed_rows,
+                skip_malformed=d.skip_malformed_rows, media_length=media_length,
             ).samples)
             for ds in eval_datasets(self.cfg.args)
         }

@@ -23,7 +23,9 @@ DATA_FLAGS = ("prompt_data", "hf_checkpoint", "input_key", "label_key", "metadat
               "multimodal_keys", "custom_prompt_path", "skip_malformed_rows", "use_streaming_dataset",
               "streaming_buffer_size", "rollout_shuffle", "rollout_seed", "prefetch_chunk_size",
               "prefetch_max_cached", "prefetch_num_workers", "n_samples_per_prompt", "buffer_filter_path",
-              "save", "load", "image_min_token_num", "image_max_token_num", "image_resize_scale_factor")
+              "save", "load", "image_min_token_num", "image_max_token_num", "image_resize_scale_factor",
+              "video_min_token_num", "video_max_token_num", "video_fps", "video_fps_min_frames",
+              "video_fps_max_frames", "frame_factor", "audio_sample_rate")
 
 
 @dataclass(frozen=True)
@@ -148,6 +150,15 @@ class DataSpec:
     image_min_token_num: int | None  # the image pipeline (relax.utils.multimodal.ImageConfig)
     image_max_token_num: int | None
     image_resize_scale_factor: int | None
+    # The video and audio pipelines: with the image flags, the model's processor's pipelines that
+    # measure multimodal prompts for --rollout-max-prompt-len (relax.utils.data.formatting.MediaLength).
+    video_min_token_num: int | None
+    video_max_token_num: int | None
+    video_fps: float | None
+    video_fps_min_frames: int | None
+    video_fps_max_frames: int | None
+    frame_factor: int | None
+    audio_sample_rate: int | None
 
     @classmethod
     def from_args(cls, args: Any) -> DataSpec:

@@ -6,7 +6,9 @@ prompts as groups: `get_samples(n)` returns `n` groups of `--n-samples-per-promp
 copies of a prompt `Sample`, with `group_index` (one per group) and `index` (one per sample)
 increasing over the whole run. Epoch `e` visits the prompts in file order, or with
 `--rollout-shuffle` in the order seeded by `--rollout-seed + e` (slime's order); a request
-that runs past the end of an epoch continues in the next one.
+that runs past the end of an epoch continues in the next one. With `--multimodal-keys` and
+`--rollout-max-prompt-len`, it also builds the model's processor, so both datasets measure a
+row's prompt with its media expanded to the model's media tokens (`media_length`).
 
 `RolloutDataSourceWithBuffer` (the default `--data-source-path`) adds a buffer of groups
 handed back with `add_samples` (partial rollout, over-sampling): `get_samples` serves
@@ -34,6 +36,7 @@ from relax.engine.specs import DataSpec
 from relax.types import Sample
 from relax.utils import checkpoints
 from relax.utils.data import EpochSampler, PromptDataset, StreamingPromptDataset
+from relax.utils.data.formatting import MediaLength
 from relax.utils.plugins import load_plugin
 
 logger = logging.getLogger(__name__)
@@ -108,24 +111,38 @@ def _media_pipelines(spec: DataSpec, multimodal_keys: dict | None) -> dict | Non
     return build_pipelines(spec, ["image"])
 
 
+def media_length(spec: DataSpec, tokenizer: Any, multimodal_keys: dict | None) -> MediaLength | None:
+    """How `--rollout-max-prompt-len` measures rows with media: only a multimodal run with that flag
+    gets one (the checkpoint's processor, built here, and the media flags' pipelines), so every
+    placeholder counts as the media tokens it expands to. None: text runs (the tokenizer alone)."""
+    if not multimodal_keys or spec.rollout_max_prompt_len is None or spec.hf_checkpoint is None:
+        return None  # no checkpoint: the dataset names --hf-checkpoint as missing
+    try:
+        return MediaLength.for_model(spec.hf_checkpoint, tokenizer, spec)
+    except ValueError as exc:  # MediaError: a checkpoint whose model takes no media
+        raise ValueError(f"--rollout-max-prompt-len with --multimodal-keys counts media tokens with the model's "
+                         f"processor, which cannot be built: {exc}") from exc
+
+
 def build_prompt_dataset(spec: DataSpec, tokenizer: Any) -> PromptDataset | StreamingPromptDataset:
     """The dataset `--prompt-data` and the data flags describe."""
+    multimodal_keys = _json_flag(spec.multimodal_keys, "--multimodal-keys")
     common = dict(
         input_key=spec.input_key, label_key=spec.label_key, metadata_key=spec.metadata_key, tool_key=spec.tool_key,
         apply_chat_template=spec.apply_chat_template,
         apply_chat_template_kwargs=_json_flag(spec.apply_chat_template_kwargs, "--apply-chat-template-kwargs"),
         system_prompt=spec.system_prompt, max_prompt_len=spec.rollout_max_prompt_len,
-        multimodal_keys=_json_flag(spec.multimodal_keys, "--multimodal-keys"),
+        multimodal_keys=multimodal_keys,
         custom_prompt_fn=load_plugin(spec.custom_prompt_path, flag="--custom-prompt-path", positional=2,
                                      expected="fn(prompt, data: dict) -> prompt") if spec.custom_prompt_path else None,
-        skip_malformed=spec.skip_malformed_rows,
+        skip_malformed=spec.skip_malformed_rows, media_length=media_length(spec, tokenizer, multimodal_keys),
     )
     if spec.use_streaming_dataset:
         return StreamingPromptDataset(
             spec.prompt_data, tokenizer, buffer_size=spec.streaming_buffer_size, shuffle=spec.rollout_shuffle,
             seed=spec.rollout_seed, prefetch_chunk_size=spec.prefetch_chunk_size,
             prefetch_max_cached=spec.prefetch_max_cached, prefetch_num_workers=spec.prefetch_num_workers,
-            media_pipelines=_media_pipelines(spec, common["multimodal_keys"]), **common)
+            media_pipelines=_media_pipelines(spec, multimodal_keys), **common)
     return PromptDataset(spec.prompt_data, tokenizer, check_media=True, **common)
 
 

@@ -16,8 +16,12 @@ it first checks each local item is there and decodable (`relax.utils.multimodal.
 are not fetched).
 
 Both turn rows into samples with `relax.utils.data.formatting.build_sample` and drop prompts
-longer than `--rollout-max-prompt-len` tokens. A malformed row raises `DataError` naming the
-file and the row, or, with `--skip-malformed-rows`, is skipped, counted and logged.
+longer than `--rollout-max-prompt-len` tokens. Given `media_length` (a multimodal run with that
+flag: `relax.utils.data.formatting.MediaLength`), a row with media is measured as the model sees
+it, each placeholder expanded to its media tokens, since the expansion, not the placeholder text,
+is what fills the context; media that cannot be processed make the row malformed. A malformed row
+raises `DataError` naming the file and the row, or, with `--skip-malformed-rows`, is skipped,
+counted and logged.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import random
 from typing import Any, Callable, Iterator
 
 from relax.types import Sample
-from relax.utils.data.formatting import PromptFormat, build_sample, prompt_token_length
+from relax.utils.data.formatting import MediaLength, PromptFormat, build_sample, prompt_token_length
 from relax.utils.data.prefetch import PrefetchBuffer, load_row_media
 from relax.utils.data.readers import (
     DataError,
@@ -53,12 +57,13 @@ class _RowPipeline:
     """Row -> Sample or None (skipped / too long), with the counters both datasets report."""
 
     def __init__(self, fmt: PromptFormat, tokenizer: Any, *, max_prompt_len: int | None,
-                 skip_malformed: bool) -> None:
+                 skip_malformed: bool, media_length: MediaLength | None = None) -> None:
         if max_prompt_len is not None and tokenizer is None:
             raise ValueError("--rollout-max-prompt-len needs a tokenizer; set --hf-checkpoint")
         self.fmt = fmt
         self.tokenizer = tokenizer
         self.max_prompt_len = max_prompt_len
+        self.media_length = media_length if max_prompt_len is not None else None
         self.skip_malformed = skip_malformed
         self.num_skipped = 0
         self.num_too_long = 0
@@ -70,6 +75,7 @@ class _RowPipeline:
             if isinstance(row, DataError):
                 raise row
             sample = build_sample(row, location, self.fmt, self.tokenizer)
+            too_long = self._too_long(sample, location)
         except DataError as exc:
             if not self.skip_malformed:
                 raise DataError(f"{exc}. To skip malformed rows instead, pass --skip-malformed-rows") from None
@@ -77,15 +83,15 @@ class _RowPipeline:
             if len(self.skip_reasons) < _MAX_REASONS:
                 self.skip_reasons.append(str(exc))
             return None
-        if self._too_long(sample):
+        if too_long:
             self.num_too_long += 1
             return None
         return sample
 
-    def _too_long(self, sample: Sample) -> bool:
+    def _too_long(self, sample: Sample, location: RowLocation) -> bool:
         if self.max_prompt_len is None:
             return False
-        length = prompt_token_length(sample.prompt, self.tokenizer, self.fmt)
+        length = self._length(sample, location)
         if length is None:
             if not self._warned_unmeasured:
                 logger.warning("--rollout-max-prompt-len: message-list prompts cannot be measured without a chat "
@@ -94,10 +100,22 @@ class _RowPipeline:
             return False
         return length > self.max_prompt_len
 
+    def _length(self, sample: Sample, location: RowLocation) -> int | None:
+        """The prompt's token count; with `media_length`, media expanded (DataError if they cannot be)."""
+        if self.media_length is None or not sample.multimodal_inputs:
+            return prompt_token_length(sample.prompt, self.tokenizer, self.fmt)
+        try:
+            return prompt_token_length(sample.prompt, self.tokenizer, self.fmt, media=sample.multimodal_inputs,
+                                       media_length=self.media_length)
+        except (ValueError, OSError) as exc:  # MediaError (a ValueError): unreadable, undecodable or unmatched
+            raise DataError(f"{location}: cannot count its media tokens for --rollout-max-prompt-len: {exc}; "
+                            "fix the row or the media it names") from exc
+
     def log_summary(self, what: str) -> None:
         if self.num_too_long:
-            logger.info("%s: dropped %d prompt(s) longer than --rollout-max-prompt-len=%d tokens",
-                        what, self.num_too_long, self.max_prompt_len)
+            counted = " (media counted as the model's media tokens)" if self.media_length is not None else ""
+            logger.info("%s: dropped %d prompt(s) longer than --rollout-max-prompt-len=%d tokens%s",
+                        what, self.num_too_long, self.max_prompt_len, counted)
         if self.num_skipped:
             logger.warning("%s: skipped %d malformed row(s) (--skip-malformed-rows); first reasons:\n  %s",
                            what, self.num_skipped, "\n  ".join(self.skip_reasons))
@@ -118,6 +136,7 @@ class PromptDataset:
 
     `paths`: anything `resolve_prompt_paths` accepts (a path, a list, a verl-style list string).
     `check_media`: check each row's local media files exist and decode (a bad one is a malformed row).
+    `media_length`: measure rows with media as the model sees them (module doc); None: placeholder text.
     Counters: `num_skipped` (malformed rows, with --skip-malformed-rows), `num_too_long`.
     """
 
@@ -127,11 +146,12 @@ class PromptDataset:
                  system_prompt: str | None = None, max_prompt_len: int | None = None,
                  multimodal_keys: dict[str, str] | None = None,
                  custom_prompt_fn: Callable[[Any, dict], Any] | None = None, skip_malformed: bool = False,
-                 check_media: bool = False) -> None:
+                 check_media: bool = False, media_length: MediaLength | None = None) -> None:
         self.paths = resolve_prompt_paths(paths)
         fmt = _make_format(input_key, label_key, metadata_key, tool_key, apply_chat_template,
                            apply_chat_template_kwargs, system_prompt, multimodal_keys, custom_prompt_fn)
-        pipeline = _RowPipeline(fmt, tokenizer, max_prompt_len=max_prompt_len, skip_malformed=skip_malformed)
+        pipeline = _RowPipeline(fmt, tokenizer, max_prompt_len=max_prompt_len, skip_malformed=skip_malformed,
+                                media_length=media_length)
         for path in self.paths:
             check_data_file(path)
         self.samples: list[Sample] = []
@@ -200,7 +220,7 @@ class StreamingPromptDataset:
                  multimodal_keys: dict[str, str] | None = None,
                  custom_prompt_fn: Callable[[Any, dict], Any] | None = None, skip_malformed: bool = False,
                  prefetch_chunk_size: int = 32, prefetch_max_cached: int = 256, prefetch_num_workers: int = 1,
-                 media_pipelines: dict[str, Any] | None = None) -> None:
+                 media_pipelines: dict[str, Any] | None = None, media_length: MediaLength | None = None) -> None:
         if buffer_size < 1:
             raise ValueError(f"--streaming-buffer-size must be >= 1, got {buffer_size}")
         if prefetch_max_cached < 0:
@@ -216,7 +236,8 @@ class StreamingPromptDataset:
         self.buffer_size, self.shuffle, self.seed = buffer_size, shuffle, seed
         fmt = _make_format(input_key, label_key, metadata_key, tool_key, apply_chat_template,
                            apply_chat_template_kwargs, system_prompt, multimodal_keys, custom_prompt_fn)
-        self._pipeline = _RowPipeline(fmt, tokenizer, max_prompt_len=max_prompt_len, skip_malformed=skip_malformed)
+        self._pipeline = _RowPipeline(fmt, tokenizer, max_prompt_len=max_prompt_len, skip_malformed=skip_malformed,
+                                      media_length=media_length)
         self._num_rows: int | None = None
         self._start_epoch(0, position=0)
 

@@ -230,17 +230,59 @@ def render_chat_template(messages: list[dict], tokenizer: Any, *, tools: list | 
                                          add_generation_prompt=True, **kwargs)
 
 
-def prompt_token_length(prompt: str | list[dict], tokenizer: Any, fmt: PromptFormat) -> int | None:
+@dataclass(frozen=True)
+class MediaLength:
+    """Measures a multimodal prompt as the model sees it: the rollout's own encoding.
+
+    Each `<image>` / `<video>` / `<audio>` placeholder expands to many media tokens (a 56x56
+    image is 4 pads plus its open/close tokens for Qwen2.5-VL), so a short text can be a long
+    prompt. The count is `len(processor.encode(text, through_pipelines(media, pipelines)).input_ids)`,
+    the very ids the rollout sends (`relax.engine.rollout.generator.encode_prompt`): exact, at
+    the cost of processing each row's media once. Failures are `MediaError` (a `ValueError`)."""
+
+    processor: Any  # relax.utils.multimodal.processor.MultimodalProcessor of --hf-checkpoint
+    pipelines: dict[str, Any]  # processor.pipelines(data flags): the media flags in the model's units
+
+    @classmethod
+    def for_model(cls, model_path: str, tokenizer: Any, flags: Any) -> MediaLength:
+        """The checkpoint's processor and the media flags' pipelines (`flags`: the data flags)."""
+        from relax.utils.multimodal import AudioConfig
+        from relax.utils.multimodal.processor import MultimodalProcessor
+
+        processor = MultimodalProcessor(model_path, tokenizer, AudioConfig.from_flags(flags))
+        return cls(processor, processor.pipelines(flags))
+
+    def __call__(self, text: str, media: dict[str, list]) -> int:
+        from relax.utils.multimodal.processor import through_pipelines
+
+        return len(self.processor.encode(text, through_pipelines(media, self.pipelines)).input_ids)
+
+
+def _rendered_prompt(prompt: str | list[dict], tokenizer: Any, fmt: PromptFormat) -> str | None:
+    """The prompt as the engine gets it (a message list through the tokenizer's chat template,
+    media parts as their placeholders); None when a message list has no template to render it."""
+    if isinstance(prompt, str):
+        return prompt
+    if not getattr(tokenizer, "chat_template", None):
+        return None
+    return render_chat_template(prompt, tokenizer, tools=None, kwargs=fmt.apply_chat_template_kwargs)
+
+
+def prompt_token_length(prompt: str | list[dict], tokenizer: Any, fmt: PromptFormat, *,
+                        media: dict[str, list] | None = None, media_length: MediaLength | None = None) -> int | None:
     """Token count of a prompt as the engine will see it; None when it cannot be measured.
 
     A message-list prompt (no `--apply-chat-template`) is measured through the tokenizer's
-    chat template when it has one. Multimodal items count as their placeholder text only.
+    chat template when it has one. With `media_length` and the row's `media`, each placeholder
+    counts as the media tokens it expands to (`MediaLength`; a bad item raises `MediaError`);
+    otherwise multimodal items count as their placeholder text only.
     """
-    if isinstance(prompt, list):
-        if not getattr(tokenizer, "chat_template", None):
-            return None
-        prompt = render_chat_template(prompt, tokenizer, tools=None, kwargs=fmt.apply_chat_template_kwargs)
-    return len(tokenizer.encode(prompt, add_special_tokens=False))
+    text = _rendered_prompt(prompt, tokenizer, fmt)
+    if text is None:
+        return None
+    if media_length is not None and media:
+        return media_length(text, media)
+    return len(tokenizer.encode(text, add_special_tokens=False))
 
 
 def _short(value: Any, limit: int = 80) -> str:
