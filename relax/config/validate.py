@@ -637,7 +637,8 @@ MEGATRON_NOT_BUILT = {
 }
 
 
-MEGATRON_VL = ("qwen2_5_vl", "qwen3_vl")  # relax.backends.megatron.vision.SUPPORTED (not imported: no megatron at validation)
+# relax.backends.megatron.vision.SUPPORTED (not imported: validation runs without megatron-core)
+MEGATRON_VL = ("qwen2_5_vl", "qwen3_vl")
 
 
 def megatron_unfit(cfg: RelaxConfig) -> list[str]:

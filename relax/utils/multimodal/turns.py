@@ -49,7 +49,8 @@ class MediaContext:
         """`pipelines`: the run's media pipelines, which the prompt's media went through."""
         self.processor, self.sample, self.pipelines = processor, sample, pipelines
         media = {k: v for k, v in (sample.multimodal_inputs or {}).items() if k in processor.family.modalities}
-        self.data = processor.request_fields(self._prepared(media))  # field -> items (data URIs; videos' frame lists), in order
+        # field -> items (data URIs; videos' frame lists), in order
+        self.data = processor.request_fields(self._prepared(media))
 
     def _prepared(self, media: dict[str, Any]) -> dict[str, list[Any]]:
         """Items through the run's pipelines (as the prompt's were), video files as frame lists."""

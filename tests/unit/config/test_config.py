@@ -149,7 +149,8 @@ def test_recompute_flags_reach_the_fsdp_ranks(base):
     (["--attention-dropout", "0.1"], "RL training runs without dropout"),
     (["--num-layers", "4"], "--num-layers 4 contradicts"),
     (["--some-megatron-flag"], "the megatron backend does not read them"),
-    (["--multimodal-keys", '{"image": "image"}'], "the megatron backend trains the vision-language models qwen2_5_vl, qwen3_vl"),
+    (["--multimodal-keys", '{"image": "image"}'],
+     "the megatron backend trains the vision-language models qwen2_5_vl, qwen3_vl"),
 ])
 def test_megatron_backend_rejects_what_it_does_not_build(base, extra, needle):
     pytest.importorskip("megatron.core")

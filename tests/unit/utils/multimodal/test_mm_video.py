@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 
@@ -54,8 +56,9 @@ def test_frame_list_without_fps_uses_the_default_source_fps():
     assert len(result.indices) == 6  # 3 s at 30 fps, 2 fps
 
 
-def test_a_video_file_is_a_clear_error_without_pyav():
-    with pytest.raises(MediaError, match="PyAV"):
+def test_a_video_file_is_a_clear_error_without_pyav(monkeypatch):
+    monkeypatch.setitem(sys.modules, "av", None)  # decoding real files: test_video_files.py
+    with pytest.raises(MediaError, match=r"'clip\.mp4'.*PyAV.*pip install av"):
         VideoPipeline(VideoConfig()).process("clip.mp4")
 
 
