@@ -121,11 +121,10 @@ class Rollout:
         tokenizer = await asyncio.to_thread(self._tokenizer)
         processor = pipelines = encoder = None
         if cfg.data.multimodal_keys:  # placeholders -> the model's media tokens, media -> encoder tensors
-            from relax.utils.multimodal import AudioConfig
             from relax.utils.multimodal.processor import MultimodalProcessor
 
-            processor = await asyncio.to_thread(MultimodalProcessor, cfg.ckpt.hf_checkpoint, tokenizer,
-                                                AudioConfig.from_flags(cfg.data))
+            processor = await asyncio.to_thread(MultimodalProcessor.for_run, cfg.ckpt.hf_checkpoint, tokenizer,
+                                                cfg.data)
             pipelines = processor.pipelines(cfg.data)  # the media flags, in the model's own units
             encoder = PromptEncoder(tokenizer, processor, pipelines, pool_size=cfg.data.mm_processor_pool_size,
                                     model_path=cfg.ckpt.hf_checkpoint, data_flags=cfg.data)

@@ -137,7 +137,8 @@ class DataConfig:
     multimodal_keys: dict | None = opt(None, "Multimodal column mapping (JSON).", type=parse_json)
     skip_malformed_rows: bool = opt(False, "Skip (and count) malformed data rows instead of failing.")
     # Media pipelines (relax.utils.multimodal; docs/multimodal.md). None = the seed's default.
-    use_audio_in_video: bool = opt(False, "Also process the audio track of videos.", supported=False)
+    use_audio_in_video: bool = opt(False, "Each video's audio track is heard with its frames, their tokens "
+                                   "interleaved by time (Omni models; docs/multimodal.md).")
     image_max_token_num: int | None = opt(None, "Most vision tokens per image (default 16384): the rollout resizes "
                                           "each image to within [min, max] tokens x (patch x merge)^2 pixels of the "
                                           "model before its processor sees it (docs/multimodal.md).")

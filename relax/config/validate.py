@@ -366,6 +366,9 @@ def check_multimodal(cfg: RelaxConfig) -> None:
     if pool < 0 or pool and not cfg.data.multimodal_keys:
         raise ConfigError(f"--mm-processor-pool-size {pool}: it sets the processes that encode multimodal prompts, "
                           "so it must be >= 0 and needs --multimodal-keys")
+    if cfg.data.use_audio_in_video and "video" not in (cfg.data.multimodal_keys or {}):
+        raise ConfigError("--use-audio-in-video needs videos: name their column in --multimodal-keys "
+                          "('{\"video\": \"<column>\"}') and use an Omni model")
     if not cfg.data.multimodal_keys:
         return
     if cfg.algo.advantage_estimator == "ppo":

@@ -25,7 +25,7 @@ DATA_FLAGS = ("prompt_data", "hf_checkpoint", "input_key", "label_key", "metadat
               "prefetch_max_cached", "prefetch_num_workers", "n_samples_per_prompt", "buffer_filter_path",
               "save", "load", "image_min_token_num", "image_max_token_num", "image_resize_scale_factor",
               "video_min_token_num", "video_max_token_num", "video_fps", "video_fps_min_frames",
-              "video_fps_max_frames", "frame_factor", "audio_sample_rate")
+              "video_fps_max_frames", "frame_factor", "audio_sample_rate", "use_audio_in_video")
 
 
 @dataclass(frozen=True)
@@ -159,6 +159,7 @@ class DataSpec:
     video_fps_max_frames: int | None
     frame_factor: int | None
     audio_sample_rate: int | None
+    use_audio_in_video: bool
 
     @classmethod
     def from_args(cls, args: Any) -> DataSpec:

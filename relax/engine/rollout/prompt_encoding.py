@@ -31,10 +31,9 @@ _WORKER: dict[str, Any] = {}  # in a pool process: its processor and pipelines
 
 
 def _init_worker(model_path: str, tokenizer: Any, data_flags: Any) -> None:
-    from relax.utils.multimodal import AudioConfig
     from relax.utils.multimodal.processor import MultimodalProcessor
 
-    processor = MultimodalProcessor(model_path, tokenizer, AudioConfig.from_flags(data_flags))
+    processor = MultimodalProcessor.for_run(model_path, tokenizer, data_flags)
     _WORKER.update(processor=processor, pipelines=processor.pipelines(data_flags))
 
 

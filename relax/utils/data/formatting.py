@@ -246,10 +246,9 @@ class MediaLength:
     @classmethod
     def for_model(cls, model_path: str, tokenizer: Any, flags: Any) -> MediaLength:
         """The checkpoint's processor and the media flags' pipelines (`flags`: the data flags)."""
-        from relax.utils.multimodal import AudioConfig
         from relax.utils.multimodal.processor import MultimodalProcessor
 
-        processor = MultimodalProcessor(model_path, tokenizer, AudioConfig.from_flags(flags))
+        processor = MultimodalProcessor.for_run(model_path, tokenizer, flags)
         return cls(processor, processor.pipelines(flags))
 
     def __call__(self, text: str, media: dict[str, list]) -> int:

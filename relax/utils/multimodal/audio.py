@@ -14,8 +14,8 @@ Steps:
    per the attention mask); audio tokens after the encoder's stride-2 conv and stride-2 pooling
    (Qwen2-Audio / Qwen2.5-Omni `_get_feat_extract_output_lengths`):
    t1 = (frames - 1) // 2 + 1, tokens = (t1 - 2) // 2 + 1.
-Compressed formats (mp3, flac, ogg) need an FFmpeg-class decoder this build does not ship:
-they are a `MediaError` saying so.
+Compressed formats (mp3, flac, ogg, m4a, ...) decode with PyAV (FFmpeg's binding, the optional
+`video` extra that video files use too); without it they are a `MediaError` saying how to install it.
 """
 
 from __future__ import annotations
@@ -100,13 +100,14 @@ def decode_wav(data: bytes, item: Any) -> tuple[Any, int]:
     floats = _float_wav(data)
     if floats is not None:
         return floats
+    if not data.startswith(b"RIFF"):
+        return decode_compressed(data, item)
     try:
         with wave.open(io.BytesIO(data), "rb") as wav:
             width, channels, rate = wav.getsampwidth(), wav.getnchannels(), wav.getframerate()
             raw = wav.readframes(wav.getnframes())
     except (wave.Error, EOFError) as exc:
-        raise MediaError(f"audio {describe(item)}: not a readable PCM WAV file ({exc}); compressed formats "
-                         "(mp3, flac, ogg) need FFmpeg, which this build does not ship: convert to WAV") from exc
+        raise MediaError(f"audio {describe(item)}: not a readable PCM WAV file ({exc})") from exc
     dtypes = {1: np.uint8, 2: np.int16, 4: np.int32}
     if width not in dtypes:
         raise MediaError(f"audio {describe(item)}: {8 * width}-bit WAV is not supported (8, 16 or 32-bit PCM)")
@@ -115,6 +116,22 @@ def decode_wav(data: bytes, item: Any) -> tuple[Any, int]:
         samples = samples - 128.0
     samples /= float(2 ** (8 * width - 1))
     return samples.reshape(-1, channels).mean(axis=1), rate
+
+
+def decode_compressed(data: bytes, item: Any) -> tuple[Any, int]:
+    """mp3 / flac / ogg / m4a bytes -> (float64 numpy [T] mono, sample rate), through PyAV."""
+    from relax.utils.multimodal.video import read_audio_track
+
+    try:
+        import av  # noqa: F401 - only to say what to install
+    except ImportError as exc:
+        raise MediaError(f"audio {describe(item)}: not a PCM WAV file; compressed formats (mp3, flac, ogg) decode "
+                         "with PyAV, which is not installed: `pip install av` (or `pip install 'relax-rl[video]'`), "
+                         "or convert to WAV") from exc
+    track = read_audio_track(data, kind="audio")
+    if track is None:
+        raise MediaError(f"audio {describe(item)}: the file has no audio stream")
+    return track["array"].astype("float64"), track["sampling_rate"]
 
 
 def _waveform(item: Any, cfg: AudioConfig) -> tuple[Any, int]:

@@ -32,8 +32,11 @@ def _check_image(data: bytes, item: Any) -> None:
 
 
 def _check_audio(data: bytes, item: Any) -> None:
-    if not data.startswith(b"RIFF"):
-        return  # mp3 / flac / ogg: no decoder here; readable is all that can be said
+    if not data.startswith(b"RIFF"):  # mp3 / flac / ogg: decoded through PyAV (the pipeline's own decoder)
+        from relax.utils.multimodal.audio import decode_compressed
+
+        decode_compressed(data, item)
+        return
     try:
         with wave.open(io.BytesIO(data), "rb") as wav:
             wav.getnframes()

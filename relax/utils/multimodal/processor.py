@@ -35,6 +35,7 @@ import io
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
+from relax.utils.multimodal.audio_in_video import audio_order, interleave
 from relax.utils.multimodal.config import AudioConfig
 from relax.utils.multimodal.sources import MediaError
 
@@ -57,6 +58,7 @@ class RowMedia:
     videos: Any = None    # video_grid_thw rows [n, 3]
     seconds: Any = None   # seconds per temporal grid of each video [n] (families with `video_seconds`)
     audio_frames: Any = None  # feature frames of each audio [n]
+    audio_in_video: bool = False  # its videos carry their audio tracks (--use-audio-in-video)
 
 
 def _vl_rope_index(model: Any, ids_1L: Any, media: RowMedia) -> Any:
@@ -76,11 +78,11 @@ def _vl_rope_index(model: Any, ids_1L: Any, media: RowMedia) -> Any:
 def _omni_rope_index(model: Any, ids_1L: Any, media: RowMedia) -> Any:
     """Qwen3-Omni thinker `get_rope_index` on one unpadded row -> `(3, 1, L)`: audio tokens take
     consecutive positions (`audio_seqlens`: each audio's feature frames), images a (t, h, w) grid,
-    videos a grid whose time steps are `seconds x position_id_per_seconds` apart; no audio track
-    in video."""
+    videos a grid whose time steps are `seconds x position_id_per_seconds` apart, a video with its
+    audio track the two interleaved by time (`audio_in_video.py`)."""
     position_ids, _ = submodule(model, "get_rope_index")(
         ids_1L, image_grid_thw=media.images, video_grid_thw=media.videos,
-        attention_mask=ids_1L.new_ones(ids_1L.shape), use_audio_in_video=False,
+        attention_mask=ids_1L.new_ones(ids_1L.shape), use_audio_in_video=media.audio_in_video,
         audio_seqlens=media.audio_frames, second_per_grids=media.seconds)
     return position_ids
 
@@ -286,7 +288,20 @@ def through_pipelines(media: dict[str, Sequence[Any]] | None, pipelines: dict[st
     for modality, pipeline in (pipelines or {}).items():
         if out.get(modality):
             out[modality] = [_PIPELINE_ITEM[modality](pipeline.process(item)) for item in out[modality]]
+            if modality == "video":
+                out["video"] = [keep_audio(v, item) for v, item in zip(out["video"], media["video"])]
     return out
+
+
+def keep_audio(processed: dict[str, Any], item: Any) -> dict[str, Any]:
+    """A sampled video keeps where its audio track is, for --use-audio-in-video: a frame-list item's
+    `"audio"`, or the video file itself (`"audio_source"`, decoded only when the flag asks)."""
+    if isinstance(item, dict) and "frames" in item:
+        if item.get("audio") is not None:
+            processed["audio"] = item["audio"]
+    elif not isinstance(item, (list, tuple)) and not hasattr(item, "shape"):
+        processed["audio_source"] = item
+    return processed
 
 
 PROCESSOR_FILES = ("preprocessor_config.json", "video_preprocessor_config.json", "processor_config.json",
@@ -366,9 +381,11 @@ class Encoded:
 
 class MultimodalProcessor:
     """Placeholder expansion and encoder tensors for one checkpoint (see the module doc).
-    `audio`: the audio flags (`--audio-sample-rate`: the rate of bare waveform items)."""
+    `audio`: the audio flags (`--audio-sample-rate`: the rate of bare waveform items);
+    `use_audio_in_video`: each video's audio track heard with its frames (Omni; `audio_in_video.py`)."""
 
-    def __init__(self, model_path: str, tokenizer: Any = None, audio: AudioConfig | None = None) -> None:
+    def __init__(self, model_path: str, tokenizer: Any = None, audio: AudioConfig | None = None,
+                 use_audio_in_video: bool = False) -> None:
         from transformers import AutoConfig, AutoImageProcessor, AutoTokenizer
 
         self.config = AutoConfig.from_pretrained(model_path)
@@ -391,6 +408,16 @@ class MultimodalProcessor:
 
             self.feature_extractor = WhisperFeatureExtractor.from_pretrained(model_path)
             self.audio_token_id = int(self.config.audio_token_id)
+        if use_audio_in_video and not (self.family.audio_pad and self.family.video_pad):
+            raise MediaError(f"--use-audio-in-video: model type {model_type(self.config)!r} has no audio encoder; "
+                             "it needs an Omni model (qwen3_omni_moe_thinker)")
+        self.use_audio_in_video = use_audio_in_video
+
+    @classmethod
+    def for_run(cls, model_path: str, tokenizer: Any, flags: Any) -> MultimodalProcessor:
+        """The processor a run's data flags describe (--audio-sample-rate, --use-audio-in-video)."""
+        return cls(model_path, tokenizer, AudioConfig.from_flags(flags),
+                   use_audio_in_video=bool(getattr(flags, "use_audio_in_video", False)))
 
     def pipelines(self, flags: Any) -> dict[str, Any]:
         """The media flags' pipelines for this model (`through_pipelines`): images and video frames
@@ -420,11 +447,30 @@ class MultimodalProcessor:
             if have != want:
                 raise MediaError(f"the prompt has {have} {PLACEHOLDERS[modality]} placeholder(s) for {want} "
                                  f"{modality}(s); put one placeholder per {modality} in the content")
-        request = self.request_fields(media)
+        audios = media.get("audio", [])
+        slots, in_video = list(range(len(audios))), None  # each <audio>'s index in the audio tensors
+        if self.use_audio_in_video and media.get("video"):  # the videos' tracks join, in pad-token order
+            audios, slots, in_video = audio_order(text, audios, media["video"])
+        request = self.request_fields({**media, "audio": audios})
         tensors = self.request_media_tensors(request.get("image_data"), request.get("audio_data"),
                                              request.get("video_data"))
         spans = {m: self._spans(m, tensors, media.get(m, [])) for m in self.family.modalities}
+        counts = self.audio_token_counts(tensors)
+        f = self.family
+        if "audio" in spans:
+            spans["audio"] = [f.audio_open + f.audio_pad * counts[i] + f.audio_close for i in slots]
+        if in_video is not None:
+            spans["video"] = [self._audio_video_span(tensors, k, counts[i]) for k, i in enumerate(in_video)]
         return Encoded(self.tokenizer.encode(self._expand(text, spans), add_special_tokens=False), tensors, request)
+
+    def _audio_video_span(self, tensors: dict[str, Any], k: int, audio_tokens: int) -> str:
+        """Video k with its audio: `<|vision_start|><|audio_start|>`, their pads interleaved by time,
+        `<|audio_end|><|vision_end|>` (`audio_in_video.interleave`)."""
+        f = self.family
+        kinds = interleave(tensors["video_grid_thw"][k].tolist(), float(tensors[f.video_seconds][k]),
+                           float(self.config.position_id_per_seconds), self.merge, audio_tokens)
+        pads = "".join(f.video_pad if kind == "v" else f.audio_pad for kind in kinds)
+        return f.image_open + f.audio_open + pads + f.audio_close + f.image_close
 
     def request_fields(self, media: dict[str, list[Any]]) -> dict[str, list[str]]:
         """/generate's media fields of `media`: `image_data` (PNG data URIs), `video_data` (`{"frames":
@@ -525,7 +571,7 @@ class MultimodalProcessor:
         from relax.utils.multimodal import VideoConfig, VideoPipeline
 
         cfg = VideoConfig(patch_size=self.video.patch_size, merge_size=self.video.merge_size)
-        return _PIPELINE_ITEM["video"](VideoPipeline(cfg).process(item))
+        return keep_audio(_PIPELINE_ITEM["video"](VideoPipeline(cfg).process(item)), item)
 
     def video_token_counts(self, tensors: dict[str, Any]) -> list[int]:
         grid = tensors.get("video_grid_thw")
@@ -605,6 +651,20 @@ def _take(per_item: list[int], used: int, pads: int, what: str, b: int) -> int:
     return used
 
 
+def _audio_in_video(config: Any, ids_L: Any, b: int) -> bool:
+    """Whether row b's videos carry their audio (`<|vision_start|><|audio_start|>` blocks); a row
+    cannot mix them with plain videos (the model's `get_rope_index` takes one or the other)."""
+    start, audio_start = getattr(config, "vision_start_token_id", None), getattr(config, "audio_start_token_id", None)
+    if start is None or audio_start is None or ids_L.shape[0] < 2:
+        return False
+    after_start = ids_L[1:][ids_L[:-1] == start]
+    with_audio = bool((after_start == audio_start).any())
+    if with_audio and bool((after_start == config.video_token_id).any()):
+        raise ValueError(f"row {b} mixes videos with and without their audio tracks; with --use-audio-in-video "
+                         "every video of a prompt carries its audio")
+    return with_audio
+
+
 def rope_positions(model: Any, ids_BL: Any, mask_BL: Any, tensors: dict[str, Any]) -> Any:
     """M-RoPE position ids `(3, B, L)` from the model's own `get_rope_index` (text tokens count
     1, 2, 3, ...; an image's tokens take (t, h, w) grid positions, a video's too with its time
@@ -645,6 +705,6 @@ def rope_positions(model: Any, ids_BL: Any, mask_BL: Any, tensors: dict[str, Any
             return t[first[kind]:used[kind]] if t is not None and used[kind] > first[kind] else None
 
         row = RowMedia(images=mine(images, "image"), videos=mine(videos, "video"), seconds=mine(seconds, "video"),
-                       audio_frames=mine(frames, "audio"))
+                       audio_frames=mine(frames, "audio"), audio_in_video=_audio_in_video(config, ids_1L[0], b))
         out[:, b, keep] = family.rope_index(model, ids_1L, row)[:, 0].to(out.dtype)
     return out

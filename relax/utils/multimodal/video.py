@@ -140,7 +140,7 @@ def _name(item: Any) -> str:
     return f"<{len(item)} characters of base64>" if _is_raw_base64(item) else describe(item)
 
 
-def _source(item: Any, name: str) -> str | bytes:
+def _source(item: Any, name: str, kind: str = "video") -> str | bytes:
     """A local file's path (FFmpeg reads it from disk, not loaded whole), else the file's bytes."""
     if _is_raw_base64(item):
         try:
@@ -152,18 +152,18 @@ def _source(item: Any, name: str) -> str | bytes:
         path = path[len("file://"):] if path.startswith("file://") else path
         if "://" not in path:  # other schemes: read_bytes names them
             return os.path.expanduser(path)
-    return read_bytes(item, "video")
+    return read_bytes(item, kind)
 
 
-def _open(av: Any, source: str | bytes, name: str) -> Any:
+def _open(av: Any, source: str | bytes, name: str, kind: str = "video") -> Any:
     """An input container of the file (MediaError naming it when it cannot be read or parsed)."""
     try:
         # "file:" makes FFmpeg read a path as a file, never as one of its protocols (pipe:, tcp:, concat:, ...)
         return av.open(io.BytesIO(source) if isinstance(source, bytes) else f"file:{source}", "r")
     except (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError) as exc:
-        raise MediaError(f"video {name}: cannot read ({exc.strerror})") from exc
+        raise MediaError(f"{kind} {name}: cannot read ({exc.strerror})") from exc
     except av.error.FFmpegError as exc:
-        raise MediaError(f"video {name}: not a decodable video file ({exc})") from exc
+        raise MediaError(f"{kind} {name}: not a decodable {kind} file ({exc})") from exc
 
 
 def _video_stream(container: Any, name: str) -> Any:
@@ -273,3 +273,30 @@ def check_video_file(item: Any) -> None:
         raise MediaError(f"video {name}: not a decodable video file ({exc})") from exc
     if not frames:
         raise MediaError(f"video {name}: the video stream has no decodable frame")
+
+
+def read_audio_track(item: Any, kind: str = "video") -> dict[str, Any] | None:
+    """A file's first audio track as `{"array": float32 mono [T], "sampling_rate": rate}` (its own
+    rate; the processor resamples), or None when the file has no audio stream: a video's track
+    (`--use-audio-in-video`: relax.utils.multimodal.audio_in_video) or a compressed audio file
+    (mp3, flac, ogg, m4a: `audio.py`). `kind` names the item in errors."""
+    import numpy as np
+
+    name = _name(item)
+    av = import_av(name)
+    source = _source(item, name, kind)
+    try:
+        with _open(av, source, name, kind) as container:
+            if not container.streams.audio:
+                return None
+            stream = container.streams.audio[0]
+            rate = int(stream.rate or stream.codec_context.sample_rate)
+            resampler = av.AudioResampler(format="flt", layout="mono", rate=rate)
+            chunks = [out.to_ndarray().reshape(-1) for frame in container.decode(stream)
+                      for out in resampler.resample(frame)]
+            chunks += [out.to_ndarray().reshape(-1) for out in resampler.resample(None)]
+    except av.error.FFmpegError as exc:
+        raise MediaError(f"{kind} {name}: its audio does not decode ({exc})") from exc
+    if not chunks:
+        return None
+    return {"array": np.concatenate(chunks).astype(np.float32), "sampling_rate": rate}

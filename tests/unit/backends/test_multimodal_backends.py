@@ -325,3 +325,55 @@ def test_engine_takes_audio_only_with_an_audio_encoder(model_dir):
                         media={"audio": [audio_to_data_uri(tones(0, 1)[0], 16000)]})
     with pytest.raises(MediaError, match="audio pad token" if omni else "audio_data is not supported"):
         engine.media_tensors(item)
+
+
+def test_audio_in_video_for_the_omni_thinker(model_dir):
+    """--use-audio-in-video: a video carrying its audio track becomes one block of video and audio
+    pads interleaved by time, laid out as Qwen3-Omni's own processor lays it out; with a standalone
+    clip after it, the engine and the trainer score the row alike (the M-RoPE positions come from
+    the model's get_rope_index with use_audio_in_video)."""
+    from types import SimpleNamespace
+
+    from transformers.models.qwen3_omni_moe.processing_qwen3_omni_moe import Qwen3OmniMoeProcessor
+
+    from relax.backends.fsdp.worker import FSDPTrainWorker
+    from relax.utils.multimodal.processor import MultimodalProcessor, through_pipelines
+    from relax.utils.multimodal.sources import MediaError
+
+    if family(model_dir) != "qwen3_omni":
+        with pytest.raises(MediaError, match="has no audio encoder"):
+            MultimodalProcessor(model_dir, use_audio_in_video=True)
+        return
+    processor = MultimodalProcessor(model_dir, use_audio_in_video=True)
+    text = processor.tokenizer.apply_chat_template([{"role": "user", "content": "<video>what do you hear?<audio>"}],
+                                                   tokenize=False, add_generation_prompt=True)
+    track, clip = tones(8, 2)
+    video = dict(clips(8, 1)[0], audio={"array": track, "sampling_rate": 16000})
+    encoded = processor.encode(text, through_pipelines({"video": [video], "audio": [clip]}, video_pipelines(processor)))
+    t = encoded.tensors
+    counts = processor.audio_token_counts(t)
+    assert len(counts) == 2 and len(encoded.request["audio_data"]) == 2  # the video's track first, then the clip
+    # Qwen3-Omni's own layout of a video with its audio (its processor's method, on our tensors)
+    tok = SimpleNamespace(audio_bos_token="<|audio_start|>", audio_eos_token="<|audio_end|>",
+                          video_token="<|video_pad|>", audio_token="<|audio_pad|>",
+                          video_processor=SimpleNamespace(merge_size=2))
+    reference = Qwen3OmniMoeProcessor.replace_video_with_audio_token(
+        tok, {"video_grid_thw": t["video_grid_thw"], "video_second_per_grid": t["video_second_per_grid"].tolist()}, 0,
+        {"num_audio_tokens": counts}, 0, position_id_per_seconds=processor.config.position_id_per_seconds)
+    rendered = processor.tokenizer.decode(encoded.input_ids)
+    assert "<|vision_start|>" + reference + "<|vision_end|>" in rendered
+    assert "<|video_pad|><|audio_pad|>" in reference and "<|audio_pad|><|video_pad|>" in reference  # interleaved
+    (result,) = generate(model_dir, [encoded])
+    sample = Sample(index=0, tokens=encoded.input_ids + result.output_ids, response_length=len(result.output_ids),
+                    multimodal_train_inputs=t, rollout_log_probs=result.output_logprobs)
+    spec = TrainerSpec(model_path=model_dir, optim=OptimizerConfig(lr=1e-3), batch=BatchConfig(micro_batch_size=1),
+                       loss=PolicyLossConfig(), temperature=TEMPERATURE, threads=1)
+    worker = FSDPTrainWorker(0, 1, "127.0.0.1", free_port(), spec)
+    try:
+        media = tq.media_bytes(tq.media_column([sample]).unbind())
+        (trainer,) = worker.compute_log_probs([sample.tokens], [sample.response_length], media)
+    finally:
+        worker.shutdown()
+    assert (torch.tensor(trainer) - torch.tensor(result.output_logprobs)).abs().max().item() < 1e-4
+    with pytest.raises(MediaError, match="video 0 has no audio track"):
+        processor.encode(text, through_pipelines({"video": clips(8, 1), "audio": [clip]}, video_pipelines(processor)))

@@ -72,6 +72,7 @@ def test_bytes_flag_accepts_suffixes(base):
     (["--recompute-method", "block"], "need --recompute-granularity full"),
     (["--mm-processor-pool-size", "2"], "needs --multimodal-keys"),
     (["--mm-processor-pool-size", "-1"], "must be >= 0"),
+    (["--use-audio-in-video"], "--use-audio-in-video needs videos"),
 ])
 def test_bad_combinations_fail_naming_the_flag(base, extra, needle):
     with pytest.raises((ConfigError, SystemExit)) as err:

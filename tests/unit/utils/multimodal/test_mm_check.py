@@ -20,12 +20,12 @@ def png() -> bytes:
 def test_good_items_pass_and_urls_are_not_fetched():
     check_item("image", png())
     check_item("image", "https://example.invalid/a.png")
-    check_item("audio", b"ID3 an mp3 we cannot decode")  # readable is all that is checked
     check_item("video", {"frames": [png(), png()], "fps": 2})
 
 
 @pytest.mark.parametrize("kind, item, needle", [
     ("image", png()[:20], "not a decodable image"), ("audio", b"RIFFxxxxWAVEjunk", "not a readable WAV"),
+    ("audio", b"ID3 not really an mp3", "not a decodable audio file"),
     ("video", [png(), b"junk"], "not a decodable image"), ("image", "/no/such.png", "cannot read"),
 ])
 def test_corrupt_or_missing_items_are_media_errors(kind, item, needle):

@@ -223,3 +223,65 @@ def test_a_file_in_generate_video_data_becomes_the_video_tensors(tmp_path, mp4_p
     t, h, w = tensors["video_grid_thw"].tolist()[0]
     assert t == 2  # 4 frames (2 s at 2 fps), 2 per temporal patch
     assert tensors["pixel_values_videos"].shape[0] == t * h * w
+
+
+def with_audio_track(path: Path, seconds: float = 2.0, rate: int = 16000, hz: float = 440.0) -> Path:
+    """An mkv of the test frames (ffv1) and a sine tone (16-bit PCM), as a camera clip has both."""
+    with av.open(str(path), "w", format="matroska") as out:
+        video = out.add_stream("ffv1", rate=FPS)
+        video.width, video.height, video.pix_fmt = WIDTH, HEIGHT, "bgr0"
+        audio = out.add_stream("pcm_s16le", rate=rate)
+        audio.layout = "mono"
+        for i in range(TOTAL):
+            array = np.empty((HEIGHT, WIDTH, 3), dtype=np.uint8)
+            array[...] = colour(i)
+            out.mux(video.encode(av.VideoFrame.from_ndarray(array, format="rgb24")))
+        out.mux(video.encode())
+        samples = (0.5 * np.sin(2 * np.pi * hz * np.arange(int(seconds * rate)) / rate) * 32767).astype(np.int16)
+        for start in range(0, len(samples), 1600):
+            frame = av.AudioFrame.from_ndarray(samples[None, start:start + 1600], format="s16", layout="mono")
+            frame.sample_rate, frame.pts = rate, start
+            out.mux(audio.encode(frame))
+        out.mux(audio.encode())
+    return path
+
+
+def test_the_audio_track_of_a_video_file(tmp_path, mp4_path):
+    """--use-audio-in-video reads a file's own track (mono float32 at its rate); none: None."""
+    from relax.utils.multimodal.processor import keep_audio
+    from relax.utils.multimodal.video import read_audio_track
+
+    path = with_audio_track(tmp_path / "camera.mkv")
+    track = read_audio_track(str(path))
+    assert track["sampling_rate"] == 16000 and track["array"].dtype == np.float32
+    assert track["array"].shape == (32000,) and abs(float(np.abs(track["array"]).max()) - 0.5) < 1e-3
+    assert read_audio_track(path.read_bytes())["array"].shape == (32000,)
+    assert read_audio_track(str(mp4_path)) is None  # a silent file
+    # the sampled video remembers its file, and reads the track only when asked
+    assert keep_audio({}, str(path)) == {"audio_source": str(path)}
+    assert keep_audio({}, {"frames": [1], "audio": b"wav"}) == {"audio": b"wav"} and keep_audio({}, [1]) == {}
+
+
+@pytest.mark.parametrize("fmt, codec", [("flac", "flac"), ("mp3", "libmp3lame"), ("ogg", "libopus")])
+def test_compressed_audio_files_decode(tmp_path, fmt, codec):
+    """mp3 / flac / ogg audio items decode through PyAV and resample like WAV: a 440 Hz tone stays one."""
+    from relax.utils.multimodal import AudioConfig, AudioPipeline
+    from relax.utils.multimodal.check import check_item
+
+    rate = 48000 if codec == "libopus" else 16000
+    path = tmp_path / f"tone.{fmt}"
+    with av.open(str(path), "w", format=fmt) as out:
+        stream = out.add_stream(codec, rate=rate)
+        stream.layout = "mono"
+        tone = (0.5 * np.sin(2 * np.pi * 440 * np.arange(rate) / rate) * 32767).astype(np.int16)
+        for start in range(0, rate, 960):  # PyAV converts the frames to the encoder's format and frame size
+            frame = av.AudioFrame.from_ndarray(tone[None, start:start + 960], format="s16", layout="mono")
+            frame.sample_rate, frame.pts = rate, start
+            out.mux(stream.encode(frame))
+        out.mux(stream.encode())
+    check_item("audio", str(path))
+    out = AudioPipeline(AudioConfig(sample_rate=16000)).process(str(path))
+    wave_ = out.waveform.numpy()
+    assert out.sample_rate == 16000 and 0.9 * 16000 <= wave_.shape[0] <= 1.1 * 16000
+    spectrum = np.abs(np.fft.rfft(wave_[2000:14000]))
+    assert abs(np.argmax(spectrum) * 16000 / 12000 - 440) < 5  # still the tone (lossy codecs keep its pitch)
