@@ -641,7 +641,7 @@ MEGATRON_NOT_BUILT = {
 
 
 # relax.backends.megatron.vision.SUPPORTED (not imported: validation runs without megatron-core)
-MEGATRON_VL = ("qwen2_5_vl", "qwen3_vl")
+MEGATRON_VL = ("qwen2_5_vl", "qwen3_vl", "qwen3_omni_moe_thinker")
 
 
 def megatron_unfit(cfg: RelaxConfig) -> list[str]:

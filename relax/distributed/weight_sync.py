@@ -597,6 +597,32 @@ def expert_views(targets: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return views
 
 
+def hf_targets(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Every tensor an HF-named weight can be written to: buffers, parameters (tied aliases too)
+    and per-expert views of fused MoE experts (`expert_views`)."""
+    targets = dict(model.named_buffers(remove_duplicate=False))
+    targets.update(model.named_parameters(remove_duplicate=False))
+    targets.update(expert_views(targets))
+    return targets
+
+
+@torch.no_grad()
+def load_hf_named(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Write HF-named weights (checkpoint or in-memory names, experts fused or per expert) into an
+    HF model; ValueError naming what it does not have or what is left unwritten."""
+    targets = hf_targets(model)
+    unknown = sorted(set(state) - set(targets))
+    if unknown:
+        raise ValueError(f"{len(unknown)} weight(s) are not the model's, e.g. {unknown[:3]}")
+    written = 0
+    for name, tensor in state.items():
+        targets[name].copy_(tensor)
+        written += tensor.numel()
+    total = sum(p.numel() for p in model.parameters())
+    if written < total:
+        raise ValueError(f"the weights cover {written} of the model's {total} parameter values")
+
+
 class WeightReceiver:
     """Receiving side of the push (the `hf` engine; the fsdp backend's ranks subclass `load`):
     holds the weight groups and loads received tensors into the model.
@@ -651,10 +677,7 @@ class WeightReceiver:
         return self.groups[group_name]
 
     def _targets(self) -> dict[str, torch.Tensor]:
-        targets = dict(self.model.named_buffers(remove_duplicate=False))
-        targets.update(self.model.named_parameters(remove_duplicate=False))
-        targets.update(expert_views(targets))
-        return targets
+        return hf_targets(self.model)
 
     def problems(self, specs: list[TensorSpec]) -> list[str]:
         """Names the model does not have and shapes that do not match it."""

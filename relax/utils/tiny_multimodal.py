@@ -120,17 +120,18 @@ def _save(model: Any, tokenizer: Any, out_dir: str, *processors: Any) -> str:
 def build_tiny_omni(tokenizer: Any, out_dir: str, *, hidden_size: int = 64, num_layers: int = 2, num_heads: int = 4,
                     num_experts: int = 4, encoder_hidden: int = 32, encoder_depth: int = 2,
                     max_position_embeddings: int = 2048, min_tokens: int = 4, max_tokens: int = 64,
-                    seed: int = 0) -> str:
+                    seed: int = 0, vocab_multiple: int = 1) -> str:
     """Write a random tiny Qwen3-Omni thinker with `tokenizer` (image and audio tokens added) to
     `out_dir`. Images keep within [min_tokens, max_tokens] LLM tokens; audio is 16 kHz, 128 mel
-    bins, and the audio encoder's window is the real one (`n_window` 50: 13 tokens per second)."""
+    bins, and the audio encoder's window is the real one (`n_window` 50: 13 tokens per second);
+    the vocabulary is padded to a multiple of `vocab_multiple`."""
     import torch
     from transformers import (AutoModelForImageTextToText, Qwen2VLImageProcessorPil, Qwen3OmniMoeThinkerConfig,
                               WhisperFeatureExtractor)
 
     add_media_tokens(tokenizer, MEDIA_TOKENS + AUDIO_TOKENS)
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in MEDIA_TOKENS + AUDIO_TOKENS}
-    text = _text_config(tokenizer, hidden_size, num_layers, num_heads, max_position_embeddings)
+    text = _text_config(tokenizer, hidden_size, num_layers, num_heads, max_position_embeddings, vocab_multiple)
     text["rope_parameters"]["mrope_interleaved"] = True
     text.update(tie_word_embeddings=False, moe_intermediate_size=hidden_size // 2, num_experts=num_experts,
                 num_experts_per_tok=2)

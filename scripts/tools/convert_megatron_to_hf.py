@@ -74,6 +74,7 @@ def convert(ckpt: str, hf_config: str, out: str) -> list[str]:
     from safetensors.torch import save_file
     from transformers import AutoConfig
 
+    from relax.distributed.weight_sync import load_hf_named
     from relax.utils.multimodal.processor import copy_processor_files, is_multimodal, load_model
 
     config = AutoConfig.from_pretrained(hf_config)
@@ -85,7 +86,7 @@ def convert(ckpt: str, hf_config: str, out: str) -> list[str]:
     os.makedirs(out, exist_ok=True)
     if vision:  # a VL model: written by its HF class (the checkpoint's own names), with its processor files
         model = load_model(hf_config, config=config, from_config=True)
-        model.load_state_dict(state, strict=False)
+        load_hf_named(model, state)  # experts per expert into transformers' fused ones
         model.tie_weights()
         model.save_pretrained(out, safe_serialization=True)
         copy_processor_files(hf_config, out)

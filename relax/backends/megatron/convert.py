@@ -37,6 +37,7 @@ FAMILIES: dict[str, dict[str, Any]] = {
     "qwen3": {"qk_norm": True, "qkv_bias": False, "moe": False},
     "qwen3_vl_text": {"qk_norm": True, "qkv_bias": False, "moe": False},  # Qwen3-VL's language model (vision.py)
     "qwen3_moe": {"qk_norm": True, "qkv_bias": False, "moe": True},
+    "qwen3_omni_moe_text": {"qk_norm": True, "qkv_bias": False, "moe": True},  # the Qwen3-Omni thinker's (vision.py)
 }
 
 
@@ -93,7 +94,8 @@ class Layout:
             moe_ffn_hidden_size=config.moe_intermediate_size if moe else 0,
             moe_top_k=config.num_experts_per_tok if moe else 0,
             mrope_section=tuple(_rope_parameters(config).get("mrope_section") or ()),
-            mrope_interleaved=model_type == "qwen3_vl_text",  # its HF rotary embedding always interleaves
+            # their HF rotary embeddings always interleave
+            mrope_interleaved=model_type in ("qwen3_vl_text", "qwen3_omni_moe_text"),
         )
 
     @property
@@ -274,9 +276,9 @@ _ROW = ("linear_proj.weight", "linear_fc2.weight")
 
 
 def tp_dim(name: str) -> int | None:
-    """The dimension a parameter is split along under tensor parallelism (None: replicated; a VL
-    model's vision tower, `visual.*`, is whole on every rank)."""
-    if name.startswith("visual."):
+    """The dimension a parameter is split along under tensor parallelism (None: replicated; a VL /
+    omni model's encoders, `visual.*` and `audio_tower.*`, are whole on every rank)."""
+    if name.startswith(("visual.", "audio_tower.")):
         return None
     if name.endswith(_COLUMN):
         return 0

@@ -1,36 +1,37 @@
-"""Vision-language models on the megatron backend: a Qwen2.5-VL or Qwen3-VL vision tower beside a
-megatron-core language model.
+"""Vision-language and omni models on the megatron backend: the checkpoint's media encoders
+(Qwen2.5-VL's and Qwen3-VL's vision tower; the Qwen3-Omni thinker's vision and audio towers)
+beside a megatron-core language model.
 
 - The language model is a megatron-core `GPTModel` built from the checkpoint's `text_config` with
-  M-RoPE (`position_embedding_type="mrope"`, its `mrope_section`; Qwen3-VL's interleaved layout
-  through `model.InterleavedMRoPE`); its weights convert like a Qwen2 (Qwen2.5-VL) or Qwen3
-  (Qwen3-VL) model's (`convert.py`), so tensor parallelism, sequence parallelism and data
-  parallelism work as for text models.
-- The vision tower is the checkpoint's own transformers module (`model.visual`), with the
-  checkpoint's weights, whole on every rank (a few hundred million weights for real Qwen2.5-VL
+  M-RoPE (`position_embedding_type="mrope"`, its `mrope_section`; Qwen3-VL's and Qwen3-Omni's
+  interleaved layout through `model.InterleavedMRoPE`); its weights convert like a Qwen2
+  (Qwen2.5-VL), Qwen3 (Qwen3-VL) or Qwen3-MoE (the Omni thinker) model's (`convert.py`), so
+  tensor, sequence, data (and for the MoE one expert) parallelism work as for text models.
+- Each encoder (`TOWERS`: `visual`, `audio_tower`) is the checkpoint's own transformers module
+  with the checkpoint's weights, whole on every rank (a few hundred million weights for real
   models: replicated, not split). It is trained by the same optimizer (or frozen with
-  --freeze-params-name-list visual); as a replicated weight its gradient is averaged over the
-  data-parallel ranks, and every tensor rank computes the same one (the decoder's input gradient
-  is complete on each of them).
+  --freeze-params-name-list visual / audio_tower); as a replicated weight its gradient is averaged
+  over the data-parallel ranks, and every tensor rank computes the same one (the decoder's input
+  gradient is complete on each of them).
 - A micro-batch with media: the decoder's input is the word embeddings of its tokens with each
-  image / video pad token's row replaced by the tower's output for it, in order, as the HF
-  model's forward does (`embed`); under --sequence-parallel the embeddings are gathered whole for
-  that and scattered again. Positions (`3 x B x L`, temporal / height / width) come from the HF
-  model's own `get_rope_index` (`relax.utils.multimodal.processor.rope_positions`), called on a
+  image / video / audio pad token's row replaced by its encoder's output for it, in order, as the
+  HF model's forward does (`embed`); under --sequence-parallel the embeddings are gathered whole
+  for that and scattered again. Positions (`3 x B x L`, temporal / height / width) come from the
+  HF model's own `get_rope_index` (`relax.utils.multimodal.processor.rope_positions`), called on a
   copy of the HF model on the meta device (no weights), so they are the engines' and the fsdp
   trainer's positions. Text rows get 0, 1, 2, ... in all three.
-- Qwen3-VL's deepstack: the tower also returns features from some of its blocks; the k-th is
-  added to the hidden states leaving decoder layer k at the media positions (a forward hook on
-  that layer, reading the micro-batch's additions from `model.deepstack_adds`: it runs again,
-  with the same additions, when activation recompute replays the layer in the backward pass).
+- Deepstack (Qwen3-VL, Qwen3-Omni): the vision tower also returns features from some of its
+  blocks; the k-th is added to the hidden states leaving decoder layer k at the image / video
+  positions (a forward hook on that layer, reading the micro-batch's additions from
+  `model.deepstack_adds`: it runs again, with the same additions, when activation recompute
+  replays the layer in the backward pass).
 - Names: checkpoints name the text weights `model.layers.*` (the original layout, what
-  transformers writes) or `model.language_model.layers.*`, and the tower `visual.*` or
-  `model.visual.*`; both are read. Weights go out under the HF model's in-memory names (what the
-  engines' models call their parameters and what the fsdp trainer sends).
+  transformers writes) or `model.language_model.layers.*`, and an encoder `visual.*` or
+  `model.visual.*` (`audio_tower.*` likewise); both are read. Weights go out under the HF model's
+  in-memory names (what the engines' models call their parameters and what the fsdp trainer sends).
 
-Not built (start-up errors): Qwen3-VL-MoE and the Omni thinker on this backend (their MoE
-language models keep their experts in fused HF tensors the converter does not read), and media
-under pipeline or context parallelism.
+Not built (start-up errors): Qwen3-VL-MoE on this backend (its checkpoints keep the experts in
+fused tensors the converter does not read), and media under pipeline or context parallelism.
 """
 
 from __future__ import annotations
@@ -41,10 +42,12 @@ import torch
 
 from relax.backends.megatron.convert import ConversionError, Layout, megatron_to_hf
 
-SUPPORTED = ("qwen2_5_vl", "qwen3_vl")
-VISUAL = "visual."  # the tower's parameters on the megatron model: `visual.<its own names>`
-_MEDIA = (("image_token_id", "pixel_values", "image_grid_thw"),
-          ("video_token_id", "pixel_values_videos", "video_grid_thw"))
+SUPPORTED = ("qwen2_5_vl", "qwen3_vl", "qwen3_omni_moe_thinker")
+# encoder (its HF submodule's name, and its parameters' prefix on the megatron model) -> its config's attribute
+TOWERS = {"visual": "vision_config", "audio_tower": "audio_config"}
+TOWER_PREFIXES = tuple(f"{t}." for t in TOWERS)
+_VISION_MEDIA = (("image_token_id", "pixel_values", "image_grid_thw"),
+                 ("video_token_id", "pixel_values_videos", "video_grid_thw"))
 
 
 def check_supported(hf_config: Any, pp: int, cp: int) -> None:
@@ -52,31 +55,41 @@ def check_supported(hf_config: Any, pp: int, cp: int) -> None:
     model_type = getattr(hf_config, "model_type", None)
     if model_type not in SUPPORTED:
         raise ConversionError(f"model_type {model_type!r}: the megatron backend trains the vision-language models "
-                              f"{', '.join(SUPPORTED)} (the MoE ones, Qwen3-VL-MoE and the Omni thinker, are "
-                              "not built); use --train-backend fsdp")
+                              f"{', '.join(SUPPORTED)} (Qwen3-VL-MoE is not built); use --train-backend fsdp")
     if pp > 1 or cp > 1:
         raise ConversionError(f"a vision-language model on the megatron backend runs without pipeline and context "
                               f"parallelism (got --pipeline-model-parallel-size {pp}, --context-parallel-size {cp}); "
                               "use tensor / data parallelism, or --train-backend fsdp")
 
 
-def split_state(hf_state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    """A VL checkpoint's tensors -> (the language model's under text-model names `model.*` /
-    `lm_head.*`, the tower's under its own module names)."""
-    text, visual = {}, {}
+def tower_of(hf_name: str) -> str | None:
+    """The encoder an HF name belongs to (either layout: `visual.x` or `model.visual.x`), or None."""
+    for tower in TOWERS:
+        if hf_name.startswith((f"{tower}.", f"model.{tower}.")):
+            return tower
+    return None
+
+
+def split_state(hf_state: dict[str, torch.Tensor]
+                ) -> tuple[dict[str, torch.Tensor], dict[str, dict[str, torch.Tensor]]]:
+    """A VL / omni checkpoint's tensors -> (the language model's under text-model names `model.*` /
+    `lm_head.*`, each encoder's under its own module names)."""
+    text: dict[str, torch.Tensor] = {}
+    towers: dict[str, dict[str, torch.Tensor]] = {}
     for name, tensor in hf_state.items():
-        if name.startswith(("visual.", "model.visual.")):
-            visual[name.split("visual.", 1)[1]] = tensor
+        tower = tower_of(name)
+        if tower is not None:
+            towers.setdefault(tower, {})[name.split(f"{tower}.", 1)[1]] = tensor
         elif name.startswith("model.language_model."):
             text["model." + name[len("model.language_model."):]] = tensor
         else:
             text[name] = tensor
-    return text, visual
+    return text, towers
 
 
 class VisionSide:
-    """The HF half of a VL model on the megatron backend (see the module doc): the tower, the
-    positions and the names."""
+    """The HF half of a VL / omni model on the megatron backend (see the module doc): the
+    encoders, the positions and the names."""
 
     def __init__(self, hf_config: Any) -> None:
         from transformers import AutoModelForImageTextToText
@@ -87,10 +100,12 @@ class VisionSide:
         with torch.device("meta"):  # the rope index and the module names; no weights
             self.hf = AutoModelForImageTextToText.from_config(hf_config)
         paths = {id(m): n for n, m in self.hf.named_modules()}
-        self.visual_prefix = paths[id(submodule(self.hf, "visual"))] + "."
         self.text_prefix = paths[id(submodule(self.hf, "language_model"))] + "."
-        self.visual_cls = type(submodule(self.hf, "visual"))
-        self.token_ids = {key: int(getattr(hf_config, key)) for key, _, _ in _MEDIA}
+        # encoder -> (its in-memory HF prefix, its class)
+        self.towers = {t: (paths[id(submodule(self.hf, t))] + ".", type(submodule(self.hf, t)))
+                       for t in TOWERS if getattr(hf_config, TOWERS[t], None) is not None}
+        self.token_ids = {key: int(getattr(hf_config, key)) for key, _, _ in _VISION_MEDIA}
+        self.audio_token_id = getattr(hf_config, "audio_token_id", None)
         self.deepstack = len(getattr(hf_config.vision_config, "deepstack_visual_indexes", None) or [])
 
     def install(self, model: Any) -> None:
@@ -99,14 +114,17 @@ class VisionSide:
         for k in range(self.deepstack):
             model.decoder.layers[k].register_forward_hook(_deepstack_hook(model, k))
 
-    def build_visual(self, state: dict[str, torch.Tensor]) -> torch.nn.Module:
-        """The tower with the checkpoint's weights (`split_state`'s second half)."""
-        visual = self.visual_cls._from_config(self.config.vision_config, dtype=torch.float32)
-        result = visual.load_state_dict(state, strict=False)
-        if result.missing_keys or result.unexpected_keys:
-            raise ConversionError(f"the checkpoint's vision tower does not fit {self.visual_cls.__name__}: missing "
-                                  f"{result.missing_keys[:4]}, unexpected {result.unexpected_keys[:4]}")
-        return visual
+    def build_towers(self, states: dict[str, dict[str, torch.Tensor]]) -> dict[str, torch.nn.Module]:
+        """Each encoder with the checkpoint's weights (`split_state`'s second half)."""
+        out = {}
+        for tower, (_, cls) in self.towers.items():
+            module = cls._from_config(getattr(self.config, TOWERS[tower]), dtype=torch.float32)
+            result = module.load_state_dict(states.get(tower, {}), strict=False)
+            if result.missing_keys or result.unexpected_keys:
+                raise ConversionError(f"the checkpoint's {tower} does not fit {cls.__name__}: missing "
+                                      f"{result.missing_keys[:4]}, unexpected {result.unexpected_keys[:4]}")
+            out[tower] = module
+        return out
 
     # -- a micro-batch
     def positions(self, ids_BL: torch.Tensor, mask_BL: torch.Tensor, media: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -126,19 +144,31 @@ class VisionSide:
         if sequence_parallel:  # whole sequences to place the features; the gradient comes back whole
             emb_LBH = tensor_parallel.gather_from_sequence_parallel_region(emb_LBH, tensor_parallel_output_grad=False)
         emb_BLH = emb_LBH.transpose(0, 1)
-        tower = model.visual
+
+        def place(features: torch.Tensor, token_id: int, what: str) -> torch.Tensor:
+            mask_BL1 = (ids_BL == token_id)[..., None]
+            if int(mask_BL1.sum()) != features.shape[0]:
+                raise ValueError(f"the micro-batch holds {int(mask_BL1.sum())} {what} pad tokens but its {what} "
+                                 f"inputs give {features.shape[0]} features")
+            return mask_BL1
+
+        if "input_features" in media:  # audio: the thinker's get_audio_features, on the real frames only
+            mask_NF = media["feature_attention_mask"].bool()
+            frames = media["input_features"].permute(0, 2, 1)[mask_NF].permute(1, 0)
+            tower = model.audio_tower
+            out = tower(frames.to(next(tower.parameters()).dtype), feature_lens=mask_NF.sum(-1), return_dict=True)
+            features = out.last_hidden_state
+            emb_BLH = emb_BLH.masked_scatter(place(features, self.audio_token_id, "audio"), features.to(emb_BLH.dtype))
         adds_BLH = [emb_BLH.new_zeros(emb_BLH.shape) for _ in range(self.deepstack)]
-        for token_key, pixels_key, grid_key in _MEDIA:
+        for token_key, pixels_key, grid_key in _VISION_MEDIA:
             if pixels_key not in media:
                 continue
+            tower = model.visual
             out = tower(media[pixels_key].to(next(tower.parameters()).dtype), grid_thw=media[grid_key])
-            features = out if isinstance(out, torch.Tensor) else out.pooler_output
-            mask_BL1 = (ids_BL == self.token_ids[token_key])[..., None]
-            if int(mask_BL1.sum()) != features.shape[0]:
-                raise ValueError(f"the micro-batch holds {int(mask_BL1.sum())} {token_key.split('_')[0]} pad tokens "
-                                 f"but its {pixels_key} give {features.shape[0]} features")
+            features, levels = _vision_outputs(out)
+            mask_BL1 = place(features, self.token_ids[token_key], token_key.split("_")[0])
             emb_BLH = emb_BLH.masked_scatter(mask_BL1, features.to(emb_BLH.dtype))
-            for k, level in enumerate(getattr(out, "deepstack_features", None) or []):
+            for k, level in enumerate(levels):
                 adds_BLH[k] = adds_BLH[k].masked_scatter(mask_BL1, level.to(emb_BLH.dtype))
         emb_LBH = emb_BLH.transpose(0, 1).contiguous()
         adds = [a.transpose(0, 1).contiguous() for a in adds_BLH]
@@ -155,26 +185,40 @@ class VisionSide:
         return self.text_prefix + text_name[len("model."):] if text_name.startswith("model.") else text_name
 
     def text_name(self, hf_name: str) -> str | None:
-        """An HF name of the VL model (either layout) -> its text-model name; None for the tower's."""
-        if hf_name.startswith(("visual.", self.visual_prefix)):
+        """An HF name of the model (either layout) -> its text-model name; None for an encoder's."""
+        if tower_of(hf_name) is not None:
             return None
         if hf_name.startswith(self.text_prefix):
             return "model." + hf_name[len(self.text_prefix):]
         return hf_name
 
-    def visual_name(self, hf_name: str) -> str:
-        """An HF name of the tower (either layout) -> its parameter's name on the megatron model."""
-        return VISUAL + hf_name.split("visual.", 1)[1]
+    @staticmethod
+    def tower_name(hf_name: str) -> str:
+        """An HF name of an encoder (either layout) -> its parameter's name on the megatron model."""
+        tower = tower_of(hf_name)
+        return f"{tower}." + hf_name.split(f"{tower}.", 1)[1]
 
     def hf_tensors(self, named_full: Iterable[tuple[str, torch.Tensor]], layout: Layout
                    ) -> Iterator[tuple[str, torch.Tensor]]:
-        """Full Megatron tensors (and the tower's, `visual.*`) -> the VL model's HF tensors."""
+        """Full Megatron tensors (and the encoders', `visual.*`, `audio_tower.*`) -> the model's HF tensors."""
         for name, tensor in named_full:
-            if name.startswith(VISUAL):
-                yield self.visual_prefix + name[len(VISUAL):], tensor
+            tower = tower_of(name)
+            if tower is not None:
+                yield self.towers[tower][0] + name[len(tower) + 1:], tensor
                 continue
             for hf_name, t in megatron_to_hf(name, tensor, layout):
                 yield self.hf_name(hf_name), t
+
+
+def _vision_outputs(out: Any) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """(merged features, deepstack features) of a vision tower's output: a tensor (Qwen2.5-VL on
+    older transformers), a (features, deepstack) tuple (the Omni thinker's tower on older
+    transformers) or a model output with `pooler_output` (and `deepstack_features`)."""
+    if isinstance(out, torch.Tensor):
+        return out, []
+    if isinstance(out, tuple):
+        return out[0], list(out[1]) if len(out) > 1 and isinstance(out[1], (list, tuple)) else []
+    return out.pooler_output, list(getattr(out, "deepstack_features", None) or [])
 
 
 def _deepstack_hook(model: Any, k: int) -> Any:

@@ -12,8 +12,8 @@ every tensor from the sender, so loading needs no collective among the ranks and
 deadlock against the sender. A well-formed bucket is always received in full; names or shapes
 the model does not have reject the bucket (nothing loaded); a push whose last bucket leaves a
 fused tensor incomplete is refused and its version not taken.
-A VL model (`vision.py`) takes its text weights under the VL model's names (either layout) and
-its vision tower's straight into the replicated tower.
+A VL / omni model (`vision.py`) takes its text weights under the model's names (either layout)
+and its encoders' straight into the replicated encoders.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ class MegatronWeightReceiver(WeightReceiver):
         for spec in specs:
             text = self._text_name(spec.name)
             if text is None:
-                param = params.get(self.vision.visual_name(spec.name))
+                param = params.get(self.vision.tower_name(spec.name))
                 shape = None if param is None else tuple(param.shape)
             else:
                 shape = self.shapes.get(text)
@@ -96,8 +96,8 @@ class MegatronWeightReceiver(WeightReceiver):
         params = dict(self.model.named_parameters())
         for spec, tensor in zip(specs, tensors):
             text = self._text_name(spec.name)
-            if text is None:  # the tower: whole on every rank
-                params[self.vision.visual_name(spec.name)].copy_(tensor)
+            if text is None:  # an encoder: whole on every rank
+                params[self.vision.tower_name(spec.name)].copy_(tensor)
                 continue
             name = self.target_of.get(text)
             if name is not None:  # None: a tied model's lm_head copy

@@ -25,9 +25,9 @@ The critic (role "critic"): the same model with a scalar value head in place of 
 head (`_add_value_head`, `head.py: MegatronValueHead`), trained on the shared value loss.
 Weights in (fully async: ActorFwd ranks take the actor's pushes): each rank receives the HF-named
 buckets, fuses them with the raw converters and keeps its own shards (`weights.py`).
-A vision-language model (Qwen2.5-VL, Qwen3-VL): the language model as above with M-RoPE, the checkpoint's
-vision tower beside it, whole on every rank; micro-batches with media feed the decoder the word
-embeddings with the tower's features in place (`vision.py`).
+A vision-language or omni model (Qwen2.5-VL, Qwen3-VL, the Qwen3-Omni thinker): the language model
+as above with M-RoPE, the checkpoint's encoders beside it, whole on every rank; micro-batches with
+media feed the decoder the word embeddings with the encoders' features in place (`vision.py`).
 Not built yet, and rejected by validation with that message: the critic under pipeline
 parallelism; media under pipeline or context parallelism.
 """
@@ -54,7 +54,7 @@ from relax.backends.megatron.head import MegatronResponseHead, MegatronValueHead
 from relax.backends.megatron.model import (
     build_gpt, check_arch_flags, read_hf_state, rope_theta, transformer_config,
 )
-from relax.backends.megatron.vision import VisionSide, check_supported, split_state
+from relax.backends.megatron.vision import TOWER_PREFIXES, VisionSide, check_supported, split_state
 from relax.backends.megatron.weights import MegatronWeightReceiver
 from relax.backends.train_worker import TRAINABLE_ROLES, TrainWorkerBase, lr_lambda, reduce_metric
 from relax.utils.multimodal.processor import collate, from_bytes
@@ -139,8 +139,9 @@ class MegatronTrainWorker(TrainWorkerBase):
                           max_positions=getattr(text_config, "max_position_embeddings", 4096))
         hf_state = read_hf_state(path)
         if self.vision:
-            hf_state, visual_state = split_state(hf_state)
-            model.visual = self.vision.build_visual(visual_state)
+            hf_state, tower_states = split_state(hf_state)
+            for tower, module in self.vision.build_towers(tower_states).items():
+                setattr(model, tower, module)
             self.vision.install(model)
         if self.spec.role == "critic":
             self._add_value_head(model, hf_state)
@@ -250,7 +251,7 @@ class MegatronTrainWorker(TrainWorkerBase):
         local = self._shard(hf_to_megatron(hf_state, self.layout))
         result = model.load_state_dict(local, strict=False)
         missing = [k for k in result.missing_keys if not k.endswith("_extra_state")
-                   and not k.startswith(("value_head.", "visual."))]  # the critic's head, a VL tower: loaded apart
+                   and not k.startswith(("value_head.", *TOWER_PREFIXES))]  # the critic's head, the encoders: apart
         if missing or result.unexpected_keys:
             raise RuntimeError(f"the converted checkpoint does not fit the Megatron model: missing {missing[:5]}, "
                                f"unexpected {result.unexpected_keys[:5]}")
@@ -471,6 +472,7 @@ class MegatronTrainWorker(TrainWorkerBase):
         expert-data-parallel group also spans), still divided by the data-parallel size only."""
         ps = self.ps
         dp_group = ps.get_data_parallel_group(with_context_parallel=True)
+        self._align_missing_grads(dp_group)
         tied = self._tied_copy()
         for name, p, grad in self._grads():
             if p is tied:  # first and last stage hold the tied embedding
@@ -486,6 +488,25 @@ class MegatronTrainWorker(TrainWorkerBase):
                 dist.all_reduce(grad, group=dp_group)
             if self.dp_size > 1:
                 grad.div_(self.dp_size)
+
+    def _align_missing_grads(self, dp_group: Any) -> None:
+        """A weight this rank's micro-batches never reached (an encoder, when none of its rows had
+        that kind of media) has no gradient while a data-parallel peer's has one: it gets zeros,
+        so every rank makes the same all-reduces. Weights no rank reached keep none (the optimizer
+        skips them, as it does on one rank)."""
+        ps = self.ps
+        trainable = [(name, self._main.get(name, p)) for name, p in self.model.named_parameters() if p.requires_grad]
+        for experts, group, size in ((False, dp_group, self.dp_size * self.cp_size),
+                                     (True, ps.get_expert_data_parallel_group(check_initialized=False),
+                                      ps.get_expert_data_parallel_world_size())):
+            params = [t for name, t in trainable if is_expert(name) == experts]
+            if not params or size <= 1:
+                continue
+            has = torch.tensor([t.grad is not None for t in params], dtype=torch.int32, device=self.device)
+            dist.all_reduce(has, op=dist.ReduceOp.MAX, group=group)
+            for t, h in zip(params, has.tolist()):
+                if h and t.grad is None:
+                    t.grad = torch.zeros_like(t)
 
     def _tied_copy(self) -> torch.nn.Parameter | None:
         """Under pipeline parallelism with tied embeddings, this stage's copy of the embedding
@@ -714,13 +735,11 @@ class MegatronTrainWorker(TrainWorkerBase):
             out = Path(out_dir)
             out.mkdir(parents=True, exist_ok=True)
             if self.vision:  # through the HF model: its save writes the checkpoint's own names and layout
+                from relax.distributed.weight_sync import load_hf_named
                 from relax.utils.multimodal.processor import copy_processor_files, load_model
 
                 model = load_model(tokenizer_path, config=self.hf_config, from_config=True)
-                result = model.load_state_dict(state, strict=False)
-                if result.unexpected_keys or set(result.missing_keys) - {"lm_head.weight"}:
-                    raise RuntimeError(f"the exported weights do not fit the HF model: missing "
-                                       f"{result.missing_keys[:4]}, unexpected {result.unexpected_keys[:4]}")
+                load_hf_named(model, state)  # experts per expert into transformers' fused ones
                 model.tie_weights()
                 model.save_pretrained(out, safe_serialization=True)
                 copy_processor_files(tokenizer_path, str(out))

@@ -1,4 +1,4 @@
-"""Run fsdp and megatron ranks on a tiny Qwen2.5-VL or Qwen3-VL and report what they computed (for
+"""Run fsdp and megatron ranks on a tiny Qwen2.5-VL, Qwen3-VL or Qwen3-Omni thinker and report what they computed (for
 test_megatron_multimodal.py): the same pattern as `parity_cases.run`, on rows with images, a
 video and text. `make_data` writes the model and the rows once; `run` (one process per rank)
 scores them, trains one step, scores again, and reports the HF-named weights it would push and
@@ -17,8 +17,22 @@ from relax.components.training import step_plan
 from relax.config.schema import BatchConfig, OptimizerConfig
 from relax.types import TrainBatch
 
-CONTENTS = ["<image>which cell is red?", "no image here", "<image>and this one<image>?", "<video>what moves?",
-            "plain text again", "<image>one more"]
+CONTENTS = {"vl": ["<image>which cell is red?", "no image here", "<image>and this one<image>?", "<video>what moves?",
+                   "plain text again", "<image>one more"],
+            "omni": ["<audio>is the second tone higher?", "no media here", "<audio>and this one<image>?",
+                     "<video>what moves?", "plain text again", "<image>one more"]}
+
+
+def contents(kind: str) -> list[str]:
+    return CONTENTS["omni" if "omni" in kind else "vl"]
+
+
+def tone(rng):
+    """A sine tone of 0.5-1.5 s at 16 kHz (float32), as the loader gives audio."""
+    import numpy as np
+
+    n = int(16000 * rng.uniform(0.5, 1.5))
+    return (0.4 * np.sin(2 * np.pi * rng.uniform(200, 800) * np.arange(n) / 16000)).astype(np.float32)
 
 
 def make_data(root: str, kind: str = "qwen2_5_vl") -> tuple[str, str]:
@@ -31,23 +45,26 @@ def make_data(root: str, kind: str = "qwen2_5_vl") -> tuple[str, str]:
     from relax.utils.multimodal import VideoConfig, VideoPipeline
     from relax.utils.multimodal.processor import MultimodalProcessor, through_pipelines, to_bytes
     from relax.utils.tiny_model import train_chatml_tokenizer
-    from relax.utils.tiny_multimodal import build_tiny_vl
+    from relax.utils.tiny_multimodal import build_tiny_omni, build_tiny_vl
 
-    tokenizer = train_chatml_tokenizer(["which cell is red? and this one no image here what moves"] * 10,
-                                       vocab_size=300)
-    model = build_tiny_vl(kind, tokenizer, os.path.join(root, kind), vocab_multiple=8)
+    tokenizer = train_chatml_tokenizer(["which cell is red? and this one no image here what moves is the second "
+                                        "tone higher"] * 10, vocab_size=300)
+    out = os.path.join(root, kind)
+    model = (build_tiny_omni(tokenizer, out, vocab_multiple=8) if kind == "qwen3_omni" else
+             build_tiny_vl(kind, tokenizer, out, vocab_multiple=8))
     processor = MultimodalProcessor(model)
     video = {"video": VideoPipeline(VideoConfig(min_tokens=4, max_tokens=8, patch_size=processor.video.patch_size))}
     rng = np.random.default_rng(0)
     g = torch.Generator().manual_seed(3)
     tokens, lengths, media = [], [], []
-    for i, content in enumerate(CONTENTS):
+    for i, content in enumerate(contents(kind)):
         text = processor.tokenizer.apply_chat_template([{"role": "user", "content": content}], tokenize=False,
                                                        add_generation_prompt=True)
         items = {"image": [Image.fromarray(rng.integers(0, 256, (56, 84, 3), dtype=np.uint8))
                            for _ in range(content.count("<image>"))],
                  "video": [{"frames": list(rng.integers(0, 256, (8, 56, 56, 3), dtype=np.uint8)), "fps": 4}
-                           for _ in range(content.count("<video>"))]}
+                           for _ in range(content.count("<video>"))],
+                 "audio": [tone(rng) for _ in range(content.count("<audio>"))]}
         encoded = processor.encode(text, through_pipelines({k: v for k, v in items.items() if v}, video))
         n = 3 + i % 3
         tokens.append(encoded.input_ids + torch.randint(3, 250, (n,), generator=g).tolist())
@@ -91,7 +108,8 @@ def run(rank: int, world_size: int, port: int, cases: list, model: str, data: st
         worker.shutdown()
         results.append({"info": info, "rows": shards[info["dp_rank"]], "before": before, "after": after,
                         "blind": blind, "metrics": {k: v for k, v in metrics.items() if isinstance(v, float)},
-                        "hf": {k: v.tolist() for k, v in hf.items()} if rank == 0 else {}, "moved": moved})
+                        "hf": {k: v.tolist() for k, v in hf.items()} if rank == 0 else {}, "moved": moved,
+                        "start": {k: v.float().tolist() for k, v in start.items()} if rank == 0 else {}})
     with open(f"{out}.{rank}.json", "w") as f:
         json.dump(results, f)
 
