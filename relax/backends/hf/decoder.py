@@ -1,6 +1,6 @@
 """Continuous batched decoding with one shared KV cache (the `hf` engine's hot loop).
 
-Two cache layouts share the loop below. Llama-family models (`static_cache.static_decode_supported`)
+Two cache layouts share the loop below. Llama-family and dense VL models (`static_cache.static_decode_supported`)
 decode on the slot cache of `static_cache.py` (`_SlotBatch`: each row owns a slot of a
 preallocated cache written in place, steps replayed as CUDA graphs on a GPU; a row that does not
 fit the cache waits for a slot). Other models use transformers' `DynamicCache` (`_Batch`), as
@@ -38,7 +38,8 @@ position ids from the model's `get_rope_index` (row by row, on real tokens); row
 prompt and the same media object (a GRPO group's samples) share one prefill, as text rows do.
 The group then joins like any other. A decode step feeds
 one text token per row, whose three M-RoPE components are equal: the row's position after its
-prompt (`max(prompt positions) + 1`, counting on), which is what `next_pos_B` holds.
+prompt (`max(prompt positions) + 1`, counting on), which is what `next_pos_B` holds (on the slot
+cache, a dense VL model's, the row's `offset_B` says it: static_cache's module doc).
 A VL / Omni model's media placeholder tokens (`banned_token_ids`: `<|image_pad|>`, `<|vision_start|>`,
 `<|audio_pad|>`, ...) are never sampled (an emitted one would be read as an image slot by the trainer and the
 next turn); the reported log-probs stay those of the model's whole distribution at the row's
@@ -254,7 +255,8 @@ class _Batch:
 @dataclass
 class _SlotBatch:
     """The running rows on the slot cache (`static_cache.py`): each row's slot, the column its
-    next token is written to (`write_B`, host copy `writes`), its first cached column (`start_B`)."""
+    next token is written to (`write_B`, host copy `writes`), its first cached column (`start_B`),
+    its position offset (`offset_B`: a VL row's, static_cache's module doc; zeros otherwise)."""
 
     rows: list[int]
     slots: list[int]
@@ -265,10 +267,13 @@ class _SlotBatch:
     sampling: SamplingBatch
     cache: SlotCache
     slots_B: torch.Tensor = None  # type: ignore[assignment]
+    offset_B: torch.Tensor = None  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
         if self.slots_B is None:
             self.slots_B = torch.tensor(self.slots, dtype=torch.long, device=self.write_B.device)
+        if self.offset_B is None:
+            self.offset_B = torch.zeros_like(self.write_B)
 
     def select(self, keep: list[int]) -> "_SlotBatch | None":
         """Keep the rows at batch positions `keep`; the others' slots are freed."""
@@ -281,12 +286,13 @@ class _SlotBatch:
         index = torch.tensor(keep, dtype=torch.long, device=self.write_B.device)
         return _SlotBatch([self.rows[b] for b in keep], [self.slots[b] for b in keep], [self.writes[b] for b in keep],
                           self.next_ids_B[index], self.write_B[index], self.start_B[index],
-                          self.sampling.select(keep), self.cache)
+                          self.sampling.select(keep), self.cache, offset_B=self.offset_B[index])
 
     def join(self, group: "_SlotBatch") -> "_SlotBatch":
         return _SlotBatch(self.rows + group.rows, self.slots + group.slots, self.writes + group.writes,
                           torch.cat([self.next_ids_B, group.next_ids_B]), torch.cat([self.write_B, group.write_B]),
-                          torch.cat([self.start_B, group.start_B]), self.sampling.concat(group.sampling), self.cache)
+                          torch.cat([self.start_B, group.start_B]), self.sampling.concat(group.sampling), self.cache,
+                          offset_B=torch.cat([self.offset_B, group.offset_B]))
 
 
 class _RowState:
@@ -506,13 +512,12 @@ class BatchDecoder:
         media_rows = [i for i in rows if states[i].row.media]
         if media_rows:  # their own group (module doc); the text rows as another, joined after them
             text_rows = [i for i in rows if not states[i].row.media]
-            groups = [self._prefill_media(media_rows, states, finish)]
+            batch, waiting = self._prefill_media(media_rows, states, finish, running)
             if text_rows:
-                groups.append(self._prefill(text_rows, states, finish, running=running)[0])
-            batch = None
-            for group in groups:
+                group, more = self._prefill(text_rows, states, finish, running=running or batch is not None)
+                waiting += more
                 batch = group if batch is None else (batch if group is None else batch.join(group))
-            return batch, []
+            return batch, waiting
         if self.slot_cache is not None:
             rows, waiting = self._fit_slots(rows, states, finish, running)
             if not rows:
@@ -536,14 +541,19 @@ class BatchDecoder:
         group = _Batch(rows, cache, mask_BL, tokens_B, position_ids_BL[:, -1] + 1, sampling)
         return group.select(keep), waiting
 
-    def _prefill_media(self, rows: list[int], states: list[_RowState], finish: Callable[[int, dict], None]
-                       ) -> "_Batch | None":
+    def _prefill_media(self, rows: list[int], states: list[_RowState], finish: Callable[[int, dict], None],
+                       running: bool = False) -> tuple["_Batch | _SlotBatch | None", list[int]]:
         """Prefill multimodal rows as one left-padded group (encoders + M-RoPE positions); rows with
-        the same prompt and media object share one prefill."""
-        if self.slot_cache is not None:
-            raise RuntimeError("multimodal rows need the DynamicCache path (VL models are not slot-cache models)")
+        the same prompt and media object share one prefill. On the slot cache (a dense VL model)
+        the group's keys and values go to the rows' slots, each row's position offset with them
+        (static_cache's module doc); rows without room wait."""
         from relax.utils.multimodal.processor import collate
 
+        waiting: list[int] = []
+        if self.slot_cache is not None:
+            rows, waiting = self._fit_slots(rows, states, finish, running)
+            if not rows:
+                return None, waiting
         keys = [(tuple(states[i].row.prompt_ids), id(states[i].row.media)) for i in rows]
         distinct = list(dict.fromkeys(keys))
         index = [distinct.index(k) for k in keys]
@@ -554,6 +564,14 @@ class BatchDecoder:
         cache = DynamicCache(config=self.model.config)
         logits_UV = self._forward(ids_UL, mask_UL, positions_3UL, cache, **inputs)
         next_pos_U = positions_3UL.amax(dim=(0, 2)) + 1  # the position after each prompt
+        if self.slot_cache is not None:
+            sampling = SamplingBatch.build([states[i].params for i in rows], self.device)
+            group = self._to_slots(rows, states, finish, cache, logits_UV, mask_UL, index, sampling)
+            if group is not None:  # position after the prompt minus the prompt's length in tokens
+                index_B = torch.tensor([index[rows.index(r)] for r in group.rows], dtype=torch.long,
+                                       device=self.device)
+                group.offset_B = (next_pos_U - mask_UL.sum(dim=1)).index_select(0, index_B)
+            return group, waiting
         if len(firsts) < len(rows):
             index_B = torch.tensor(index, dtype=torch.long, device=self.device)
             cache.batch_select_indices(index_B)
@@ -561,7 +579,7 @@ class BatchDecoder:
             self.stats.prefill_rows_shared += len(rows) - len(firsts)
         sampling = SamplingBatch.build([states[i].params for i in rows], self.device)
         tokens_B, keep = self._sample(logits_UV, rows, states, sampling, finish)
-        return _Batch(rows, cache, mask_UL, tokens_B, next_pos_U, sampling).select(keep)
+        return _Batch(rows, cache, mask_UL, tokens_B, next_pos_U, sampling).select(keep), waiting
 
     def _fit_slots(self, rows: list[int], states: list[_RowState], finish: Callable[[int, dict], None],
                    running: bool) -> tuple[list[int], list[int]]:
@@ -604,7 +622,7 @@ class BatchDecoder:
         if isinstance(batch, _SlotBatch):
             with self.step_lock:
                 logits_BV = self.runner.step(batch.slots_B, batch.next_ids_B, batch.write_B, batch.start_B,
-                                             max(batch.slots), max(batch.writes))
+                                             max(batch.slots), max(batch.writes), batch.offset_B)
             self.stats.forward_calls += 1
             tokens_B, keep = self._sample(logits_BV, batch.rows, states, batch.sampling, finish)
             batch.next_ids_B, batch.write_B = tokens_B, batch.write_B + 1

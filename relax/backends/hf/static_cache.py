@@ -1,4 +1,5 @@
-"""The `hf` engine's decode path for Llama-family models: a KV cache written in place, CUDA graphs.
+"""The `hf` engine's decode path for Llama-family models (and the dense VL models' language
+models): a KV cache written in place, CUDA graphs.
 
 Why: transformers' `DynamicCache` concatenates every layer's keys and values each step (the
 whole cache copied per token) and a decode step launches ~1,600 small kernels from Python, so
@@ -18,6 +19,14 @@ The decode forward (`decode_forward`) is this module's own, built from the model
 embedding, MLP, final norm, LM head): the same weights and kernels as the transformers forward,
 only the attention reads the slot layout. Attention for one query token per row is two batched
 matmuls with a float32 softmax; grouped-query heads are not repeated.
+
+Vision-language models (Qwen2.5-VL, Qwen3-VL): their prompts are prefilled by the full model
+(encoders, M-RoPE) and copied into slots like any prefill; a decode step feeds one text token,
+whose three M-RoPE components are equal, and with equal components M-RoPE (sectioned or
+interleaved) is plain RoPE at that position. So the step runs the language model alone
+(`text_body`) with plain rotary embeddings; a row's position is `write - start + offset`, the
+offset (`StepInputs.offset`, <= 0) saying how much shorter its prompt's positions ran than its
+tokens (an image's tokens share grid positions).
 
 CUDA graphs (`GraphRunner`): on a GPU each decode step runs over the first `B` slots and the
 first `T` columns, `B` and `T` rounded up to captured sizes (`batch_sizes()`, multiples of
@@ -45,20 +54,38 @@ import torch
 logger = logging.getLogger(__name__)
 
 SUPPORTED_MODEL_TYPES = frozenset({"llama", "qwen2", "qwen3"})
+VL_MODEL_TYPES = frozenset({"qwen2_5_vl", "qwen3_vl"})  # dense language models, M-RoPE (module doc)
 COLUMN_BLOCK = 64  # captured column counts are multiples of this (attention reads up to the multiple)
 FREE_MEMORY_SHARE = 0.8  # of the device's free memory, what the cache may take when no budget is set
+
+
+def text_config(model: torch.nn.Module) -> Any:
+    """The language model's config (a VL model's `text_config`)."""
+    return getattr(model.config, "text_config", None) or model.config
+
+
+def text_body(model: torch.nn.Module) -> Any:
+    """The module holding embed_tokens / layers / norm / rotary_emb: `model.model`, or a VL
+    model's `model.model.language_model`."""
+    body = getattr(model, "model", None)
+    return getattr(body, "language_model", None) or body
+
+
+def is_vl(model: torch.nn.Module) -> bool:
+    return getattr(model.config, "model_type", None) in VL_MODEL_TYPES
 
 
 def static_decode_supported(model: torch.nn.Module) -> str | None:
     """None when `decode_forward` can run this model; else why not (the engine falls back to
     transformers' DynamicCache path)."""
-    config = model.config
-    if getattr(config, "model_type", None) not in SUPPORTED_MODEL_TYPES:
-        return f"model type {getattr(config, 'model_type', None)!r} (supported: {sorted(SUPPORTED_MODEL_TYPES)})"
+    model_type = getattr(model.config, "model_type", None)
+    if model_type not in SUPPORTED_MODEL_TYPES | VL_MODEL_TYPES:
+        return f"model type {model_type!r} (supported: {sorted(SUPPORTED_MODEL_TYPES | VL_MODEL_TYPES)})"
+    config = text_config(model)
     if getattr(config, "use_sliding_window", False) or any(
             t != "full_attention" for t in (getattr(config, "layer_types", None) or [])):
         return "sliding-window attention layers"
-    body = getattr(model, "model", None)
+    body = text_body(model)
     needed = ("embed_tokens", "layers", "norm", "rotary_emb")
     if body is None or any(not hasattr(body, name) for name in needed) or not hasattr(model, "lm_head"):
         return "the model does not have the Llama module layout (model.embed_tokens/layers/norm/rotary_emb, lm_head)"
@@ -71,9 +98,34 @@ def static_decode_supported(model: torch.nn.Module) -> str | None:
 
 
 def _rotary(model: torch.nn.Module) -> Callable:
-    """The model's own `apply_rotary_pos_emb` (its modeling module's)."""
-    module = sys.modules[type(model.model.layers[0].self_attn).__module__]
+    """The model's own `apply_rotary_pos_emb` (its modeling module's); plain rotate-half RoPE for
+    a VL model (equal M-RoPE components: module doc)."""
+    if is_vl(model):
+        return _plain_rotary
+    module = sys.modules[type(text_body(model).layers[0].self_attn).__module__]
     return module.apply_rotary_pos_emb
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def _plain_rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """RoPE on q, k `[B, heads, S, D]` with cos, sin `[B, S, D]` (Llama's apply_rotary_pos_emb)."""
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+
+
+def _cos_sin(body: Any, hidden: torch.Tensor, position_B1: torch.Tensor, vl: bool
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rotary embedding's cos, sin `[B, 1, D]` at the positions (a VL model's M-RoPE with its
+    three components equal; Qwen2.5-VL's returns them per component: all the same)."""
+    if not vl:
+        return body.rotary_emb(hidden, position_B1)
+    cos, sin = body.rotary_emb(hidden, position_B1[None].expand(3, -1, -1))
+    return (cos[0], sin[0]) if cos.dim() == 4 else (cos, sin)
 
 
 @dataclass
@@ -89,7 +141,7 @@ class KVShape:
 
 
 def kv_shape(model: torch.nn.Module) -> KVShape:
-    config = model.config
+    config = text_config(model)
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     return KVShape(config.num_hidden_layers, config.num_key_value_heads, head_dim, next(model.parameters()).dtype)
 
@@ -196,32 +248,36 @@ def write_prefill(cache: SlotCache, prefill_layers: list[tuple[torch.Tensor, tor
 
 
 class StepInputs:
-    """The decode step's inputs for slots [0, rows): token, write column, first column, position."""
+    """The decode step's inputs for slots [0, rows): token, write column, first column, and the
+    position offset (a VL row's: module doc; 0 for text rows)."""
 
     def __init__(self, rows: int, device: torch.device):
         self.ids = torch.zeros(rows, dtype=torch.long, device=device)
         self.write = torch.zeros(rows, dtype=torch.long, device=device)
         self.start = torch.zeros(rows, dtype=torch.long, device=device)
+        self.offset = torch.zeros(rows, dtype=torch.long, device=device)
 
     def set(self, rows: int, slots_B: torch.Tensor, ids_B: torch.Tensor, write_B: torch.Tensor,
-            start_B: torch.Tensor) -> None:
+            start_B: torch.Tensor, offset_B: torch.Tensor | None = None) -> None:
         """Dummy inputs (token 0 at column 0) on every slot < rows, then the running rows'."""
-        for buf in (self.ids, self.write, self.start):
+        for buf in (self.ids, self.write, self.start, self.offset):
             buf[:rows].zero_()
         self.ids.index_copy_(0, slots_B, ids_B)
         self.write.index_copy_(0, slots_B, write_B)
         self.start.index_copy_(0, slots_B, start_B)
+        if offset_B is not None:
+            self.offset.index_copy_(0, slots_B, offset_B)
 
 
 def decode_forward(model: torch.nn.Module, cache: SlotCache, inputs: StepInputs, rows: int, columns: int,
                    rotary: Callable) -> torch.Tensor:
     """One token for each of slots [0, rows) over their first `columns` columns: writes the new
     keys/values in place, returns logits [rows, V]."""
-    body = model.model
+    body = text_body(model)
     ids, write, start = inputs.ids[:rows], inputs.write[:rows], inputs.start[:rows]
-    position_B1 = (write - start)[:, None]
+    position_B1 = (write - start + inputs.offset[:rows])[:, None]
     hidden = body.embed_tokens(ids[:, None])  # [B, 1, H]
-    cos, sin = body.rotary_emb(hidden, position_B1)
+    cos, sin = _cos_sin(body, hidden, position_B1, rotary is _plain_rotary)
     col_T = torch.arange(columns, device=ids.device)
     visible_BT = (col_T[None] >= start[:, None]) & (col_T[None] <= write[:, None])
     bias_B11T = torch.zeros(visible_BT.shape, dtype=torch.float32, device=ids.device).masked_fill_(
@@ -282,7 +338,7 @@ class GraphRunner:
         return min(rows, self.cache.rows), min(round_columns(max_write + 1), self.cache.columns)
 
     def step(self, slots_B: torch.Tensor, ids_B: torch.Tensor, write_B: torch.Tensor, start_B: torch.Tensor,
-             max_slot: int, max_write: int) -> torch.Tensor:
+             max_slot: int, max_write: int, offset_B: torch.Tensor | None = None) -> torch.Tensor:
         """Logits [B, V] for the running rows (in slots_B order)."""
         if self._cache_version != self.cache.version:
             self.reset()
@@ -290,7 +346,7 @@ class GraphRunner:
         if self.inputs is None:
             self.inputs = StepInputs(self.cache.rows, self.cache.device)
         rows, columns = self.shape_for(max_slot, max_write)
-        self.inputs.set(rows, slots_B, ids_B, write_B, start_B)
+        self.inputs.set(rows, slots_B, ids_B, write_B, start_B, offset_B)
         if not self.use_graphs or rows > self.graph_max_rows:
             logits = decode_forward(self.model, self.cache, self.inputs, rows, columns, self.rotary)
         else:

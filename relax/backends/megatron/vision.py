@@ -100,7 +100,7 @@ class VisionSide:
         with torch.device("meta"):  # the rope index and the module names; no weights
             self.hf = AutoModelForImageTextToText.from_config(hf_config)
         paths = {id(m): n for n, m in self.hf.named_modules()}
-        self.text_prefix = paths[id(submodule(self.hf, "language_model"))] + "."
+        self.text_prefix = _text_model_path(self.hf) + "."
         # encoder -> (its in-memory HF prefix, its class)
         self.towers = {t: (paths[id(submodule(self.hf, t))] + ".", type(submodule(self.hf, t)))
                        for t in TOWERS if getattr(hf_config, TOWERS[t], None) is not None}
@@ -208,6 +208,15 @@ class VisionSide:
                 continue
             for hf_name, t in megatron_to_hf(name, tensor, layout):
                 yield self.hf_name(hf_name), t
+
+
+def _text_model_path(model: Any) -> str:
+    """Where the language model (its `embed_tokens` and `layers`) sits in the HF model:
+    `model.language_model` (transformers >= 5.2x) or `model` (an Omni thinker on older releases)."""
+    for name, module in model.named_modules():
+        if hasattr(module, "embed_tokens") and hasattr(module, "layers") and tower_of(name + ".") is None:
+            return name
+    raise ConversionError(f"{type(model).__name__}: no language model (a module with embed_tokens and layers)")
 
 
 def _vision_outputs(out: Any) -> tuple[torch.Tensor, list[torch.Tensor]]:
