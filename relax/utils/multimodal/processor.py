@@ -434,7 +434,8 @@ class MultimodalProcessor:
     # -- rollout side
     def encode(self, text: str, media: dict[str, list[Any]] | None) -> Encoded:
         """`text` (the chat-templated prompt) with its placeholders expanded, and the tensors of
-        `media` (`{"image": [items], "audio": [items]}`, each in placeholder order)."""
+        `media` (`{"image": [items], "video": [items], "audio": [items]}`, each in placeholder
+        order; with --use-audio-in-video the videos' tracks join the audio, `audio_in_video.py`)."""
         media = {k: list(v) for k, v in (media or {}).items() if v}
         if media.get("video"):
             media["video"] = [self.as_frames(item) for item in media["video"]]
@@ -454,10 +455,10 @@ class MultimodalProcessor:
         request = self.request_fields({**media, "audio": audios})
         tensors = self.request_media_tensors(request.get("image_data"), request.get("audio_data"),
                                              request.get("video_data"))
-        spans = {m: self._spans(m, tensors, media.get(m, [])) for m in self.family.modalities}
+        spans = {m: self._spans(m, tensors, media.get(m, [])) for m in self.family.modalities if m != "audio"}
         counts = self.audio_token_counts(tensors)
         f = self.family
-        if "audio" in spans:
+        if f.audio_pad:
             spans["audio"] = [f.audio_open + f.audio_pad * counts[i] + f.audio_close for i in slots]
         if in_video is not None:
             spans["video"] = [self._audio_video_span(tensors, k, counts[i]) for k, i in enumerate(in_video)]
@@ -490,8 +491,8 @@ class MultimodalProcessor:
         return request
 
     def _spans(self, modality: str, tensors: dict[str, Any], items: Sequence[Any]) -> list[str]:
-        """Each item's expansion `<open><pad>*n<close>`, in order (Qwen3-VL videos: one such block per
-        temporal slice, each after its `<t seconds>` timestamp)."""
+        """Each image's or video's expansion `<open><pad>*n<close>`, in order (Qwen3-VL videos: one
+        such block per temporal slice, each after its `<t seconds>` timestamp)."""
         f = self.family
         if modality == "image":
             return [f.image_open + f.image_pad * n + f.image_close for n in self.image_token_counts(tensors)]
@@ -506,7 +507,7 @@ class MultimodalProcessor:
                 spans.append("".join(f"<{s:.1f} seconds>" + f.image_open + f.video_pad * per_slice + f.image_close
                                      for s in times[:t]))
             return spans
-        return [f.audio_open + f.audio_pad * n + f.audio_close for n in self.audio_token_counts(tensors)]
+        raise ValueError(f"no spans for {modality!r} here (audio spans follow the audio order: encode)")
 
     @staticmethod
     def _expand(text: str, spans: dict[str, list[str]]) -> str:
