@@ -33,7 +33,12 @@ def opt(default: Any = None, help: str = "", *, type: Callable[[str], Any] | Non
 
 
 def flag_name(field: dataclasses.Field) -> str:
-    return field.metadata.get("flag") or "--" + field.name.replace("_", "-")
+    return field.metadata.get("flag") or flag_for(field.name)
+
+
+def flag_for(name: str) -> str:
+    """The command-line spelling of a config field's name (`num_layers` -> `--num-layers`)."""
+    return "--" + name.replace("_", "-")
 
 
 def parse_json(text: str) -> Any:

@@ -20,7 +20,7 @@ from typing import Any, Literal, get_args
 from relax.config.fields import opt, parse_bool, parse_bytes, parse_json
 
 # Why a flag is accepted with no effect (`opt(ignored=...)`): under --train-backend megatron each
-# of these acts or is an error (relax.config.validate.check_megatron, docs/backends/megatron.md).
+# of these acts or is an error (relax.config.megatron_checks.check_megatron, docs/backends/megatron.md).
 MEGATRON_ONLY = "applies to the megatron training backend (docs/backends/megatron.md); the fsdp backend ignores it"
 
 TrainBackend = Literal["megatron", "fsdp", "auto"]

@@ -19,37 +19,14 @@ from pathlib import Path
 from relax.config import plan
 from relax.config.eval_config import eval_datasets
 from relax.config.fault import check_fault_flags
-from relax.config.fields import field_default
+from relax.config.fields import field_default, flag_for
+from relax.config.megatron_checks import check_model_flags, check_megatron, megatron_unfit
 from relax.config.parser import ConfigError
 from relax.config.schema import FIELD_GROUP, GENRM_SAMPLING_DEFAULTS, GROUPS, MEGATRON_ONLY, RelaxConfig
 
 logger = logging.getLogger(__name__)
 
 KNOWN_ROLES = ("actor", "rollout", "reference", "actor_fwd", "advantages", "critic", "teacher", "genrm")
-
-# Megatron flag -> HF config.json key(s), for the contradiction check (the first key present is
-# compared; transformers 5 writes Qwen3-MoE's `num_experts` as `num_local_experts`).
-ARCH_TO_HF = {
-    "num_layers": ("num_hidden_layers",), "hidden_size": ("hidden_size",), "ffn_hidden_size": ("intermediate_size",),
-    "num_attention_heads": ("num_attention_heads",), "num_query_groups": ("num_key_value_heads",),
-    "kv_channels": ("head_dim",), "norm_epsilon": ("rms_norm_eps",), "rotary_base": ("rope_theta",),
-    "num_experts": ("num_experts", "num_local_experts"), "moe_ffn_hidden_size": ("moe_intermediate_size",),
-    "moe_router_topk": ("num_experts_per_tok",),
-}
-
-
-def text_model_config(hf: dict) -> dict:
-    """The language model's part of a config.json (a VL model's `text_config`, an Omni model's
-    `thinker_config.text_config`), with `rope_theta` from `rope_parameters` when only that has it."""
-    text = hf.get("thinker_config", hf).get("text_config", hf.get("thinker_config", hf))
-    rope = text.get("rope_parameters") or text.get("rope_scaling") or {}
-    return {**text, "rope_theta": text["rope_theta"]} if "rope_theta" in text else \
-        {**text, **({"rope_theta": rope["rope_theta"]} if "rope_theta" in rope else {})}
-
-
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
-
 
 # Numeric flags and the range a value must lie in: (low, high, what it means), bounds inclusive
 # unless marked open by a tuple `(bound, "open")`; None: unbounded. Unset (None) values pass.
@@ -96,7 +73,7 @@ def check_ranges(cfg: RelaxConfig) -> None:
             lower = "" if lo is None else f"{'>' if lo_open else '>='} {lo}"
             upper = "" if hi is None else f"{'<' if hi_open else '<='} {hi}"
             allowed = " and ".join(x for x in (lower, upper) if x)
-            raise ConfigError(f"{_flag(name)} must be {allowed} ({meaning}), got {value}")
+            raise ConfigError(f"{flag_for(name)} must be {allowed} ({meaning}), got {value}")
 
 
 def check_unsupported(cfg: RelaxConfig) -> None:
@@ -107,7 +84,7 @@ def check_unsupported(cfg: RelaxConfig) -> None:
                 continue
             if getattr(group, f.name) != field_default(f):
                 raise ConfigError(
-                    f"{_flag(f.name)} is accepted for compatibility with Relax/slime scripts but is not implemented "
+                    f"{flag_for(f.name)} is accepted for compatibility with Relax/slime scripts but is not implemented "
                     f"in this build yet; remove it (see docs/configuration.md for what each flag does here)"
                 )
 
@@ -327,8 +304,8 @@ CRITIC_FLAGS = ("num_critic_only_steps", "critic_train_only", "critic_lr", "crit
 def check_critic(cfg: RelaxConfig) -> None:
     a, defaults = cfg.algo, type(cfg.algo)()
     if a.advantage_estimator != "ppo":
-        set_flags = [_flag(n) for n in CRITIC_FLAGS if getattr(a, n) != getattr(defaults, n)]
-        set_flags += [_flag(n) for n in ("critic_load", "critic_save") if getattr(cfg.ckpt, n)]
+        set_flags = [flag_for(n) for n in CRITIC_FLAGS if getattr(a, n) != getattr(defaults, n)]
+        set_flags += [flag_for(n) for n in ("critic_load", "critic_save") if getattr(cfg.ckpt, n)]
         if set_flags or "critic" in (cfg.cluster.resource or {}):
             raise ConfigError(f"{', '.join(set_flags) or '--resource critic'} configure the critic, which only "
                               "--advantage-estimator ppo deploys; add it or drop these flags")
@@ -602,8 +579,9 @@ def check_backends(cfg: RelaxConfig) -> RelaxConfig:
             logger.info("--rollout-backend auto -> hf (sglang: %s)", exc)
             rollout = "hf"
     cfg = cfg.replace(train_backend=train, rollout_backend=rollout)
+    hf = _hf_config(cfg.ckpt.hf_checkpoint)
     if cfg.cluster.train_backend == "megatron":
-        check_megatron(cfg)
+        check_megatron(cfg, hf)
     if cfg.cluster.train_backend == "fsdp":
         if cfg.megatron_extra:
             raise ConfigError(f"unknown flag(s) {' '.join(cfg.megatron_extra)}; if these are Megatron flags they only "
@@ -614,88 +592,8 @@ def check_backends(cfg: RelaxConfig) -> RelaxConfig:
         if cfg.parallel.recompute_granularity is None and (cfg.parallel.recompute_method or
                                                            cfg.parallel.recompute_num_layers is not None):
             raise ConfigError("--recompute-method / --recompute-num-layers need --recompute-granularity full")
-    hf = text_model_config(_hf_config(cfg.ckpt.hf_checkpoint))
-    for arch, hf_keys in ARCH_TO_HF.items():
-        value = getattr(cfg.megatron, arch)
-        hf_key = next((k for k in hf_keys if k in hf), None)
-        if value is not None and hf_key is not None and float(hf[hf_key]) != float(value):
-            raise ConfigError(f"{_flag(arch)} {value} contradicts {cfg.ckpt.hf_checkpoint}/config.json "
-                              f"{hf_key}={hf[hf_key]}; the HF config is the source of truth (the "
-                              f"{cfg.cluster.train_backend} backend builds its model from it): remove the flag or "
-                              "fix the model script")
+    check_model_flags(cfg, hf)
     return cfg
-
-
-# Megatron flags the megatron backend does not act on yet: given a non-default value, an error.
-MEGATRON_NOT_BUILT = {
-    "expert_tensor_parallel_size": ("parallel", 1, "expert tensor parallelism (experts are whole per rank)"),
-    "optimizer_cpu_offload": ("optim", False, "optimizer CPU offload"),
-    "overlap_cpu_optimizer_d2h_h2d": ("optim", False, "optimizer CPU offload"),
-    "use_precision_aware_optimizer": ("optim", False, "the precision-aware optimizer"),
-    "overlap_grad_reduce": ("optim", False, "overlapped gradient reduction"),
-    "overlap_param_gather": ("optim", False, "overlapped parameter gathers"),
-    "megatron_to_hf_mode": ("cluster", "raw", "bridge conversion (megatron-bridge); raw converters only"),
-    "qkv_format": ("cluster", "thd", "the packed thd layout is not built; rows are right-padded (bshd)"),
-    "attention_backend": ("megatron", None, "attention backends (the local unfused attention runs)"),
-}
-
-
-# relax.backends.megatron.vision.SUPPORTED (not imported: validation runs without megatron-core)
-MEGATRON_VL = ("qwen2_5_vl", "qwen3_vl", "qwen3_omni_moe_thinker")
-
-
-def megatron_unfit(cfg: RelaxConfig) -> list[str]:
-    """What this run needs that the megatron backend does not build (auto then picks fsdp)."""
-    reasons = []
-    if cfg.algo.advantage_estimator == "ppo" and cfg.parallel.pipeline_model_parallel_size > 1:
-        reasons.append("the critic (PPO) does not run with --pipeline-model-parallel-size > 1 on the megatron "
-                       "backend yet; use 1 or --train-backend fsdp")
-    if cfg.cluster.true_on_policy_mode:
-        reasons.append("--true-on-policy-mode needs --train-backend fsdp")
-    if cfg.data.multimodal_keys:
-        p = cfg.parallel
-        config = Path(cfg.ckpt.hf_checkpoint or "") / "config.json"
-        model_type = json.loads(config.read_text()).get("model_type") if config.is_file() else None
-        if config.is_file() and model_type not in MEGATRON_VL:
-            reasons.append(f"--multimodal-keys with a {model_type or 'text'} model: the megatron backend trains the "
-                           f"vision-language models {', '.join(MEGATRON_VL)}; use --train-backend fsdp")
-        elif p.pipeline_model_parallel_size > 1 or p.context_parallel_size > 1:
-            reasons.append("--multimodal-keys: a vision-language model runs without pipeline and context parallelism "
-                           "on the megatron backend; set --pipeline-model-parallel-size and --context-parallel-size "
-                           "to 1, or use --train-backend fsdp")
-    return reasons
-
-
-def check_megatron(cfg: RelaxConfig) -> None:
-    """--train-backend megatron: every Megatron flag it accepts acts; the rest are errors here."""
-    if cfg.megatron_extra:
-        raise ConfigError(f"unknown flag(s) {' '.join(cfg.megatron_extra)}: the megatron backend does not read them "
-                          "(docs/backends/megatron.md lists the flags it acts on)")
-    for name, (group, default, what) in MEGATRON_NOT_BUILT.items():
-        value = getattr(getattr(cfg, group), name)
-        if value != default and not (name == "qkv_format" and value == "bshd"):
-            raise ConfigError(f"{_flag(name)} {value}: the megatron backend does not build {what} yet; drop the flag")
-    p, m = cfg.parallel, cfg.megatron
-    unfit = megatron_unfit(cfg)
-    if unfit:
-        raise ConfigError(f"--train-backend megatron: {unfit[0]}")
-    if p.expert_tensor_parallel_size != 1:
-        raise ConfigError("--expert-tensor-parallel-size must be 1 with the megatron backend")
-    if p.context_parallel_size > 1 and p.pipeline_model_parallel_size > 1:
-        raise ConfigError(f"--context-parallel-size {p.context_parallel_size} with --pipeline-model-parallel-size "
-                          f"{p.pipeline_model_parallel_size}: the megatron backend does not run context and pipeline "
-                          "parallelism together yet; set one of them to 1")
-    for name in ("attention_dropout", "hidden_dropout"):
-        value = getattr(m, name)
-        if value not in (None, 0, 0.0):
-            raise ConfigError(f"{_flag(name)} {value}: RL training runs without dropout (the trainer's log-probs "
-                              "must match the engine's); use 0")
-    if m.normalization not in (None, "RMSNorm"):
-        raise ConfigError(f"--normalization {m.normalization}: the supported families use RMSNorm")
-    hf = _hf_config(cfg.ckpt.hf_checkpoint)
-    if m.vocab_size is not None and "vocab_size" in hf and int(hf["vocab_size"]) != m.vocab_size:
-        raise ConfigError(f"--vocab-size {m.vocab_size} contradicts {cfg.ckpt.hf_checkpoint}/config.json "
-                          f"vocab_size={hf['vocab_size']}")
 
 
 def ignored_flag_notes(cfg: RelaxConfig) -> list[str]:
@@ -709,7 +607,7 @@ def ignored_flag_notes(cfg: RelaxConfig) -> list[str]:
             if reason == MEGATRON_ONLY and cfg.cluster.train_backend == "megatron":
                 continue  # check_megatron: each acts or is an error
             if reason and getattr(group, f.name) != field_default(f):
-                by_reason.setdefault(reason, []).append(_flag(f.name))
+                by_reason.setdefault(reason, []).append(flag_for(f.name))
     return [f"{' '.join(flags)}: accepted and ignored: {reason}" for reason, flags in by_reason.items()]
 
 
