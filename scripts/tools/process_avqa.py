@@ -46,15 +46,13 @@ import re
 import sys
 from typing import Any
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # convert_common.py, next to this script
+from convert_common import BadRowError, describe, print_summary  # noqa: E402
+
 OUTPUT_EXTENSIONS = (".jsonl", ".parquet")
 METADATA_FIELDS = ("problem_id", "problem_type", "data_source")
-MAX_REASONS_SHOWN = 5
 _OPTION_LETTER = re.compile(r"^\s*\(?([A-Za-z])\s*[.):]\s*")
 _ANSWER = re.compile(r"^\s*(?:<answer>\s*)?\(?([A-Za-z])\)?\.?\s*(?:</answer>)?\s*$")
-
-
-class BadRowError(ValueError):
-    """A record that cannot be converted; the message names the field and the problem."""
 
 
 # ---------------------------------------------------------------- one record
@@ -63,12 +61,12 @@ class BadRowError(ValueError):
 def convert_record(record: Any, *, md_dir: str | None = None) -> dict:
     """One AVQA record -> {"prompt", "image_key", "audio_key", "label", "metadata"}; `BadRowError` if bad."""
     if not isinstance(record, dict):
-        raise BadRowError(f"expected a JSON object, got {_describe(record)}")
+        raise BadRowError(f"expected a JSON object, got {describe(record)}")
     if record.get("data_type", "image_audio") != "image_audio":
         raise BadRowError(f"field 'data_type' is {record['data_type']!r}; only 'image_audio' records are converted")
     problem = record.get("problem")
     if not isinstance(problem, str) or not problem.strip():
-        raise BadRowError(f"field 'problem' must be a non-empty string, got {_describe(problem)}")
+        raise BadRowError(f"field 'problem' must be a non-empty string, got {describe(problem)}")
     letters, lines = lettered_options(record.get("options"))
     label = answer_letter(record.get("solution"), letters)
     content = f"<image><audio>{problem.strip()}\nOptions:\n" + "\n".join(lines)
@@ -80,7 +78,7 @@ def convert_record(record: Any, *, md_dir: str | None = None) -> dict:
 def lettered_options(options: Any) -> tuple[list[str], list[str]]:
     """(the option letters, the option lines as shown in the prompt)."""
     if not isinstance(options, list) or not options or not all(isinstance(o, str) and o.strip() for o in options):
-        raise BadRowError(f"field 'options' must be a non-empty list of non-empty strings, got {_describe(options)}")
+        raise BadRowError(f"field 'options' must be a non-empty list of non-empty strings, got {describe(options)}")
     matches = [_OPTION_LETTER.match(option) for option in options]
     if all(matches):
         letters = [m.group(1).upper() for m in matches]
@@ -98,7 +96,7 @@ def answer_letter(solution: Any, letters: list[str]) -> str:
     match = _ANSWER.match(solution) if isinstance(solution, str) else None
     if match is None:
         raise BadRowError(f"field 'solution' must be one option letter, e.g. '<answer>B</answer>', "
-                          f"got {_describe(solution)}")
+                          f"got {describe(solution)}")
     letter = match.group(1).upper()
     if letter not in letters:
         raise BadRowError(f"field 'solution' answers {letter}, which is not one of the options {letters}")
@@ -110,8 +108,8 @@ def media_path(record: dict, kind: str, md_dir: str | None) -> str:
     paths = record.get("path")
     value = paths.get(kind) if isinstance(paths, dict) else None
     if not isinstance(value, str) or not value.strip():
-        raise BadRowError(f"field 'path.{kind}' must be a non-empty file path, got {_describe(value)} "
-                          f"(field 'path' is {_describe(paths)})")
+        raise BadRowError(f"field 'path.{kind}' must be a non-empty file path, got {describe(value)} "
+                          f"(field 'path' is {describe(paths)})")
     if md_dir is None or os.path.isabs(value) or "://" in value:
         return value
     return os.path.join(md_dir, value)
@@ -173,11 +171,6 @@ def write_rows(rows: list[dict], out_path: str) -> None:
     os.replace(tmp_path, out_path)
 
 
-def _describe(value: Any, limit: int = 60) -> str:
-    text = repr(value)
-    return f"{type(value).__name__} {text[:limit]}{'...' if len(text) > limit else ''}"
-
-
 # ---------------------------------------------------------------- CLI
 
 
@@ -203,12 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as exc:
         print(f"process_avqa: error: {exc}", file=sys.stderr)
         return 1
-    print(f"process_avqa: rows in={summary['rows_in']} converted={summary['rows_out']} "
-          f"skipped={summary['skipped']} -> {summary['output']}")
-    for reason in summary["reasons"][:MAX_REASONS_SHOWN]:
-        print(f"  skipped {reason}")
-    if summary["skipped"] > MAX_REASONS_SHOWN:
-        print(f"  ... and {summary['skipped'] - MAX_REASONS_SHOWN} more")
+    print_summary("process_avqa", summary, converted="converted", target=summary['output'])
     return 0
 
 

@@ -48,16 +48,14 @@ import base64
 import json
 import os
 import sys
-from typing import Any, Iterator
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # convert_common.py, next to this script
+from convert_common import BadRowError, describe, find_parquet_files, iter_parquet_rows, print_summary  # noqa: E402
 
 OUTPUT_EXTENSIONS = (".parquet", ".jsonl")
 PLACEHOLDER = "<image>"
 METADATA_COLUMNS = ("original_question", "original_answer")
-MAX_REASONS_SHOWN = 5
-
-
-class BadRowError(ValueError):
-    """A row that cannot be converted; the message names the field and the problem."""
 
 
 # ---------------------------------------------------------------- one row
@@ -80,7 +78,7 @@ def convert_row(row: dict, *, md_dir: str | None = None) -> dict:
 def _text(row: dict, field: str) -> str:
     value = row.get(field)
     if not isinstance(value, str) or not value.strip():
-        raise BadRowError(f"field {field!r} must be a non-empty string, got {_describe(value)}")
+        raise BadRowError(f"field {field!r} must be a non-empty string, got {describe(value)}")
     return value
 
 
@@ -93,7 +91,7 @@ def image_item(image: Any, md_dir: str | None = None) -> bytes | str:
     if isinstance(image, str) and image:
         return image if md_dir is None or os.path.isabs(image) or "://" in image else os.path.join(md_dir, image)
     raise BadRowError(f"field 'image' must be image bytes, a path, or a {{'bytes', 'path'}} struct holding one, "
-                      f"got {_describe(image)}")
+                      f"got {describe(image)}")
 
 
 # ---------------------------------------------------------------- files
@@ -101,26 +99,7 @@ def image_item(image: Any, md_dir: str | None = None) -> bytes | str:
 
 def find_input_files(input_path: str) -> list[str]:
     """A `.parquet` file, or every `.parquet` file under a directory (sorted)."""
-    if os.path.isfile(input_path):
-        if not input_path.endswith(".parquet"):
-            raise ValueError(f"--input-dir {input_path!r} is not a .parquet file; the OpenR1 dataset is parquet")
-        return [input_path]
-    if not os.path.isdir(input_path):
-        raise FileNotFoundError(f"--input-dir {input_path!r} does not exist; pass the dataset's .parquet file")
-    files = sorted(os.path.join(root, name) for root, _, names in os.walk(input_path)
-                   for name in names if name.endswith(".parquet"))
-    if not files:
-        raise ValueError(f"--input-dir {input_path!r} holds no .parquet files")
-    return files
-
-
-def iter_parquet_rows(path: str) -> Iterator[dict]:
-    """Rows as plain Python dicts, one row group at a time (the image struct stays a dict)."""
-    import pyarrow.parquet as pq
-
-    parquet = pq.ParquetFile(path)
-    for group in range(parquet.metadata.num_row_groups):
-        yield from parquet.read_row_group(group).to_pylist()
+    return find_parquet_files(input_path, what="the OpenR1 dataset", missing_hint="pass the dataset's .parquet file")
 
 
 def convert(input_path: str, output_path: str, *, md_dir: str | None = None, skip_bad_rows: bool = False) -> dict:
@@ -167,11 +146,6 @@ def write_rows(rows: list[dict], out_path: str) -> None:
 # ---------------------------------------------------------------- helpers
 
 
-def _describe(value: Any, limit: int = 60) -> str:
-    text = repr(value)
-    return f"{type(value).__name__} {text[:limit]}{'...' if len(text) > limit else ''}"
-
-
 _MIME_MAGIC = ((b"\x89PNG", "image/png"), (b"\xff\xd8", "image/jpeg"), (b"GIF8", "image/gif"),
                (b"RIFF", "image/webp"), (b"BM", "image/bmp"))
 
@@ -209,12 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as exc:
         print(f"process_openr1: error: {exc}", file=sys.stderr)
         return 1
-    print(f"process_openr1: rows in={summary['rows_in']} converted={summary['rows_out']} "
-          f"skipped={summary['skipped']} -> {summary['output']}")
-    for reason in summary["reasons"][:MAX_REASONS_SHOWN]:
-        print(f"  skipped {reason}")
-    if summary["skipped"] > MAX_REASONS_SHOWN:
-        print(f"  ... and {summary['skipped'] - MAX_REASONS_SHOWN} more")
+    print_summary("process_openr1", summary, converted="converted", target=summary['output'])
     return 0
 
 

@@ -41,16 +41,14 @@ import json
 import os
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # convert_common.py, next to this script
+from convert_common import BadRowError, describe, find_parquet_files, iter_parquet_rows, print_summary  # noqa: E402
 
 OUTPUT_EXTENSIONS = (".parquet", ".jsonl")
 IMAGE_COLUMNS = ("preprocessed_images", "images")  # first non-empty one wins
 CONSUMED_COLUMNS = ("prompt", "reward_model", "extra_info", *IMAGE_COLUMNS)
-MAX_REASONS_SHOWN = 5
-
-
-class BadRowError(ValueError):
-    """A verl row that cannot be converted; the message says what is wrong and how to fix it."""
 
 
 @dataclass
@@ -84,12 +82,12 @@ def convert_prompt(prompt: Any) -> str | list[dict]:
         return prompt
     if not isinstance(prompt, list) or not prompt:
         raise BadRowError(f"'prompt' must be a non-empty string or a non-empty list of chat messages, "
-                          f"got {_describe(prompt)}")
+                          f"got {describe(prompt)}")
     messages = []
     for i, message in enumerate(prompt):
         if not isinstance(message, dict) or not isinstance(message.get("role"), str) or message.get("content") is None:
             raise BadRowError(f"'prompt' message {i} must be a dict with a string 'role' and a 'content', "
-                              f"got {_describe(message)}")
+                              f"got {describe(message)}")
         # Parquet stores messages as structs: keys used by any row appear as nulls in the others.
         messages.append({k: v for k, v in message.items() if v is not None})
     return messages
@@ -102,13 +100,13 @@ def extract_label(reward_model: Any) -> str:
         reward_model = _parse_json_object(reward_model, "reward_model")
     if not isinstance(reward_model, dict):
         raise BadRowError(f"no ground truth: 'reward_model' must be a dict with a 'ground_truth' key, "
-                          f"got {_describe(reward_model)}")
+                          f"got {describe(reward_model)}")
     truth = reward_model.get("ground_truth")
     if truth is None:
         raise BadRowError(f"no ground truth: 'reward_model' has no non-null 'ground_truth' "
                           f"(keys: {sorted(reward_model)})")
     if isinstance(truth, bool) or not isinstance(truth, (str, int, float)):
-        raise BadRowError(f"'reward_model.ground_truth' must be a string or a number, got {_describe(truth)}; "
+        raise BadRowError(f"'reward_model.ground_truth' must be a string or a number, got {describe(truth)}; "
                           "Relax labels are flat strings, convert it before or inside your reward function")
     return truth if isinstance(truth, str) else str(truth)
 
@@ -121,7 +119,7 @@ def build_extra_info(row: dict) -> dict:
     if extra is None:
         extra = {}
     if not isinstance(extra, dict):
-        raise BadRowError(f"'extra_info' must be a dict (or a JSON object string), got {_describe(extra)}")
+        raise BadRowError(f"'extra_info' must be a dict (or a JSON object string), got {describe(extra)}")
     extra = dict(extra)
     for key, value in row.items():
         if key not in CONSUMED_COLUMNS and value is not None:
@@ -154,7 +152,7 @@ def _image_item(item: Any, column: str, i: int, md_dir: str | None) -> bytes | s
     if isinstance(item, str) and item:
         return _join_path(item, md_dir)
     raise BadRowError(f"'{column}' item {i} must be bytes, a path string or a {{'bytes', 'path'}} dict, "
-                      f"got {_describe(item)}")
+                      f"got {describe(item)}")
 
 
 def _join_path(path: str, md_dir: str | None) -> str:
@@ -168,26 +166,7 @@ def _join_path(path: str, md_dir: str | None) -> str:
 
 def find_input_files(input_path: str) -> list[str]:
     """A `.parquet` file, or every `.parquet` file under a directory (sorted)."""
-    if os.path.isfile(input_path):
-        if not input_path.endswith(".parquet"):
-            raise ValueError(f"--input-dir {input_path!r} is not a .parquet file; verl data is parquet")
-        return [input_path]
-    if not os.path.isdir(input_path):
-        raise FileNotFoundError(f"--input-dir {input_path!r} does not exist; pass a verl .parquet file or a directory")
-    files = sorted(os.path.join(root, name) for root, _, names in os.walk(input_path)
-                   for name in names if name.endswith(".parquet"))
-    if not files:
-        raise ValueError(f"--input-dir {input_path!r} holds no .parquet files")
-    return files
-
-
-def iter_parquet_rows(path: str) -> Iterator[dict]:
-    """Rows as plain Python dicts, row group by row group (nested columns stay dicts/lists)."""
-    import pyarrow.parquet as pq
-
-    parquet = pq.ParquetFile(path)
-    for group in range(parquet.metadata.num_row_groups):
-        yield from parquet.read_row_group(group).to_pylist()
+    return find_parquet_files(input_path, what="verl data", missing_hint="pass a verl .parquet file or a directory")
 
 
 def convert_file(path: str, *, md_dir: str | None = None, skip_bad_rows: bool = False,
@@ -278,13 +257,8 @@ def _parse_json_object(text: str, column: str) -> dict:
     except json.JSONDecodeError as exc:
         raise BadRowError(f"'{column}' is a string but not valid JSON ({exc.msg})") from exc
     if not isinstance(value, dict):
-        raise BadRowError(f"'{column}' is a JSON string but not an object: {_describe(value)}")
+        raise BadRowError(f"'{column}' is a JSON string but not an object: {describe(value)}")
     return value
-
-
-def _describe(value: Any, limit: int = 60) -> str:
-    text = repr(value)
-    return f"{type(value).__name__} {text[:limit]}{'...' if len(text) > limit else ''}"
 
 
 _MIME_MAGIC = ((b"\x89PNG", "image/png"), (b"\xff\xd8", "image/jpeg"), (b"GIF8", "image/gif"),
@@ -328,12 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     except (BadRowError, ValueError, FileNotFoundError) as exc:
         print(f"process_verl: error: {exc}", file=sys.stderr)
         return 1
-    print(f"process_verl: rows in={summary['rows_in']} out={summary['rows_out']} skipped={summary['skipped']} "
-          f"-> {', '.join(summary['outputs'])}")
-    for reason in summary["reasons"][:MAX_REASONS_SHOWN]:
-        print(f"  skipped {reason}")
-    if summary["skipped"] > MAX_REASONS_SHOWN:
-        print(f"  ... and {summary['skipped'] - MAX_REASONS_SHOWN} more")
+    print_summary("process_verl", summary, converted="out", target=', '.join(summary['outputs']))
     return 0
 
 
