@@ -9,7 +9,8 @@ an all-reduce in backward too would multiply the gradient by the group size):
     lse_N   = m_N + log sum_tp sum_v exp(z_Nv - m_N)
     logp_N  = z_N[target] - lse_N
     H_N     = lse_N - sum_tp sum_v softmax_Nv * z_Nv
-One rank (tp = 1) takes the chunked head the fsdp backend uses (no [N, V] logits at once).
+One rank (tp = 1) takes the chunked head the fsdp backend uses (no [N, V] logits at once; its
+compiled per-chunk kernels, `fused`, under --use-torch-compile on a GPU, as fsdp).
 
 `MegatronResponseHead` swaps the `GPTModel`'s output layer for one forward, as the fsdp
 backend's `ResponseHead` does for an HF model: the model returns `[B, T, 2]` (log-prob, entropy)
@@ -66,11 +67,11 @@ class MegatronResponseHead:
     def __init__(self, layer: torch.nn.Module, index_BT: torch.Tensor, mask_BT: torch.Tensor,
                  targets_BT: torch.Tensor, *, temperature: float, chunk: int | None, entropy: bool,
                  entropy_grad: bool, tp_group: Any, tp_rank: int, tp_size: int, sequence_parallel: bool,
-                 cp_group: Any = None):
+                 cp_group: Any = None, fused: bool = False):
         self.layer, self.index_BT, self.mask_BT, self.targets_BT = layer, index_BT, mask_BT.bool(), targets_BT
         self.temperature, self.chunk, self.entropy, self.entropy_grad = temperature, chunk, entropy, entropy_grad
         self.tp_group, self.tp_rank, self.tp_size = tp_group, tp_rank, tp_size
-        self.sequence_parallel, self.cp_group = sequence_parallel, cp_group
+        self.sequence_parallel, self.cp_group, self.fused = sequence_parallel, cp_group, fused
 
     def forward(self, hidden_LBH: torch.Tensor, weight: torch.Tensor | None = None, runtime_gather_output: Any = None):
         if self.sequence_parallel:  # the backward reduce-scatters: each rank's hidden gradient is partial
@@ -86,7 +87,7 @@ class MegatronResponseHead:
         targets_N = self.targets_BT[self.mask_BT]
         if self.tp_size == 1:
             logp_N, ent_N = chunked_token_log_probs(hidden_NH, weight, targets_N, temperature=self.temperature,
-                                                    chunk=self.chunk, entropy=self.entropy)
+                                                    chunk=self.chunk, entropy=self.entropy, fused=self.fused)
         else:
             from megatron.core.tensor_parallel.mappings import copy_to_tensor_model_parallel_region
 

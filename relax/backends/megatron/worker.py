@@ -45,7 +45,7 @@ import torch
 import torch.distributed as dist
 
 from relax.backends.batching import pad_inputs, response_positions
-from relax.backends.megatron import cpu_shim
+from relax.backends.megatron import compile_shim, cpu_shim
 from relax.backends.megatron.attention import cp_causal_mask, cp_positions
 from relax.backends.megatron.convert import (
     Layout, expert_range, global_name, hf_to_megatron, hf_tensors, shard_state, stage_layers, tp_dim, tp_merge,
@@ -148,8 +148,7 @@ class MegatronTrainWorker(TrainWorkerBase):
         self._load_hf(model, hf_state)
         model = model.to(self.device)
         if self.spec.compile_layers and self.device.type == "cuda":  # --use-torch-compile, as fsdp does
-            for layer in model.decoder.layers:
-                layer.compile(dynamic=True)
+            compile_shim.compile_layers(model.decoder.layers)  # one graph per layer (compile_shim.py)
         if self.spec.role not in TRAINABLE_ROLES:
             model.requires_grad_(False)
         self._apply_freezing(model)
@@ -307,7 +306,8 @@ class MegatronTrainWorker(TrainWorkerBase):
                 self.model.output_layer, head_index_BT, head_mask_BT, targets_BT, temperature=self.spec.temperature,
                 chunk=self.spec.batch.log_probs_chunk_size, entropy=entropy, entropy_grad=entropy_grad,
                 tp_group=self.ps.get_tensor_model_parallel_group(), tp_rank=self.tp_rank, tp_size=self.tp_size,
-                sequence_parallel=self.config.sequence_parallel, cp_group=cp_group)
+                sequence_parallel=self.config.sequence_parallel, cp_group=cp_group,
+                fused=self.spec.compile_layers and self.device.type == "cuda")  # --use-torch-compile, as fsdp
         autocast = self.spec.optim.bf16 and not self._main  # a scoring rank's float32 weights under --bf16
         run = _MicroBatch(ids_BL, position_BL, causal_11LL, mask_BT, rows, head, entropy, autocast)
         if self.vision is not None:  # M-RoPE positions [3, B, L] (rows given without media: text positions)
