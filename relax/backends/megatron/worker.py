@@ -562,9 +562,11 @@ class MegatronTrainWorker(TrainWorkerBase):
         if self.pp_size == 1:
             yield from stage
             return
-        # Pipeline stages: each stage's leader (tensor rank 0 of data-parallel shard 0) sends its
-        # tensors to rank 0, stage after stage.
+        # Pipeline stages: each stage's leader (tensor, context and data-parallel rank 0) sends its
+        # tensors to rank 0, stage after stage. The leaders are rank 0's pipeline group; another
+        # rank's pipeline group (another tensor or data-parallel rank) holds no leader but stage 0's.
         leaders = dist.get_process_group_ranks(self.ps.get_pipeline_model_parallel_group())
+        leader = self.tp_rank == 0 and self.cp_rank == 0 and self.dp_rank == 0
         if self.rank == 0:
             yield from stage
             for src in leaders[1:]:
@@ -574,7 +576,7 @@ class MegatronTrainWorker(TrainWorkerBase):
                     t = torch.empty(shape, dtype=dtype_, device=self.device)
                     dist.recv(t, src=src)
                     yield name, t
-        elif self.rank in leaders:
+        elif leader:
             tensors = list(stage)
             dist.send_object_list([[(n, tuple(t.shape), t.dtype) for n, t in tensors]], dst=0)
             for _, t in tensors:

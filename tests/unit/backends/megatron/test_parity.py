@@ -3,8 +3,8 @@
 On a tiny Qwen3 (tied embeddings) and a tiny Qwen3-MoE (untied, 4 experts, top-2): per-token
 log-probs before and after one optimizer step, the gradient norm and the loss, for megatron with
 TP=1, TP=2, TP=2 with sequence parallelism, DP=2 (also with the distributed optimizer), PP=2,
-EP=2 and CP=2 (context parallelism: each row split into 4 chunks, 2 per rank) against fsdp on
-one rank. Two-rank layouts run in two spawned processes
+EP=2, CP=2 (context parallelism: each row split into 4 chunks, 2 per rank), TP=2 x PP=2 and
+DP=2 x PP=2 (MoE) against fsdp on one rank. Layouts of two or four ranks run in spawned processes
 (`parity_cases.run`), which also report the HF-named weights each pushes."""
 
 from __future__ import annotations
@@ -36,15 +36,18 @@ def runs(tmp_path_factory):
            ("megatron", paths["moe"], {"pp": 2}), ("megatron", paths["dense"], {"tp": 2, "sequence_parallel": True}),
            ("megatron", paths["moe"], {"tp": 2, "sequence_parallel": True}),
            ("megatron", paths["dense"], {"distributed_optimizer": True}), ("megatron", paths["dense"], {"cp": 2})]
-    port = free_port()
+    # Four ranks: pipeline stages beside tensor or data-parallel ranks (stage leaders send the weights).
+    four = [("megatron", paths["dense"], {"tp": 2, "pp": 2}), ("megatron", paths["moe"], {"pp": 2})]
+    port, port4 = free_port(), free_port()
     ctx = mp.get_context("spawn")
     procs = [ctx.Process(target=parity_cases.run, args=(r, 2, port, two, f"{root}/two")) for r in range(2)]
+    procs += [ctx.Process(target=parity_cases.run, args=(r, 4, port4, four, f"{root}/four")) for r in range(4)]
     for p in procs:
         p.start()
     parity_cases.run(0, 1, free_port(), one, f"{root}/one")
     for p in procs:
         p.join(timeout=600)
-        assert p.exitcode == 0, f"a two-rank megatron process failed (exit {p.exitcode}); its output is above"
+        assert p.exitcode == 0, f"a two- or four-rank megatron process failed (exit {p.exitcode}); its output is above"
     load = lambda name: json.load(open(f"{root}/{name}.json"))  # noqa: E731
     single = load("one.0")
     return {"root": root, "paths": paths, "fsdp": {"dense": single[0], "moe": single[2]},
@@ -55,12 +58,14 @@ def runs(tmp_path_factory):
             "pp2": {"dense": [load("two.0")[3], load("two.1")[3]], "moe": [load("two.0")[4], load("two.1")[4]]},
             "tp2sp": {"dense": [load("two.0")[5], load("two.1")[5]], "moe": [load("two.0")[6], load("two.1")[6]]},
             "dp2zero": {"dense": [load("two.0")[7], load("two.1")[7]]},
-            "cp2": {"dense": [load("two.0")[8], load("two.1")[8]]}}
+            "cp2": {"dense": [load("two.0")[8], load("two.1")[8]]},
+            "tp2pp2": {"dense": [load(f"four.{r}")[0] for r in range(4)]},
+            "dp2pp2": {"moe": [load(f"four.{r}")[1] for r in range(4)]}}
 
 
 @pytest.mark.parametrize("layout,model", [("tp1", "dense"), ("tp2", "dense"), ("dp2", "dense"), ("pp2", "dense"),
                                           ("tp2sp", "dense"), ("dp2zero", "dense"), ("cp2", "dense"),
-                                          ("tp1_moe", "moe"),
+                                          ("tp1_moe", "moe"), ("tp2pp2", "dense"), ("dp2pp2", "moe"),
                                           ("ep2", "moe"), ("pp2", "moe"), ("tp2sp", "moe")])
 def test_megatron_matches_fsdp(runs, layout, model):
     ref, ranks = runs["fsdp"][model], runs[layout][model]
@@ -79,7 +84,7 @@ def test_megatron_matches_fsdp(runs, layout, model):
 
 
 @pytest.mark.parametrize("layout,model", [("tp1", "dense"), ("tp2", "dense"), ("pp2", "dense"), ("cp2", "dense"),
-                                          ("ep2", "moe"), ("pp2", "moe")])
+                                          ("tp2pp2", "dense"), ("ep2", "moe"), ("pp2", "moe"), ("dp2pp2", "moe")])
 def test_pushed_weights_are_the_checkpoints_names(runs, layout, model):
     """Rank 0 sends HF checkpoint names; dense ones equal what fsdp sends after the same step."""
     hf = runs[layout][model][0]["hf"]
