@@ -16,6 +16,13 @@ Each payload is written once per receiving process: torch counts the readers of 
 block by the handles it wrote, so one payload read by two tensor-parallel ranks would free
 the block under one of them.
 
+A bucket travels as SGLang's flattened bucket (`load_format="flattened_bucket"`): its tensors
+back to back in one tensor, so one IPC handle per bucket instead of one per tensor (opening a
+handle costs far more than copying a small tensor: on an H100 a Qwen3-4B push of 398 tensors
+took 0.13 s through per-tensor handles, 2.5% of the device's copy bandwidth), and per tensor its
+name, shape, dtype and [start_idx, end_idx) in the flat tensor, as attribute objects (SGLang
+reads them by attribute). `flatten_bucket` writes it, `unflatten_bucket` checks and reads it.
+
 Unpickling runs code named by the payload, so the receiving side admits only the callables
 that rebuild a CUDA tensor (`SafeUnpickler`); anything else — `os.system`, a CPU file
 descriptor, a custom class — is refused with the name it asked for. The endpoints that take
@@ -27,8 +34,10 @@ from __future__ import annotations
 import base64
 import copyreg
 import io
+import math
 import os
 import pickle
+from types import SimpleNamespace
 from typing import Any, Callable
 
 import torch
@@ -40,6 +49,7 @@ ALLOWED_GLOBALS: frozenset[tuple[str, str]] = frozenset({
     ("torch._tensor", "Tensor"), ("torch", "Tensor"), ("torch.nn.parameter", "Parameter"),
     ("torch.storage", "TypedStorage"), ("torch.storage", "UntypedStorage"), ("torch", "Size"),
     ("builtins", "tuple"), ("builtins", "list"), ("builtins", "dict"), ("collections", "OrderedDict"),
+    ("types", "SimpleNamespace"),  # a flattened bucket's per-tensor metadata (attributes only)
 } | {("torch", name) for name in ("float32", "float16", "bfloat16", "float64", "int64", "int32", "int16",
                                   "int8", "uint8", "bool", "float8_e4m3fn", "float8_e5m2")})
 
@@ -130,3 +140,54 @@ def named_tensors(payload: Any) -> list[tuple[str, torch.Tensor]]:
             and isinstance(item[1], torch.Tensor) for item in payload):
         raise ValueError("serialized_named_tensors must hold a list of (name, tensor) pairs")
     return [(name, tensor) for name, tensor in payload]
+
+
+FLATTENED_BUCKET = "flattened_bucket"  # SGLang's load_format for a bucket sent as one flat tensor
+_META_FIELDS = ("name", "shape", "dtype", "start_idx", "end_idx", "numel")
+
+
+def flatten_bucket(named: list[tuple[str, torch.Tensor]], out: torch.Tensor | None = None) -> dict[str, Any] | None:
+    """SGLang's flattened bucket of `named`: {"flattened_tensor": the tensors back to back,
+    "metadata": per tensor its name, shape, dtype and span}. None when their dtypes differ (one
+    flat tensor holds one dtype; the caller sends the tensors one by one then). `out`: a byte
+    buffer (uint8, at least the bucket's bytes) to write the flat tensor into, so that every
+    bucket of a push shares one CUDA allocation and a receiver that keeps it open across buckets
+    opens one handle per push (torch's IPC cache is keyed by allocation)."""
+    if not named or len({t.dtype for _, t in named}) != 1:
+        return None
+    parts = [t.detach().reshape(-1) for _, t in named]
+    if out is None:
+        flat = torch.cat(parts)
+    else:
+        dtype, numel = parts[0].dtype, sum(p.numel() for p in parts)
+        flat = torch.cat(parts, out=out[:numel * dtype.itemsize].view(dtype))
+    metadata, start = [], 0
+    for name, t in named:
+        metadata.append(SimpleNamespace(name=name, shape=t.shape, dtype=t.dtype, start_idx=start,
+                                        end_idx=start + t.numel(), numel=t.numel()))
+        start += t.numel()
+    return {"flattened_tensor": flat, "metadata": metadata}
+
+
+def unflatten_bucket(payload: Any) -> list[tuple[str, torch.Tensor]]:
+    """A deserialized flattened bucket -> (name, view into the flat tensor) pairs, each span
+    checked against the flat tensor (ValueError naming the first bad entry)."""
+    if not isinstance(payload, dict) or not isinstance(payload.get("flattened_tensor"), torch.Tensor) \
+            or not isinstance(payload.get("metadata"), (list, tuple)):
+        raise ValueError('a flattened bucket must be {"flattened_tensor": tensor, "metadata": [...]}')
+    flat = payload["flattened_tensor"]
+    if flat.dim() != 1:
+        raise ValueError(f"flattened_tensor must be 1-D, got shape {tuple(flat.shape)}")
+    named = []
+    for i, meta in enumerate(payload["metadata"]):
+        get = meta.get if isinstance(meta, dict) else lambda key, m=meta: getattr(m, key, None)
+        name, shape, dtype, start, end, numel = (get(key) for key in _META_FIELDS)
+        ok = (isinstance(name, str) and isinstance(shape, (tuple, list)) and all(isinstance(d, int) for d in shape)
+              and dtype == flat.dtype and all(isinstance(v, int) for v in (start, end, numel))
+              and 0 <= start <= end <= flat.numel() and end - start == numel == math.prod(shape))
+        if not ok:
+            raise ValueError(f"flattened bucket metadata entry {i} ({name!r}) does not fit the flat tensor of "
+                             f"{flat.numel()} {flat.dtype} elements: shape {shape}, dtype {dtype}, span "
+                             f"[{start}, {end}), numel {numel}")
+        named.append((name, flat[start:end].view(tuple(shape))))
+    return named

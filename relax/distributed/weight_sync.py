@@ -346,6 +346,7 @@ class WeightSender:
             raise ValueError(f"ipc_ranks has {len(ipc)} entries for {len(self.engine_urls)} receivers")
         self.group_urls = [u for u, n in zip(self.engine_urls, ipc) if not n]
         self.ipc_urls = [(u, n) for u, n in zip(self.engine_urls, ipc) if n]
+        self._staging: torch.Tensor | None = None  # the flat-bucket buffer of a push to ipc_urls (_staging_for)
         self.pause_mode = pause_mode
         self.backend, self.bucket_bytes, self.timeout_s = backend, bucket_bytes, timeout_s
         self.master_address, self.device = master_address, device
@@ -448,6 +449,9 @@ class WeightSender:
                     raise
                 await self._end_sessions(sessions, deadline, raising=True)
             finally:
+                self._staging = None  # receivers let go of it at end_weight_update
+                if self.ipc_urls and torch.cuda.is_available():
+                    torch.cuda.ipc_collect()
                 await self._resume_engines()
             if num_buckets == 0:
                 raise WeightSyncError("push() got no tensors")
@@ -496,6 +500,16 @@ class WeightSender:
                         f"{url}/end_weight_update: {result!r}")
                 logger.warning("end_weight_update on %s failed: %s", url, result)
 
+    def _staging_for(self, nbytes: int, device: Any) -> torch.Tensor | None:
+        """The push's flat-bucket buffer on a GPU (one allocation reused by every bucket, so a
+        receiver opens one IPC handle per push; ipc.py), grown to `nbytes` if a bucket is larger."""
+        if device is None or torch.device(device).type != "cuda":
+            return None
+        if self._staging is None or self._staging.numel() < nbytes:
+            self._staging = None  # a receiver may still hold the old one open: IPC ref counts free it
+            self._staging = torch.empty(max(nbytes, self.bucket_bytes), dtype=torch.uint8, device=device)
+        return self._staging
+
     async def _push_bucket(self, bucket: list[tuple[str, torch.Tensor]], weight_version: str | None,
                            deadline: float) -> int:
         device = self._group.device if self._group is not None else self.device
@@ -503,16 +517,18 @@ class WeightSender:
         remaining = self._remaining(deadline)
         tasks: list[asyncio.Future] = []
         if self.ipc_urls:  # receivers on this GPU open handles to `tensors` (kept alive until they answer)
-            from relax.distributed.ipc import serialize
+            from relax.distributed.ipc import FLATTENED_BUCKET, flatten_bucket, serialize
 
+            named = [(n, t) for (n, _), t in zip(bucket, tensors)]
+            flat = flatten_bucket(named, out=self._staging_for(sum(tensor_bytes(t) for t in tensors), device))
             if device is not None and torch.device(device).type == "cuda":
                 torch.cuda.current_stream(device).synchronize()  # the handles' bytes are written
-            named = [(n, t) for (n, _), t in zip(bucket, tensors)]
             # One payload per tensor-parallel rank, each written anew (ipc.py: a payload read twice
             # would free the block under one of its readers).
             tasks += [asyncio.ensure_future(self._http.post(u, "/update_weights_from_tensor", {
-                "serialized_named_tensors": [serialize(named) for _ in range(tp)], "load_format": None,
-                "flush_cache": False, "weight_version": weight_version}, remaining)) for u, tp in self.ipc_urls]
+                "serialized_named_tensors": [serialize(flat or named) for _ in range(tp)],
+                "load_format": FLATTENED_BUCKET if flat else None, "flush_cache": False,
+                "weight_version": weight_version}, remaining)) for u, tp in self.ipc_urls]
         if self.group_urls:
             payload = {"names": [n for n, _ in bucket], "dtypes": [dtype_name(t.dtype) for t in tensors],
                        "shapes": [list(t.shape) for t in tensors], "group_name": self.group_name,
@@ -637,6 +653,7 @@ class WeightReceiver:
         self.step_lock = step_lock if step_lock is not None else contextlib.nullcontext()
         self.device = torch.device(device)
         self.groups: dict[str, WeightGroup] = {}
+        self._walk: dict[str, torch.Tensor] | None = None  # _targets() of the bucket in hand (_one_walk)
         # Groups out of step after a request we refused before receiving: the sender may have
         # pushed bytes we never read, so receiving on them again could misparse (and gloo aborts
         # the process on a size mismatch). Kept referenced, never used, until destroyed.
@@ -679,9 +696,22 @@ class WeightReceiver:
     def _targets(self) -> dict[str, torch.Tensor]:
         return hf_targets(self.model)
 
+    def _bucket_targets(self) -> dict[str, torch.Tensor]:
+        """`_targets()`, walked once per bucket (`_one_walk`): a module walk costs ~1 ms on a
+        36-layer model, and checking, placing and loading a bucket asked for it three times."""
+        return self._walk if self._walk is not None else self._targets()
+
+    @contextlib.contextmanager
+    def _one_walk(self) -> Iterator[None]:
+        self._walk = self._targets()
+        try:
+            yield
+        finally:
+            self._walk = None
+
     def problems(self, specs: list[TensorSpec]) -> list[str]:
         """Names the model does not have and shapes that do not match it."""
-        targets, found = self._targets(), []
+        targets, found = self._bucket_targets(), []
         for spec in specs:
             target = targets.get(spec.name)
             if target is None:
@@ -701,7 +731,7 @@ class WeightReceiver:
         return received
 
     def load(self, specs: list[TensorSpec], tensors: list[torch.Tensor]) -> None:
-        targets = self._targets()
+        targets = self._bucket_targets()
         with self.step_lock, torch.no_grad():
             for spec, tensor in zip(specs, tensors):
                 targets[spec.name].copy_(tensor)
@@ -710,10 +740,11 @@ class WeightReceiver:
         """`/update_weights_from_tensor`: tensors already here (opened CUDA IPC handles); checked
         like a received bucket, then copied in. Returns SGLang's (success, message)."""
         specs = [TensorSpec(name, t.dtype, tuple(t.shape)) for name, t in named]
-        problems = self.problems(specs)
-        if problems:
-            return False, f"rejected {len(specs)} tensors, nothing loaded: " + "; ".join(problems)
-        self.load(specs, [t for _, t in named])
+        with self._one_walk():
+            problems = self.problems(specs)
+            if problems:
+                return False, f"rejected {len(specs)} tensors, nothing loaded: " + "; ".join(problems)
+            self.load(specs, [t for _, t in named])
         if self.device.type == "cuda":
             torch.cuda.current_stream(self.device).synchronize()  # done reading the sender's memory
         return True, f"loaded {len(specs)} tensors by CUDA IPC"
@@ -721,7 +752,7 @@ class WeightReceiver:
     def _in_place(self, specs: list[TensorSpec], group: WeightGroup) -> list[torch.Tensor | None]:
         """Per spec, the model tensor the bytes can be received straight into (same dtype, shape,
         device, contiguous), else None (received into scratch, then copied in)."""
-        targets = self._targets()
+        targets = self._bucket_targets()
         direct = []
         for spec in specs:
             t = targets[spec.name]
@@ -735,7 +766,10 @@ class WeightReceiver:
         under the step lock straight into the model's tensors where their layout allows (no
         scratch copy: on GPUs that copy costs as much as the broadcast). A subclass whose `load`
         transforms (shards) receives into scratch and loads after."""
-        group = self.group(group_name)
+        with self._one_walk():
+            return self._receive_and_load(specs, self.group(group_name))
+
+    def _receive_and_load(self, specs: list[TensorSpec], group: WeightGroup) -> tuple[bool, str]:
         problems = self.problems(specs)
         if problems:
             self.receive(specs, group)  # the sender is blocked in the broadcast: take the bytes, load nothing
@@ -744,7 +778,7 @@ class WeightReceiver:
             tensors = self.receive(specs, group)
             self.load(specs, tensors)
         else:
-            direct, targets = self._in_place(specs, group), self._targets()
+            direct, targets = self._in_place(specs, group), self._bucket_targets()
             with self.step_lock, torch.no_grad():
                 tensors = [t if t is not None else torch.empty(s.shape, dtype=s.dtype, device=group.device)
                            for s, t in zip(specs, direct)]

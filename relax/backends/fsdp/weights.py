@@ -38,7 +38,7 @@ class ShardedWeightReceiver(WeightReceiver):
     def load(self, specs: list[TensorSpec], tensors: list[torch.Tensor]) -> None:
         from torch.distributed.tensor import DTensor, distribute_tensor
 
-        params = self._targets()
+        params = self._bucket_targets()
         for spec, full in zip(specs, tensors):
             p = params[spec.name]
             full = full.to(device=self.device, dtype=p.dtype)

@@ -114,6 +114,7 @@ class HFEngine:
                                        device=self.device)
         self.weight_version = "default"
         self.weight_session_open = False  # SGLang's /begin_weight_update .. /end_weight_update
+        self.held_ipc_bucket: torch.Tensor | None = None  # the sender's flat bucket, open within a session
         self.released_tags: set[str] = set()
         self.weight_update_lock = asyncio.Lock()
 

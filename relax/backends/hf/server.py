@@ -232,6 +232,7 @@ def add_weight_routes(app: FastAPI, engine: HFEngine) -> None:
         if not engine.weight_session_open:
             return _result(False, "no weight-update session is open; call begin_weight_update() first")
         engine.weight_session_open = False
+        engine.held_ipc_bucket = None  # the sender may free its flat-bucket buffer now
         return _result(True, "Success")
 
     @app.post("/update_weights_from_distributed")
@@ -263,22 +264,29 @@ def add_weight_routes(app: FastAPI, engine: HFEngine) -> None:
     @app.post("/update_weights_from_tensor")
     async def update_weights_from_tensor(req: UpdateWeightsFromTensorRequest):
         """Colocated on one GPU: open the sender's CUDA IPC handles and copy from them."""
-        from relax.distributed.ipc import deserialize, named_tensors
+        from relax.distributed.ipc import FLATTENED_BUCKET, deserialize, named_tensors, unflatten_bucket
 
-        if req.load_format is not None:
-            return error_response(400, f"load_format={req.load_format!r} is not supported by the hf engine")
+        if req.load_format not in (None, FLATTENED_BUCKET):
+            return error_response(400, f"load_format={req.load_format!r} is not supported by the hf engine's "
+                                       f"update_weights_from_tensor (use none or {FLATTENED_BUCKET!r})")
         if engine.device.type != "cuda":
             return error_response(400, "update_weights_from_tensor carries CUDA IPC handles; this engine runs on "
                                        f"{engine.device} (use /update_weights_from_distributed over gloo)")
         try:
-            named = named_tensors(deserialize(req.serialized_named_tensors[0]))  # tp rank 0: this engine
+            payload = deserialize(req.serialized_named_tensors[0])  # tp rank 0: this engine
+            named = unflatten_bucket(payload) if req.load_format == FLATTENED_BUCKET else named_tensors(payload)
         except (ValueError, RuntimeError, EOFError) as exc:  # UnsafePayload is a ValueError
             return error_response(400, f"update_weights_from_tensor: {exc}")
         async with engine.weight_update_lock:
             if req.abort_all_requests:
                 engine.scheduler.abort(abort_all=True, message="aborted by a weight update")
             success, message = await asyncio.to_thread(receiver.load_named, named)
-        del named  # drop the opened handles: the sender may free its memory
+        # Inside a session, the flat bucket's memory stays open until end_weight_update: the
+        # sender writes every bucket of the push into that one buffer, so the next bucket's
+        # handle is found open (no reopening; relax/distributed/ipc.py). Else drop the handles.
+        engine.held_ipc_bucket = payload["flattened_tensor"] if success and engine.weight_session_open and \
+            req.load_format == FLATTENED_BUCKET else None
+        del named, payload
         if success and req.weight_version is not None:
             engine.weight_version = req.weight_version
             message += f" Weight version updated to {req.weight_version}."

@@ -10,7 +10,7 @@ import pickle
 import pytest
 import torch
 
-from relax.distributed.ipc import UnsafePayload, deserialize, named_tensors, serialize
+from relax.distributed.ipc import UnsafePayload, deserialize, flatten_bucket, named_tensors, serialize, unflatten_bucket
 
 
 class _Exploit:
@@ -54,3 +54,31 @@ def test_a_handle_names_its_gpu_by_uuid_and_the_receiver_maps_it_to_its_own_inde
     assert ipc.local_device(0) == 0  # an index (an older sender) is taken as it is
     with pytest.raises(ValueError, match="GPU-cccc, which this process does not see"):
         ipc.local_device("GPU-cccc")
+
+
+def test_a_flattened_bucket_is_one_tensor_whose_views_are_the_named_tensors():
+    """One tensor (one IPC handle) per bucket; the metadata round-trips through the safe unpickler
+    (here without the tensor: CPU tensors are refused) and rebuilds views of the right spans."""
+    named = [("a", torch.arange(6, dtype=torch.bfloat16).view(2, 3)), ("b", torch.ones(4, dtype=torch.bfloat16))]
+    bucket = flatten_bucket(named)
+    assert bucket["flattened_tensor"].shape == (10,)
+    metadata = deserialize(serialize(bucket["metadata"]))  # SimpleNamespace: attributes only, allowed
+    back = unflatten_bucket({"flattened_tensor": bucket["flattened_tensor"], "metadata": metadata})
+    assert [n for n, _ in back] == ["a", "b"]
+    assert all(torch.equal(got, want) for (_, got), (_, want) in zip(back, named))
+    assert back[0][1].data_ptr() == bucket["flattened_tensor"].data_ptr()  # views, no copy
+    assert flatten_bucket([("a", torch.ones(2)), ("b", torch.ones(2, dtype=torch.bfloat16))]) is None  # mixed
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"end_idx": 11}, "does not fit"), ({"numel": 5}, "does not fit"), ({"shape": (3, 3)}, "does not fit"),
+    ({"dtype": torch.float32}, "does not fit"), ({"name": 7}, "entry 0"), ({"start_idx": -1}, "does not fit")])
+def test_a_flattened_bucket_whose_metadata_does_not_fit_is_refused_naming_the_entry(change, message):
+    bf16 = torch.bfloat16
+    bucket = flatten_bucket([("a", torch.zeros(2, 3, dtype=bf16)), ("b", torch.zeros(4, dtype=bf16))])
+    meta = [vars(m) for m in bucket["metadata"]]  # dicts are read too (SGLang accepts both)
+    meta[0] = {**meta[0], **change}
+    with pytest.raises(ValueError, match=message):
+        unflatten_bucket({"flattened_tensor": bucket["flattened_tensor"], "metadata": meta})
+    with pytest.raises(ValueError, match="must be"):
+        unflatten_bucket([("a", torch.zeros(2))])

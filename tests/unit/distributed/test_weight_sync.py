@@ -255,6 +255,7 @@ def test_receivers_on_the_senders_gpu_get_ipc_payloads_and_the_others_the_broadc
                      "/end_weight_update", "/continue_generation"]
     body = colocated[3][1]
     assert len(body["serialized_named_tensors"]) == 2 and body["weight_version"] == "3"
+    assert body["load_format"] == "flattened_bucket"  # one IPC handle per bucket (relax/distributed/ipc.py)
     assert engine.calls[0] == "/init_weights_update_group" and torch.equal(engine.tensors["a"], torch.ones(2))
 
 
