@@ -1,85 +1,191 @@
-"""The megatron backend's training step against the fsdp backend's, on one GPU, in one run.
+"""The megatron backend's training step against the fsdp backend's, on the same GPUs, in one run.
 
-The same random Qwen3-0.6B-shaped model (bf16 compute over float32 weights), the same batch
-(`--train-batch` rows of `--train-len` tokens, `--prompt-len` of them prompt, the actor's PPO
-loss, one micro-batch) through one rank of each backend (`relax.backends.registry`), timed
-after a warm-up step; MFU as `bench/gpu_throughput.py` counts it (model FLOPs / time / the GPU's
-dense bf16 peak). Prints a table; the last line is `megatron_mfu=<x> fsdp_mfu=<y>`.
+The same random Qwen3-shaped model (`--shape 0.6b` or `4b` as published, `--layers` deep; bf16
+compute over float32 master weights), the same global batch (`--train-batch` rows of
+`--train-len` tokens, `--prompt-len` of them prompt, the actor's PPO loss, one optimizer step)
+through the two training backends (`relax.backends.registry`), timed after a warm-up step. For
+each `--tp` size t: megatron with tensor parallelism t over t GPUs, and fsdp data-parallel over
+the same t GPUs (each rank a process that sees one GPU, NCCL between them; the batch split over
+data-parallel ranks as the Actor splits it). MFU as `bench/gpu_throughput.py` counts it: model
+FLOPs / time / (t x the GPU's dense bf16 peak). Prints a table; the last line is
+`megatron_mfu=<x> fsdp_mfu=<y>` for the largest t (each backend's faster of plain and compiled).
 
-    python3 bench/megatron_throughput.py [--train-batch 16] [--train-len 1024] [--layers 28]
-        [--chunk 2048] [--compile] [--out bench/results/megatron_throughput.json]
+    python3 bench/megatron_throughput.py [--shape 0.6b|4b] [--layers 28] [--tp 1 2 4]
+        [--train-batch 16] [--train-len 1024] [--chunk 2048] [--compile] [--profile]
+        [--out bench/results/megatron_throughput.json]
+    python3 bench/megatron_throughput.py --cpu --shape tiny --tp 1 2   # CPU variant (gloo), as CI runs it
 
-`--compile` also times both with --use-torch-compile (each decoder layer compiled).
+`--compile` also times both with --use-torch-compile (each decoder layer compiled). `--profile`
+runs one more step of every one-rank run under torch.profiler and prints where the GPU time goes.
+A Qwen3-4B-shaped model's 36 layers need about 72 GB for weights, gradients and Adam state in one
+rank: on one 80 GB GPU use `--layers 12` (the per-layer work, and so MFU, is the model's).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing as mp
 import os
 import sys
 import tempfile
+import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # run as `python3 bench/<name>.py`: the repo root imports
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 
-from gpu_throughput import bench_fsdp, flops_per_token, peak_flops, qwen3_06b_config  # noqa: E402
+from gpu_throughput import flops_per_token, peak_flops, train_batch  # noqa: E402
+from weight_sync import model_config  # noqa: E402
+
+
+def run_rank(rank: int, world: int, port: int, job: dict, out: str) -> None:
+    """One training rank: build `job["backend"]`'s worker, time `job["steps"]` steps after a
+    warm-up, write {seconds, peak_gib} to `out.<rank>.json`."""
+    if job["cuda"] and world > 1:  # one GPU per rank, as Ray gives each trainer rank (before CUDA starts)
+        os.environ["CUDA_VISIBLE_DEVICES"] = job["visible"][rank]
+    import torch
+
+    from relax.algorithms.policy_loss import PolicyLossConfig
+    from relax.backends.base import ModelParallelSpec, TrainerSpec
+    from relax.backends.registry import TRAIN_BACKENDS
+    from relax.components.training import step_plan
+    from relax.config.schema import BatchConfig, OptimizerConfig
+    from relax.utils.plugins import import_object
+
+    from torch._dynamo.utils import counters
+
+    counters.clear()  # graph breaks of this run's compiled layers only
+    cuda = job["cuda"]
+    parallel = ModelParallelSpec(tp=job["tp"]) if job["backend"] == "megatron" else ModelParallelSpec()
+    spec = TrainerSpec(model_path=job["model"], optim=OptimizerConfig(lr=1e-6, bf16=cuda),
+                       batch=BatchConfig(micro_batch_size=job["rows"], log_probs_chunk_size=job["chunk"]),
+                       loss=PolicyLossConfig(), compile_layers=job["compile"], threads=0 if cuda else 1,
+                       dist_backend="nccl" if cuda else "gloo", model_parallel=parallel)
+    worker = import_object(TRAIN_BACKENDS[job["backend"]])(rank, world, "127.0.0.1", port, spec)
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    try:
+        batch = train_batch(job["config"], job["rows"], job["length"], job["prompt_len"])
+        info = worker.parallel_info()
+        _, shards, tokens = step_plan(batch.loss_masks_RT, len(batch), info["dp_size"])
+        mine = batch.rows(shards[info["dp_rank"]])
+        times = []
+        for step in range(job["steps"] + 1):  # the first is warm-up
+            if cuda:
+                torch.cuda.reset_peak_memory_stats()
+            sync()
+            t0 = time.perf_counter()
+            worker.train(mine, 1, tokens)
+            sync()
+            if step:
+                times.append(time.perf_counter() - t0)
+        if job["profile"] and world == 1:  # one more step under the profiler: where the GPU time goes
+            from torch.profiler import ProfilerActivity, profile
+
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                worker.train(mine, 1, tokens)
+                sync()
+            print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=30, max_name_column_width=70))
+        result = {"seconds": min(times), "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
+                  "graph_breaks": sum(counters["graph_break"].values())}  # in compiled layers (want 0)
+    finally:
+        worker.shutdown()
+    with open(f"{out}.{rank}.json", "w") as f:
+        json.dump(result, f)
+
+
+def run_layout(job: dict, world: int, out: str) -> dict:
+    """Every rank of one (backend, t) run; rank 0's numbers (the step is collective)."""
+    from relax.utils.net import free_port
+
+    port = free_port()
+    if world == 1:
+        run_rank(0, 1, port, job, out)
+    else:
+        ctx = mp.get_context("spawn")
+        procs = [ctx.Process(target=run_rank, args=(r, world, port, job, out)) for r in range(world)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join()
+        if any(p.exitcode for p in procs):
+            raise RuntimeError(f"a rank failed: exit codes {[p.exitcode for p in procs]} (output above)")
+    with open(f"{out}.0.json") as f:
+        return json.load(f)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shape", default="0.6b", help="0.6b, 4b (Qwen3 as published) or tiny (--cpu)")
+    parser.add_argument("--layers", type=int, default=None, help="decoder layers (default: the shape's)")
+    parser.add_argument("--tp", nargs="+", type=int, default=[1], help="tensor-parallel sizes = GPUs per run")
     parser.add_argument("--train-batch", type=int, default=16)
     parser.add_argument("--train-len", type=int, default=1024)
     parser.add_argument("--prompt-len", type=int, default=64)
     parser.add_argument("--train-steps", type=int, default=3)
-    parser.add_argument("--layers", type=int, default=28)
     parser.add_argument("--chunk", type=int, default=2048, help="--log-probs-chunk-size of both")
     parser.add_argument("--compile", action="store_true", help="also time both with --use-torch-compile")
+    parser.add_argument("--profile", action="store_true", help="profile one more step of each one-GPU run")
+    parser.add_argument("--cpu", action="store_true", help="ranks on the CPU over gloo (no MFU): the code path")
     parser.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "megatron_throughput.json"))
     args = parser.parse_args()
 
     import torch
     from transformers import AutoModelForCausalLM
 
-    if not torch.cuda.is_available():
-        sys.exit("bench/megatron_throughput.py needs a CUDA GPU")
-    config = qwen3_06b_config(args.layers)
-    tokens = args.train_batch * args.train_len
-    flops, peak = flops_per_token(config, args.train_len) * tokens, peak_flops()
-    result: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "args": vars(args),
-                    "train": {}}
+    if not args.cpu and not torch.cuda.is_available():
+        sys.exit("bench/megatron_throughput.py needs a CUDA GPU (or --cpu)")
     try:
         import megatron.core
-
-        result["megatron_core"] = megatron.core.__version__
     except ImportError:
         sys.exit("megatron-core is not installed: pip install 'relax-rl[megatron]'")
-    runs = [("megatron", "megatron", False), ("fsdp", "fsdp", False)]
-    if args.compile:
-        runs += [("megatron compiled", "megatron", True), ("fsdp compiled", "fsdp", True)]
+    gpus = 0 if args.cpu else torch.cuda.device_count()
+    if not args.cpu and max(args.tp) > gpus:
+        sys.exit(f"--tp {max(args.tp)} needs {max(args.tp)} GPUs; this machine has {gpus}")
+    config = model_config(args.shape, args.layers)
+    tokens = args.train_batch * args.train_len
+    flops, peak = flops_per_token(config, args.train_len) * tokens, None if args.cpu else peak_flops()
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    visible = visible.split(",") if visible else [str(i) for i in range(gpus)]
+    result: dict = {"device": "cpu (gloo)" if args.cpu else f"{gpus}x {torch.cuda.get_device_name()}",
+                    "torch": torch.__version__, "megatron_core": megatron.core.__version__, "args": vars(args),
+                    "config": {k: getattr(config, k) for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
+                                                               "num_attention_heads", "vocab_size")},
+                    "train": {}}
+    runs = [(b, c) for c in ([False, True] if args.compile else [False]) for b in ("megatron", "fsdp")]
     with tempfile.TemporaryDirectory() as tmp:
+        model_dir = os.path.join(tmp, "model")
         torch.manual_seed(0)
-        AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(tmp)
-        for name, backend, comp in runs:
-            try:
-                row = bench_fsdp(tmp, config, args.train_batch, args.train_len, args.prompt_len, args.train_steps,
-                                 args.chunk, compile_layers=comp, backend=backend)
-            except torch.OutOfMemoryError as exc:
-                row = {"seconds": None, "peak_gib": None, "error": f"out of memory: {str(exc)[:200]}"}
-            torch.cuda.empty_cache()
-            row["tokens_per_s"] = tokens / row["seconds"] if row.get("seconds") else None
-            row["mfu"] = flops / row["seconds"] / peak if peak and row.get("seconds") else None
-            result["train"][name] = row
-            print(f"train   {name:<16}: {row.get('seconds') or float('nan'):.3f} s/step   "
-                  f"{row['tokens_per_s'] or float('nan'):>9.0f} tok/s   peak {row.get('peak_gib') or float('nan'):.1f} "
-                  f"GiB   MFU {(row['mfu'] or float('nan')):.3f}  {row.get('error', '')}", flush=True)
+        AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(model_dir)
+        for t in args.tp:
+            for backend, comp in runs:
+                name = f"{backend}{' compiled' if comp else ''} tp={t}"
+                job = {"backend": backend, "tp": t, "model": model_dir, "config": config, "rows": args.train_batch,
+                       "length": args.train_len, "prompt_len": args.prompt_len, "steps": args.train_steps,
+                       "chunk": args.chunk, "compile": comp, "profile": args.profile, "cuda": not args.cpu,
+                       "visible": visible}
+                try:
+                    row = run_layout(job, t, os.path.join(tmp, name.replace(" ", "_")))
+                except (RuntimeError, torch.OutOfMemoryError) as exc:
+                    row = {"seconds": None, "peak_gib": None, "error": str(exc)[:300]}
+                if not args.cpu:
+                    torch.cuda.empty_cache()
+                row.update(backend=backend, tp=t, compiled=comp,
+                           tokens_per_s=tokens / row["seconds"] if row["seconds"] else None,
+                           mfu=flops / row["seconds"] / (peak * t) if peak and row["seconds"] else None)
+                result["train"][name] = row
+                print(f"train   {name:<24}: {row['seconds'] or float('nan'):.3f} s/step   "
+                      f"{row['tokens_per_s'] or float('nan'):>9.0f} tok/s   peak/rank "
+                      f"{row['peak_gib'] or float('nan'):.1f} GiB   MFU {row['mfu'] or float('nan'):.3f}  "
+                      f"{'graph breaks ' + str(row['graph_breaks']) if comp and 'graph_breaks' in row else ''}"
+                      f"{row.get('error', '')}", flush=True)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
-    def best(backend: str) -> float:  # the faster of its plain and compiled steps
-        return max((r["mfu"] or 0.0 for k, r in result["train"].items() if k.split()[0] == backend),
-                   default=float("nan"))
+
+    def best(backend: str) -> float:  # the faster of its plain and compiled steps at the largest t
+        return max((r["mfu"] for r in result["train"].values() if r["backend"] == backend
+                    and r["tp"] == max(args.tp) and r["mfu"] is not None), default=float("nan"))
 
     print(f"megatron_mfu={best('megatron'):.3f} fsdp_mfu={best('fsdp'):.3f}")
 

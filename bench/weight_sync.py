@@ -15,11 +15,17 @@ For each model shape (`--shapes`: Qwen3-0.6B- and 4B-shaped, random weights):
             then the same bytes as one flat buffer; the faster of the two is `nccl_gbps`.
 GB/s are 1e9 bytes of weights per second of wall time, control calls included for the push.
 
+`--same-gpu` (one GPU, the colocate layout): the engine shares the actor's GPU and each bucket
+goes as CUDA IPC handles through `/update_weights_from_tensor` (the engine copies from them into
+its parameters); raw is a device-to-device copy of the same tensors, then of one flat buffer,
+and the last line reads `copy_gbps` in place of `nccl_gbps`.
+
     python3 bench/weight_sync.py [--shapes 0.6b 4b] [--buckets-mib 64 256 512 1024 2048] [--repeats 3]
                                  [--out bench/results/weight_sync.json]
+    python3 bench/weight_sync.py --same-gpu              # one GPU: the colocated push
     python3 bench/weight_sync.py --cpu --shapes tiny     # CPU variant (gloo), the code path CI runs
 
-Needs two GPUs (or `--cpu`). Prints a table; the last line is
+Needs two GPUs (or `--same-gpu`, `--cpu`). Prints a table; the last line is
 `weight_sync_gbps=<x> nccl_gbps=<y> ratio=<r>` for the last shape (the largest), at its best bucket size.
 """
 
@@ -40,8 +46,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # run as `python3 bench/<name>.py`: the repo root imports
 
 
-def model_config(shape: str):
-    """Qwen3 shapes: 0.6B and 4B as published (vocab 151936); `tiny` for the CPU variant."""
+def model_config(shape: str, layers: int | None = None):
+    """Qwen3 shapes: 0.6B and 4B as published (vocab 151936), `layers` deep if given; `tiny` for
+    the CPU variant."""
     from transformers import Qwen3Config
 
     common = dict(vocab_size=151936, max_position_embeddings=4096, rope_theta=1e6, pad_token_id=0,
@@ -56,7 +63,8 @@ def model_config(shape: str):
     }
     if shape not in shapes:
         raise SystemExit(f"--shapes: unknown shape {shape!r}; choose from {sorted(shapes)}")
-    return Qwen3Config(**{**common, **shapes[shape]})
+    layer_count = {"num_hidden_layers": layers} if layers else {}
+    return Qwen3Config(**{**common, **shapes[shape], **layer_count})
 
 
 def write_config_dir(shape: str, out: str) -> str:
@@ -136,13 +144,42 @@ def raw_broadcast(named, repeats: int, receiver_device: str, backend: str, sende
     return {"per_tensor_s": per_tensor, "one_buffer_s": one_buffer}
 
 
-async def push_sweep(url: str, named, buckets_mib: list[int], repeats: int, backend: str, device) -> list[dict]:
-    """Median push seconds (and buckets) for each bucket size, through a fresh sender each."""
+def raw_copy(named, repeats: int) -> dict:
+    """`--same-gpu`: seconds per device-to-device copy of `named`'s tensors one by one into tensors
+    of the same shapes, and of the same bytes as one buffer (what an engine on the same GPU must
+    at least do with the weights it is handed)."""
+    import torch
+
+    tensors = [t for _, t in named]
+    targets = [torch.empty_like(t) for t in tensors]
+    flat = torch.cat([t.reshape(-1).view(torch.uint8) for t in tensors])
+    flat_target = torch.empty_like(flat)
+
+    def timed(copy) -> float:
+        times = []
+        for _ in range(repeats + 1):
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            copy()
+            torch.cuda.synchronize()
+            times.append(time.perf_counter() - start)
+        return statistics.median(times[1:])
+
+    per_tensor = timed(lambda: [d.copy_(t) for d, t in zip(targets, tensors)])
+    one_buffer = timed(lambda: flat_target.copy_(flat))
+    return {"per_tensor_s": per_tensor, "one_buffer_s": one_buffer}
+
+
+async def push_sweep(url: str, named, buckets_mib: list[int], repeats: int, backend: str, device,
+                     same_gpu: bool = False) -> list[dict]:
+    """Median push seconds (and buckets) for each bucket size, through a fresh sender each;
+    `same_gpu`: the engine shares this GPU and takes CUDA IPC handles, as in colocate."""
     from relax.distributed.weight_sync import WeightSender
 
     rows, version = [], 0
     for mib in buckets_mib:
-        sender = WeightSender([url], backend=backend, bucket_bytes=mib << 20, timeout_s=600, device=device)
+        sender = WeightSender([url], backend=backend, bucket_bytes=mib << 20, timeout_s=600, device=device,
+                              ipc_ranks=[1] if same_gpu else None)
         await sender.connect()
         stats = []
         try:
@@ -166,7 +203,7 @@ def bench_shape(shape: str, args: argparse.Namespace) -> dict:
     from relax.backends.hf.launcher import launch_hf_engine
 
     sender_device = torch.device("cpu" if args.cpu else "cuda:0")
-    engine_device, raw_device = ("cpu", "cpu") if args.cpu else ("cuda:1", "cuda:1")
+    engine_device = "cpu" if args.cpu else "cuda:0" if args.same_gpu else "cuda:1"
     backend = "gloo" if args.cpu else "nccl"
     if sender_device.type == "cuda":
         torch.cuda.set_device(sender_device)
@@ -187,28 +224,31 @@ def bench_shape(shape: str, args: argparse.Namespace) -> dict:
             cast_s = time.perf_counter() - start
             nbytes = sum(t.numel() * t.element_size() for _, t in named)
             pushes = asyncio.run(push_sweep(engine.url, named, args.buckets_mib, args.repeats, backend,
-                                            sender_device))
+                                            sender_device, same_gpu=args.same_gpu))
             version = httpx.get(engine.url + "/get_weight_version", timeout=30).json()["weight_version"]
             if version != str(len(args.buckets_mib) * (args.repeats + 1)):
                 raise RuntimeError(f"engine reports weight version {version} after the pushes")
         finally:
             engine.terminate()
-        raw = raw_broadcast(named, args.repeats, raw_device, backend, sender_device)
-    nccl_s = min(raw.values())
+        raw = raw_copy(named, args.repeats) if args.same_gpu else \
+            raw_broadcast(named, args.repeats, engine_device, backend, sender_device)
+    raw_gbps = nbytes / min(raw.values()) / 1e9
     for row in pushes:
         row["gbps"] = nbytes / row["seconds"] / 1e9
     best = max(pushes, key=lambda r: r["gbps"])
     return {"shape": shape, "parameters": sum(p.numel() for p in model.parameters()), "bytes": nbytes,
             "tensors": len(named), "cast_s": cast_s, "pushes": pushes, "raw": raw,
-            "nccl_gbps": nbytes / nccl_s / 1e9, "per_tensor_gbps": nbytes / raw["per_tensor_s"] / 1e9,
+            RAW_KEY[bool(args.same_gpu)]: raw_gbps, "per_tensor_gbps": nbytes / raw["per_tensor_s"] / 1e9,
             "one_buffer_gbps": nbytes / raw["one_buffer_s"] / 1e9,
-            "best_bucket_mib": best["bucket_mib"], "weight_sync_gbps": best["gbps"],
-            "ratio": best["gbps"] / (nbytes / nccl_s / 1e9)}
+            "best_bucket_mib": best["bucket_mib"], "weight_sync_gbps": best["gbps"], "ratio": best["gbps"] / raw_gbps}
+
+
+RAW_KEY = {False: "nccl_gbps", True: "copy_gbps"}  # what a push is set against: --same-gpu or not
 
 
 def print_table(results: list[dict]) -> None:
     print(f"{'shape':>6} {'GB':>7} {'tensors':>7} {'bucket MiB':>10} {'buckets':>7} {'push s':>8} {'GB/s':>8}"
-          f" {'raw GB/s (per tensor / one buffer)':>36}")
+          f" {'raw GB/s (per tensor / one buffer)':>36}")  # raw: broadcast, or copy with --same-gpu
     for r in results:
         for p in r["pushes"]:
             raw = f"{r['per_tensor_gbps']:.1f} / {r['one_buffer_gbps']:.1f}"
@@ -222,27 +262,32 @@ def main() -> int:
     parser.add_argument("--buckets-mib", nargs="+", type=int, default=[64, 256, 512, 1024, 2048])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--cpu", action="store_true", help="actor, engine and raw receiver on the CPU, over gloo")
+    parser.add_argument("--same-gpu", action="store_true",
+                        help="one GPU: the engine shares the actor's GPU (CUDA IPC, as colocate); raw is a copy")
     parser.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "weight_sync.json"))
     args = parser.parse_args()
+    if args.cpu and args.same_gpu:
+        raise SystemExit("--cpu and --same-gpu exclude each other: --same-gpu pushes CUDA IPC handles on one GPU")
     if not args.cpu:
         import torch
 
-        if torch.cuda.device_count() < 2:
+        if torch.cuda.device_count() < (1 if args.same_gpu else 2):
             raise SystemExit(f"weight_sync needs two GPUs (found {torch.cuda.device_count()}); "
-                             "--cpu runs it on the CPU")
+                             "--same-gpu runs it on one, --cpu on the CPU")
     results = [bench_shape(shape, args) for shape in args.shapes]
     print_table(results)
     device = "cpu (gloo)"
     if not args.cpu:
         import torch
 
-        device = f"2x {torch.cuda.get_device_name(0)} (nccl)"
+        device = f"1x {torch.cuda.get_device_name(0)} (cuda ipc)" if args.same_gpu else \
+            f"2x {torch.cuda.get_device_name(0)} (nccl)"
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump({"device": device, "args": vars(args), "results": results}, f, indent=1)
     last = results[-1]
-    print(f"weight_sync_gbps={last['weight_sync_gbps']:.2f} nccl_gbps={last['nccl_gbps']:.2f} "
-          f"ratio={last['ratio']:.3f}")
+    key = RAW_KEY[bool(args.same_gpu)]
+    print(f"weight_sync_gbps={last['weight_sync_gbps']:.2f} {key}={last[key]:.2f} ratio={last['ratio']:.3f}")
     return 0
 
 

@@ -3,7 +3,8 @@
 `run(rank, world_size, port, cases, out)` runs each case in turn in this process: build the
 worker, score a fixed batch, train one optimizer step on it, score again, gather the HF-named
 weights, save a checkpoint (megatron: `<out>-ckpt<i>`), shut down. A case is
-(backend, model, model_parallel kwargs). The fixed batch is split over data-parallel shards as
+(backend, model, model_parallel kwargs); `bf16`: bf16 compute over float32 main weights
+(`run_on_gpu`: on one GPU per rank). The fixed batch is split over data-parallel shards as
 the Actor splits it (`relax.components.training.step_plan`)."""
 
 from __future__ import annotations
@@ -44,13 +45,13 @@ def batch() -> TrainBatch:
                       advantages_RT=adv)
 
 
-def run(rank: int, world_size: int, port: int, cases: list, out: str) -> None:
+def run(rank: int, world_size: int, port: int, cases: list, out: str, bf16: bool = False) -> None:
     from relax.utils.plugins import import_object
     from relax.backends.registry import TRAIN_BACKENDS
 
     results = []
     for i, (backend, model_path, parallel) in enumerate(cases):
-        spec = TrainerSpec(model_path=model_path, optim=OptimizerConfig(lr=1e-2, clip_grad=1.0),
+        spec = TrainerSpec(model_path=model_path, optim=OptimizerConfig(lr=1e-2, clip_grad=1.0, bf16=bf16),
                            batch=BatchConfig(micro_batch_size=2), loss=PolicyLossConfig(), threads=1,
                            model_parallel=ModelParallelSpec(**parallel))
         worker = import_object(TRAIN_BACKENDS[backend])(rank, world_size, "127.0.0.1", port + i, spec)
@@ -71,6 +72,13 @@ def run(rank: int, world_size: int, port: int, cases: list, out: str) -> None:
                         "hf": hf if rank == 0 else {}})
     with open(f"{out}.{rank}.json", "w") as f:
         json.dump(results, f)
+
+
+def run_on_gpu(rank: int, world_size: int, port: int, cases: list, out: str) -> None:
+    """`run` in bf16 on GPU `rank` (each rank a process that sees one GPU, as Ray gives each
+    trainer rank; NCCL between them)."""
+    os.environ["CUDA_VISIBLE_DEVICES"] = str(rank)
+    run(rank, world_size, port, cases, out, bf16=True)
 
 
 def serve_receiver(rank: int, world_size: int, port: int, cases: list, conn) -> None:

@@ -1,0 +1,88 @@
+"""On GPUs in bf16 (NCCL between ranks, bf16 compute over float32 main weights), the megatron
+backend computes what the fsdp backend computes on one GPU: per-token log-probs before and after
+one optimizer step, the loss and the gradient norm, within bf16 tolerance. The layouts that fit
+the machine run: TP=1 on a dense and a MoE model with one GPU; TP=2, TP=2 with sequence
+parallelism, PP=2, DP=2 and EP=2 (MoE) with two; TP=2 x PP=2 with four. Each rank is a process
+that sees one GPU, as Ray places trainer ranks. The same layouts are checked in float32 on the CPU
+over gloo (megatron/test_parity.py, which hides the GPUs). Skipped without CUDA."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import statistics
+import sys
+
+import pytest
+import torch
+
+pytest.importorskip("megatron.core")
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "megatron"))
+import parity_cases  # noqa: E402
+
+from relax.utils.net import free_port  # noqa: E402
+
+GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not GPUS, reason="needs a CUDA GPU")]
+
+# layout -> (GPUs, model, ModelParallelSpec kwargs)
+LAYOUTS = {"tp1": (1, "dense", {}), "tp1_moe": (1, "moe", {}),
+           "tp2": (2, "dense", {"tp": 2}), "tp2sp": (2, "dense", {"tp": 2, "sequence_parallel": True}),
+           "pp2": (2, "dense", {"pp": 2}), "dp2": (2, "dense", {}), "ep2": (2, "moe", {"ep": 2}),
+           "tp2pp2": (4, "dense", {"tp": 2, "pp": 2})}
+MAX_LOGP, MEAN_LOGP, REL_NORM, ABS_LOSS = 0.05, 0.01, 0.02, 0.02  # bf16: 8 significant bits
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = str(tmp_path_factory.mktemp("gpu_parity"))
+    paths = parity_cases.make_models(root)
+    out: dict = {}
+    ref = [("fsdp", paths["dense"], {}), ("fsdp", paths["moe"], {})]
+    parity_cases.run(0, 1, free_port(), ref, f"{root}/fsdp", bf16=True)
+    fsdp = json.load(open(f"{root}/fsdp.0.json"))
+    out["fsdp"] = {"dense": fsdp[0], "moe": fsdp[1]}
+    for gpus in sorted({g for g, _, _ in LAYOUTS.values() if g <= GPUS}):
+        names = [n for n, (g, _, _) in LAYOUTS.items() if g == gpus]
+        cases = [("megatron", paths[LAYOUTS[n][1]], LAYOUTS[n][2]) for n in names]
+        port = free_port()
+        if gpus == 1:
+            parity_cases.run(0, 1, port, cases, f"{root}/g1", bf16=True)
+        else:
+            ctx = mp.get_context("spawn")
+            procs = [ctx.Process(target=parity_cases.run_on_gpu, args=(r, gpus, port, cases, f"{root}/g{gpus}"))
+                     for r in range(gpus)]
+            for p in procs:
+                p.start()
+            for p in procs:
+                p.join(timeout=600)
+                assert p.exitcode == 0, f"a {gpus}-GPU megatron rank failed (exit {p.exitcode}); output above"
+        ranks = [json.load(open(f"{root}/g{gpus}.{r}.json")) for r in range(gpus)]
+        for i, name in enumerate(names):
+            out[name] = [rank[i] for rank in ranks]
+    return out
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_megatron_matches_fsdp_in_bf16_on_gpus(runs, layout):
+    gpus, model, _ = LAYOUTS[layout]
+    if gpus > GPUS:
+        pytest.skip(f"{layout} needs {gpus} GPUs; this machine has {GPUS}")
+    ref, ranks = runs["fsdp"][model], runs[layout]
+    diffs = []
+    for res in ranks:
+        assert res["metrics"]["grad_norm"] == pytest.approx(ref["metrics"]["grad_norm"], rel=REL_NORM), layout
+        if not res["info"]["output"]:  # a tensor rank > 0 or a stage before the last
+            continue
+        for key in ("before", "after"):
+            for row, values in zip(res["rows"], res[key]):
+                diffs += [abs(a - b) for a, b in zip(values, ref[key][row])]
+    assert max(diffs) <= MAX_LOGP and statistics.mean(diffs) <= MEAN_LOGP, \
+        f"{layout}: log-prob |diff| max {max(diffs):.4f} mean {statistics.mean(diffs):.5f}"
+    answering = [r for r in ranks if r["info"]["output"]]
+    assert len(answering) == ranks[0]["info"]["dp_size"]
+    loss = sum(r["metrics"]["pg_loss"] for r in answering) / len(answering)
+    assert loss == pytest.approx(ref["metrics"]["pg_loss"], abs=ABS_LOSS)
+    print(f"{layout}: log-prob |diff| max {max(diffs):.4f} mean {statistics.mean(diffs):.5f}, grad norm "
+          f"{ranks[0]['metrics']['grad_norm']:.4f} (fsdp {ref['metrics']['grad_norm']:.4f})")
