@@ -77,7 +77,8 @@ def run(rank: int, world_size: int, port: int, cases: list, out: str, bf16: bool
 def run_on_gpu(rank: int, world_size: int, port: int, cases: list, out: str) -> None:
     """`run` in bf16 on GPU `rank` (each rank a process that sees one GPU, as Ray gives each
     trainer rank; NCCL between them)."""
-    os.environ["CUDA_VISIBLE_DEVICES"] = str(rank)
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")  # the parent's list, if it narrowed the GPUs
+    os.environ["CUDA_VISIBLE_DEVICES"] = visible.split(",")[rank] if visible else str(rank)
     run(rank, world_size, port, cases, out, bf16=True)
 
 
