@@ -11,7 +11,7 @@ FLOPs / time / (t x the GPU's dense bf16 peak). Prints a table; the last line is
 `megatron_mfu=<x> fsdp_mfu=<y>` for the largest t (each backend's faster of plain and compiled).
 
     python3 bench/megatron_throughput.py [--shape 0.6b|4b] [--layers 28] [--tp 1 2 4]
-        [--train-batch 16] [--train-len 1024] [--chunk 2048] [--compile] [--profile]
+        [--backends megatron fsdp] [--train-batch 16] [--train-len 1024] [--chunk 2048] [--compile] [--profile]
         [--out bench/results/megatron_throughput.json]
     python3 bench/megatron_throughput.py --cpu --shape tiny --tp 1 2   # CPU variant (gloo), as CI runs it
 
@@ -124,6 +124,8 @@ def main() -> None:
     parser.add_argument("--prompt-len", type=int, default=64)
     parser.add_argument("--train-steps", type=int, default=3)
     parser.add_argument("--chunk", type=int, default=2048, help="--log-probs-chunk-size of both")
+    parser.add_argument("--backends", nargs="+", default=["megatron", "fsdp"], choices=["megatron", "fsdp"],
+                        help="the training backends to time (default: both)")
     parser.add_argument("--compile", action="store_true", help="also time both with --use-torch-compile")
     parser.add_argument("--profile", action="store_true", help="profile one more step of each one-GPU run")
     parser.add_argument("--cpu", action="store_true", help="ranks on the CPU over gloo (no MFU): the code path")
@@ -152,7 +154,7 @@ def main() -> None:
                     "config": {k: getattr(config, k) for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
                                                                "num_attention_heads", "vocab_size")},
                     "train": {}}
-    runs = [(b, c) for c in ([False, True] if args.compile else [False]) for b in ("megatron", "fsdp")]
+    runs = [(b, c) for c in ([False, True] if args.compile else [False]) for b in args.backends]
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = os.path.join(tmp, "model")
         torch.manual_seed(0)
