@@ -41,10 +41,11 @@ from weight_sync import model_config  # noqa: E402
 
 def run_rank(rank: int, world: int, port: int, job: dict, out: str) -> None:
     """One training rank: build `job["backend"]`'s worker, time `job["steps"]` steps after a
-    warm-up, write {seconds, peak_gib} to `out.<rank>.json`."""
+    warm-up, write {seconds, peak_gib, graph_breaks} to `out.<rank>.json`."""
     if job["cuda"] and world > 1:  # one GPU per rank, as Ray gives each trainer rank (before CUDA starts)
         os.environ["CUDA_VISIBLE_DEVICES"] = job["visible"][rank]
     import torch
+    from torch._dynamo.utils import counters
 
     from relax.algorithms.policy_loss import PolicyLossConfig
     from relax.backends.base import ModelParallelSpec, TrainerSpec
@@ -52,8 +53,6 @@ def run_rank(rank: int, world: int, port: int, job: dict, out: str) -> None:
     from relax.components.training import step_plan
     from relax.config.schema import BatchConfig, OptimizerConfig
     from relax.utils.plugins import import_object
-
-    from torch._dynamo.utils import counters
 
     counters.clear()  # graph breaks of this run's compiled layers only
     cuda = job["cuda"]
