@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing as mp
 import os
 import sys
 import tempfile
@@ -143,44 +144,89 @@ def train_batch(config, rows: int, length: int, prompt_len: int):
                       old_log_probs_RT=[[-12.0] * n] * rows)
 
 
-def bench_fsdp(model_dir: str, config, rows: int, length: int, prompt_len: int, steps: int, chunk: int,
-               profile: bool = False, compile_layers: bool = False, backend: str = "fsdp") -> dict:
-    """One rank of the `backend` training backend (relax.backends.registry), world size 1."""
+def train_rank(rank: int, world: int, port: int, job: dict, out: str) -> None:
+    """One training rank: build `job["backend"]`'s worker, time `job["steps"]` steps after a
+    warm-up, write {seconds, peak_gib, graph_breaks} to `out.<rank>.json`."""
+    if job["cuda"] and world > 1:  # one GPU per rank, as Ray gives each trainer rank (before CUDA starts)
+        os.environ["CUDA_VISIBLE_DEVICES"] = job["visible"][rank]
     import torch
+    from torch._dynamo.utils import counters
 
     from relax.algorithms.policy_loss import PolicyLossConfig
-    from relax.backends.base import TrainerSpec
+    from relax.backends.base import ModelParallelSpec, TrainerSpec
     from relax.backends.registry import TRAIN_BACKENDS
+    from relax.components.training import step_plan
     from relax.config.schema import BatchConfig, OptimizerConfig
-    from relax.utils.net import free_port
     from relax.utils.plugins import import_object
 
-    spec = TrainerSpec(model_path=model_dir, optim=OptimizerConfig(lr=1e-6, bf16=True),
-                       batch=BatchConfig(micro_batch_size=rows, log_probs_chunk_size=chunk), loss=PolicyLossConfig(),
-                       compile_layers=compile_layers)
-    worker = import_object(TRAIN_BACKENDS[backend])(0, 1, "127.0.0.1", free_port(), spec)
+    counters.clear()  # graph breaks of this run's compiled layers only
+    cuda = job["cuda"]
+    parallel = ModelParallelSpec(tp=job["tp"]) if job["backend"] == "megatron" else ModelParallelSpec()
+    spec = TrainerSpec(model_path=job["model"], optim=OptimizerConfig(lr=1e-6, bf16=cuda),
+                       batch=BatchConfig(micro_batch_size=job["rows"], log_probs_chunk_size=job["chunk"]),
+                       loss=PolicyLossConfig(), compile_layers=job["compile"], threads=0 if cuda else 1,
+                       dist_backend="nccl" if cuda else "gloo", model_parallel=parallel)
+    worker = import_object(TRAIN_BACKENDS[job["backend"]])(rank, world, "127.0.0.1", port, spec)
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
     try:
-        batch = train_batch(config, rows, length, prompt_len)
+        batch = train_batch(job["config"], job["rows"], job["length"], job["prompt_len"])
+        info = worker.parallel_info()
+        _, shards, tokens = step_plan(batch.loss_masks_RT, len(batch), info["dp_size"])
+        mine = batch.rows(shards[info["dp_rank"]])
         times = []
-        for step in range(steps + 1):  # the first is warm-up
-            torch.cuda.reset_peak_memory_stats()
+        for step in range(job["steps"] + 1):  # the first is warm-up
+            if cuda:
+                torch.cuda.reset_peak_memory_stats()
             sync()
             t0 = time.perf_counter()
-            worker.train(batch, 1, [rows * (length - prompt_len)])
+            worker.train(mine, 1, tokens)
             sync()
             if step:
                 times.append(time.perf_counter() - t0)
-        if profile:  # one more step under the profiler: where the GPU time goes
-            from torch.profiler import ProfilerActivity
-            from torch.profiler import profile as torch_profile
+        if job["profile"] and world == 1:  # one more step under the profiler: where the GPU time goes
+            from torch.profiler import ProfilerActivity, profile
 
-            with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-                worker.train(batch, 1, [rows * (length - prompt_len)])
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                worker.train(mine, 1, tokens)
                 sync()
-            print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=60))
-        return {"seconds": min(times), "peak_gib": torch.cuda.max_memory_allocated() / 2**30}
+            print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=30, max_name_column_width=70))
+        result = {"seconds": min(times), "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
+                  "graph_breaks": sum(counters["graph_break"].values())}  # in compiled layers (want 0)
     finally:
         worker.shutdown()
+    with open(f"{out}.{rank}.json", "w") as f:
+        json.dump(result, f)
+
+
+def time_train_step(job: dict, world: int, out: str) -> dict:
+    """Every rank of one training run (`train_rank`; `world` > 1: spawned processes, one GPU each);
+    rank 0's numbers (the step is collective)."""
+    from relax.utils.net import free_port
+
+    port = free_port()
+    if world == 1:
+        train_rank(0, 1, port, job, out)
+    else:
+        ctx = mp.get_context("spawn")
+        procs = [ctx.Process(target=train_rank, args=(r, world, port, job, out)) for r in range(world)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join()
+        if any(p.exitcode for p in procs):
+            raise RuntimeError(f"a rank failed: exit codes {[p.exitcode for p in procs]} (output above)")
+    with open(f"{out}.0.json") as f:
+        return json.load(f)
+
+
+def bench_fsdp(model_dir: str, config, rows: int, length: int, prompt_len: int, steps: int, chunk: int,
+               profile: bool = False, compile_layers: bool = False) -> dict:
+    """One fsdp rank (world size 1) on one GPU: `time_train_step`."""
+    job = {"backend": "fsdp", "tp": 1, "model": model_dir, "config": config, "rows": rows, "length": length,
+           "prompt_len": prompt_len, "steps": steps, "chunk": chunk, "compile": compile_layers, "profile": profile,
+           "cuda": True, "visible": None}
+    with tempfile.TemporaryDirectory() as tmp:
+        return time_train_step(job, 1, os.path.join(tmp, "step"))
 
 
 def bench_plain_train(model_dir: str, config, rows: int, length: int, steps: int, micro: int) -> dict:

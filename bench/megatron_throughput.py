@@ -25,92 +25,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing as mp
 import os
 import sys
 import tempfile
-import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # run as `python3 bench/<name>.py`: the repo root imports
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 
-from gpu_throughput import flops_per_token, peak_flops, train_batch  # noqa: E402
+from gpu_throughput import flops_per_token, peak_flops, time_train_step  # noqa: E402
 from weight_sync import model_config  # noqa: E402
-
-
-def run_rank(rank: int, world: int, port: int, job: dict, out: str) -> None:
-    """One training rank: build `job["backend"]`'s worker, time `job["steps"]` steps after a
-    warm-up, write {seconds, peak_gib, graph_breaks} to `out.<rank>.json`."""
-    if job["cuda"] and world > 1:  # one GPU per rank, as Ray gives each trainer rank (before CUDA starts)
-        os.environ["CUDA_VISIBLE_DEVICES"] = job["visible"][rank]
-    import torch
-    from torch._dynamo.utils import counters
-
-    from relax.algorithms.policy_loss import PolicyLossConfig
-    from relax.backends.base import ModelParallelSpec, TrainerSpec
-    from relax.backends.registry import TRAIN_BACKENDS
-    from relax.components.training import step_plan
-    from relax.config.schema import BatchConfig, OptimizerConfig
-    from relax.utils.plugins import import_object
-
-    counters.clear()  # graph breaks of this run's compiled layers only
-    cuda = job["cuda"]
-    parallel = ModelParallelSpec(tp=job["tp"]) if job["backend"] == "megatron" else ModelParallelSpec()
-    spec = TrainerSpec(model_path=job["model"], optim=OptimizerConfig(lr=1e-6, bf16=cuda),
-                       batch=BatchConfig(micro_batch_size=job["rows"], log_probs_chunk_size=job["chunk"]),
-                       loss=PolicyLossConfig(), compile_layers=job["compile"], threads=0 if cuda else 1,
-                       dist_backend="nccl" if cuda else "gloo", model_parallel=parallel)
-    worker = import_object(TRAIN_BACKENDS[job["backend"]])(rank, world, "127.0.0.1", port, spec)
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
-    try:
-        batch = train_batch(job["config"], job["rows"], job["length"], job["prompt_len"])
-        info = worker.parallel_info()
-        _, shards, tokens = step_plan(batch.loss_masks_RT, len(batch), info["dp_size"])
-        mine = batch.rows(shards[info["dp_rank"]])
-        times = []
-        for step in range(job["steps"] + 1):  # the first is warm-up
-            if cuda:
-                torch.cuda.reset_peak_memory_stats()
-            sync()
-            t0 = time.perf_counter()
-            worker.train(mine, 1, tokens)
-            sync()
-            if step:
-                times.append(time.perf_counter() - t0)
-        if job["profile"] and world == 1:  # one more step under the profiler: where the GPU time goes
-            from torch.profiler import ProfilerActivity, profile
-
-            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-                worker.train(mine, 1, tokens)
-                sync()
-            print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=30, max_name_column_width=70))
-        result = {"seconds": min(times), "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
-                  "graph_breaks": sum(counters["graph_break"].values())}  # in compiled layers (want 0)
-    finally:
-        worker.shutdown()
-    with open(f"{out}.{rank}.json", "w") as f:
-        json.dump(result, f)
-
-
-def run_layout(job: dict, world: int, out: str) -> dict:
-    """Every rank of one (backend, t) run; rank 0's numbers (the step is collective)."""
-    from relax.utils.net import free_port
-
-    port = free_port()
-    if world == 1:
-        run_rank(0, 1, port, job, out)
-    else:
-        ctx = mp.get_context("spawn")
-        procs = [ctx.Process(target=run_rank, args=(r, world, port, job, out)) for r in range(world)]
-        for p in procs:
-            p.start()
-        for p in procs:
-            p.join()
-        if any(p.exitcode for p in procs):
-            raise RuntimeError(f"a rank failed: exit codes {[p.exitcode for p in procs]} (output above)")
-    with open(f"{out}.0.json") as f:
-        return json.load(f)
 
 
 def main() -> None:
@@ -166,7 +90,7 @@ def main() -> None:
                        "chunk": args.chunk, "compile": comp, "profile": args.profile, "cuda": not args.cpu,
                        "visible": visible}
                 try:
-                    row = run_layout(job, t, os.path.join(tmp, name.replace(" ", "_")))
+                    row = time_train_step(job, t, os.path.join(tmp, name.replace(" ", "_")))
                 except (RuntimeError, torch.OutOfMemoryError) as exc:
                     row = {"seconds": None, "peak_gib": None, "error": str(exc)[:300]}
                 if not args.cpu:
