@@ -196,6 +196,14 @@ def add_control_routes(app: FastAPI, engine: HFEngine) -> None:
         return {"success": True, "message": await engine.resume_memory((req or MemoryRequest()).tags)}
 
 
+def _loaded(engine: HFEngine, success: bool, message: str, weight_version: str | None) -> dict:
+    """SGLang's reply to a bucket; the last bucket of a push carries the version the engine takes."""
+    if success and weight_version is not None:
+        engine.weight_version = weight_version
+        message += f" Weight version updated to {weight_version}."
+    return _result(success, message)
+
+
 def add_weight_routes(app: FastAPI, engine: HFEngine) -> None:
     receiver = engine.receiver
 
@@ -256,10 +264,7 @@ def add_weight_routes(app: FastAPI, engine: HFEngine) -> None:
                 success, message = await run_in_daemon_thread(receiver.receive_and_load, specs, req.group_name)
             except RuntimeError as exc:  # the broadcast failed (peer gone, timeout)
                 success, message = False, f"receiving the broadcast failed: {exc}"
-        if success and req.weight_version is not None:
-            engine.weight_version = req.weight_version
-            message += f" Weight version updated to {req.weight_version}."
-        return _result(success, message)
+        return _loaded(engine, success, message, req.weight_version)
 
     @app.post("/update_weights_from_tensor")
     async def update_weights_from_tensor(req: UpdateWeightsFromTensorRequest):
@@ -287,10 +292,7 @@ def add_weight_routes(app: FastAPI, engine: HFEngine) -> None:
         engine.held_ipc_bucket = payload["flattened_tensor"] if success and engine.weight_session_open and \
             req.load_format == FLATTENED_BUCKET else None
         del named, payload
-        if success and req.weight_version is not None:
-            engine.weight_version = req.weight_version
-            message += f" Weight version updated to {req.weight_version}."
-        return _result(success, message)
+        return _loaded(engine, success, message, req.weight_version)
 
     @app.post("/update_weight_version")
     async def update_weight_version(req: UpdateWeightVersionRequest):
