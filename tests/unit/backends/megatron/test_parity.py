@@ -38,13 +38,15 @@ def runs(tmp_path_factory):
            ("megatron", paths["dense"], {"distributed_optimizer": True}), ("megatron", paths["dense"], {"cp": 2})]
     # Four ranks: pipeline stages beside tensor or data-parallel ranks (stage leaders send the weights).
     four = [("megatron", paths["dense"], {"tp": 2, "pp": 2}), ("megatron", paths["moe"], {"pp": 2})]
-    port, port4 = free_port(), free_port()
+    # Case i of a group uses port + i (parity_cases.run): the groups take disjoint ranges.
+    port = free_port()
+    port4, port1 = port + len(two), port + len(two) + len(four)
     ctx = mp.get_context("spawn")
     procs = [ctx.Process(target=parity_cases.run, args=(r, 2, port, two, f"{root}/two")) for r in range(2)]
     procs += [ctx.Process(target=parity_cases.run, args=(r, 4, port4, four, f"{root}/four")) for r in range(4)]
     for p in procs:
         p.start()
-    parity_cases.run(0, 1, free_port(), one, f"{root}/one")
+    parity_cases.run(0, 1, port1, one, f"{root}/one")
     for p in procs:
         p.join(timeout=600)
         assert p.exitcode == 0, f"a two- or four-rank megatron process failed (exit {p.exitcode}); its output is above"
