@@ -186,7 +186,10 @@ def main() -> int:
         f.write(f"long_tail_mean: {args.mean_response}\nlong_tail_seed: {args.seed}\n")
     common = workload(policy, prompts, config_path, args)
     modes = [args.only] if args.only else ["colocate", "fully_async"]
-    results = [run_mode(mode, args, common) for mode in modes]
+    results = []
+    for mode in modes:  # each mode's row as it ends: a run cut short still shows the modes it finished
+        results.append(run_mode(mode, args, common))
+        print("mode " + json.dumps(results[-1]), flush=True)
     print_table(results)
     if args.only:
         return 0

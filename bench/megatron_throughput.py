@@ -11,11 +11,13 @@ FLOPs / time / (t x the GPU's dense bf16 peak). Prints a table; the last line is
 `megatron_mfu=<x> fsdp_mfu=<y>` for the largest t (each backend's faster of plain and compiled).
 
     python3 bench/megatron_throughput.py [--shape 0.6b|4b] [--layers 28] [--tp 1 2 4]
-        [--backends megatron fsdp] [--train-batch 16] [--train-len 1024] [--chunk 2048] [--compile] [--profile]
+        [--backends megatron fsdp] [--train-batch 16] [--train-len 1024] [--chunk 2048]
+        [--compile | --compiled-only] [--profile]
         [--out bench/results/megatron_throughput.json]
     python3 bench/megatron_throughput.py --cpu --shape tiny --tp 1 2   # CPU variant (gloo), as CI runs it
 
-`--compile` also times both with --use-torch-compile (each decoder layer compiled). `--profile`
+`--compile` also times both with --use-torch-compile (each decoder layer compiled); `--compiled-only`
+times only those. `--profile`
 runs one more step of every one-rank run under torch.profiler and prints where the GPU time goes.
 A Qwen3-4B-shaped model's 36 layers need about 72 GB for weights, gradients and Adam state in one
 rank: on one 80 GB GPU use `--layers 12` (the per-layer work, and so MFU, is the model's).
@@ -50,6 +52,8 @@ def main() -> None:
     parser.add_argument("--backends", nargs="+", default=["megatron", "fsdp"], choices=["megatron", "fsdp"],
                         help="the training backends to time (default: both)")
     parser.add_argument("--compile", action="store_true", help="also time both with --use-torch-compile")
+    parser.add_argument("--compiled-only", action="store_true",
+                        help="time only the --use-torch-compile steps (the faster ones on GPUs; half the runs)")
     parser.add_argument("--profile", action="store_true", help="profile one more step of each one-GPU run")
     parser.add_argument("--cpu", action="store_true", help="ranks on the CPU over gloo (no MFU): the code path")
     parser.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "megatron_throughput.json"))
@@ -77,7 +81,8 @@ def main() -> None:
                     "config": {k: getattr(config, k) for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
                                                                "num_attention_heads", "vocab_size")},
                     "train": {}}
-    runs = [(b, c) for c in ([False, True] if args.compile else [False]) for b in args.backends]
+    modes = [True] if args.compiled_only else [False, True] if args.compile else [False]
+    runs = [(b, c) for c in modes for b in args.backends]
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = os.path.join(tmp, "model")
         torch.manual_seed(0)

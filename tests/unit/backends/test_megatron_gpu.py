@@ -34,34 +34,49 @@ LAYOUTS = {"tp1": (1, "dense", {}), "tp1_moe": (1, "moe", {}),
 MAX_LOGP, MEAN_LOGP, REL_NORM, ABS_LOSS = 0.05, 0.01, 0.02, 0.02  # bf16: 8 significant bits
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    root = str(tmp_path_factory.mktemp("gpu_parity"))
-    paths = parity_cases.make_models(root)
-    out: dict = {}
-    ref = [("fsdp", paths["dense"], {}), ("fsdp", paths["moe"], {})]
-    parity_cases.run(0, 1, free_port(), ref, f"{root}/fsdp", bf16=True)
-    fsdp = json.load(open(f"{root}/fsdp.0.json"))
-    out["fsdp"] = {"dense": fsdp[0], "moe": fsdp[1]}
-    for gpus in sorted({g for g, _, _ in LAYOUTS.values() if g <= GPUS}):
+class Runs:
+    """Results by layout, each GPU-count group run once, when a test of it first asks: `-k tp2pp2`
+    runs the fsdp reference and the four-GPU group only."""
+
+    def __init__(self, root: str):
+        self.root, self.paths, self.out = root, parity_cases.make_models(root), {}
+
+    def reference(self, model: str) -> dict:
+        if "fsdp" not in self.out:
+            ref = [("fsdp", self.paths["dense"], {}), ("fsdp", self.paths["moe"], {})]
+            parity_cases.run(0, 1, free_port(), ref, f"{self.root}/fsdp", bf16=True)
+            fsdp = json.load(open(f"{self.root}/fsdp.0.json"))
+            self.out["fsdp"] = {"dense": fsdp[0], "moe": fsdp[1]}
+        return self.out["fsdp"][model]
+
+    def layout(self, name: str) -> list[dict]:
+        if name not in self.out:
+            self._group(LAYOUTS[name][0])
+        return self.out[name]
+
+    def _group(self, gpus: int) -> None:
         names = [n for n, (g, _, _) in LAYOUTS.items() if g == gpus]
-        cases = [("megatron", paths[LAYOUTS[n][1]], LAYOUTS[n][2]) for n in names]
-        port = free_port()
+        cases = [("megatron", self.paths[LAYOUTS[n][1]], LAYOUTS[n][2]) for n in names]
+        port, prefix = free_port(), f"{self.root}/g{gpus}"
         if gpus == 1:
-            parity_cases.run(0, 1, port, cases, f"{root}/g1", bf16=True)
+            parity_cases.run(0, 1, port, cases, prefix, bf16=True)
         else:
             ctx = mp.get_context("spawn")
-            procs = [ctx.Process(target=parity_cases.run_on_gpu, args=(r, gpus, port, cases, f"{root}/g{gpus}"))
+            procs = [ctx.Process(target=parity_cases.run_on_gpu, args=(r, gpus, port, cases, prefix))
                      for r in range(gpus)]
             for p in procs:
                 p.start()
             for p in procs:
                 p.join(timeout=600)
                 assert p.exitcode == 0, f"a {gpus}-GPU megatron rank failed (exit {p.exitcode}); output above"
-        ranks = [json.load(open(f"{root}/g{gpus}.{r}.json")) for r in range(gpus)]
+        ranks = [json.load(open(f"{prefix}.{r}.json")) for r in range(gpus)]
         for i, name in enumerate(names):
-            out[name] = [rank[i] for rank in ranks]
-    return out
+            self.out[name] = [rank[i] for rank in ranks]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    return Runs(str(tmp_path_factory.mktemp("gpu_parity")))
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
@@ -69,7 +84,7 @@ def test_megatron_matches_fsdp_in_bf16_on_gpus(runs, layout):
     gpus, model, _ = LAYOUTS[layout]
     if gpus > GPUS:
         pytest.skip(f"{layout} needs {gpus} GPUs; this machine has {GPUS}")
-    ref, ranks = runs["fsdp"][model], runs[layout]
+    ref, ranks = runs.reference(model), runs.layout(layout)
     diffs = []
     for res in ranks:
         assert res["metrics"]["grad_norm"] == pytest.approx(ref["metrics"]["grad_norm"], rel=REL_NORM), layout
