@@ -98,7 +98,7 @@ def workload(policy: str, prompts: str, config_path: str, args: argparse.Namespa
         "--global-batch-size", str(samples), "--advantage-estimator", "grpo", "--use-rollout-logprobs",
         "--lr", "1e-6", "--seed", str(args.seed), "--use-dynamic-batch-size",
         "--max-tokens-per-gpu", str(args.max_tokens_per_gpu), "--progress-bar", "false",
-        "--sglang-max-running-requests", str(args.max_running_requests),
+        "--sglang-max-running-requests", str(args.max_running_requests), "--train-backend", args.train_backend,
     ]
     if not args.cpu:
         flags += ["--bf16", "--sglang-dtype", "bfloat16"]
@@ -161,6 +161,8 @@ def main() -> int:
     parser.add_argument("--prompt-words", type=int, default=48)
     parser.add_argument("--max-running-requests", type=int, default=256, help="decode batch per engine")
     parser.add_argument("--max-tokens-per-gpu", type=int, default=16384)
+    parser.add_argument("--train-backend", default="auto", choices=("auto", "fsdp", "megatron"),
+                        help="the actor's training backend in both modes (auto: megatron where installed, on GPUs)")
     parser.add_argument("--cpu", action="store_true", help="run on the CPU (a tiny policy; checks the bench)")
     parser.add_argument("--only", choices=("colocate", "fully_async"), help="run one mode, print its row")
     parser.add_argument("--exp-dir", default=os.path.join(ROOT, "outputs", "bench-gpu-async-speedup"))

@@ -12,7 +12,8 @@
 #
 #   OUT_DIR=/tmp/multi-gpu bash bench/multi_gpu.sh       # on the GPU machine; NCCL_NVLS_ENABLE=0 kept
 #
-# Steps of one lane run in turn; a failing step is logged and the lane goes on.
+# Steps of one lane run in turn; a failing step is logged and the lane goes on; STEP_TIMEOUT
+# (seconds, default 900) bounds each step.
 set -u
 cd "$(dirname "$0")/.."
 OUT_DIR=${OUT_DIR:-outputs/multi-gpu}
@@ -24,7 +25,7 @@ step() {  # step LOG NAME COMMAND...: run, logging start, end, exit status and s
     local log=$1 name=$2
     shift 2
     echo "=== $name: start at +$(($(date +%s) - T0)) s" >>"$log"
-    "$@" >>"$log" 2>&1
+    timeout "${STEP_TIMEOUT:-900}" "$@" >>"$log" 2>&1
     echo "=== $name: exit $? at +$(($(date +%s) - T0)) s" >>"$log"
 }
 

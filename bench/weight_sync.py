@@ -137,8 +137,8 @@ def raw_broadcast(named, repeats: int, receiver_device: str, backend: str, sende
     per_tensor = timed(lambda: [group.broadcast(t, src=0) for t in tensors])
     one_buffer = timed(lambda: group.broadcast(flat, src=0))
     group.synchronize()
+    group.destroy()  # before the join: an NCCL group's shutdown waits for every rank's (the child's too)
     child.join(timeout=120)
-    group.destroy()
     if child.exitcode != 0:
         raise RuntimeError(f"raw broadcast receiver exited with {child.exitcode}")
     return {"per_tensor_s": per_tensor, "one_buffer_s": one_buffer}
@@ -230,6 +230,9 @@ def bench_shape(shape: str, args: argparse.Namespace) -> dict:
                 raise RuntimeError(f"engine reports weight version {version} after the pushes")
         finally:
             engine.terminate()
+        for row in pushes:  # before the raw transfer: a run cut short there still shows the pushes
+            print(f"push {shape}: {row['bucket_mib']} MiB buckets x {row['buckets']}: {row['seconds']:.4f} s, "
+                  f"{nbytes / row['seconds'] / 1e9:.2f} GB/s", flush=True)
         raw = raw_copy(named, args.repeats) if args.same_gpu else \
             raw_broadcast(named, args.repeats, engine_device, backend, sender_device)
     raw_gbps = nbytes / min(raw.values()) / 1e9
@@ -274,8 +277,11 @@ def main() -> int:
         if torch.cuda.device_count() < (1 if args.same_gpu else 2):
             raise SystemExit(f"weight_sync needs two GPUs (found {torch.cuda.device_count()}); "
                              "--same-gpu runs it on one, --cpu on the CPU")
-    results = [bench_shape(shape, args) for shape in args.shapes]
-    print_table(results)
+    results = []
+    for shape in args.shapes:  # each shape's rows as it ends: a run cut short still shows them
+        results.append(bench_shape(shape, args))
+        print_table(results[-1:])
+        sys.stdout.flush()
     device = "cpu (gloo)"
     if not args.cpu:
         import torch

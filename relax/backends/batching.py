@@ -17,23 +17,43 @@ def split_micro_batches(lengths: Sequence[int], *, micro_batch_size: int,
     """Index lists of the micro-batches, in order.
 
     Fixed size by default; with `max_tokens` (dynamic batching) consecutive samples are packed
-    while their total token count stays within the budget (a longer sample goes alone).
+    while the padded micro-batch, rows x its longest row, stays within the budget (a longer
+    sample goes alone). The padded count is what a right-padded `[B, L]` forward holds in
+    memory: counting only real tokens let long-tailed lengths pack ~100 short rows beside one
+    long one, a micro-batch several times the budget (an out-of-memory error on GPUs).
     """
     if max_tokens is None:
         n = len(lengths)
         return [list(range(i, min(i + micro_batch_size, n))) for i in range(0, n, micro_batch_size)]
     batches: list[list[int]] = []
     current: list[int] = []
-    used = 0
+    longest = 0
     for i, n in enumerate(lengths):
-        if current and used + n > max_tokens:
+        if current and (len(current) + 1) * max(longest, n) > max_tokens:
             batches.append(current)
-            current, used = [], 0
+            current, longest = [], 0
         current.append(i)
-        used += n
+        longest = max(longest, n)
     if current:
         batches.append(current)
     return batches
+
+
+def even_out(micro: list[list[int]], lengths: Sequence[int], count: int) -> list[list[int]]:
+    """`micro` made `count` micro-batches long, for ranks that must run as many forwards (an
+    FSDP forward all-gathers the weights, an expert-parallel one exchanges tokens): the
+    micro-batch with the largest padded size (rows x longest row) is halved, order kept, until
+    there are `count`; a rank with fewer rows than `count` gets empty ones at the end (the
+    caller runs a throwaway forward for each)."""
+    micro = [list(m) for m in micro]
+    while len(micro) < count:
+        splittable = [i for i, m in enumerate(micro) if len(m) > 1]
+        if not splittable:
+            return micro + [[] for _ in range(count - len(micro))]
+        i = max(splittable, key=lambda j: len(micro[j]) * max(lengths[r] for r in micro[j]))
+        half = len(micro[i]) // 2
+        micro[i:i + 1] = [micro[i][:half], micro[i][half:]]
+    return micro
 
 
 def pad_inputs(tokens: Sequence[Sequence[int]], pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

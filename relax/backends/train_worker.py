@@ -29,7 +29,7 @@ import torch.distributed as dist
 from relax.algorithms.policy_loss import PolicyLossInputs, PolicyLossOutput, compute_policy_loss
 from relax.algorithms.value_loss import ValueLossInputs, compute_value_loss
 from relax.backends.base import TrainerSpec
-from relax.backends.batching import pad_response, split_micro_batches
+from relax.backends.batching import even_out, pad_response, split_micro_batches
 from relax.config.schema import OptimizerConfig
 from relax.distributed.store import pin_gloo_interface, tcp_store
 from relax.distributed.weight_sync import parse_dtype
@@ -190,9 +190,34 @@ class TrainWorkerBase:
 
     # ---- forward passes ----------------------------------------------------------------
     def _micro_batches(self, lengths: list[int], max_tokens: int | None) -> list[list[int]]:
+        """This rank's micro-batches (row indices). Where a forward is a collective across ranks
+        that hold different rows (`_lockstep_group`), every rank of the group runs as many as the
+        busiest: larger ones are split, and an empty one stands for a throwaway forward
+        (`_rows_of`). Without it a rank with fewer micro-batches (dynamic batching, or a scoring
+        shard with one row less) left its peers blocked in an all-gather, or paired their
+        collectives with its next pass's."""
         b = self.spec.batch
-        return split_micro_batches(lengths, micro_batch_size=b.micro_batch_size,
-                                   max_tokens=max_tokens if b.use_dynamic_batch_size else None)
+        micro = split_micro_batches(lengths, micro_batch_size=b.micro_batch_size,
+                                    max_tokens=max_tokens if b.use_dynamic_batch_size else None)
+        group = self._lockstep_group()
+        if group is None:
+            return micro
+        count = torch.tensor([len(micro)], device=self.device)
+        dist.all_reduce(count, op=dist.ReduceOp.MAX, group=group)
+        return even_out(micro, lengths, int(count.item()))
+
+    def _lockstep_group(self) -> Any:
+        """The process group whose ranks must run the same number of micro-batches (their
+        forwards communicate), or None (the default: forwards are local)."""
+        return None
+
+    @staticmethod
+    def _rows_of(idx: list[int], tokens: list[list[int]], lengths: list[int]) -> tuple[list[list[int]], list[int]]:
+        """A micro-batch's tokens and response lengths; an empty one (`even_out`) is a throwaway
+        row of two pad tokens whose output is dropped."""
+        if not idx:
+            return [[0, 0]], [1]
+        return [tokens[i] for i in idx], [lengths[i] for i in idx]
 
     @torch.no_grad()
     def compute_log_probs(self, tokens: list[list[int]], lengths: list[int],
@@ -204,8 +229,8 @@ class TrainWorkerBase:
         budget = self.spec.batch.log_probs_max_tokens_per_gpu or self.spec.batch.max_tokens_per_gpu
         out: list[list[float]] = [[] for _ in tokens]
         for idx in self._micro_batches([len(t) for t in tokens], budget):
-            logp_BT, _, _ = self._forward([tokens[i] for i in idx], [lengths[i] for i in idx],
-                                          media=None if media is None else [media[i] for i in idx])
+            logp_BT, _, _ = self._forward(*self._rows_of(idx, tokens, lengths),
+                                          media=None if media is None or not idx else [media[i] for i in idx])
             for row, i in enumerate(idx):
                 out[i] = logp_BT[row, : lengths[i]].cpu().tolist()
         if self.spec.true_on_policy:
@@ -221,7 +246,7 @@ class TrainWorkerBase:
         budget = self.spec.batch.log_probs_max_tokens_per_gpu or self.spec.batch.max_tokens_per_gpu
         out: list[list[float]] = [[] for _ in tokens]
         for idx in self._micro_batches([len(t) for t in tokens], budget):
-            values_BT, _ = self._values([tokens[i] for i in idx], [lengths[i] for i in idx])
+            values_BT, _ = self._values(*self._rows_of(idx, tokens, lengths))
             for row, i in enumerate(idx):
                 out[i] = values_BT[row, : lengths[i]].cpu().tolist()
         self.compute_seconds += time.perf_counter() - start
@@ -258,6 +283,10 @@ class TrainWorkerBase:
         for s in range(num_steps):
             rows = list(range(s * per_step, (s + 1) * per_step))
             micro = self._micro_batches([lengths[i] for i in rows], self.spec.batch.max_tokens_per_gpu)
+            if not all(micro):
+                raise RuntimeError(f"step {s}: this rank has {len(rows)} rows but its peers run {len(micro)} "
+                                   "micro-batches; training shards must hold as many rows on every rank "
+                                   "(relax.components.training.shard_rows)")
             plan.append([[rows[i] for i in idx] for idx in micro])
         self._pass = _TrainPass(plan=plan, global_tokens=list(global_tokens_per_step), num_rows=len(lengths))
         self.model.train()

@@ -223,8 +223,10 @@ class BatchConfig:
     micro_batch_size: int = opt(1, "Samples per micro-batch (ignored with --use-dynamic-batch-size).")
     num_steps_per_rollout: int | None = opt(None, "Optimizer steps per rollout (sets --global-batch-size).")
     use_dynamic_batch_size: bool = opt(False, "Pack micro-batches up to --max-tokens-per-gpu tokens.")
-    max_tokens_per_gpu: int | None = opt(None, "Token budget of a dynamic micro-batch.")
-    log_probs_max_tokens_per_gpu: int | None = opt(None, "Token budget for log-prob passes.")
+    max_tokens_per_gpu: int | None = opt(None, "Token budget of a dynamic micro-batch, counted padded: rows x "
+                                         "its longest row (what the right-padded forward holds).")
+    log_probs_max_tokens_per_gpu: int | None = opt(None, "Token budget for log-prob passes (counted as "
+                                                   "--max-tokens-per-gpu's).")
     log_probs_chunk_size: int = opt(-1, "Tokens per chunk of the output layer in every fsdp forward: log-probs "
                                     "and entropy are computed chunk by chunk from the hidden states, never as "
                                     "[tokens, vocab] logits; -1 sizes a chunk to 1 GiB of float32 logits.")

@@ -189,6 +189,11 @@ class FSDPTrainWorker(TrainWorkerBase):
         _, mask_BT = response_positions([len(t) for t in tokens], response_lengths)
         return torch.stack(logps), mask_BT.to(self.device), torch.stack(ents) if entropy else None
 
+    def _lockstep_group(self):
+        """Every forward all-gathers the sharded weights: all ranks run as many micro-batches
+        (true on-policy runs one forward per row and balances rows instead)."""
+        return dist.group.WORLD if self.world_size > 1 and not self.spec.true_on_policy else None
+
     def _balance_row_forwards(self, num_rows: int) -> None:
         """True on-policy, several ranks: every FSDP forward is a collective (parameter
         all-gathers), so a rank with fewer rows runs throwaway one-token forwards until all ranks

@@ -261,6 +261,11 @@ class MegatronTrainWorker(TrainWorkerBase):
         bounds each rank's share (C times as many tokens per micro-batch)."""
         return super()._micro_batches(lengths, max_tokens * self.cp_size if max_tokens else max_tokens)
 
+    def _lockstep_group(self):
+        """Expert parallelism exchanges tokens inside every forward: the expert group's ranks (each
+        with its own rows) run as many micro-batches."""
+        return self.ps.get_expert_model_parallel_group() if self.ep_size > 1 else None
+
     def _forward(self, tokens: list[list[int]], response_lengths: list[int], *, entropy: bool = False,
                  entropy_grad: bool = False, media: list[bytes] | None = None):
         """Response-aligned `logp_BT`, `mask_BT` (and `entropy_BT`) at the rollout temperature
@@ -387,7 +392,7 @@ class MegatronTrainWorker(TrainWorkerBase):
         start = time.perf_counter()
         budget = self.spec.batch.log_probs_max_tokens_per_gpu or self.spec.batch.max_tokens_per_gpu
         micro = self._micro_batches([len(t) for t in tokens], budget)
-        results = self._pipeline([([tokens[i] for i in idx], [lengths[i] for i in idx]) for idx in micro])
+        results = self._pipeline([self._rows_of(idx, tokens, lengths) for idx in micro])
         out: list[list[float]] = [[] for _ in tokens]
         for idx, (logp_BT, _) in zip(micro, results):  # the last stage's; the others return []
             for row, i in enumerate(idx):
@@ -435,7 +440,7 @@ class MegatronTrainWorker(TrainWorkerBase):
         parallelism (2C chunks). Extra rows are padding with an empty response."""
         (b, length), t = ids_BL.shape, index_BT.shape[1]
         b, length = max(b, self._pad_to[0]), max(length, self._pad_to[1])
-        shape = torch.tensor([b, length, t])
+        shape = torch.tensor([b, length, t], device=self.device)  # NCCL groups take CUDA tensors only
         if self.ep_size > 1:
             dist.all_reduce(shape, op=dist.ReduceOp.MAX, group=self.ps.get_expert_model_parallel_group())
         b2, length2, t2 = shape.tolist()
