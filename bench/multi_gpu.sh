@@ -8,7 +8,8 @@
 #                     --tp 2 (4B-shaped, 12 layers, compiled; megatron and fsdp)
 #   lane B, GPUs 2,3: tests/unit/backends/test_megatron_gpu.py (one- and two-GPU layouts), then
 #                     bench/gpu_async_speedup.py on two GPUs (fully async, then colocate)
-#   then, all four:   the TP=2 x PP=2 parity layout, megatron_throughput --tp 4
+#   then, all four:   the TP=2 x PP=2 parity layout, megatron_throughput --tp 4; last, on two, the
+#                     colocate quickstart with --train-backend megatron --tensor-model-parallel-size 2
 #
 #   OUT_DIR=/tmp/multi-gpu bash bench/multi_gpu.sh       # on the GPU machine; NCCL_NVLS_ENABLE=0 kept
 #
@@ -58,3 +59,9 @@ step "$OUT_DIR/c.log" parity_tp2pp2 python3 -m pytest -q -s -rs \
     tests/unit/backends/test_megatron_gpu.py -k tp2pp2
 step "$OUT_DIR/c.log" megatron_tp4 python3 bench/megatron_throughput.py --shape 4b --layers 12 --tp 4 \
     --compiled-only --out "$OUT_DIR/megatron_tp4.json"
+# The colocate quickstart with megatron TP=2 on two GPUs (actor, reference and two engines share them).
+export CUDA_VISIBLE_DEVICES=0,1
+step "$OUT_DIR/c.log" quickstart_megatron_tp2 env MODE=colocate NUM_ROLLOUT=40 EXP_DIR=/tmp/tiny-tp2 \
+    bash scripts/training/text/run-tiny-cpu.sh --train-backend megatron --tensor-model-parallel-size 2 \
+    --resource '{"actor": [1, 2], "rollout": [1, 2], "reference": [1, 2]}'
+
