@@ -72,7 +72,7 @@ class ProcessMemory:
             return f"pid {pid}"
         if "relax.backends.hf.server" in cmd:
             return "engine"
-        return "trainer" if "FSDPTrainWorker" in cmd else f"pid {pid}"
+        return "trainer" if "ray::Trainer" in cmd else f"pid {pid}"
 
     def loop(self) -> None:
         while not self.stop.wait(0.5):

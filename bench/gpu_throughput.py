@@ -27,6 +27,8 @@ largest batch).
 
 from __future__ import annotations
 
+import dataclasses
+
 import argparse
 import json
 import multiprocessing as mp
@@ -80,7 +82,8 @@ def sync():
 def bench_decode(model, batch: int, prompt_len: int, new_tokens: int, samples: int = 1) -> dict:
     import torch
 
-    from relax.backends.hf.decoder import BatchDecoder, DecodeRow
+    from relax.backends.hf.decoder import BatchDecoder
+    from relax.backends.hf.rows import DecodeRow
     from relax.backends.hf.sampling import parse_sampling_params
 
     g = torch.Generator().manual_seed(batch)
@@ -154,10 +157,9 @@ def train_rank(rank: int, world: int, port: int, job: dict, out: str) -> None:
 
     from relax.algorithms.policy_loss import PolicyLossConfig
     from relax.backends.base import ModelParallelSpec, TrainerSpec
-    from relax.backends.registry import TRAIN_BACKENDS
+    from relax.backends.trainer.trainer import Trainer
     from relax.components.training import step_plan
     from relax.config.schema import BatchConfig, OptimizerConfig
-    from relax.utils.plugins import import_object
 
     counters.clear()  # graph breaks of this run's compiled layers only
     cuda = job["cuda"]
@@ -166,7 +168,7 @@ def train_rank(rank: int, world: int, port: int, job: dict, out: str) -> None:
                        batch=BatchConfig(micro_batch_size=job["rows"], log_probs_chunk_size=job["chunk"]),
                        loss=PolicyLossConfig(), compile_layers=job["compile"], threads=0 if cuda else 1,
                        dist_backend="nccl" if cuda else "gloo", model_parallel=parallel)
-    worker = import_object(TRAIN_BACKENDS[job["backend"]])(rank, world, "127.0.0.1", port, spec)
+    worker = Trainer(rank, world, "127.0.0.1", port, dataclasses.replace(spec, backend=job["backend"]))
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     try:
         batch = train_batch(job["config"], job["rows"], job["length"], job["prompt_len"])

@@ -129,7 +129,7 @@ async def run_bench(url: str, args) -> list[dict]:
 
 async def in_process_round(scheduler, n: int, max_new_tokens: int, spread_s: float, rng: random.Random) -> dict:
     """Like one_round, but calls `Scheduler.generate` directly (no HTTP)."""
-    from relax.backends.hf.decoder import DecodeRow
+    from relax.backends.hf.rows import DecodeRow
     from relax.backends.hf.sampling import parse_sampling_params
 
     params = parse_sampling_params({"temperature": 1.0, "max_new_tokens": max_new_tokens, "ignore_eos": True})

@@ -6,7 +6,7 @@ For each model shape (`--shapes`: Qwen3-0.6B- and 4B-shaped, random weights):
   actor   - this process on the first device holds the float32 master weights and pushes them
             the way an fsdp actor rank does: `FSDPTrainWorker._full_state` casts them to the push
             dtype (bf16, `TrainerSpec.push_dtype` of a `--bf16` run) and
-            `relax.distributed.weight_sync.WeightSender` sends them in buckets of each
+            `relax.distributed.weights.sender.WeightSender` sends them in buckets of each
             `--buckets-mib` size (SGLang's protocol: pause, flush, weight-update session, one
             `/update_weights_from_distributed` per bucket with the broadcasts, end, continue);
             one warm-up push per bucket size, then `--repeats` timed pushes (median);
@@ -80,7 +80,7 @@ def raw_receiver(specs, repeats: int, port: int, device: str, backend: str) -> N
     """Child process: rank 1 of a plain group; receives the tensors, then the flat buffer, `repeats` times each."""
     import torch
 
-    from relax.distributed.weight_sync import create_weight_group
+    from relax.distributed.weights.group import create_weight_group
 
     dev = torch.device(device)
     if dev.type == "cuda":
@@ -107,7 +107,7 @@ def raw_broadcast(named, repeats: int, receiver_device: str, backend: str, sende
     import torch
 
     from relax.distributed.store import listen
-    from relax.distributed.weight_sync import create_weight_group
+    from relax.distributed.weights.group import create_weight_group
 
     listener = listen("127.0.0.1")
     port = listener.getsockname()[1]
@@ -174,7 +174,7 @@ async def push_sweep(url: str, named, buckets_mib: list[int], repeats: int, back
                      same_gpu: bool = False) -> list[dict]:
     """Median push seconds (and buckets) for each bucket size, through a fresh sender each;
     `same_gpu`: the engine shares this GPU and takes CUDA IPC handles, as in colocate."""
-    from relax.distributed.weight_sync import WeightSender
+    from relax.distributed.weights.sender import WeightSender
 
     rows, version = [], 0
     for mib in buckets_mib:
@@ -199,7 +199,7 @@ def bench_shape(shape: str, args: argparse.Namespace) -> dict:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from relax.backends.fsdp.worker import FSDPTrainWorker
+    from relax.backends.fsdp.runner import FSDPRunner
     from relax.backends.hf.launcher import launch_hf_engine
 
     sender_device = torch.device("cpu" if args.cpu else "cuda:0")
@@ -216,9 +216,9 @@ def bench_shape(shape: str, args: argparse.Namespace) -> dict:
             with sender_device:  # the actor's float32 master weights
                 model = AutoModelForCausalLM.from_config(model_config(shape), dtype=torch.float32)
             engine.wait_ready(timeout=600)
-            actor = types.SimpleNamespace(model=model)  # FSDPTrainWorker._full_state reads only .model
+            actor = types.SimpleNamespace(model=model)  # FSDPRunner.hf_state reads only .model
             start = time.perf_counter()
-            named = [(n, t) for n, t, _ in FSDPTrainWorker._full_state(actor, torch.bfloat16)]
+            named = [(n, t) for n, t, _ in FSDPRunner.hf_state(actor, torch.bfloat16)]
             if sender_device.type == "cuda":
                 torch.cuda.synchronize()
             cast_s = time.perf_counter() - start

@@ -73,7 +73,8 @@ def response_logp(model: Any, batch: list[tuple[list[int], list[int], dict]], pa
     """Summed log-prob of each row's response (teacher-forced) -> [B]."""
     import torch
 
-    from relax.utils.multimodal.processor import collate, rope_positions
+    from relax.utils.multimodal.models import rope_positions
+    from relax.utils.multimodal.tensors import collate
 
     width = max(len(p) + len(r) for p, r, _ in batch)
     ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
@@ -109,7 +110,8 @@ def prepare(out_dir: str, settings: Any, task: Task, *, force: bool = False) -> 
             return {**summary, "skipped": True}
     import torch
 
-    from relax.utils.multimodal.processor import MultimodalProcessor, load_model
+    from relax.utils.multimodal.models import load_model
+    from relax.utils.multimodal.processor import MultimodalProcessor
     from relax.utils.tiny_model import train_chatml_tokenizer
 
     start = time.perf_counter()

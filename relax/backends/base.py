@@ -1,18 +1,26 @@
-"""The small interfaces the components program against; each backend implements them.
+"""The small interfaces the components and the trainer program against; each backend implements them.
 
-Training backends are Ray actor classes constructed as `cls(rank, world_size, master_addr,
-master_port, spec: TrainerSpec)`; inference backends are launch functions returning an
-`EngineHandle` that serves SGLang's HTTP protocol.
+Training: one `relax.backends.trainer.Trainer` per rank (a Ray actor constructed as
+`Trainer(rank, world_size, master_addr, master_port, spec: TrainerSpec)`) holds the
+backend's `ModelRunner`, which builds and runs the model; the Trainer does the rest
+(micro-batch plans, losses, optimizer steps, weight push, checkpoints). What the model is comes
+from the spec as data (`head`, `trainable`), never from the name of the role that asked for it.
+
+Inference: a launch function per backend returning an `EngineHandle` that serves SGLang's HTTP
+protocol.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Literal, Protocol
 
 from relax.algorithms.policy_loss import PolicyLossConfig
 from relax.config.schema import BatchConfig, OptimizerConfig
-from relax.types import TrainBatch
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass
@@ -40,7 +48,12 @@ class TrainerSpec:
     """What one rank needs: its own config, not the whole run's."""
 
     model_path: str
-    role: str = "actor"  # "actor" trains the policy, "critic" a value model; "reference" only scores
+    backend: str = "fsdp"  # a name of relax.backends.registry.TRAIN_BACKENDS
+    # What the model computes: "lm" response log-probs (a policy, a reference, a teacher),
+    # "value" per-token values (a critic: the causal-LM body with a scalar head).
+    head: Literal["lm", "value"] = "lm"
+    trainable: bool = True  # False: forward only (weights frozen, no optimizer)
+    name: str = "trainer"  # the worker group's name, for messages
     optim: OptimizerConfig = field(default_factory=OptimizerConfig)
     batch: BatchConfig = field(default_factory=BatchConfig)
     loss: PolicyLossConfig | None = None
@@ -66,32 +79,113 @@ class TrainerSpec:
     # half the bytes, and every receiver computes with exactly those values (engines hold bf16,
     # a bf16 ActorFwd casts its float32 copy back to the same bf16).
     push_dtype: str | None = None
-    value_clip: float = 0.2  # --value-clip (critic only)
+    value_clip: float = 0.2  # --value-clip (value head only)
     # Dotted paths of loss plugins, loaded in each rank (see docs/algorithms.md "Plugins").
     custom_loss_path: str | None = None
     pg_loss_reducer_path: str | None = None
     tis_path: str | None = None
     model_parallel: ModelParallelSpec = field(default_factory=ModelParallelSpec)
 
+    @property
+    def policy(self) -> bool:
+        """A trained language-model head: the policy (its parameter freezing flags apply)."""
+        return self.head == "lm" and self.trainable
 
-class TrainWorker(Protocol):
-    """One data-parallel rank. Training data is a `relax.types.TrainBatch` (per-row lists)."""
 
-    def compute_log_probs(self, tokens: list[list[int]], lengths: list[int]) -> list[list[float]]: ...
-    def compute_values(self, tokens: list[list[int]], lengths: list[int]) -> list[list[float]]: ...  # critic
-    def train(self, batch: TrainBatch, num_steps: int, global_tokens_per_step: list[int]) -> dict[str, float]: ...
-    # The streaming loader: plan a pass from the rows' lengths, feed rows as they are scored
-    # (micro-batches run in plan order once their rows are in), finish; `train` is the three.
-    def train_begin(self, lengths: list[int], num_steps: int, global_tokens_per_step: list[int]) -> None: ...
-    def train_rows(self, positions: list[int], rows: TrainBatch) -> int: ...
-    def train_end(self) -> dict[str, float]: ...
-    # Rank 0 joins the receivers' weight-update group and returns its backend (nccl / gloo).
-    def connect_engines(self, engine_urls: list[str], api_key: str | None) -> str | None: ...
-    def connect_receivers(self, endpoints: list[Any], api_key: str | None, pause_mode: str) -> str | None: ...
-    def push_weights(self, version: int) -> dict[str, float]: ...
-    def save(self, ckpt_dir: str, rollout_id: int, save_optim: bool = True) -> None: ...
-    def load(self, ckpt_dir: str) -> dict[str, Any]: ...
-    def load_weights(self, ckpt_dir: str) -> None: ...  # model weights only (reference refresh)
+@dataclass(frozen=True)
+class RankLayout:
+    """Where a rank's rows come from and what it answers for: every rank of one data-parallel
+    shard (a model-parallel group) receives the same rows, one of them (`answers`) returns the
+    results. `lockstep`: the process group whose ranks must run as many micro-batches because
+    their forwards communicate (None: forwards are local). `token_scale`: how many ranks'
+    `--max-tokens-per-gpu` one micro-batch may hold (context parallelism splits each row)."""
+
+    dp_rank: int = 0
+    dp_size: int = 1
+    answers: bool = True
+    lockstep: Any = None
+    token_scale: int = 1
+
+
+@dataclass
+class Rows:
+    """One micro-batch as a runner takes it: prompt + response ids per row, response lengths,
+    and (a multimodal run) each row's encoder tensors as the data plane's bytes."""
+
+    tokens: list[list[int]]
+    response_lengths: list[int]
+    media: list[bytes] | None = None
+
+
+@dataclass
+class Scores:
+    """A forward's response-aligned outputs `[B, T]`: log-probs (an "lm" head) or values (a
+    "value" head), the mask of real response tokens, and entropies when asked for."""
+
+    values_BT: torch.Tensor
+    mask_BT: torch.Tensor
+    entropy_BT: torch.Tensor | None = None
+
+
+# The loss of micro-batch k of a schedule from its forward's scores; its `.loss` goes backward.
+LossFn = Callable[[int, Scores], Any]
+
+
+class ModelRunner(Protocol):
+    """One rank's model in a training backend: built from `TrainerSpec` by the backend's
+    runner class (`cls(spec, rank, world_size, device)`, after the world's process group is up).
+    The Trainer owns the optimizer, the passes, the losses and the weight protocol; the runner
+    owns what depends on how the model is built, sharded and run."""
+
+    model: torch.nn.Module
+    layout: RankLayout
+    # The schedule needs every micro-batch of an optimizer step at once (a pipeline schedule);
+    # False: micro-batches run one by one as their rows arrive.
+    whole_step: bool
+
+    # ---- forward and backward
+    def run(self, micro: list[Rows], loss: LossFn | None, *, entropy: bool = False,
+            entropy_grad: bool = False, ends_step: bool = True) -> list[Any]:
+        """Forward `micro` in order; with `loss`, back-propagate each micro-batch's loss (gradients
+        are reduced over data-parallel ranks in the backward of the step's last one when
+        `ends_step`, if the backend reduces in backward). Returns the loss outputs, or without
+        `loss` the `Scores` of each micro-batch (on the answering ranks; others may return [])."""
+        ...
+
+    def end_scoring(self, num_rows: int) -> None:
+        """After a scoring pass of `num_rows` rows (ranks whose per-row forwards are collectives
+        make up for peers with more rows)."""
+        ...
+
+    # ---- the optimizer step
+    def optimized_parameters(self) -> list[torch.nn.Parameter]: ...
+    def optimizer_group(self) -> Any:
+        """The data-parallel group to shard optimizer state over (ZeRO-1), or None."""
+        ...
+    def reduce_grads(self) -> None: ...
+    def clip_grad_norm(self, clip: float) -> float: ...
+    def after_optimizer_step(self) -> None: ...
+
+    # ---- state
+    def offload_tensors(self) -> Iterator[torch.Tensor]:
+        """What a colocate offload moves to the host besides the optimizer state: the model's
+        weights and buffers (local shards) and any copy of them the runner keeps."""
+        ...
+    def hf_state(self, dtype: torch.dtype | None) -> Iterator[tuple[str, torch.Tensor, bool]]:
+        """(HF name, full tensor, fresh) of every weight, on rank 0 (a collective: every rank
+        iterates); `fresh`: the tensor is a copy, not the parameter's own memory."""
+        ...
+    def weight_receiver(self) -> Any:
+        """A `WeightReceiver` loading pushed HF-named tensors into this rank's model."""
+        ...
+    def save_state(self, path: Path, optimizer: Any, save_optim: bool, rng: dict[str, Any]) -> dict[str, Any]:
+        """Write this rank's model (and optimizer) state and RNG under checkpoint `path`; returns
+        what rank 0 adds to meta.json."""
+        ...
+    def load_state(self, path: Path, meta: dict[str, Any], optimizer: Any) -> dict[str, Any]:
+        """Load what `save_state` wrote; returns the RNG state to restore."""
+        ...
+    def load_weights(self, path: Path) -> None: ...
     def export_hf(self, out_dir: str, tokenizer_path: str) -> None: ...
     def shutdown(self) -> None: ...
 

@@ -13,38 +13,37 @@ async) plans the pass as soon as Rollout has written the step and feeds each ran
 ActorFwd, Reference and Advantages complete them, so micro-batches train while later rows are
 still scored. Both compute exactly the same optimizer steps.
 
-During --num-critic-only-steps / --critic-train-only the actor takes no optimizer step. With
---ref-update-interval N it saves its weights for the reference after every N-th step.
+During --num-critic-only-steps / --critic-train-only the actor takes no optimizer step.
 Weights go out through the DCS coordinator to every receiver it lists (the engines; ActorFwd's
-ranks in fully-async mode), overlapping the next step when the plan says so. With
---use-fault-tolerance a push that a receiver failed (an engine that died) is tried again once the
-coordinator lists its replacement, and a replacement engine gets the weights the ranks hold now
-(`restore_weights`) before it is routed to. Training, pushes and restores take turns on the ranks.
+ranks in fully-async mode; the Reference every --ref-update-interval steps), overlapping the next
+step when the plan says so (`relax.components.weight_publisher`). Training, pushes and restores
+take turns on the ranks. With --debug-rollout-only the plan deploys `UntrainedActor` instead: no
+ranks, it consumes each step untrained and only advances the weight version.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
-import shutil
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
 
+from relax.backends.trainer.group import ScoreShard, TrainerGroup
+from relax.components.setup_context import SetupContext
 from relax.components.step_advantages import AdvantageSpec, jagged, opd_metrics, step_advantages
 from relax.components.training import (
-    make_worker_group, mean_over_ranks, move_ranks, optimizer_steps_total, ref_update_due,
-    reference_sync_dir, save_checkpoint, step_plan, train_on_rows, trains_actor,
+    make_trainer_group, mean_over_ranks, optimizer_steps_total, save_checkpoint, step_plan, train_on_rows,
+    trains_actor,
 )
+from relax.components.weight_publisher import WeightPublisher
 from relax.config.fault import recovery_window_s
 from relax.config.plan import ActorPlan
 from relax.config.schema import RelaxConfig
 from relax.distributed import transfer_queue as tq
-from relax.distributed.ray.actor_group import RayActorGroup
-from relax.distributed.weight_sync import WeightSyncError
 from relax.types import COLUMNS, MEDIA_COLUMN, ROLLOUT_COLUMNS, TrainBatch
 from relax.utils import checkpoints
 from relax.utils.logging import run_token, setup_logging
@@ -62,29 +61,24 @@ class Actor:
         self.version = 0  # weight version the engines hold (= optimizer updates applied)
         self.params_version = 0  # weight version the ranks hold (ahead of `version` between train and push)
         self._ranks = asyncio.Lock()  # one of train / push / restore on the ranks at a time
-        self.push_retries = 0  # pushes tried again after a receiver failed (fault tolerance)
-        self._tried_topology = -1  # the coordinator topology the last push was made for
-        self.group: RayActorGroup | None = None
-        self.dcs: Any = None  # the DCS coordinator's handle
-        self.topology_version = -1
-        self.pushed = False
+        self.group: TrainerGroup | None = None  # `start`
+        self.weights: WeightPublisher | None = None
         self.advantages = AdvantageSpec.from_config(cfg)
         self._first_pass = {"whole_step": self._whole_step_pass, "streaming": self._streaming_pass}[plan.loader]
 
     async def start(self) -> None:
         """Start the ranks (every role starts its processes at once, before the setups)."""
         model_path = self.cfg.ckpt.ref_load or self.cfg.ckpt.hf_checkpoint
-        self.group = make_worker_group(self.cfg, self.plan.role, "actor", model_path,
-                                       total_steps=optimizer_steps_total(self.cfg))
+        self.group = make_trainer_group(self.cfg, self.plan.role, model_path,
+                                        total_steps=optimizer_steps_total(self.cfg))
         await self.group.ready()
+        window = recovery_window_s(self.cfg) if self.cfg.fault.use_fault_tolerance else None
+        self.weights = WeightPublisher(self.group, self.plan, self.token, retry_window_s=window)
 
-    async def setup(self, context: dict[str, Any]) -> dict[str, Any]:
+    async def setup(self, ctx: SetupContext) -> SetupContext:
         """Resume from `--load` when it holds a checkpoint. Publishes the first rollout id to run."""
         cfg = self.cfg
         start = 0
-        if self.group is None:  # --debug-rollout-only: no training; engines keep their weights
-            self.version = start = cfg.data.start_rollout_id or 0
-            return {"start_rollout_id": start}
         point = checkpoints.resume_point(cfg.ckpt.load, fallback=cfg.ckpt.load_fallback) if cfg.ckpt.load else None
         if point is not None:
             if "actor" not in point.parts:
@@ -92,107 +86,44 @@ class Actor:
                     f"--load {cfg.ckpt.load}: the checkpoint of step {point.rollout_id} has no actor part (a "
                     "--debug-rollout-only run saved it); load it with --debug-rollout-only or point --load elsewhere")
             ckpt = point.parts["actor"]
-            meta = (await self.group.call("load", str(ckpt)))[0]
+            meta = await self.group.load(str(ckpt))
             start = meta["rollout_id"] + 1
             logger.info("resumed from %s: next rollout %d", ckpt, start)
         if cfg.data.start_rollout_id is not None:
             start = cfg.data.start_rollout_id
         self.version = self.params_version = start
         # `resume`: the checkpoint's step, whose parts the other roles load (data position, critic)
-        return {"start_rollout_id": start, "resume": point}
+        return dataclasses.replace(ctx, start_rollout_id=start, resume=point)
 
     # ---- weights out -------------------------------------------------------------------
     async def connect_dcs(self, coordinator: Any) -> None:
-        """Weights go to whatever the DCS coordinator lists (engines, ActorFwd ranks)."""
-        self.dcs = coordinator
-
-    async def _sync_topology(self, topology: dict[str, Any]) -> dict[str, float]:
-        """Rebuild the broadcast group when the coordinator's topology changed since the last push."""
-        if topology["version"] == self.topology_version or not topology["endpoints"]:
-            return {}
-        backend = (await self.group.call("connect_receivers", topology["endpoints"], self.token,
-                                         self.plan.pause_mode, topology.get("devices")))[0]
-        self.topology_version = topology["version"]
-        logger.info("weight group rebuilt for topology v%d over %s: %s", topology["version"], backend,
-                    topology["roles"])
-        return {"weight_sync/topology_version": float(topology["version"])}
+        """Weights go to whatever the DCS coordinator lists (engines, ActorFwd and Reference ranks)."""
+        self.weights.connect(coordinator)
 
     async def update_weights(self, version: int) -> dict[str, float]:
-        """Push weights to every receiver; without receivers (replay) or training (rollout-only)
-        the version still advances, so staleness checks read the same as in a full run."""
-        stats: dict[str, float] = {}
-        if self.group is not None and self.dcs is not None:
-            async with self._ranks:
-                stats = await self._retrying(self._push, version)
+        """Push weights to every receiver due; without receivers (replay) the version still
+        advances, so staleness checks read the same as in a full run."""
+        async with self._ranks:
+            stats = await self.weights.push(version)
         self.version = self.params_version = version
         return stats
 
-    async def _push(self, version: int) -> dict[str, float]:
-        """One push to every receiver the coordinator lists now."""
-        topology = await self.dcs.topology.remote()
-        self._tried_topology = topology["version"]
-        stats = await self._sync_topology(topology)
-        if self.topology_version >= 0:
-            # Overlapped pushes: the Rollout's staleness gate and evaluation wait for the
-            # engines' version, not for this call. The first push never overlaps.
-            background, self.pushed = self.plan.overlap_weight_push and self.pushed, True
-            stats |= (await self.group.call("push_weights", version, background))[0]
-            if "weight_sync/version" in stats:  # the push that finished (the previous one when overlapped)
-                await self.dcs.publish.remote(int(stats["weight_sync/version"]),
-                                              {k.split("/")[-1]: v for k, v in stats.items()})
-        return stats
-
-    async def _retrying(self, push: Any, *args: Any) -> dict[str, float]:
-        """`push(*args)`; with --use-fault-tolerance a push that a receiver failed is tried again over
-        the group rebuilt once the coordinator's topology changed (the health manager registers the
-        failed engine's replacement), within the recovery window."""
-        deadline = time.monotonic() + recovery_window_s(self.cfg)
-        while True:
-            try:
-                return await push(*args)
-            except WeightSyncError as exc:  # fault tolerance: retried (logged and counted), else raised
-                if not self.cfg.fault.use_fault_tolerance or time.monotonic() > deadline:
-                    raise
-                self.push_retries += 1
-                self.topology_version = -1  # whatever the coordinator lists next, the group is rebuilt
-                cause = getattr(exc, "cause", None) or exc  # (a RayTaskError carries the rank's error as `cause`)
-                logger.warning("weight push failed (%s: %s); trying again once the coordinator lists the failed "
-                               "receiver's replacement", type(cause).__name__, str(cause).splitlines()[0])
-                await self._topology_changed(self._tried_topology, deadline)
-
-    async def _topology_changed(self, old: int, deadline: float) -> None:
-        """Wait (until `deadline`) for a coordinator topology other than version `old`."""
-        backoff = Backoff()
-        while (await self.dcs.topology.remote())["version"] == old and time.monotonic() < deadline:
-            await backoff.wait()
-
     def push_retries_count(self) -> int:
         """Weight pushes tried again after a receiver failed, so far (`relax.core.health` counts them)."""
-        return self.push_retries
+        return self.weights.retries
 
     async def restore_weights(self, receivers: list[Any], devices: list[Any] | None = None) -> dict[str, float]:
         """Tier 1: push the weights the ranks hold now to `receivers` only (replacement engines,
-        before they are routed to); the next regular push rebuilds the group over the whole topology."""
-        if self.group is None:  # --debug-rollout-only: every engine keeps the weights it started with
-            return {}
+        before they are routed to)."""
         async with self._ranks:
-            self.topology_version = -1
-            try:
-                return await self._push_to(receivers, devices)
-            except WeightSyncError as exc:  # once more: the error may be an earlier background push's
-                logger.warning("restoring weights on %s failed (%s); trying once more", receivers, exc)
-            return await self._push_to(receivers, devices)
-
-    async def _push_to(self, receivers: list[Any], devices: list[Any] | None) -> dict[str, float]:
-        await self.group.call("connect_receivers", receivers, self.token, self.plan.pause_mode, devices)
-        return (await self.group.call("push_weights", self.params_version, False))[0]
+            return await self.weights.restore(receivers, devices, self.params_version)
 
     async def offload(self) -> dict[str, float]:
         """Colocate on shared GPUs: this role's ranks move their state to the host (rollout runs)."""
-        return await move_ranks(self.group, "offload")
+        return await self.group.move(to_host=True)
 
     async def onload(self) -> dict[str, float]:
-        return await move_ranks(self.group, "onload")
+        return await self.group.move(to_host=False)
 
     # ---- training ----------------------------------------------------------------------
     async def train(self, rollout_id: int) -> dict[str, float]:
@@ -202,9 +133,6 @@ class Actor:
         return metrics
 
     async def _train(self, rollout_id: int) -> dict[str, float]:
-        if self.group is None:  # --debug-rollout-only: consume the step's rows untrained
-            await tq.clear(rollout_id)
-            return {}
         start = time.perf_counter()
         trains = trains_actor(self.cfg, rollout_id)
         keys, batch, metrics, results = await self._first_pass(rollout_id, trains)
@@ -226,8 +154,6 @@ class Actor:
             metrics.update(mean_over_ranks(results, prefix="train"))
         else:
             metrics["train/critic_only_step"] = 1.0
-        if ref_update_due(self.cfg, rollout_id + 1):  # the reference scores step rollout_id + 1 with these
-            await self._save_for_reference(rollout_id)
         if "returns" in self.plan.writes:  # the critic trains on these returns and clears the partition
             await tq.put_columns(rollout_id, keys, {"returns": jagged(batch.returns_RT)})
         if self.plan.clears:
@@ -285,8 +211,8 @@ class Actor:
         t0 = time.perf_counter()
         num_steps, shards_idx, tokens_per_step = step_plan(batch.loss_masks_RT, self.cfg.batch.global_batch_size,
                                                            self.group.dp_size)
-        await self.group.call_sharded("train_begin", [[len(batch.tokens_RL[i]) for i in idx] for idx in shards_idx],
-                                      num_steps, tokens_per_step)
+        await self.group.train_begin([[len(batch.tokens_RL[i]) for i in idx] for idx in shards_idx],
+                                     num_steps, tokens_per_step)
         where = {i: (rank, pos) for rank, idx in enumerate(shards_idx) for pos, i in enumerate(idx)}
         index = {key: i for i, key in enumerate(keys)}
         pending: list[tuple[int, Any]] = []  # (rank, ObjectRef of its train_rows call)
@@ -303,13 +229,13 @@ class Actor:
                 if i in where:  # rows past the last full optimizer step are not trained
                     per_rank.setdefault(where[i][0], []).append((where[i][1], j))
             for rank, items in per_rank.items():
-                pending.append((rank, self.group.submit(rank, "train_rows", [pos for pos, _ in items],
-                                                        part.rows([j for _, j in items]))))
+                pending.append((rank, self.group.train_rows(rank, [pos for pos, _ in items],
+                                                            part.rows([j for _, j in items]))))
 
         await tq.stream_step(rollout_id, task="actor", chunk=self.cfg.rollout.n_samples_per_prompt, fields=scored,
                              score=feed, alive=lambda: True)
         ran = await asyncio.gather(*(ref for _, ref in pending))
-        results = await self.group.call("train_end")
+        results = await self.group.train_end()
         # Micro-batches a rank ran before its last rows arrived: training overlapped with scoring.
         last = {rank: i for i, (rank, _) in enumerate(pending)}
         metrics["train/early_micro_batches"] = float(sum(n for i, n in enumerate(ran) if i != last[pending[i][0]]))
@@ -337,13 +263,6 @@ class Actor:
         if self.plan.old_policy == "rollout_log_probs":
             batch.old_log_probs_RT = batch.rollout_log_probs_RT
 
-    async def _save_for_reference(self, rollout_id: int) -> None:
-        path = Path(reference_sync_dir(self.cfg))
-        shutil.rmtree(path, ignore_errors=True)
-        path.mkdir(parents=True)
-        await self.group.call("save", str(path), rollout_id, False)
-        (path / "for_step.txt").write_text(str(rollout_id + 1))
-
     def _save_batch(self, rollout_id: int, batch: TrainBatch) -> None:
         """`--save-debug-train-data` / `--dump-details`: the exact batch the optimizer steps see,
         by column name (tokens, loss_masks, advantages, old_log_probs, ...)."""
@@ -359,9 +278,9 @@ class Actor:
         """The behaviour policy's log-probs, recomputed on the current weights (sharded as training is)."""
         _, shards_idx, _ = step_plan(batch.loss_masks_RT, self.cfg.batch.global_batch_size, self.group.dp_size)
         media = batch.multimodal_train_inputs_RB
-        results = await self.group.call_each("compute_log_probs", [
-            ([batch.tokens_RL[i] for i in idx], [batch.response_lengths_R[i] for i in idx],
-             None if media is None else [media[i] for i in idx]) for idx in shards_idx])
+        results = await self.group.score([
+            ScoreShard([batch.tokens_RL[i] for i in idx], [batch.response_lengths_R[i] for i in idx],
+                       None if media is None else [media[i] for i in idx]) for idx in shards_idx])
         old: list[list[float]] = [[] for _ in batch.tokens_RL]
         for idx, logps in zip(shards_idx, results):
             for i, lp in zip(idx, logps):
@@ -387,27 +306,65 @@ class Actor:
 
     async def save(self, rollout_id: int) -> dict[str, str]:
         """Write this step's actor part (the Controller commits the checkpoint)."""
-        if self.group is None:
-            return {}
         cfg = self.cfg.ckpt
         async with self._ranks:
             return {"actor": await save_checkpoint(self.group, cfg.save, rollout_id,
                                                    save_optim=not cfg.no_save_optim)}
 
     async def export_hf(self, rollout_id: int) -> str | None:
-        if self.group is None:
-            return None
         out = self.cfg.ckpt.save_hf.format(rollout_id=rollout_id)
         os.makedirs(out, exist_ok=True)
         async with self._ranks:
-            await self.group.call("export_hf", out, self.cfg.ckpt.hf_checkpoint)
+            await self.group.export_hf(out, self.cfg.ckpt.hf_checkpoint)
         return out
 
     async def shutdown(self) -> None:
         if self.group is not None:
-            await self.group.call("shutdown")
-            self.group.kill()
-            self.group = None
+            group, self.group = self.group, None
+            await group.shutdown()
+
+
+class UntrainedActor:
+    """The Actor of a --debug-rollout-only run (the plan deploys it: no ranks). Each step's rows are
+    consumed untrained and the weight version advances as in a full run, so the Rollout's staleness
+    gate reads the same; the engines keep the weights they started with."""
+
+    def __init__(self, cfg: RelaxConfig, plan: ActorPlan) -> None:
+        setup_logging()
+        tq.attach_if_running()
+        self.cfg, self.plan = cfg, plan
+        self.version = 0
+
+    async def setup(self, ctx: SetupContext) -> SetupContext:
+        self.version = start = self.cfg.data.start_rollout_id or 0
+        return dataclasses.replace(ctx, start_rollout_id=start)
+
+    async def connect_dcs(self, coordinator: Any) -> None:
+        """No ranks: nothing is pushed."""
+
+    async def update_weights(self, version: int) -> dict[str, float]:
+        self.version = version
+        return {}
+
+    def push_retries_count(self) -> int:
+        return 0
+
+    async def restore_weights(self, receivers: list[Any], devices: list[Any] | None = None) -> dict[str, float]:
+        """Every engine keeps the weights it started with."""
+        return {}
+
+    async def train(self, rollout_id: int) -> dict[str, float]:
+        await tq.clear(rollout_id)
+        return {}
+
+    async def save(self, rollout_id: int) -> dict[str, str]:
+        return {}
+
+    async def export_hf(self, rollout_id: int) -> str | None:
+        return None
+
+    async def shutdown(self) -> None:
+        """Nothing was started."""
 
 
 def _as_list(value: Any) -> Any:

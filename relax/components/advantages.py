@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from relax.components.setup_context import SetupContext
 from relax.components.step_advantages import AdvantageSpec, jagged, step_advantages
 from relax.config.plan import RolePlan, per_group_advantages
 from relax.config.schema import RelaxConfig
@@ -44,8 +45,8 @@ class Advantages:
         self.spec = AdvantageSpec.from_config(cfg)
         self.stopping = False
 
-    async def setup(self, context: dict[str, Any]) -> dict[str, Any]:
-        return {}
+    async def setup(self, ctx: SetupContext) -> SetupContext:
+        return ctx
 
     async def run(self, start: int, end: int) -> None:
         fields = [c for c in self.plan.reads if c != "sample_indices"]

@@ -16,7 +16,7 @@ Data flow of one colocate step (`--advantage-estimator ppo`):
 
 GAE runs once per step (in the Actor, or in the Advantages role when it streams), with the
 same function (`step_advantages`); the critic therefore fits exactly the returns the policy's
-advantages came from. The model is the fsdp backend's "critic" role: the causal-LM
+advantages came from. The model is the training backend's "value" head: the causal-LM
 body of --hf-checkpoint with a new scalar head, or a critic checkpoint from --critic-load
 (default <--load>/critic). It has its own AdamW with --critic-lr (default --lr) and
 --critic-lr-warmup-iters, and saves to --critic-save (default <--save>/critic) with the actor.
@@ -31,10 +31,11 @@ import time
 from typing import Any
 
 from relax.components.actor_fwd import stream_steps
+from relax.components.setup_context import SetupContext
 from relax.components.step_advantages import jagged
 from relax.components.training import (
-    make_worker_group, mean_over_ranks, move_ranks, optimizer_steps_total, read_rows, save_checkpoint,
-    score_rows, train_on_rows, trainer_checkpoint,
+    make_trainer_group, mean_over_ranks, optimizer_steps_total, read_rows, save_checkpoint, score_rows,
+    train_on_rows, trainer_checkpoint,
 )
 from relax.config.plan import RolePlan
 from relax.config.schema import OptimizerConfig, RelaxConfig
@@ -69,22 +70,22 @@ class Critic:
 
     async def start(self) -> None:
         cfg = self.cfg
-        self.group = make_worker_group(cfg, self.plan, "critic", cfg.ckpt.hf_checkpoint,
-                                       total_steps=optimizer_steps_total(cfg), optim=critic_optim(cfg))
+        self.group = make_trainer_group(cfg, self.plan, cfg.ckpt.hf_checkpoint, head="value",
+                                        total_steps=optimizer_steps_total(cfg), optim=critic_optim(cfg))
         await self.group.ready()
 
     async def offload(self) -> dict[str, float]:
         """Colocate on shared GPUs: this role's ranks move their state to the host (rollout runs)."""
-        return await move_ranks(self.group, "offload")
+        return await self.group.move(to_host=True)
 
     async def onload(self) -> dict[str, float]:
-        return await move_ranks(self.group, "onload")
+        return await self.group.move(to_host=False)
 
-    async def setup(self, context: dict[str, Any]) -> dict[str, Any]:
+    async def setup(self, ctx: SetupContext) -> SetupContext:
         """Load the critic's part of the checkpoint the run resumes from, or the latest one under an
         explicit --critic-load."""
         cfg = self.cfg
-        point = context.get("resume")
+        point = ctx.resume
         if cfg.ckpt.critic_load:
             ckpt = trainer_checkpoint(cfg.ckpt.critic_load)
         elif point is not None and "critic" in point.parts:
@@ -92,16 +93,16 @@ class Critic:
         else:
             ckpt = None  # fresh: --hf-checkpoint plus a new value head
         if ckpt is None:
-            return {"loaded_rollout_id": None}
-        meta = (await self.group.call("load", str(ckpt)))[0]
+            return dataclasses.replace(ctx, critic_loaded_rollout_id=None)
+        meta = await self.group.load(str(ckpt))
         logger.info("critic loaded %s (rollout %d)", ckpt, meta["rollout_id"])
-        return {"loaded_rollout_id": meta["rollout_id"]}
+        return dataclasses.replace(ctx, critic_loaded_rollout_id=meta["rollout_id"])
 
     async def forward(self, rollout_id: int) -> dict[str, float]:
         """Write `values` onto every row of the step."""
         start = time.perf_counter()
         keys, tokens, lengths, _ = await read_rows(rollout_id)
-        values, compute = await score_rows(self.group, tokens, lengths, "compute_values")
+        values, compute = await score_rows(self.group, tokens, lengths)
         await tq.put_columns(rollout_id, keys, {"values": jagged(values)})
         return {"time/critic_forward": time.perf_counter() - start, "compute/critic_forward_seconds": compute}
 
@@ -110,7 +111,7 @@ class Critic:
         weights; it trains on step k after the Actor, while later steps are being scored)."""
         async def score(step: int, keys: list[str], cols: dict[str, Any]) -> None:
             values, _ = await score_rows(self.group, [t.tolist() for t in cols["tokens"]],
-                                         [int(x) for x in cols["response_lengths"]], "compute_values")
+                                         [int(x) for x in cols["response_lengths"]])
             await tq.put_columns(step, keys, {"values": jagged(values)})
 
         await stream_steps(start, end, task="critic", chunk=self.cfg.rollout.n_samples_per_prompt,
@@ -145,6 +146,5 @@ class Critic:
 
     async def shutdown(self) -> None:
         if self.group is not None:
-            await self.group.call("shutdown")
-            self.group.kill()
-            self.group = None
+            group, self.group = self.group, None
+            await group.shutdown()

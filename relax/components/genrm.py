@@ -15,10 +15,12 @@ engine from the same checkpoint, and its requests in flight are sent again (`che
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 from typing import Any
 
+from relax.components.setup_context import SetupContext
 from relax.config.fault import recovery_window_s
 from relax.config.plan import RolePlan
 from relax.config.schema import RelaxConfig
@@ -55,9 +57,9 @@ class GenRM:
         except ValueError as exc:  # a bad engine option: name the flag
             raise ValueError(f"--genrm-engine-config: {exc}") from exc
 
-    async def setup(self, context: dict[str, Any]) -> dict[str, Any]:
+    async def setup(self, ctx: SetupContext) -> SetupContext:
         """Publishes the router URL for the Rollout's rewards."""
-        return {"genrm_url": self.fleet.router_url}
+        return dataclasses.replace(ctx, genrm_url=self.fleet.router_url)
 
     def engine_urls(self) -> list[str]:
         return self.fleet.urls if self.fleet else []

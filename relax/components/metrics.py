@@ -20,6 +20,7 @@ import os
 import re
 from typing import Any
 
+from relax.components.setup_context import SetupContext
 from relax.config.plan import RolePlan
 from relax.config.schema import RelaxConfig
 from relax.utils.logging import setup_logging
@@ -65,8 +66,8 @@ class MetricsService:
         self.open: dict[int, dict[str, float]] = {}  # step -> what roles reported for it so far
         self.closed = -1  # the last step the Controller closed
 
-    async def setup(self, context: dict[str, Any]) -> dict[str, Any]:
-        return {}
+    async def setup(self, ctx: SetupContext) -> SetupContext:
+        return ctx
 
     async def report(self, step: int, role: str, metrics: dict[str, Any]) -> None:
         """`role`'s metrics for `step`; written when the step is closed (at once if it already was)."""

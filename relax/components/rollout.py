@@ -14,6 +14,7 @@ can drive it directly.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import copy
 import inspect
 import logging
@@ -23,12 +24,14 @@ import time
 from argparse import Namespace
 from typing import TYPE_CHECKING, Any
 
+from relax.components.setup_context import SetupContext
 from relax.config.eval_config import EvalDataset, eval_datasets
 from relax.config.fault import recovery_window_s
 from relax.config.plan import RolloutPlan
 from relax.config.schema import RelaxConfig
 from relax.distributed import transfer_queue as tq
-from relax.engine.fleet import EngineFleet, FleetSpec
+from relax.distributed.checkpoint_service.coordinator import Receivers
+from relax.engine.fleet import EngineFleet, FleetSpec, NoFleet
 from relax.engine.rewards.executor import RewardExecutor
 from relax.engine.rewards.genrm import judge_spec
 from relax.engine.rollout import sglang_rollout
@@ -44,7 +47,6 @@ from relax.utils.http_utils import close_sessions
 from relax.utils.metrics import pass_rates
 from relax.utils.logging import run_token, setup_logging
 from relax.utils.plugins import call_maybe_async, import_object, load_plugin
-from relax.utils.poll import Backoff
 
 if TYPE_CHECKING:
     from relax.distributed.ray.placement import GpuSlots
@@ -73,7 +75,7 @@ class Rollout:
         tq.attach_if_running()  # here, not in setup: replicas construct side by side (~1 s per process)
         self.cfg, self.plan = cfg, plan
         self.token = run_token()
-        self.fleet: EngineFleet | None = None
+        self.fleet: EngineFleet | NoFleet = NoFleet()  # `start` launches the engines (a replay has none)
         self.gpu_slots: GpuSlots | None = None  # GPU clusters: what holds the engines' GPUs
         self.tokenizer: Any = None
         self.eval_sets: dict[str, tuple[EvalDataset, list[Sample]]] = {}
@@ -110,12 +112,12 @@ class Rollout:
             self.tokenizer = AutoTokenizer.from_pretrained(self.cfg.ckpt.hf_checkpoint)
         return self.tokenizer
 
-    async def setup(self, context: dict[str, Any]) -> dict[str, Any]:
+    async def setup(self, ctx: SetupContext) -> SetupContext:
         """Build the rewards, the generator and the data source (resuming its position).
-        `context`: the first rollout id, the GenRM router."""
+        `ctx`: the first rollout id and the checkpoint resumed from (the Actor's), the GenRM router."""
         cfg = self.cfg
-        self.args = plugin_args(cfg, self.fleet.router_url if self.fleet else None)
-        judge = await asyncio.to_thread(judge_spec, context.get("genrm_url"), cfg.reward.genrm_model_path,
+        self.args = plugin_args(cfg, self.fleet.router_url)
+        judge = await asyncio.to_thread(judge_spec, ctx.genrm_url, cfg.reward.genrm_model_path,
                                         cfg.reward.genrm_sampling_config, cfg.custom.get("genrm_prompt_template"))
         self.rewards = RewardExecutor(RewardSpec.from_config(cfg.reward, judge), self.args)
         tokenizer = await asyncio.to_thread(self._tokenizer)
@@ -129,13 +131,13 @@ class Rollout:
             encoder = PromptEncoder(tokenizer, processor, pipelines, pool_size=cfg.data.mm_processor_pool_size,
                                     model_path=cfg.ckpt.hf_checkpoint, data_flags=cfg.data)
         self.generator = Generator(RolloutSpec.from_config(cfg), tokenizer=tokenizer,
-                                   router_url=f"{self.fleet.router_url if self.fleet else ''}/generate",
+                                   router_url=f"{self.fleet.router_url or ''}/generate",
                                    rewards=self.rewards, plugin_args=self.args, processor=processor,
                                    pipelines=pipelines, encoder=encoder)
         sglang_rollout.bind(self.args, self.generator)
         data_source_cls = import_object(cfg.data.data_source_path, flag="--data-source-path")
         self.data_source = await asyncio.to_thread(data_source_cls, self.args)
-        start, point = context["start_rollout_id"], context.get("resume")
+        start, point = ctx.start_rollout_id, ctx.resume
         if point is not None and cfg.data.start_rollout_id is None:  # the checkpoint's data position
             await asyncio.to_thread(self.data_source.load, point.rollout_id)
         elif cfg.ckpt.load and start > 0:  # --start-rollout-id: the position saved before that step
@@ -157,7 +159,7 @@ class Rollout:
                 flag="--custom-convert-samples-to-train-data-path", positional=2,
                 expected="convert_samples_to_train_data(args, samples) -> dict")
         self.eval_sets = await asyncio.to_thread(self._load_eval_sets, tokenizer)
-        return {"num_prompts": len(self.data_source)}
+        return dataclasses.replace(ctx, num_prompts=len(self.data_source))
 
     def _fleet_spec(self) -> FleetSpec:
         cfg, n, r = self.cfg, self.plan.role.workers, self.cfg.rollout
@@ -217,8 +219,7 @@ class Rollout:
 
     async def shutdown(self) -> None:
         self.stopping = True
-        if self.fleet is not None:
-            await self.fleet.stop()
+        await self.fleet.stop()
         if self.gpu_slots is not None:
             self.gpu_slots.release()
         if hasattr(self, "rewards"):
@@ -233,7 +234,7 @@ class Rollout:
     # ---- health (relax.core.health drives these) ------------------------------------------
     async def check_engines(self, timeout: float) -> list[tuple[str, str]]:
         """(url, what is wrong) for every engine that died or did not answer its health check."""
-        return await self.fleet.probe(timeout) if self.fleet else []
+        return await self.fleet.probe(timeout)
 
     async def replace_engine(self, url: str) -> str:
         """Take the failed engine out (its requests in flight go to the others), stop it and start a
@@ -246,20 +247,17 @@ class Rollout:
 
     def requests_resent(self) -> int:
         """Generate requests sent again after their engine failed, so far."""
-        return self.fleet.requests_resent() if self.fleet else 0
+        return self.fleet.requests_resent()
 
-    def weight_receivers(self) -> list[str]:
-        """The engines take every weight push (their URLs; the DCS coordinator lists them)."""
-        return self.fleet.urls if self.fleet else []
-
-    def receiver_devices(self) -> list[tuple[str, ...]]:
-        """Per engine, the GPUs it runs on (empty on CPU): a sender on one of them uses CUDA IPC."""
-        urls = self.weight_receivers()
+    def weight_receivers(self) -> Receivers:
+        """The engines take every weight push: their URLs, and per engine the GPUs it runs on
+        (empty on CPU: a sender on one of them uses CUDA IPC)."""
+        urls = self.fleet.urls
         if self.gpu_slots is None:
-            return [()] * len(urls)
+            return Receivers(urls)
         # By device, not position: a replacement engine joins the fleet last, on its predecessor's GPUs.
         identity = dict(zip(self.gpu_slots.devices, self.gpu_slots.identities))
-        return [identity.get(self.fleet.device_of(url), ()) for url in urls]
+        return Receivers(urls, [identity.get(self.fleet.device_of(url), ()) for url in urls])
 
     # ---- fully async ---------------------------------------------------------------------
     async def run(self, start: int, end: int) -> None:
@@ -337,15 +335,7 @@ class Rollout:
         return await self.fleet.weight_version()
 
     async def _wait_engine_version(self, minimum: int) -> int:
-        if self.fleet is None:  # replay: no engines; the Actor's version stands for theirs
-            return max(minimum, 0)
-        backoff = Backoff(max_s=0.05)  # each poll is an HTTP call to every engine
-        while not self.stopping:
-            version = await self.engine_version()
-            if version >= minimum:
-                return version
-            await backoff.wait()
-        return minimum
+        return await self.fleet.wait_weight_version(minimum, alive=lambda: not self.stopping)
 
     # ---- per step ----------------------------------------------------------------------
     async def generate(self, rollout_id: int, *, state: StepState | None = None,
@@ -405,7 +395,7 @@ class Rollout:
 
     async def _engine_busy_seconds(self) -> dict[str, float]:
         """Per engine URL: seconds spent in batched decoding so far (0 when the backend does not say)."""
-        return await self.fleet.busy_seconds() if self.fleet else {}
+        return await self.fleet.busy_seconds()
 
     def progress(self) -> tuple[int, int]:
         return self.current.done, self.current.total
@@ -459,19 +449,19 @@ class Rollout:
         """Colocate: the engines free their memory while the trainer runs (the plan's offload).
         Returns the GPU memory of the rollout phase (the whole GPU's, engines at work) and what
         the engines still hold once released, where the backend reports it."""
-        if self.fleet is None or not self.plan.release_memory:
+        if not self.plan.release_memory:
             return {}
-        before = await self.fleet.each("get_server_info")
-        await self.fleet.each("release_memory_occupation")
-        after = await self.fleet.each("get_server_info")
+        before = await self.fleet.each(lambda c: c.get_server_info())
+        await self.fleet.each(lambda c: c.release_memory_occupation())
+        after = await self.fleet.each(lambda c: c.get_server_info())
         return memory_metrics({"memory/rollout_gpu_used_gib": [i.get("gpu_used_bytes") for i in before],
                                "memory/engine_released_gib": [i.get("cuda_memory_reserved") for i in after]})
 
     async def resume_memory(self, tags: list[str] | None = None) -> None:
         """`tags` ("weights", "kv_cache"; None = both): the weights come back before a push, the
         KV cache once the trainer has offloaded."""
-        if self.fleet is not None and self.plan.release_memory:
-            await self.fleet.each("resume_memory_occupation", tags)
+        if self.plan.release_memory:
+            await self.fleet.each(lambda c: c.resume_memory_occupation(tags))
 
     async def save(self, rollout_id: int) -> dict[str, str]:
         """Save the data position after step `rollout_id`. When steps run ahead of training, the
@@ -514,8 +504,9 @@ def engine_options(cfg: RelaxConfig, context_len: int | None) -> dict[str, Any] 
             options.setdefault("enable_memory_saver", True)
         return options
     # --sglang-<option> passthrough: what this backend understands goes to the engines.
-    known = import_object("relax.backends.hf.launcher.ENGINE_OPTIONS", flag="--rollout-backend") \
-        if cfg.cluster.rollout_backend == "hf" else None
+    from relax.backends.registry import engine_options as backend_engine_options
+
+    known = backend_engine_options(cfg.cluster.rollout_backend)
     options: dict[str, Any] = {k: v for k, v in cfg.sglang.items() if known is None or k in known}
     ignored = sorted(set(cfg.sglang) - set(options))
     if ignored:

@@ -28,10 +28,11 @@ import logging
 import time
 from typing import Any, Protocol
 
-from relax.backends.engine_client import EngineClient
+from relax.distributed.engine_client import EngineClient
 from relax.components.actor_fwd import stream_steps
 from relax.components.step_advantages import jagged
-from relax.components.training import make_worker_group, move_ranks, read_rows, score_rows
+from relax.components.setup_context import SetupContext
+from relax.components.training import make_trainer_group, read_rows, score_rows
 from relax.config.fault import recovery_window_s
 from relax.config.plan import RolePlan
 from relax.config.schema import RelaxConfig
@@ -47,6 +48,7 @@ ROWS_PER_REQUEST = 64
 class TeacherScorer(Protocol):
     async def wait_ready(self) -> None: ...
     async def score(self, tokens: list[list[int]], lengths: list[int]) -> list[list[float]]: ...
+    async def move(self, to_host: bool) -> dict[str, float]: ...  # colocate offload / onload
     async def close(self) -> None: ...
 
 
@@ -54,18 +56,20 @@ class WorkerTeacher:
     """`--opd-type megatron`: the teacher checkpoint in the training backend, forward only."""
 
     def __init__(self, cfg: RelaxConfig, plan: RolePlan) -> None:
-        self.group = make_worker_group(cfg, plan, "reference", cfg.algo.opd_teacher_load)
+        self.group = make_trainer_group(cfg, plan, cfg.algo.opd_teacher_load, trainable=False)
 
     async def wait_ready(self) -> None:
         """The workers load the checkpoint in their constructors: nothing to wait for."""
 
     async def score(self, tokens: list[list[int]], lengths: list[int]) -> list[list[float]]:
-        logps, _ = await score_rows(self.group, tokens, lengths, "compute_log_probs")
+        logps, _ = await score_rows(self.group, tokens, lengths)
         return logps
 
+    async def move(self, to_host: bool) -> dict[str, float]:
+        return await self.group.move(to_host)
+
     async def close(self) -> None:
-        await self.group.call("shutdown")
-        self.group.kill()
+        await self.group.shutdown()
 
 
 def response_logprobs(reply: dict[str, Any], response_length: int) -> list[float]:
@@ -123,6 +127,10 @@ class EngineTeacher:
             out += [response_logprobs(r, n) for r, n in zip(replies, lengths[start:start + ROWS_PER_REQUEST])]
         return out
 
+    async def move(self, to_host: bool) -> dict[str, float]:
+        """An engine keeps its memory (no trainer state to move)."""
+        return {}
+
     async def close(self) -> None:
         if self.client is not None:
             await self.client.close()
@@ -148,10 +156,10 @@ class Teacher:
         self.scorer = TEACHERS[self.cfg.algo.opd_type](self.cfg, self.plan)
         await self.scorer.wait_ready()
 
-    async def setup(self, context: dict[str, Any]) -> dict[str, Any]:
+    async def setup(self, ctx: SetupContext) -> SetupContext:
         if self.scorer is None:  # an external teacher (--rm-url): nothing was started
             await self.start()
-        return {}
+        return ctx
 
     async def forward(self, rollout_id: int) -> dict[str, float]:
         start = time.perf_counter()
@@ -172,10 +180,10 @@ class Teacher:
 
     async def offload(self) -> dict[str, float]:
         """Colocate on shared GPUs: a training-backend teacher's ranks go to the host during rollout."""
-        return await move_ranks(getattr(self.scorer, "group", None), "offload")
+        return await self.scorer.move(to_host=True)
 
     async def onload(self) -> dict[str, float]:
-        return await move_ranks(getattr(self.scorer, "group", None), "onload")
+        return await self.scorer.move(to_host=False)
 
     # ---- health (relax.core.health drives these; a teacher engine Relax launched) ---------------
     def _fleet(self) -> EngineFleet | None:

@@ -1,10 +1,11 @@
-"""Training-backend worker groups and what the roles do with them: the shard plan of a step,
+"""Training-backend rank groups and what the roles do with them: the shard plan of a step,
 training and scoring calls over the ranks, checkpoints on disk.
 
-Shared by the Actor, the Critic, ActorFwd / Reference and the OPD Teacher. A worker group is
-`--resource <role>`'s ranks of the training backend (`relax.backends.registry`), placed as
-the run plan says (on a GPU cluster, each rank on its share of a GPU of the run's placement
-group, `relax.config.placement`; a process per rank on CPU).
+Shared by the Actor, the Critic, ActorFwd / Reference and the OPD Teacher. A group is
+`--resource <role>`'s `Trainer` ranks (`relax.backends.trainer.group.TrainerGroup`) of the
+training backend, built from a `TrainerSpec` that says what the model is (`head`, `trainable`),
+placed as the run plan says (on a GPU cluster, each rank on its share of a GPU of the run's
+placement group, `relax.config.placement`; a process per rank on CPU).
 """
 
 from __future__ import annotations
@@ -13,16 +14,17 @@ import logging
 import os
 from pathlib import Path
 
+from typing import Literal
+
 from relax.algorithms.policy_loss import PolicyLossConfig
 from relax.backends.base import ModelParallelSpec, TrainerSpec
-from relax.backends.registry import TRAIN_BACKENDS
+from relax.backends.trainer.group import ScoreShard, TrainerGroup
+from relax.config import roles
 from relax.config.plan import RolePlan, reuses_training_log_probs
 from relax.config.schema import OptimizerConfig, RelaxConfig
 from relax.distributed import transfer_queue as tq
-from relax.distributed.ray.actor_group import RayActorGroup
 from relax.types import MEDIA_COLUMN, TrainBatch
 from relax.utils import checkpoints
-from relax.utils.plugins import import_object
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +45,7 @@ def policy_loss_config(cfg: RelaxConfig) -> PolicyLossConfig:
     )
 
 
-TRAINING_ROLES = ("actor", "reference", "critic", "actor_fwd", "teacher")  # roles that may run training-backend ranks
+TRAINING_ROLES = roles.TRAINING_ROLES  # roles that may run training-backend ranks
 
 
 def cpu_threads(cfg: RelaxConfig, ranks: int) -> int:
@@ -89,14 +91,16 @@ def model_parallel_spec(cfg: RelaxConfig) -> ModelParallelSpec:
         arch_flags={f.name: getattr(cfg.megatron, f.name) for f in dataclasses.fields(cfg.megatron)})
 
 
-def make_worker_group(cfg: RelaxConfig, role: RolePlan, kind: str, model_path: str, *, total_steps: int = 1,
-                      threads: int | None = None, optim: OptimizerConfig | None = None) -> RayActorGroup:
-    """`role.workers` ranks of the training backend. `kind`: "actor" / "critic" train, "reference"
-    only scores (the Reference, ActorFwd and a training-backend OPD teacher)."""
-    worker_cls = import_object(TRAIN_BACKENDS[cfg.cluster.train_backend], flag="--train-backend")
+def make_trainer_group(cfg: RelaxConfig, role: RolePlan, model_path: str, *, head: Literal["lm", "value"] = "lm",
+                       trainable: bool = True, total_steps: int = 1, threads: int | None = None,
+                       optim: OptimizerConfig | None = None) -> TrainerGroup:
+    """`role.workers` ranks of the training backend: a policy (an "lm" head that trains), a critic
+    (a "value" head), or a frozen scorer (the Reference, ActorFwd, a training-backend OPD teacher)."""
+    policy = head == "lm" and trainable
     spec = TrainerSpec(
-        model_path=model_path, role=kind, optim=optim or cfg.optim, batch=cfg.batch, value_clip=cfg.algo.value_clip,
-        loss=policy_loss_config(cfg) if kind == "actor" else None, temperature=cfg.rollout.rollout_temperature,
+        model_path=model_path, backend=cfg.cluster.train_backend, head=head, trainable=trainable, name=role.name,
+        optim=optim or cfg.optim, batch=cfg.batch, value_clip=cfg.algo.value_clip,
+        loss=policy_loss_config(cfg) if policy else None, temperature=cfg.rollout.rollout_temperature,
         total_steps=total_steps, threads=threads or cpu_threads(cfg, role.workers),
         timeout_minutes=cfg.cluster.distributed_timeout_minutes, dist_backend=cfg.cluster.distributed_backend,
         bucket_bytes=cfg.rollout.update_weight_buffer_size,
@@ -104,7 +108,7 @@ def make_worker_group(cfg: RelaxConfig, role: RolePlan, kind: str, model_path: s
         push_dtype=push_dtype(cfg), custom_loss_path=cfg.algo.custom_loss_function_path,
         pg_loss_reducer_path=cfg.algo.custom_pg_loss_reducer_function_path, tis_path=cfg.algo.custom_tis_function_path,
         true_on_policy=cfg.cluster.true_on_policy_mode, recompute_layers=recompute_layers(cfg),
-        old_logp_from_training=kind == "actor" and reuses_training_log_probs(cfg),
+        old_logp_from_training=policy and reuses_training_log_probs(cfg),
         compile_layers=cfg.parallel.use_torch_compile, model_parallel=model_parallel_spec(cfg),
     )
     placed = None
@@ -113,8 +117,8 @@ def make_worker_group(cfg: RelaxConfig, role: RolePlan, kind: str, model_path: s
 
         pg = run_gpu_group()
         placed = [on_bundle(pg, slot[0], role.gpu_fraction) for slot in role.slots]
-    return RayActorGroup(worker_cls, role.workers, spec, num_cpus=1, name=role.name, rank_options=placed,
-                         env_vars={k: str(v) for k, v in cfg.misc.train_env_vars.items()})
+    return TrainerGroup(spec, role.workers, name=role.name, rank_options=placed,
+                        env_vars={k: str(v) for k, v in cfg.misc.train_env_vars.items()})
 
 
 def optimizer_steps_total(cfg: RelaxConfig) -> int:
@@ -149,11 +153,11 @@ def step_plan(loss_masks_RT: list[list[int]], global_batch_size: int,
     return num_steps, shard_rows(n_rows, num_steps, world_size), tokens_per_step
 
 
-async def train_on_rows(group: RayActorGroup, batch: TrainBatch, global_batch_size: int) -> list[dict[str, float]]:
+async def train_on_rows(group: TrainerGroup, batch: TrainBatch, global_batch_size: int) -> list[dict[str, float]]:
     """`len(batch) / global_batch_size` optimizer steps of `group` over `batch`, sharded over its
-    ranks; returns each rank's metrics."""
+    ranks; returns each shard's metrics."""
     num_steps, shards_idx, tokens_per_step = step_plan(batch.loss_masks_RT, global_batch_size, group.dp_size)
-    return await group.call_sharded("train", [batch.rows(idx) for idx in shards_idx], num_steps, tokens_per_step)
+    return await group.train([batch.rows(idx) for idx in shards_idx], num_steps, tokens_per_step)
 
 
 def score_shards(num_rows: int, world_size: int) -> list[list[int]]:
@@ -163,16 +167,16 @@ def score_shards(num_rows: int, world_size: int) -> list[list[int]]:
     return shards
 
 
-async def score_rows(group: RayActorGroup, tokens_RL: list[list[int]], lengths_R: list[int],
-                     method: str, media_R: list[bytes] | None = None) -> tuple[list[list[float]], float]:
-    """Run the forward-only `method` (compute_log_probs / compute_values) of every rank on its share
-    of the rows (`media_R`: a multimodal run's encoder tensors per row); returns per-row
+async def score_rows(group: TrainerGroup, tokens_RL: list[list[int]], lengths_R: list[int],
+                     media_R: list[bytes] | None = None) -> tuple[list[list[float]], float]:
+    """Every rank's forward-only pass on its share of the rows (`media_R`: a multimodal run's
+    encoder tensors per row): log-probs, or a value head's values. Returns per-row
     response-aligned results in row order and the slowest rank's compute seconds."""
     shards_idx = score_shards(len(tokens_RL), group.dp_size)
-    media = [() if media_R is None else ([media_R[i] for i in idx],) for idx in shards_idx]
-    results = await group.call_each(method, [([tokens_RL[i] for i in idx], [lengths_R[i] for i in idx]) + m
-                                             for idx, m in zip(shards_idx, media)])
-    compute = max(await group.call("pop_compute_seconds"))
+    results = await group.score([ScoreShard([tokens_RL[i] for i in idx], [lengths_R[i] for i in idx],
+                                            None if media_R is None else [media_R[i] for i in idx])
+                                 for idx in shards_idx])
+    compute = await group.pop_compute_seconds()
     out: list[list[float]] = [[] for _ in tokens_RL]
     for idx, res in zip(shards_idx, results):
         for i, values in zip(idx, res):
@@ -209,23 +213,14 @@ def mean_over_ranks(results: list[dict[str, float]], *, prefix: str) -> dict[str
     return out
 
 
-async def move_ranks(group: RayActorGroup | None, method: str) -> dict[str, float]:
-    """`offload` / `onload` on every rank of a training role (colocate on shared GPUs); the
-    largest rank's figures."""
-    if group is None:
-        return {}
-    results = await group.call(method)
-    return {key: max(r.get(key, 0.0) for r in results) for key in results[0]} if results else {}
+# ---- checkpoints -----------------------------------------------------
 
-
-# ---- checkpoints and the reference refresh -----------------------------------------------------
-
-async def save_checkpoint(group: RayActorGroup, save_dir: str, rollout_id: int, *, save_optim: bool) -> str:
+async def save_checkpoint(group: TrainerGroup, save_dir: str, rollout_id: int, *, save_optim: bool) -> str:
     """The ranks write `save_dir/iter_<rollout_id>` (DCP shards, RNG, meta) under a temporary name,
     then it moves into place. Committed (manifest, pointer) by the Controller once every role saved."""
     final = checkpoints.iter_dir(save_dir, rollout_id)
     partial = checkpoints.stage(final)
-    await group.call("save", str(partial), rollout_id, save_optim)
+    await group.save(str(partial), rollout_id, save_optim)
     checkpoints.publish(partial, final)
     return str(final)
 
@@ -242,14 +237,3 @@ def trainer_checkpoint(load_dir: str) -> Path | None:
     if missing:
         raise checkpoints.CheckpointError(f"{path} is incomplete, missing: {', '.join(missing)}")
     return path
-
-
-def reference_sync_dir(cfg: RelaxConfig) -> str:
-    """Where the Actor leaves its weights for the reference (--ref-update-interval)."""
-    return os.path.join(cfg.misc.exp_dir or ".", "reference_sync")
-
-
-def ref_update_due(cfg: RelaxConfig, rollout_id: int) -> bool:
-    """The reference takes the actor's weights before scoring step `rollout_id` (every N steps)."""
-    n = cfg.algo.ref_update_interval
-    return bool(n) and rollout_id > 0 and rollout_id % n == 0

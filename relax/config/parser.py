@@ -1,9 +1,12 @@
 """Flat CLI flags <-> typed config groups.
 
 `build_parser()` derives every flag from the dataclass fields in `schema.GROUPS`;
-`parse_config(argv)` returns a validated `RelaxConfig`. Options the parser does not know are
-kept when they are `--sglang-<option>` (SGLang ServerArgs passthrough) and otherwise recorded
-as Megatron flags, which only the megatron backend accepts (validation rejects them with fsdp).
+`parse_flags(argv)` turns a command line (and the `--custom-config-path` YAML it names) into a
+`RelaxConfig`, each value coerced to its field's type; the cross-flag checks and derived values are
+`relax.config.checks`, and `relax.config.load.parse_config` runs both. Options the parser does
+not know are kept when they are `--sglang-<option>` (SGLang ServerArgs passthrough) and
+otherwise recorded as Megatron flags, which only the megatron backend accepts (the checks
+reject them with fsdp).
 """
 
 from __future__ import annotations
@@ -13,12 +16,9 @@ import dataclasses
 import typing
 from typing import Any, Sequence
 
+from relax.config.errors import ConfigError
 from relax.config.fields import base_type, choices_of, coerce, field_default, flag_name
 from relax.config.schema import FIELD_GROUP, GROUPS, RelaxConfig
-
-
-class ConfigError(ValueError):
-    """A bad flag value or combination; the message names the flags and the fix."""
 
 
 def _cli_type(f: dataclasses.Field, hint: Any) -> Any:
@@ -144,15 +144,13 @@ def apply_custom(cfg: RelaxConfig, custom: dict[str, Any], path: str) -> RelaxCo
     return dataclasses.replace(cfg.replace(**known), custom={**cfg.custom, **extra})
 
 
-def parse_config(argv: Sequence[str] | None = None, *, validate: bool = True) -> RelaxConfig:
+def parse_flags(argv: Sequence[str] | None = None) -> RelaxConfig:
+    """The command line (`sys.argv[1:]` when None) as a config, `--custom-config-path` merged in;
+    not yet checked across flags (`relax.config.checks.check_config`)."""
     parser = build_parser()
     ns, unknown = parser.parse_known_args(argv)
     sglang, extra = _split_unknown(unknown)
     cfg = config_from_namespace(ns, sglang, extra)
     if cfg.misc.custom_config_path:
         cfg = apply_custom(cfg, _load_custom_yaml(cfg.misc.custom_config_path), cfg.misc.custom_config_path)
-    if validate:
-        from relax.config.validate import validate_config
-
-        cfg = validate_config(cfg)
     return cfg

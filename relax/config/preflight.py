@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from relax.config.eval_config import eval_datasets
-from relax.config.parser import ConfigError
+from relax.config.errors import ConfigError
 from relax.config.schema import RelaxConfig
 from relax.utils.checkpoints import CheckpointError, resume_point
 from relax.utils.data.formatting import PromptFormat, build_sample

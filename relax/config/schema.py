@@ -20,7 +20,7 @@ from typing import Any, Literal, get_args
 from relax.config.fields import opt, parse_bool, parse_bytes, parse_json
 
 # Why a flag is accepted with no effect (`opt(ignored=...)`): under --train-backend megatron each
-# of these acts or is an error (relax.config.megatron_checks.check_megatron, docs/backends/megatron.md).
+# of these acts or is an error (relax.config.checks.megatron.check_megatron, docs/backends/megatron.md).
 MEGATRON_ONLY = "applies to the megatron training backend (docs/backends/megatron.md); the fsdp backend ignores it"
 
 TrainBackend = Literal["megatron", "fsdp", "auto"]
@@ -485,6 +485,11 @@ class MegatronArchConfig:
     num_query_groups: int | None = opt(None, "KV heads (megatron).", ignored=MEGATRON_ONLY)
     kv_channels: int | None = opt(None, "Head dim (megatron).", ignored=MEGATRON_ONLY)
     vocab_size: int | None = opt(None, "Vocab size (megatron).", ignored=MEGATRON_ONLY)
+    make_vocab_size_divisible_by: int = opt(
+        128, "Megatron pads the vocabulary of its embedding and output layer to a multiple of this times "
+        "--tensor-model-parallel-size (any tokenizer then splits over the tensor-parallel ranks); the padded rows "
+        "are never sampled or trained, and pushed and exported weights carry the checkpoint's vocabulary.",
+        ignored=MEGATRON_ONLY)
     swiglu: bool = opt(False, "SwiGLU (megatron).", ignored=MEGATRON_ONLY)
     use_rotary_position_embeddings: bool = opt(False, "RoPE (megatron).", ignored=MEGATRON_ONLY)
     disable_bias_linear: bool = opt(False, "No linear bias (megatron).", ignored=MEGATRON_ONLY)

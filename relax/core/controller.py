@@ -3,8 +3,9 @@
 `relax.config.plan.RunPlan` decides everything up front (which roles, their workers, who writes
 which column, who receives weights); here it is only carried out. Deploy: every role's Serve
 app starts side by side, every role with workers starts them at once (`start()`: training
-ranks, engines), then each role's `setup(context)` runs in plan order and adds what it
-publishes to the context (the GenRM router URL, the first rollout id, the prompt count);
+ranks, engines), then each role's `setup(ctx)` runs in plan order and fills in what it
+publishes (`relax.components.setup_context.SetupContext`: the GenRM router URL, the first
+rollout id and the checkpoint resumed from, the prompt count);
 weight receivers register with the DCS coordinator and the engines get the Actor's weights.
 
 Colocate, one rollout step per iteration (roles take turns on the same devices):
@@ -32,7 +33,9 @@ import sys
 import time
 from typing import Any
 
+from relax.components.setup_context import SetupContext
 from relax.config.plan import RunPlan
+from relax.config.role_plans import StepPart
 from relax.config.schema import RelaxConfig
 from relax.core.health import HealthEvents, HealthManager, run_with_restarts
 from relax.core.metrics import DriverMetrics, ServiceMetrics, step_metrics
@@ -96,20 +99,19 @@ class Controller:
         # Every role's processes (training ranks, engines) start at once, then the setups run in
         # plan order: a role may use what the ones before it published.
         await asyncio.gather(*(self.roles[r.name].start() for r in self.plan.roles if r.workers))
-        context: dict[str, Any] = {}
+        ctx = SetupContext()
         for role in self.plan.roles:
-            context |= await self.roles[role.name].setup(context) or {}
-        self.start = context["start_rollout_id"]
+            ctx = await self.roles[role.name].setup(ctx)
+        self.start = ctx.start_rollout_id
         self.num_rollout = self.cfg.rollout.num_rollout or math.ceil(
-            context["num_prompts"] * self.cfg.rollout.num_epoch / self.cfg.rollout.rollout_batch_size)
+            ctx.num_prompts * self.cfg.rollout.num_epoch / self.cfg.rollout.rollout_batch_size)
         dcs = self.roles["dcs"]
         for name in self.plan.weight_receivers:
-            role = self.roles[name]
-            await dcs.register(name, await role.weight_receivers(), await role.receiver_devices())
+            await dcs.register(name, await self.roles[name].weight_receivers())
         await self.actor.connect_dcs(dcs.handle)
         await self.actor.update_weights(self.start)  # engines serve the actor's weights from step 0
         await self.move_trainers("offload")  # colocate on shared GPUs: the engines generate first
-        self.health = HealthManager(self.cfg, self.plan, self.roles, self.events, context)
+        self.health = HealthManager(self.cfg, self.plan, self.roles, self.events, ctx)
 
     @property
     def actor(self) -> RoleHandle:
@@ -119,8 +121,8 @@ class Controller:
     def rollout(self) -> RoleHandle:
         return self.roles["rollout"]
 
-    def _with(self, flag: str) -> list[RoleHandle]:
-        return [self.roles[r.name] for r in self.plan.roles if getattr(r, flag)]
+    def _with(self, part: StepPart) -> list[RoleHandle]:
+        return [self.roles[r.name] for r in self.plan.roles_with(part)]
 
     async def train(self) -> None:
         cfg = self.cfg
@@ -139,11 +141,11 @@ class Controller:
                 metrics |= await self.rollout.release_memory()
                 metrics |= await self.move_trainers("onload")
             with span("score", step=step):
-                for scorer in self._with("scores"):
+                for scorer in self._with(StepPart.SCORES):
                     metrics |= await scorer.forward(step)
             with span("train", step=step):
                 metrics |= await self.actor.train(step)
-                for trainer in self._with("trains_after_actor"):  # the critic fits the returns the actor wrote
+                for trainer in self._with(StepPart.TRAINS_AFTER_ACTOR):  # the critic fits the returns the actor wrote
                     metrics |= await trainer.train(step)
             with span("weight sync", step=step):
                 await self.rollout.resume_memory(["weights"])
@@ -164,7 +166,8 @@ class Controller:
         return metrics
 
     async def fully_async_loop(self) -> None:
-        background = [asyncio.ensure_future(role.run(self.start, self.num_rollout)) for role in self._with("streams")]
+        background = [asyncio.ensure_future(role.run(self.start, self.num_rollout))
+                      for role in self._with(StepPart.STREAMS)]
         try:
             span = self.timeline.span
             for step in range(self.start, self.num_rollout):
@@ -173,7 +176,7 @@ class Controller:
                     metrics = await watched(self.rollout.wait_step(step), background)  # generated ahead: no bar
                 with span("train", step=step):
                     metrics |= await watched(self.actor.train(step), background)
-                    for trainer in self._with("trains_after_actor"):
+                    for trainer in self._with(StepPart.TRAINS_AFTER_ACTOR):
                         metrics |= await watched(trainer.train(step), background)
                 with span("weight sync", step=step):
                     metrics |= await self.actor.update_weights(step + 1)
@@ -204,7 +207,7 @@ class Controller:
         """Every checkpointing role writes its part; then the checkpoint is committed (manifest,
         pointer) and old ones pruned. A crash before the commit leaves the previous one latest."""
         parts: dict[str, str] = {}
-        for role in self._with("checkpoints"):
+        for role in self._with(StepPart.CHECKPOINTS):
             parts |= await role.save(step)
         checkpoints.commit(self.cfg.ckpt.save, step, parts)
         for name in ("actor", "critic"):

@@ -44,8 +44,9 @@ import time
 from collections import Counter
 from typing import Any, Awaitable, Callable, NoReturn
 
-from relax.config.parser import ConfigError
-from relax.config.plan import PlanError, RunPlan
+from relax.components.setup_context import SetupContext
+from relax.config.errors import ConfigError, PlanError
+from relax.config.plan import RunPlan
 from relax.config.schema import RelaxConfig
 from relax.utils import checkpoints
 from relax.utils.metrics_sinks import METRICS_LOG, cut_metrics_log
@@ -137,9 +138,9 @@ class EngineSlots:
 
 class HealthManager:
     def __init__(self, cfg: RelaxConfig, plan: RunPlan, roles: dict[str, Any], events: HealthEvents,
-                 context: dict[str, Any]) -> None:
-        """`roles`: name -> handle (`await role.method(...)`); `context`: what the roles' setups published."""
-        self.fault, self.plan, self.roles, self.events, self.context = cfg.fault, plan, roles, events, context
+                 ctx: SetupContext) -> None:
+        """`roles`: name -> handle (`await role.method(...)`); `ctx`: what the roles' setups published."""
+        self.fault, self.plan, self.roles, self.events, self.ctx = cfg.fault, plan, roles, events, ctx
         self.enabled = self.fault.use_fault_tolerance or self.fault.use_health_check
         self.replicas: dict[str, str] = {}  # role -> the replica that was set up
         self._resent_seen: dict[str, int] = {}  # per role, its router's count at the last look (new per attempt)
@@ -237,14 +238,14 @@ class HealthManager:
         alone (once the DCS coordinator lists them); the version they hold."""
         role = self.roles[name]
         await self._register(name)
-        receivers, devices = await role.weight_receivers(), await role.receiver_devices()
-        stats = await self.roles["actor"].restore_weights(new, [devices[receivers.index(u)] for u in new])
+        receivers = await role.weight_receivers()
+        devices = [receivers.devices[receivers.endpoints.index(u)] for u in new]
+        stats = await self.roles["actor"].restore_weights(new, devices)
         return stats.get("weight_sync/version")
 
     async def _register(self, name: str) -> None:
         """Register `name`'s weight receivers with the DCS coordinator again (its topology changes)."""
-        role = self.roles[name]
-        await self.roles["dcs"].register(name, await role.weight_receivers(), await role.receiver_devices())
+        await self.roles["dcs"].register(name, await self.roles[name].weight_receivers())
 
     async def _count_retries(self) -> None:
         """Requests re-sent by the engines' routers and weight pushes tried again, into the run's counters."""
@@ -287,7 +288,7 @@ class HealthManager:
 
     async def _set_up_coordinator(self) -> None:
         """The DCS coordinator holds only registrations: register every weight receiver again."""
-        await self.roles["dcs"].setup(self.context)
+        await self.roles["dcs"].setup(self.ctx)
         for name in self.plan.weight_receivers:
             await self._register(name)
 

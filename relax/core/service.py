@@ -24,7 +24,7 @@ from typing import Any
 from relax.config.plan import REPLICA_CPUS, RolePlan, RunPlan, check_cluster, resolve_plan
 from relax.config.schema import RelaxConfig
 from relax.core import reaper
-from relax.core.registry import ROLES
+from relax.core.registry import component_path
 from relax.distributed.ray.local import bind_serve_grpc, start_local_ray
 from relax.distributed.transfer_queue import RUN_ENV
 from relax.utils.logging import TOKEN_FILE_ENV, new_run_token, remove_token_file, write_token_file
@@ -204,7 +204,7 @@ class Runtime:
         `wait_running()` (their processes start side by side instead of one after another)."""
         from ray import serve
 
-        cls = import_object(ROLES[role.name], flag=f"role {role.name}")
+        cls = import_object(component_path(role), flag=f"role {role.name}")
         app_name = self.app_name(role.name)
         deployment = serve.deployment(
             # The roles shut down first (Controller.shutdown); the replica then has nothing in flight,

@@ -147,7 +147,7 @@ def row_version(sample: Sample, started_at: int | None = None) -> int:
 
 def media_column(samples: Sequence[Sample]) -> torch.Tensor:
     """The samples' `multimodal_train_inputs` (encoder tensors) as safetensors bytes per row."""
-    from relax.utils.multimodal.processor import to_bytes
+    from relax.utils.multimodal.tensors import to_bytes
 
     rows = [to_bytes(s.multimodal_train_inputs) for s in samples]
     return torch.nested.nested_tensor([torch.frombuffer(bytearray(b), dtype=MEDIA_COLUMN[1]) if b

@@ -34,19 +34,23 @@ import os
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Awaitable, Callable, Mapping
 
 import httpx
 
 from relax.backends.base import EngineHandle
-from relax.backends.engine_client import EngineClient, EngineError
 from relax.backends.registry import INFERENCE_BACKENDS
+from relax.distributed.engine_client import EngineClient, EngineError
 from relax.engine.rollout.generator import parse_weight_version
 from relax.engine.router.remote import RemoteRouter, launch_sglang_router, sglang_router_installed
 from relax.engine.router.router import Router
 from relax.utils.plugins import import_object
+from relax.utils.poll import Backoff
 
 logger = logging.getLogger(__name__)
+
+# One engine's call through its client: `lambda c: c.get_server_info()`.
+ClientCall = Callable[[EngineClient], Awaitable[Any]]
 
 
 @dataclass(frozen=True)
@@ -311,19 +315,19 @@ class EngineFleet:
         engine = next((e for e in self.engines if e.url == url), None)
         return engine.describe() if engine is not None else f"{url} is not an engine of the {self.spec.name} fleet"
 
-    async def _call(self, url: str, method: str, *args: Any) -> Any:
+    async def _call(self, url: str, call: ClientCall) -> Any:
         try:
-            return await getattr(self.clients[url], method)(*args)
+            return await call(self.clients[url])
         except EngineError as err:
             if err.status is not None and err.status < 500:
                 raise  # the engine answered and refused: its message says why
             raise err.about(f"{self.spec.name} {self.describe(url)}") from err
 
-    async def _tolerant_call(self, url: str, method: str, *args: Any) -> Any:
+    async def _tolerant_call(self, url: str, call: ClientCall) -> Any:
         """With fault tolerance: a call that gets no reply (the engine died or hangs) waits, up to
         `hold_s`, for the health manager to take the engine out, then raises `EngineReplaced` (the
         caller skips it)."""
-        task = asyncio.ensure_future(self._call(url, method, *args))
+        task = asyncio.ensure_future(self._call(url, call))
         self._calls.setdefault(url, set()).add(task)
         try:
             await asyncio.wait([task])
@@ -344,19 +348,19 @@ class EngineFleet:
             raise err
         raise EngineReplaced(url) from err
 
-    async def each(self, method: str, *args: Any) -> list[Any]:
-        """`EngineClient.<method>(*args)` on every engine at once; results in engine order. An engine
-        that does not answer fails the call with its process state and log tail; with fault
-        tolerance (`hold_s`) an engine replaced meanwhile is left out of the results instead."""
-        return list((await self.each_by_engine(method, *args)).values())
+    async def each(self, call: ClientCall) -> list[Any]:
+        """`call(client)` (e.g. `lambda c: c.flush_cache()`) on every engine's `EngineClient` at once;
+        results in engine order. An engine that does not answer fails the call with its process
+        state and log tail; with fault tolerance (`hold_s`) an engine replaced meanwhile is left
+        out of the results instead."""
+        return list((await self.each_by_engine(call)).values())
 
-    async def each_by_engine(self, method: str, *args: Any) -> dict[str, Any]:
+    async def each_by_engine(self, call: ClientCall) -> dict[str, Any]:
         """`each`, keyed by engine URL."""
         urls = list(self.clients)
         if not self.spec.hold_s:
-            return dict(zip(urls, await asyncio.gather(*(self._call(u, method, *args) for u in urls))))
-        results = await asyncio.gather(*(self._tolerant_call(u, method, *args) for u in urls),
-                                       return_exceptions=True)
+            return dict(zip(urls, await asyncio.gather(*(self._call(u, call) for u in urls))))
+        results = await asyncio.gather(*(self._tolerant_call(u, call) for u in urls), return_exceptions=True)
         for result in results:
             if isinstance(result, BaseException) and not isinstance(result, EngineReplaced):
                 raise result
@@ -365,9 +369,54 @@ class EngineFleet:
     async def weight_version(self) -> int:
         """The oldest weight version any engine holds (SGLang's "default" before an update is 0; 0 while
         every engine is being replaced)."""
-        return min((parse_weight_version(v) for v in await self.each("get_weight_version")), default=0)
+        return min((parse_weight_version(v) for v in await self.each(lambda c: c.get_weight_version())), default=0)
+
+    async def wait_weight_version(self, minimum: int, alive: Callable[[], bool]) -> int:
+        """Poll until every engine holds weight version `minimum` or later (or `alive()` turns
+        False); the oldest version held."""
+        backoff = Backoff(max_s=0.05)  # each poll is an HTTP call to every engine
+        while alive():
+            version = await self.weight_version()
+            if version >= minimum:
+                return version
+            await backoff.wait()
+        return minimum
 
     async def busy_seconds(self) -> dict[str, float]:
         """Per engine URL: seconds spent in batched decoding so far (0 when the backend does not say)."""
-        infos = await self.each_by_engine("get_server_info")
+        infos = await self.each_by_engine(lambda c: c.get_server_info())
         return {url: float(info.get("busy_seconds", 0.0)) for url, info in infos.items()}
+
+
+class NoFleet:
+    """The fleet of a role that runs no engines (a replay of saved rollouts,
+    --load-debug-rollout-data / --debug-train-only): nothing to route to, probe, push or release."""
+
+    urls: list[str] = []
+    router_url: str | None = None
+
+    async def stop(self) -> None:
+        """Nothing was started."""
+
+    async def probe(self, timeout: float) -> list[tuple[str, str]]:
+        return []
+
+    def requests_resent(self) -> int:
+        return 0
+
+    def device_of(self, url: str) -> str | None:
+        return None
+
+    async def each(self, call: ClientCall) -> list[Any]:
+        return []
+
+    async def weight_version(self) -> int:
+        return 0
+
+    async def wait_weight_version(self, minimum: int, alive: Callable[[], bool]) -> int:
+        """No engines: the Actor's version stands for theirs."""
+        return max(minimum, 0)
+
+    async def busy_seconds(self) -> dict[str, float]:
+        return {}
+

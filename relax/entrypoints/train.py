@@ -1,4 +1,5 @@
-"""`relax-train` / `python3 relax/entrypoints/train.py`: parse and validate the flags, resolve
+"""`relax-train` / `python3 relax/entrypoints/train.py`: parse and validate the flags (the
+`--sglang-*` options by the inference backend's own check, `relax.backends.registry`), resolve
 the run plan, check the inputs (data rows, --save, --load: relax.config.preflight), then start
 the run (`--dry-run`: print the plan and stop). Heavy imports (torch, ray) happen only after
 validation passed, so `--help`, `--dry-run` and input errors come in about a second and nothing
@@ -14,14 +15,17 @@ if __package__ in (None, ""):  # run as a script: make the repo root importable
 
 
 def main(argv: list[str] | None = None) -> int:
-    from relax.config import ConfigError, parse_config
-    from relax.config.plan import PlanError, format_plan, local_gpus, resolve_plan
+    from relax.backends.registry import check_engine_options
+    from relax.config import ConfigError, PlanError, parse_config
+    from relax.config.machine import local_gpus
+    from relax.config.plan import format_plan, resolve_plan
     from relax.config.preflight import check_inputs
     from relax.utils.logging import setup_logging
 
     setup_logging()
     try:
-        cfg = parse_config(argv)
+        # The inference backends check their own options (config imports no backend).
+        cfg = parse_config(argv, engine_check=check_engine_options)
         plan = resolve_plan(cfg, local_gpus())  # rejects what the mode cannot use, before Ray starts
         check_inputs(cfg)  # data rows, --save, --load: read before anything starts
     except (ConfigError, PlanError) as err:

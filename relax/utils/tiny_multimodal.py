@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from relax.utils.multimodal.processor import AUDIO_TOKENS, MEDIA_TOKENS, submodule
+from relax.utils.multimodal.models import AUDIO_TOKENS, MEDIA_TOKENS, submodule
 
 KINDS = ("qwen2_5_vl", "qwen3_vl")
 

@@ -74,8 +74,8 @@ def convert(ckpt: str, hf_config: str, out: str) -> list[str]:
     from safetensors.torch import save_file
     from transformers import AutoConfig
 
-    from relax.distributed.weight_sync import load_hf_named
-    from relax.utils.multimodal.processor import copy_processor_files, is_multimodal, load_model
+    from relax.distributed.weights.receiver import load_hf_named
+    from relax.utils.multimodal.models import copy_processor_files, is_multimodal, load_model
 
     config = AutoConfig.from_pretrained(hf_config)
     vision = VisionSide(config) if is_multimodal(config) else None

@@ -15,9 +15,9 @@ import importlib.util
 import pytest
 import torch
 
-from relax.backends.engine_client import EngineClient, EngineError
+from relax.distributed.engine_client import EngineClient, EngineError
 from relax.backends.registry import INFERENCE_BACKENDS
-from relax.distributed.weight_sync import WeightSender
+from relax.distributed.weights.sender import WeightSender
 from relax.utils.plugins import import_object
 
 API_KEY = "contract-key"

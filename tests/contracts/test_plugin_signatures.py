@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from relax.config.validate import check_plugins
 from relax.config import ConfigError
+from relax.config.checks.plugins import check_plugins
 from relax.config.schema import RelaxConfig
 from relax.utils.plugins import PluginError, accepts_keyword, load_plugin
 

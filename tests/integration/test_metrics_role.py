@@ -12,7 +12,7 @@ pytestmark = pytest.mark.integration
 
 
 def test_reports_from_roles_and_the_controller_reach_the_service_sinks(ray_cluster, tiny_setup, tmp_path):
-    from relax.config.parser import parse_config
+    from relax.config import parse_config
     from relax.core.controller import RoleHandle
     from relax.core.metrics import ServiceMetrics
     from relax.core.service import Runtime

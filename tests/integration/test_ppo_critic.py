@@ -66,6 +66,7 @@ def test_ppo_critic_only_steps_then_policy_and_critic_train_and_save(ray_cluster
 
 def test_critic_checkpoint_round_trips_through_the_component(ray_cluster, tiny_setup, tmp_path):
     from relax.components.critic import Critic
+    from relax.components.setup_context import SetupContext
     from relax.config import parse_config
     from relax.config.plan import resolve_plan
     from relax.core.service import Runtime
@@ -94,13 +95,13 @@ def test_critic_checkpoint_round_trips_through_the_component(ray_cluster, tiny_s
     def critic(cfg) -> Critic:
         return Critic(cfg, resolve_plan(cfg).role("critic"))
 
-    async def ready(role: Critic) -> dict:
+    async def ready(role: Critic) -> SetupContext:
         await role.start()
-        return await role.setup({})
+        return await role.setup(SetupContext())
 
     async def go():
         first = critic(parse_config(args))
-        assert (await ready(first))["loaded_rollout_id"] is None
+        assert (await ready(first)).critic_loaded_rollout_id is None
         initial = await values_of(first, 0)
         await put_rows(1, returns=[[1.0] * n for n in lengths])
         await first.forward(1)
@@ -111,7 +112,7 @@ def test_critic_checkpoint_round_trips_through_the_component(ray_cluster, tiny_s
         await first.shutdown()
         second = critic(parse_config(ppo_args(tiny_setup, tmp_path, "--num-rollout", "1",
                                               "--critic-load", str(tmp_path / "ckpt" / "critic"))))
-        assert (await ready(second))["loaded_rollout_id"] == 1
+        assert (await ready(second)).critic_loaded_rollout_id == 1
         loaded = await values_of(second, 3)
         await second.shutdown()
         return initial, trained, loaded

@@ -67,7 +67,7 @@ def inject(run_dir: Path):
         (run_dir / ARM_FILE).touch()
         held = wait_until(lambda: held_rank(run_dir), timeout=240, poll_s=0.05)
         assert held, "the Actor's trainer rank never reached step 3's backward pass"
-        assert is_process(held, "FSDPTrainWorker", env="RELAX_WORKER_GROUP=actor", run_dir=run_dir), \
+        assert is_process(held, "ray::Trainer", env="RELAX_WORKER_GROUP=actor", run_dir=run_dir), \
             f"pid {held} is not a trainer rank of this run's actor"
         inj.signal(held, signal.SIGKILL, "the Actor's trainer rank, in step 3's backward pass")
 

@@ -11,7 +11,7 @@ pytestmark = pytest.mark.integration
 def test_a_role_that_cannot_start_raises_its_error_and_teardown_deletes_every_app(ray_cluster, tiny_setup):
     from ray import serve
 
-    from relax.config.parser import parse_config
+    from relax.config import parse_config
     from relax.config.plan import RolePlan
     from relax.core.service import Runtime
 

@@ -1,7 +1,9 @@
 """The `hf` inference backend: SGLang's native HTTP API served from a transformers model.
 
 Modules: `sampling` (sampling params + token sampler), `decoder` (batched KV-cache decode
-loop), `scheduler` (request queue -> batches on one decode thread), `weights` (engine side of
+loop) with `rows` (a row's input, state and result), `batch` (the running batch's KV cache
+bookkeeping) and `prefill` (a group's prefill), `static_cache` (the slot cache and CUDA
+graphs), `scheduler` (request queue -> batches on one decode thread), `weights` (engine side of
 the distributed weight update), `engine` (all of it around one model), `protocol` (request
 models, reply builders), `server` (FastAPI app + CLI), `launcher` (child-process launch),
 `tiny_model` (a tiny random Qwen3 for tests and CPU runs). Nothing is imported here, so

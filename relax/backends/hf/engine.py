@@ -19,12 +19,14 @@ from typing import Any
 
 import torch
 
-from relax.backends.hf.decoder import BatchDecoder, DecodeRow, RowResult
+from relax.backends.hf.decoder import BatchDecoder
 from relax.backends.hf.protocol import GenerateItem
+from relax.backends.hf.rows import DecodeRow, RowResult
 from relax.backends.hf.sampling import warm_up_sampler
 from relax.backends.hf.scheduler import Scheduler
-from relax.backends.hf.weights import WeightReceiver
-from relax.utils.multimodal.processor import MultimodalProcessor, is_multimodal, load_model
+from relax.distributed.weights.receiver import WeightReceiver
+from relax.utils.multimodal.models import is_multimodal, load_model
+from relax.utils.multimodal.processor import MultimodalProcessor
 from relax.utils.multimodal.sources import MediaError
 
 logger = logging.getLogger(__name__)
@@ -114,9 +116,18 @@ class HFEngine:
                                        device=self.device)
         self.weight_version = "default"
         self.weight_session_open = False  # SGLang's /begin_weight_update .. /end_weight_update
-        self.held_ipc_bucket: torch.Tensor | None = None  # the sender's flat bucket, open within a session
         self.released_tags: set[str] = set()
         self.weight_update_lock = asyncio.Lock()
+
+    @property
+    def weight_version(self) -> str:
+        """SGLang's `weight_version` of the weights held: the receiver's, set by the last bucket of a
+        push (`WeightReceiver.finish`) or by /update_weight_version."""
+        return self.receiver.version
+
+    @weight_version.setter
+    def weight_version(self, version: str) -> None:
+        self.receiver.version = version
 
     async def start(self) -> None:
         self.scheduler.start()

@@ -36,7 +36,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
-from relax.backends.hf.decoder import RowResult
+from relax.backends.hf.rows import RowResult
 from relax.backends.hf.sampling import SamplingParams, parse_sampling_params
 
 MAX_BATCH_ITEMS = 4096
@@ -81,7 +81,7 @@ class UpdateWeightsFromDistributedRequest(BaseModel):
 
 class UpdateWeightsFromTensorRequest(BaseModel):
     """SGLang's colocated update: per tensor-parallel rank, base64 of torch's multiprocessing
-    pickle of [(name, tensor)] (CUDA IPC handles; `relax.distributed.ipc`)."""
+    pickle of [(name, tensor)] (CUDA IPC handles; `relax.distributed.weights.ipc`)."""
 
     serialized_named_tensors: list[StrictStr] = Field(min_length=1)
     load_format: StrictStr | None = None

@@ -29,7 +29,8 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from relax.backends.hf.decoder import BatchDecoder, DecodeRow, RowResult
+from relax.backends.hf.decoder import BatchDecoder
+from relax.backends.hf.rows import DecodeRow, RowResult
 
 logger = logging.getLogger(__name__)
 

@@ -42,8 +42,8 @@ from relax.backends.hf.protocol import (
     UpdateWeightVersionRequest, build_output,
     normalize_generate,
 )
-from relax.backends.hf.weights import parse_specs
-from relax.distributed.weight_sync import run_in_daemon_thread
+from relax.distributed.weights.group import run_in_daemon_thread
+from relax.distributed.weights.protocol import parse_specs
 from relax.utils.http_utils import ENGINE_KEEP_ALIVE_S
 
 logger = logging.getLogger(__name__)
@@ -196,15 +196,25 @@ def add_control_routes(app: FastAPI, engine: HFEngine) -> None:
         return {"success": True, "message": await engine.resume_memory((req or MemoryRequest()).tags)}
 
 
-def _loaded(engine: HFEngine, success: bool, message: str, weight_version: str | None) -> dict:
-    """SGLang's reply to a bucket; the last bucket of a push carries the version the engine takes."""
-    if success and weight_version is not None:
-        engine.weight_version = weight_version
-        message += f" Weight version updated to {weight_version}."
-    return _result(success, message)
+@contextlib.asynccontextmanager
+async def _weight_update(engine: HFEngine, abort_all_requests: bool):
+    """One weight update at a time; SGLang's `abort_all_requests` ends the running requests first."""
+    async with engine.weight_update_lock:
+        if abort_all_requests:
+            engine.scheduler.abort(abort_all=True, message="aborted by a weight update")
+        yield
 
 
 def add_weight_routes(app: FastAPI, engine: HFEngine) -> None:
+    """SGLang's weight-update endpoints, answered by `engine.receiver`
+    (`relax.distributed.weights.receiver.WeightReceiver`; the protocol: `weights/protocol.py`)."""
+    add_weight_group_routes(app, engine)
+    add_weight_session_routes(app, engine)
+    add_weight_update_routes(app, engine)
+
+
+def add_weight_group_routes(app: FastAPI, engine: HFEngine) -> None:
+    """Join and leave broadcast groups (rank = rank_offset: this engine is one process on one device)."""
     receiver = engine.receiver
 
     @app.post("/init_weights_update_group")
@@ -225,11 +235,14 @@ def add_weight_routes(app: FastAPI, engine: HFEngine) -> None:
         except ValueError as exc:
             return _result(False, str(exc))
 
+
+def add_weight_session_routes(app: FastAPI, engine: HFEngine) -> None:
+    """SGLang's weight-update session. The hf engine holds weights as they load, so a session has
+    nothing to restore or finalize; it keeps SGLang's rules (one open at a time) so a client is
+    held to the same sequence. Updates outside a session are accepted (older SGLang)."""
+
     @app.post("/begin_weight_update")
     async def begin_weight_update():
-        """SGLang's weight-update session. The hf engine holds weights as they load, so a session
-        has nothing to restore or finalize; it keeps SGLang's rules (one open at a time) so a
-        client is held to the same sequence. Updates outside a session are accepted (older SGLang)."""
         if engine.weight_session_open:
             return _result(False, "a weight-update session is already open; call end_weight_update() first")
         engine.weight_session_open = True
@@ -240,8 +253,24 @@ def add_weight_routes(app: FastAPI, engine: HFEngine) -> None:
         if not engine.weight_session_open:
             return _result(False, "no weight-update session is open; call begin_weight_update() first")
         engine.weight_session_open = False
-        engine.held_ipc_bucket = None  # the sender may free its flat-bucket buffer now
+        engine.receiver.held = None  # the sender may free its flat-bucket buffer now
         return _result(True, "Success")
+
+    @app.post("/update_weight_version")
+    async def update_weight_version(req: UpdateWeightVersionRequest):
+        if req.abort_all_requests:
+            engine.scheduler.abort(abort_all=True, message="aborted by update_weight_version")
+        engine.weight_version = req.new_version
+        return {"success": True, "message": f"Weight version updated to {req.new_version}",
+                "new_version": req.new_version}
+
+
+def add_weight_update_routes(app: FastAPI, engine: HFEngine) -> None:
+    """Buckets in, by broadcast or CUDA IPC, loaded under the model's step lock (no forward sees half
+    a bucket). A well-formed broadcast is always received, even when a name or shape is wrong (the
+    sender must not hang), then rejected whole; a malformed one is refused before any receive and
+    its group quarantined."""
+    receiver = engine.receiver
 
     @app.post("/update_weights_from_distributed")
     async def update_weights_from_distributed(req: UpdateWeightsFromDistributedRequest):
@@ -257,50 +286,27 @@ def add_weight_routes(app: FastAPI, engine: HFEngine) -> None:
             receiver.quarantine(req.group_name)
             return error_response(400, f"{exc} (weight update group {req.group_name!r} is now out of step: "
                                        "destroy it and init a new one)")
-        async with engine.weight_update_lock:
-            if req.abort_all_requests:
-                engine.scheduler.abort(abort_all=True, message="aborted by a weight update")
+        async with _weight_update(engine, req.abort_all_requests):
             try:
                 success, message = await run_in_daemon_thread(receiver.receive_and_load, specs, req.group_name)
             except RuntimeError as exc:  # the broadcast failed (peer gone, timeout)
                 success, message = False, f"receiving the broadcast failed: {exc}"
-        return _loaded(engine, success, message, req.weight_version)
+        return _result(*receiver.take_version(success, message, req.weight_version))
 
     @app.post("/update_weights_from_tensor")
     async def update_weights_from_tensor(req: UpdateWeightsFromTensorRequest):
-        """Colocated on one GPU: open the sender's CUDA IPC handles and copy from them."""
-        from relax.distributed.ipc import FLATTENED_BUCKET, deserialize, named_tensors, unflatten_bucket
-
-        if req.load_format not in (None, FLATTENED_BUCKET):
-            return error_response(400, f"load_format={req.load_format!r} is not supported by the hf engine's "
-                                       f"update_weights_from_tensor (use none or {FLATTENED_BUCKET!r})")
+        """A sender on this GPU: open its handles and copy. Inside a session a flat bucket stays open
+        until end_weight_update (every bucket of a push reuses its buffer: weights/ipc.py)."""
         if engine.device.type != "cuda":
             return error_response(400, "update_weights_from_tensor carries CUDA IPC handles; this engine runs on "
                                        f"{engine.device} (use /update_weights_from_distributed over gloo)")
-        try:
-            payload = deserialize(req.serialized_named_tensors[0])  # tp rank 0: this engine
-            named = unflatten_bucket(payload) if req.load_format == FLATTENED_BUCKET else named_tensors(payload)
-        except (ValueError, RuntimeError, EOFError) as exc:  # UnsafePayload is a ValueError
-            return error_response(400, f"update_weights_from_tensor: {exc}")
-        async with engine.weight_update_lock:
-            if req.abort_all_requests:
-                engine.scheduler.abort(abort_all=True, message="aborted by a weight update")
-            success, message = await asyncio.to_thread(receiver.load_named, named)
-        # Inside a session, the flat bucket's memory stays open until end_weight_update: the
-        # sender writes every bucket of the push into that one buffer, so the next bucket's
-        # handle is found open (no reopening; relax/distributed/ipc.py). Else drop the handles.
-        engine.held_ipc_bucket = payload["flattened_tensor"] if success and engine.weight_session_open and \
-            req.load_format == FLATTENED_BUCKET else None
-        del named, payload
-        return _loaded(engine, success, message, req.weight_version)
-
-    @app.post("/update_weight_version")
-    async def update_weight_version(req: UpdateWeightVersionRequest):
-        if req.abort_all_requests:
-            engine.scheduler.abort(abort_all=True, message="aborted by update_weight_version")
-        engine.weight_version = req.new_version
-        return {"success": True, "message": f"Weight version updated to {req.new_version}",
-                "new_version": req.new_version}
+        async with _weight_update(engine, req.abort_all_requests):
+            try:
+                success, message = await asyncio.to_thread(receiver.load_tensor_payload, req.model_dump(),
+                                                           hold=engine.weight_session_open)
+            except ValueError as exc:  # an unknown load_format, a malformed or unsafe payload
+                return error_response(400, f"update_weights_from_tensor: {exc}")
+        return _result(success, message)
 
 
 def create_app(engine: HFEngine, *, api_key: str | None = None, on_started: Any = None,

@@ -21,6 +21,7 @@ HF names are the checkpoint's (`model.layers.0.self_attn.q_proj.weight`,
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator
@@ -65,6 +66,10 @@ class Layout:
     moe_top_k: int = 0
     mrope_section: tuple[int, ...] = ()  # M-RoPE (a VL model's language model): rotary dims per t / h / w
     mrope_interleaved: bool = False  # Qwen3-VL: h / w frequencies interleaved with t's (model.InterleavedMRoPE)
+    # Rows of the Megatron embedding and output layer: the vocabulary padded as megatron pads it
+    # (`padded`); 0: the vocabulary itself. The padded rows are zeros no token reaches and no
+    # log-prob counts (head.py); HF tensors (pushes, exports) carry `vocab_size` rows.
+    padded_vocab: int = 0
 
     @classmethod
     def from_hf_config(cls, config: Any) -> "Layout":
@@ -101,6 +106,16 @@ class Layout:
     @property
     def heads_per_group(self) -> int:
         return self.num_heads // self.num_kv_heads
+
+    @property
+    def vocab_rows(self) -> int:
+        return self.padded_vocab or self.vocab_size
+
+    def padded(self, multiple: int) -> "Layout":
+        """The vocabulary padded up to a multiple of `multiple` (megatron's
+        `--make-vocab-size-divisible-by` times the tensor-parallel size), so it splits over the
+        tensor-parallel ranks whatever the tokenizer's size."""
+        return dataclasses.replace(self, padded_vocab=-(-self.vocab_size // multiple) * multiple)
 
 
 def _rope_parameters(config: Any) -> dict[str, Any]:
@@ -142,13 +157,14 @@ def split_qkv(qkv: torch.Tensor, layout: Layout) -> tuple[torch.Tensor, torch.Te
 
 
 def megatron_to_hf(name: str, tensor: torch.Tensor, layout: Layout) -> list[tuple[str, torch.Tensor]]:
-    """One full Megatron tensor under its global name -> the HF tensors it holds."""
+    """One full Megatron tensor under its global name -> the HF tensors it holds (a padded
+    vocabulary's rows cut back to the HF vocabulary)."""
     if name == "embedding.word_embeddings.weight":  # tied: the HF model has no lm_head parameter of its own
-        return [("model.embed_tokens.weight", tensor)]
+        return [("model.embed_tokens.weight", tensor[:layout.vocab_size])]
     if name == "decoder.final_layernorm.weight":
         return [("model.norm.weight", tensor)]
     if name == "output_layer.weight":
-        return [] if layout.tied else [("lm_head.weight", tensor)]
+        return [] if layout.tied else [("lm_head.weight", tensor[:layout.vocab_size])]
     m = _LAYER.match(name)
     if m is None:
         raise ConversionError(f"no HF name for Megatron parameter {name!r}")
@@ -175,7 +191,8 @@ def megatron_to_hf(name: str, tensor: torch.Tensor, layout: Layout) -> list[tupl
 @dataclass(frozen=True)
 class Source:
     """The HF tensors one full Megatron tensor is made of, and how: "same" (one tensor), "qkv"
-    (`fuse_qkv`) or "cat" (gate and up rows)."""
+    (`fuse_qkv`), "cat" (gate and up rows) or "vocab" (one tensor, rows padded to the padded
+    vocabulary)."""
 
     hf_names: tuple[str, ...]
     kind: str = "same"
@@ -184,10 +201,10 @@ class Source:
 def megatron_sources(layout: Layout) -> dict[str, Source]:
     """Global Megatron name -> its `Source`, for every tensor of the model (every layer, every
     expert): the recipe `hf_to_megatron` and the weight receiver (`weights.py`) both follow."""
-    out = {"embedding.word_embeddings.weight": Source(("model.embed_tokens.weight",)),
+    out = {"embedding.word_embeddings.weight": Source(("model.embed_tokens.weight",), "vocab"),
            "decoder.final_layernorm.weight": Source(("model.norm.weight",))}
     if not layout.tied:
-        out["output_layer.weight"] = Source(("lm_head.weight",))
+        out["output_layer.weight"] = Source(("lm_head.weight",), "vocab")
     for i in range(layout.num_layers):
         hp, mp = f"model.layers.{i}.", f"decoder.layers.{i}."
         suffixes = ["input_layernorm.weight", "self_attention.linear_proj.weight", "pre_mlp_layernorm.weight"]
@@ -215,6 +232,8 @@ def fuse(source: Source, tensors: list[torch.Tensor], layout: Layout) -> torch.T
         return fuse_qkv(*tensors, layout)
     if source.kind == "cat":
         return torch.cat(tensors)
+    if source.kind == "vocab" and layout.vocab_rows > tensors[0].shape[0]:
+        return torch.nn.functional.pad(tensors[0], (0, 0, 0, layout.vocab_rows - tensors[0].shape[0]))
     return tensors[0]
 
 
@@ -360,6 +379,11 @@ def global_name(name: str, layers: range, experts: range | None = None) -> str:
     if e is not None and experts is not None:
         rest = f"mlp.experts.local_experts.{int(e.group(1)) + experts.start}.{e.group(2)}.weight"
     return f"decoder.layers.{int(m.group(1)) + layers.start}.{rest}"
+
+
+def is_expert(name: str) -> bool:
+    """A Megatron parameter of an MoE layer's experts (sharded over expert-parallel ranks)."""
+    return ".mlp.experts." in name
 
 
 def expert_range(num_experts: int, ep: int, ep_rank: int) -> range:

@@ -9,6 +9,9 @@ an all-reduce in backward too would multiply the gradient by the group size):
     lse_N   = m_N + log sum_tp sum_v exp(z_Nv - m_N)
     logp_N  = z_N[target] - lse_N
     H_N     = lse_N - sum_tp sum_v softmax_Nv * z_Nv
+Megatron pads the vocabulary (`--make-vocab-size-divisible-by` x TP, `convert.Layout.padded`): the
+padded rows' logits are masked to a value whose exp() is exactly 0 (one rank: the rows are cut
+off), so log-probs, entropies and gradients are those of the real vocabulary alone.
 One rank (tp = 1) takes the chunked head the fsdp backend uses (no [N, V] logits at once; its
 compiled per-chunk kernels, `fused`, under --use-torch-compile on a GPU, as fsdp).
 
@@ -33,15 +36,22 @@ import torch.distributed as dist
 from relax.algorithms.chunked_logprobs import chunked_token_log_probs
 
 
-def vocab_parallel_log_probs(logits_NV: torch.Tensor, targets_N: torch.Tensor, vocab_start: int, group: Any,
-                             *, entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(log-prob of each target, entropy or None) from this rank's vocabulary slice of the logits."""
+PADDED_LOGIT = -1e30  # a padded vocabulary row's logit: exp() of it is exactly 0, 0 * it is 0 (no NaN)
+
+
+def vocab_parallel_log_probs(logits_NV: torch.Tensor, targets_N: torch.Tensor, vocab_start: int, group: Any, *,
+                             entropy: bool, vocab_size: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(log-prob of each target, entropy or None) from this rank's vocabulary slice of the logits.
+    Columns at or past `vocab_size` (megatron's padded vocabulary rows) count as probability 0."""
     from megatron.core.tensor_parallel.mappings import reduce_from_tensor_model_parallel_region
 
     def all_reduce(x: torch.Tensor, group: Any) -> torch.Tensor:
         return reduce_from_tensor_model_parallel_region(x, group=group)
 
     logits_NV = logits_NV.float()
+    if vocab_size is not None and vocab_start + logits_NV.shape[-1] > vocab_size:
+        padded_V = torch.arange(vocab_start, vocab_start + logits_NV.shape[-1], device=logits_NV.device) >= vocab_size
+        logits_NV = logits_NV.masked_fill(padded_V, PADDED_LOGIT)
     m_N = logits_NV.detach().max(dim=-1).values
     dist.all_reduce(m_N, op=dist.ReduceOp.MAX, group=group)  # a constant shift: no gradient needed
     shifted_NV = logits_NV - m_N[:, None]
@@ -67,8 +77,9 @@ class MegatronResponseHead:
     def __init__(self, layer: torch.nn.Module, index_BT: torch.Tensor, mask_BT: torch.Tensor,
                  targets_BT: torch.Tensor, *, temperature: float, chunk: int | None, entropy: bool,
                  entropy_grad: bool, tp_group: Any, tp_rank: int, tp_size: int, sequence_parallel: bool,
-                 cp_group: Any = None, fused: bool = False):
+                 cp_group: Any = None, fused: bool = False, vocab_size: int | None = None):
         self.layer, self.index_BT, self.mask_BT, self.targets_BT = layer, index_BT, mask_BT.bool(), targets_BT
+        self.vocab_size = vocab_size  # the real vocabulary: rows past it are padding (never sampled or trained)
         self.temperature, self.chunk, self.entropy, self.entropy_grad = temperature, chunk, entropy, entropy_grad
         self.tp_group, self.tp_rank, self.tp_size = tp_group, tp_rank, tp_size
         self.sequence_parallel, self.cp_group, self.fused = sequence_parallel, cp_group, fused
@@ -86,8 +97,9 @@ class MegatronResponseHead:
         hidden_NH = hidden_BLH.reshape(b * length, h)[(rows_B1 + self.index_BT)[self.mask_BT]]
         targets_N = self.targets_BT[self.mask_BT]
         if self.tp_size == 1:
-            logp_N, ent_N = chunked_token_log_probs(hidden_NH, weight, targets_N, temperature=self.temperature,
-                                                    chunk=self.chunk, entropy=self.entropy, fused=self.fused)
+            logp_N, ent_N = chunked_token_log_probs(hidden_NH, weight[:self.vocab_size], targets_N,
+                                                    temperature=self.temperature, chunk=self.chunk,
+                                                    entropy=self.entropy, fused=self.fused)
         else:
             from megatron.core.tensor_parallel.mappings import copy_to_tensor_model_parallel_region
 
@@ -97,7 +109,7 @@ class MegatronResponseHead:
                 hidden_NH = copy_to_tensor_model_parallel_region(hidden_NH, group=self.tp_group)
             logits_NV = (hidden_NH @ weight.t()).float() / self.temperature
             logp_N, ent_N = vocab_parallel_log_probs(logits_NV, targets_N, self.tp_rank * weight.shape[0],
-                                                     self.tp_group, entropy=self.entropy)
+                                                     self.tp_group, entropy=self.entropy, vocab_size=self.vocab_size)
 
         def scatter(values_N: torch.Tensor) -> torch.Tensor:
             return values_N.new_zeros(self.mask_BT.shape).index_put((self.mask_BT,), values_N)

@@ -81,7 +81,7 @@ def build_gpt(layout: Layout, config: Any, *, pre_process: bool, post_process: b
     if layout.qk_norm:
         sub.self_attention.submodules.q_layernorm = sub.self_attention.submodules.k_layernorm = RMSNorm
     block = TransformerBlockSubmodules(layer_specs=[spec] * num_layers, layer_norm=RMSNorm)
-    model = GPTModel(config, block, vocab_size=layout.vocab_size, max_sequence_length=max_positions,
+    model = GPTModel(config, block, vocab_size=layout.vocab_rows, max_sequence_length=max_positions,
                     pre_process=pre_process, post_process=post_process,
                     share_embeddings_and_output_weights=layout.tied,
                     position_embedding_type="mrope" if layout.mrope_section else "rope",

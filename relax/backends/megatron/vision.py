@@ -17,7 +17,7 @@ beside a megatron-core language model.
   image / video / audio pad token's row replaced by its encoder's output for it, in order, as the
   HF model's forward does (`embed`); under --sequence-parallel the embeddings are gathered whole
   for that and scattered again. Positions (`3 x B x L`, temporal / height / width) come from the
-  HF model's own `get_rope_index` (`relax.utils.multimodal.processor.rope_positions`), called on a
+  HF model's own `get_rope_index` (`relax.utils.multimodal.models.rope_positions`), called on a
   copy of the HF model on the meta device (no weights), so they are the engines' and the fsdp
   trainer's positions. Text rows get 0, 1, 2, ... in all three.
 - Deepstack (Qwen3-VL, Qwen3-Omni): the vision tower also returns features from some of its
@@ -94,7 +94,7 @@ class VisionSide:
     def __init__(self, hf_config: Any) -> None:
         from transformers import AutoModelForImageTextToText
 
-        from relax.utils.multimodal.processor import submodule
+        from relax.utils.multimodal.models import submodule
 
         self.config = hf_config
         with torch.device("meta"):  # the rope index and the module names; no weights
@@ -129,7 +129,7 @@ class VisionSide:
     # -- a micro-batch
     def positions(self, ids_BL: torch.Tensor, mask_BL: torch.Tensor, media: dict[str, torch.Tensor]) -> torch.Tensor:
         """M-RoPE positions `[3, B, L]` (padding: 0)."""
-        from relax.utils.multimodal.processor import rope_positions
+        from relax.utils.multimodal.models import rope_positions
 
         return rope_positions(self.hf, ids_BL.cpu(), mask_BL.cpu(), {k: v.cpu() for k, v in media.items()}
                               ).to(ids_BL.device)

@@ -1,7 +1,7 @@
 """Receiving side of the weight push for a megatron rank: ActorFwd taking the actor's weights.
 
 In fully-async mode the ActorFwd ranks are receivers of the same broadcast group as the
-inference engines (SGLang's protocol, `relax.distributed.weight_sync`), as the fsdp ranks are
+inference engines (SGLang's protocol, `relax.distributed.weights`), as the fsdp ranks are
 (`relax.backends.fsdp.weights`). The push carries HF-named tensors in buckets; a Megatron
 tensor may be made of several (q/k/v fused into `linear_qkv`, gate/up into `linear_fc1`), and a
 bucket boundary may fall between them. So each rank keeps the HF tensors of a fused tensor
@@ -11,7 +11,8 @@ until all of them have arrived, then builds the full Megatron tensor with the ra
 every tensor from the sender, so loading needs no collective among the ranks and cannot
 deadlock against the sender. A well-formed bucket is always received in full; names or shapes
 the model does not have reject the bucket (nothing loaded); a push whose last bucket leaves a
-fused tensor incomplete is refused and its version not taken.
+fused tensor incomplete is refused and its version not taken, whether the buckets were broadcast
+or handed over as CUDA IPC handles (`load_tensor_payload`, the engine's).
 A VL / omni model (`vision.py`) takes its text weights under the model's names (either layout)
 and its encoders' straight into the replicated encoders.
 """
@@ -23,7 +24,8 @@ from typing import Any, Callable
 import torch
 
 from relax.backends.megatron.convert import Layout, fuse, hf_shapes, megatron_sources
-from relax.distributed.weight_sync import TensorSpec, WeightReceiver, parse_specs
+from relax.distributed.weights.protocol import TensorSpec
+from relax.distributed.weights.receiver import WeightReceiver
 
 # Full Megatron tensors under global names -> this rank's local state dict (its shards only).
 Placer = Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]]
@@ -31,13 +33,14 @@ Placer = Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]]
 
 class MegatronWeightReceiver(WeightReceiver):
     """The engine's receiver, loading HF-named tensors into a megatron-core model's shards;
-    remembers the last complete version."""
+    `version`: the last complete push's."""
+
+    version_type = int
 
     def __init__(self, model: torch.nn.Module, layout: Layout, place: Placer, *, device: torch.device,
                  timeout_s: float = 600.0, vision: Any = None) -> None:
         super().__init__(model, timeout_s=timeout_s, device=device)
         self.layout, self.place, self.vision = layout, place, vision
-        self.version: int | None = None
         self.sources = megatron_sources(layout)
         self.target_of = {hf: name for name, src in self.sources.items() for hf in src.hf_names}
         self.shapes = hf_shapes(layout)
@@ -67,24 +70,16 @@ class MegatronWeightReceiver(WeightReceiver):
         """A new push: what an unfinished one left behind is dropped."""
         self.pending.clear()
 
-    def update(self, payload: dict) -> tuple[bool, str]:
-        """Blocking: receive one bucket from rank 0 and load this rank's shards of what it completes.
-        The last bucket (it carries `weight_version`) must leave no fused tensor incomplete."""
-        specs = parse_specs(payload["names"], payload["dtypes"], payload["shapes"])
-        success, message = self.receive_and_load(specs, payload.get("group_name"))
-        if success and payload.get("weight_version") is not None:
-            success, message = self.finish(int(payload["weight_version"]), message)
-        return success, message
-
-    def finish(self, version: int, message: str) -> tuple[bool, str]:
+    def finish(self, version: int | str, message: str) -> tuple[bool, str]:
+        """The push's last bucket is loaded: it must leave no fused tensor incomplete (`update`,
+        `load_tensor_payload`; a worker may call it after a bucket it loaded without the version)."""
         if self.pending:
             missing = sorted({h for n in {self.target_of[p] for p in self.pending}
                               for h in self.sources[n].hf_names} - set(self.pending))
             self.pending.clear()
             return False, (f"the push of version {version} ended without {missing[:4]} ({len(missing)} tensor(s)); "
                            "their fused Megatron tensors are incomplete, the version is not taken")
-        self.version = version
-        return True, message
+        return super().finish(version, message)
 
     def load_named(self, named: list[tuple[str, torch.Tensor]]) -> tuple[bool, str]:
         # CUDA IPC: the sender frees these blocks after the call; keep copies of what waits for more.

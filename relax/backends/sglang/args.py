@@ -12,7 +12,8 @@ of which belongs in the driver (or a test process). Abbreviations are refused (S
 would take `--mem-fraction` for `--mem-fraction-static`; here a prefix is a typo). The check
 parses; it does not resolve (that needs the model and the GPUs: SGLang does it at start).
 
-No `sglang` import at module level: `relax.config` loads this module by name.
+No `sglang` import at module level: `relax.backends.registry` loads this module by name when the
+run's config is checked (`check_engine_options`).
 """
 
 from __future__ import annotations
@@ -26,7 +27,10 @@ import re
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+if TYPE_CHECKING:
+    from relax.config.schema import RelaxConfig
 
 # Set by Relax for each engine; an `--sglang-*` option for one of these is an error.
 MANAGED = {
@@ -111,6 +115,18 @@ def validate_server_argv(argv: Sequence[str], timeout: float = 300.0) -> argpars
     if "error" in answer:
         raise ValueError(_user_message(answer["error"], answer.get("hints", {}), argv))
     return argparse.Namespace(**answer["values"])
+
+
+def check_engine_options(cfg: RelaxConfig) -> None:
+    """Every `--sglang-*` option as the engines will get it, through SGLang's own parser. Raises
+    ValueError naming the flag; `SGLangMissing` (an ImportError) when SGLang's parser does not
+    import here (`relax.backends.registry.ENGINE_OPTION_CHECKS`)."""
+    tp = cfg.cluster.rollout_num_gpus_per_engine
+    options = normalize_options(cfg.sglang)
+    if options.get("tp_size") is not None and str(options["tp_size"]).strip() != str(tp):
+        raise ValueError(f"--sglang-tp-size {options['tp_size']} contradicts --rollout-num-gpus-per-engine {tp}: "
+                         "an engine runs tensor parallel over the GPUs it is given; drop --sglang-tp-size")
+    validate_server_argv(server_argv(cfg.ckpt.hf_checkpoint or "model", "127.0.0.1", 30000, {**options, "tp_size": tp}))
 
 
 def _user_message(error: str, hints: Mapping[str, list[str]], argv: Sequence[str]) -> str:

@@ -105,7 +105,7 @@ def launch_sglang_engine(model_path: str, *, host: str = "127.0.0.1", port: int 
                          env: Mapping[str, str] | None = None, log_path: str | None = None,
                          num_threads: int | None = None, options: Mapping[str, Any] | None = None) -> SGLangEngine:
     """Start the server (not yet ready: call `.wait_ready(timeout)`). `options`: SGLang
-    `ServerArgs` names (checked by SGLang's parser at config time, `relax.config.validate`);
+    `ServerArgs` names (checked by SGLang's parser at config time, `check_engine_options` in `args.py`);
     `device`: "cuda:<GPU ids>", the engine's GPUs, one tensor-parallel rank each."""
     port = port or free_port(host)
     argv, child_env = engine_command(model_path, host=host, port=port, device=device, api_key=api_key,

@@ -1,8 +1,10 @@
 """A facade over N Ray actors that form one training group (data- and model-parallel ranks).
 
-Components talk to "the actor" or "the reference" as one object; the group fans a call out
-to every rank (`call`) or hands each rank its own shard (`call_sharded`) and gathers the
-results, so per-rank plumbing stays out of component code.
+The group fans a remote call out to every rank (`on_all`) or hands each data-parallel shard
+its own argument (`on_shards`) and gathers the results; a call is a function of the rank's
+actor handle (`lambda w: w.push_weights.remote(v)`), never a method name in a string, so a
+typed facade over the group (`relax.backends.trainer.group.TrainerGroup`) reads like the class
+it drives.
 
 The group's torch.distributed rendezvous port is picked in this process and bound seconds
 later by rank 0, so another process may take it in between (EADDRINUSE). The first call on the
@@ -13,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import ray
 
@@ -22,6 +24,9 @@ from relax.utils.net import free_port
 logger = logging.getLogger(__name__)
 
 PORT_ATTEMPTS = 3
+
+RankCall = Callable[[Any], Any]  # a rank's actor handle -> the ObjectRef of one remote method call
+ShardCall = Callable[[Any, Any], Any]  # (handle, the shard's argument) -> ObjectRef
 
 
 def _port_taken(exc: BaseException) -> bool:
@@ -38,7 +43,7 @@ class RayActorGroup:
     Data parallelism: a worker with `parallel_info()` (the training backends) says which
     data-parallel shard it serves and whether it answers for it; the ranks of one model-parallel
     group (Megatron tensor/pipeline parallelism) receive the same shard. `dp_size` shards go in
-    (`call_sharded`, `call_each`, `submit`) and one result per shard comes back, in shard order.
+    (`on_shards`, `submit`) and one result per shard comes back, in shard order.
     Without model parallelism every rank is its own shard.
     """
 
@@ -91,50 +96,42 @@ class RayActorGroup:
         self._members = [[r for r, i in enumerate(infos) if i["dp_rank"] == d] for d in range(self.dp_size)]
         self._answers = [next(r for r in ranks if infos[r]["output"]) for ranks in self._members]
 
-    def _fan_out(self, method: str, per_shard_args: Sequence[tuple], kwargs: dict[str, Any]) -> list[list[Any]]:
-        if len(per_shard_args) != self.dp_size:
-            raise ValueError(f"{self.name}: {len(per_shard_args)} shards for {self.dp_size} data-parallel ranks")
-        return [[getattr(self.workers[r], method).remote(*args, **kwargs) for r in ranks]
-                for ranks, args in zip(self._members, per_shard_args)]
+    async def _ensure_ready(self) -> None:
+        if not self._ready:
+            await self.ready()
 
     async def _answer(self, shard: int, refs: list[Any]) -> Any:
         results = [await ref for ref in refs]  # every rank of the shard finishes (errors surface)
         return results[self._members[shard].index(self._answers[shard])]
 
-    async def call(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
-        """Run `method(*args, **kwargs)` on every rank; results in rank order."""
-        if not self._ready:
-            await self.ready()
-        refs = [getattr(w, method).remote(*args, **kwargs) for w in self.workers]
+    async def on_all(self, call: RankCall) -> list[Any]:
+        """`call(worker)` (a remote method call, e.g. `lambda w: w.shutdown.remote()`) on every
+        rank; results in rank order."""
+        await self._ensure_ready()
+        refs = [call(w) for w in self.workers]
         return [await ref for ref in refs]
 
-    async def call_sharded(self, method: str, shards: Sequence[Any], *args: Any, **kwargs: Any) -> list[Any]:
-        """Data-parallel shard d's ranks get `shards[d]` as their first argument; one result per shard."""
-        if not self._ready:
-            await self.ready()
-        refs = self._fan_out(method, [(shard, *args) for shard in shards], kwargs)
+    async def on_shards(self, call: ShardCall, shards: Sequence[Any]) -> list[Any]:
+        """Data-parallel shard d's ranks run `call(worker, shards[d])`; one result per shard, in
+        shard order (the answering rank's)."""
+        await self._ensure_ready()
+        if len(shards) != self.dp_size:
+            raise ValueError(f"{self.name}: {len(shards)} shards for {self.dp_size} data-parallel ranks")
+        refs = [[call(self.workers[r], shard) for r in ranks] for ranks, shard in zip(self._members, shards)]
         return [await self._answer(d, r) for d, r in enumerate(refs)]
 
-    async def call_each(self, method: str, per_shard_args: Sequence[tuple]) -> list[Any]:
-        """Shard d's ranks run `method(*per_shard_args[d])`; one result per shard, in shard order."""
-        if not self._ready:
-            await self.ready()
-        refs = self._fan_out(method, per_shard_args, {})
-        return [await self._answer(d, r) for d, r in enumerate(refs)]
-
-    def submit(self, shard: int, method: str, *args: Any) -> Any:
-        """Queue `method(*args)` on shard `shard`'s ranks without waiting; calls to one rank run in
-        the order they were submitted. Returns an awaitable of the shard's result. The group must be
-        ready (a first `call` has run)."""
+    def submit(self, shard: int, call: RankCall) -> Any:
+        """Queue `call(worker)` on shard `shard`'s ranks without waiting; calls to one rank run in
+        the order they were submitted. Returns an awaitable of the shard's result. The group must
+        be ready (a first call has run)."""
         if not self._ready:
             raise RuntimeError(f"{self.name}: submit before the group is ready; `await group.ready()` first")
-        refs = [getattr(self.workers[r], method).remote(*args) for r in self._members[shard]]
+        refs = [call(self.workers[r]) for r in self._members[shard]]
         return asyncio.ensure_future(self._answer(shard, refs))
 
-    async def call_rank0(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        if not self._ready:
-            await self.ready()
-        return await getattr(self.workers[0], method).remote(*args, **kwargs)
+    async def on_rank0(self, call: RankCall) -> Any:
+        await self._ensure_ready()
+        return await call(self.workers[0])
 
     def kill(self) -> None:
         for w in self.workers:

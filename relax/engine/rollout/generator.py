@@ -28,9 +28,7 @@ from relax.engine.rollout.partial_rollout import is_resuming, resume_request, re
 from relax.engine.rollout.prompt_encoding import PromptEncoder
 from relax.engine.specs import RolloutSpec
 from relax.types import FINISH_REASON_STATUS, Sample
-from relax.utils.data.formatting import render_chat_template
 from relax.utils.http_utils import post
-from relax.utils.multimodal.processor import through_pipelines
 from relax.utils.plugins import accepts_keyword, call_maybe_async, load_plugin
 
 logger = logging.getLogger(__name__)
@@ -123,32 +121,6 @@ def apply_output(sample: Sample, prompt_ids: list[int], out: dict[str, Any]) -> 
     finish = (meta.get("finish_reason") or {}).get("type", "stop")
     sample.status = FINISH_REASON_STATUS.get(finish, Sample.Status.COMPLETED)
     return sample
-
-
-def prompt_text(tokenizer: Any, sample: Sample) -> str:
-    """The prompt as text (a message list through the chat template)."""
-    if isinstance(sample.prompt, str):
-        return sample.prompt
-    return render_chat_template(sample.prompt, tokenizer, tools=None, kwargs={})
-
-
-def prompt_ids(tokenizer: Any, sample: Sample) -> list[int]:
-    """The prompt's token ids (a message list through the chat template)."""
-    return tokenizer.encode(prompt_text(tokenizer, sample), add_special_tokens=False)
-
-
-def encode_prompt(tokenizer: Any, processor: Any, sample: Sample, pipelines: dict[str, Any] | None = None
-                  ) -> tuple[list[int], dict[str, Any]]:
-    """The prompt's ids and the media fields of its /generate request. A multimodal sample (and a
-    VL `processor`) gets its placeholders expanded to the model's media tokens, its encoder tensors
-    in `sample.multimodal_train_inputs` (for the trainer) and `image_data` for the engine; its
-    media first through `pipelines` (modality -> pipeline: images resized per --image-*-token-num,
-    audio resampled to --audio-sample-rate), when given."""
-    if processor is None or not sample.multimodal_inputs:
-        return prompt_ids(tokenizer, sample), {}
-    encoded = processor.encode(prompt_text(tokenizer, sample), through_pipelines(sample.multimodal_inputs, pipelines))
-    sample.multimodal_train_inputs = encoded.tensors or None
-    return encoded.input_ids, encoded.request
 
 
 def _same_prompt(group: list[Sample]) -> bool:

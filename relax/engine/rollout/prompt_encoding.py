@@ -3,7 +3,7 @@
 Decoding, resizing and patchifying a row's images, video frames and audio takes milliseconds to
 seconds of CPU. The rollout's event loop serves every in-flight request, so encoding there would
 stall them all while one prompt is processed. `PromptEncoder.encode(sample)` returns what
-`generator.encode_prompt` returns (the prompt's ids and its /generate media fields; the encoder
+`encode_prompt` returns (the prompt's ids and its /generate media fields; the encoder
 tensors set on `sample.multimodal_train_inputs`), computed
 
 - `--mm-processor-pool-size 0` (the default): in a worker thread (`asyncio.to_thread`); PIL,
@@ -26,8 +26,36 @@ from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 from relax.types import Sample
+from relax.utils.data.formatting import render_chat_template
+from relax.utils.multimodal.items import through_pipelines
 
 _WORKER: dict[str, Any] = {}  # in a pool process: its processor and pipelines
+
+
+def prompt_text(tokenizer: Any, sample: Sample) -> str:
+    """The prompt as text (a message list through the chat template)."""
+    if isinstance(sample.prompt, str):
+        return sample.prompt
+    return render_chat_template(sample.prompt, tokenizer, tools=None, kwargs={})
+
+
+def prompt_ids(tokenizer: Any, sample: Sample) -> list[int]:
+    """The prompt's token ids (a message list through the chat template)."""
+    return tokenizer.encode(prompt_text(tokenizer, sample), add_special_tokens=False)
+
+
+def encode_prompt(tokenizer: Any, processor: Any, sample: Sample, pipelines: dict[str, Any] | None = None
+                  ) -> tuple[list[int], dict[str, Any]]:
+    """The prompt's ids and the media fields of its /generate request. A multimodal sample (and a
+    VL `processor`) gets its placeholders expanded to the model's media tokens, its encoder tensors
+    in `sample.multimodal_train_inputs` (for the trainer) and `image_data` for the engine; its
+    media first through `pipelines` (modality -> pipeline: images resized per --image-*-token-num,
+    audio resampled to --audio-sample-rate), when given."""
+    if processor is None or not sample.multimodal_inputs:
+        return prompt_ids(tokenizer, sample), {}
+    encoded = processor.encode(prompt_text(tokenizer, sample), through_pipelines(sample.multimodal_inputs, pipelines))
+    sample.multimodal_train_inputs = encoded.tensors or None
+    return encoded.input_ids, encoded.request
 
 
 def _init_worker(model_path: str, tokenizer: Any, data_flags: Any) -> None:
@@ -38,8 +66,6 @@ def _init_worker(model_path: str, tokenizer: Any, data_flags: Any) -> None:
 
 
 def _encode_in_worker(text: str, media: dict[str, list[Any]]) -> Any:
-    from relax.utils.multimodal.processor import through_pipelines
-
     return _WORKER["processor"].encode(text, through_pipelines(media, _WORKER["pipelines"]))
 
 
@@ -59,8 +85,6 @@ class PromptEncoder:
         self._pool: ProcessPoolExecutor | None = None
 
     async def encode(self, sample: Sample) -> tuple[list[int], dict[str, Any]]:
-        from relax.engine.rollout.generator import encode_prompt, prompt_ids, prompt_text
-
         if self.processor is None or not sample.multimodal_inputs:
             return prompt_ids(self.tokenizer, sample), {}
         if not self.pool_size:

@@ -20,8 +20,8 @@ import functools
 import weakref
 from typing import Any
 
-from relax.engine.rollout.generator import (  # noqa: F401 (plugin API)
-    Generator, StepState, encode_prompt, parse_weight_version)
+from relax.engine.rollout.generator import Generator, StepState, parse_weight_version  # noqa: F401 (plugin API)
+from relax.engine.rollout.prompt_encoding import encode_prompt
 from relax.types import Sample
 
 _BOUND: dict[int, Generator] = {}

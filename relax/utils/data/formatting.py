@@ -237,7 +237,7 @@ class MediaLength:
     Each `<image>` / `<video>` / `<audio>` placeholder expands to many media tokens (a 56x56
     image is 4 pads plus its open/close tokens for Qwen2.5-VL), so a short text can be a long
     prompt. The count is `len(processor.encode(text, through_pipelines(media, pipelines)).input_ids)`,
-    the very ids the rollout sends (`relax.engine.rollout.generator.encode_prompt`): exact, at
+    the very ids the rollout sends (`relax.engine.rollout.prompt_encoding.encode_prompt`): exact, at
     the cost of processing each row's media once. Failures are `MediaError` (a `ValueError`)."""
 
     processor: Any  # relax.utils.multimodal.processor.MultimodalProcessor of --hf-checkpoint
@@ -252,7 +252,7 @@ class MediaLength:
         return cls(processor, processor.pipelines(flags))
 
     def __call__(self, text: str, media: dict[str, list]) -> int:
-        from relax.utils.multimodal.processor import through_pipelines
+        from relax.utils.multimodal.items import through_pipelines
 
         return len(self.processor.encode(text, through_pipelines(media, self.pipelines)).input_ids)
 

@@ -31,7 +31,8 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from relax.utils.multimodal.processor import collate, through_pipelines
+from relax.utils.multimodal.items import through_pipelines
+from relax.utils.multimodal.tensors import collate
 
 
 def merge_tensors(old: dict[str, Any] | None, new: dict[str, Any] | None) -> dict[str, Any] | None:

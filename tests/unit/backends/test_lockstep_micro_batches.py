@@ -11,6 +11,8 @@ row, and one optimizer step's gradient norm and log-probs after it.
 
 from __future__ import annotations
 
+import dataclasses
+
 import importlib.util
 import json
 import multiprocessing as mp
@@ -44,15 +46,14 @@ def rows():
 def worker(backend: str, model: str, rank: int, world: int, port: int, parallel: dict, budget: int):
     from relax.algorithms.policy_loss import PolicyLossConfig
     from relax.backends.base import ModelParallelSpec, TrainerSpec
-    from relax.backends.registry import TRAIN_BACKENDS
+    from relax.backends.trainer.trainer import Trainer
     from relax.config.schema import BatchConfig, OptimizerConfig
-    from relax.utils.plugins import import_object
 
     spec = TrainerSpec(model_path=model, optim=OptimizerConfig(lr=1e-2, clip_grad=1.0), threads=1,
                        batch=BatchConfig(micro_batch_size=8, use_dynamic_batch_size=True, max_tokens_per_gpu=budget,
                                          log_probs_max_tokens_per_gpu=SCORE_BUDGET),
                        loss=PolicyLossConfig(), model_parallel=ModelParallelSpec(**parallel))
-    return import_object(TRAIN_BACKENDS[backend])(rank, world, "127.0.0.1", port, spec)
+    return Trainer(rank, world, "127.0.0.1", port, dataclasses.replace(spec, backend=backend))
 
 
 def run_rank(rank: int, world: int, port: int, cases: list, out: str) -> None:

@@ -84,7 +84,8 @@ def model_dir(request, tmp_path_factory):
 
 def encode(model_dir: str):
     """The rollout side: chat template, placeholders expanded, encoder tensors, image_data / audio_data."""
-    from relax.utils.multimodal.processor import MultimodalProcessor, through_pipelines
+    from relax.utils.multimodal.items import through_pipelines
+    from relax.utils.multimodal.processor import MultimodalProcessor
 
     processor = MultimodalProcessor(model_dir)
     out = []
@@ -122,7 +123,7 @@ def generate(model_dir: str, encoded):
 
 
 def test_engine_and_trainer_log_probs_agree_on_media_rows(model_dir):
-    from relax.backends.fsdp.worker import FSDPTrainWorker
+    from relax.backends.trainer.trainer import Trainer
     from relax.utils.multimodal.processor import MultimodalProcessor
 
     torch.manual_seed(0)
@@ -141,7 +142,7 @@ def test_engine_and_trainer_log_probs_agree_on_media_rows(model_dir):
     assert media[2] == b"" and media[0] and media[1] and media[3]
     spec = TrainerSpec(model_path=model_dir, optim=OptimizerConfig(lr=1e-2), batch=BatchConfig(micro_batch_size=3),
                        loss=PolicyLossConfig(), temperature=TEMPERATURE, threads=1)
-    worker = FSDPTrainWorker(0, 1, "127.0.0.1", free_port(), spec)
+    worker = Trainer(0, 1, "127.0.0.1", free_port(), spec)
     try:
         trainer = worker.compute_log_probs([s.tokens for s in samples], [s.response_length for s in samples], media)
         for s, lp in zip(samples, trainer):
@@ -158,11 +159,11 @@ def test_engine_and_trainer_log_probs_agree_on_media_rows(model_dir):
                            advantages_RT=[[[1.0, -1.0, 0.5, -0.5][i]] * n for i, n in enumerate(lengths)],
                            old_log_probs_RT=trainer, multimodal_train_inputs_RB=media)
         tower = ENCODER[family(model_dir)]
-        visual = {n: p.detach().clone() for n, p in worker.model.named_parameters() if tower in f".{n}"}
+        visual = {n: p.detach().clone() for n, p in worker.runner.model.named_parameters() if tower in f".{n}"}
         assert visual
         metrics = worker.train(batch, 1, [sum(lengths)])
         assert metrics["grad_norm"] > 0
-        moved = [n for n, p in worker.model.named_parameters() if n in visual and not torch.equal(p, visual[n])]
+        moved = [n for n, p in worker.runner.model.named_parameters() if n in visual and not torch.equal(p, visual[n])]
         assert moved, f"the encoder ({tower}) did not train"
     finally:
         worker.shutdown()
@@ -170,7 +171,8 @@ def test_engine_and_trainer_log_probs_agree_on_media_rows(model_dir):
 
 def test_rope_positions_ignore_padding_and_follow_each_rows_images(model_dir):
     """Rows batched with left or right padding get the positions they get alone."""
-    from relax.utils.multimodal.processor import collate, load_model, rope_positions
+    from relax.utils.multimodal.models import load_model, rope_positions
+    from relax.utils.multimodal.tensors import collate
 
     model = load_model(model_dir, dtype=torch.float32)
     encoded = encode(model_dir)
@@ -200,7 +202,7 @@ def test_multi_turn_media_carry_over(model_dir):
     mid-episode
     (MediaContext): the second /generate carries every item so far, and the trainer, given the
     merged tensors, scores every model-written token as the engine did."""
-    from relax.backends.fsdp.worker import FSDPTrainWorker
+    from relax.backends.trainer.trainer import Trainer
     from relax.utils.multimodal.processor import MultimodalProcessor
     from relax.utils.multimodal.turns import MediaContext
 
@@ -236,7 +238,7 @@ def test_multi_turn_media_carry_over(model_dir):
         assert len(ctx.request()["audio_data"]) == 2 and sample.multimodal_train_inputs["input_features"].shape[0] == 2
     spec = TrainerSpec(model_path=model_dir, optim=OptimizerConfig(lr=1e-3), batch=BatchConfig(micro_batch_size=1),
                        loss=PolicyLossConfig(), temperature=TEMPERATURE, threads=1)
-    worker = FSDPTrainWorker(0, 1, "127.0.0.1", free_port(), spec)
+    worker = Trainer(0, 1, "127.0.0.1", free_port(), spec)
     try:
         media = tq.media_bytes(tq.media_column([sample]).unbind())
         (trainer,) = worker.compute_log_probs([sample.tokens], [len(sample.tokens) - prompt_len], media)
@@ -250,8 +252,8 @@ def test_multi_turn_media_carry_over(model_dir):
 def test_freezing_the_media_encoder(model_dir):
     """--freeze-params-name-list visual (audio_tower for the omni model's audio rows): a step on
     media rows moves the rest only."""
-    from relax.backends.fsdp.worker import FSDPTrainWorker
-    from relax.utils.multimodal.processor import to_bytes
+    from relax.backends.trainer.trainer import Trainer
+    from relax.utils.multimodal.tensors import to_bytes
 
     encoded = encode(model_dir)[:2]
     tokens = [e.input_ids + [5, 6, 7] for e in encoded]
@@ -259,15 +261,15 @@ def test_freezing_the_media_encoder(model_dir):
     frozen = ENCODER[family(model_dir)].strip(".")
     spec = TrainerSpec(model_path=model_dir, optim=OptimizerConfig(lr=1e-2, freeze_params_name_list=[frozen]),
                        batch=BatchConfig(micro_batch_size=2), loss=PolicyLossConfig(), temperature=1.0, threads=1)
-    worker = FSDPTrainWorker(0, 1, "127.0.0.1", free_port(), spec)
+    worker = Trainer(0, 1, "127.0.0.1", free_port(), spec)
     try:
-        before = {n: p.detach().clone() for n, p in worker.model.named_parameters()}
+        before = {n: p.detach().clone() for n, p in worker.runner.model.named_parameters()}
         old = worker.compute_log_probs(tokens, [3, 3], media)
         batch = TrainBatch(tokens_RL=tokens, response_lengths_R=[3, 3], loss_masks_RT=[[1] * 3] * 2,
                            advantages_RT=[[1.0] * 3, [-1.0] * 3], old_log_probs_RT=old,
                            multimodal_train_inputs_RB=media)
         worker.train(batch, 1, [6])
-        changed = {n for n, p in worker.model.named_parameters() if not torch.equal(p, before[n])}
+        changed = {n for n, p in worker.runner.model.named_parameters() if not torch.equal(p, before[n])}
     finally:
         worker.shutdown()
     assert changed and not any(frozen in n for n in changed)
@@ -279,7 +281,7 @@ def test_group_samples_share_one_multimodal_prefill(model_dir):
     from relax.algorithms.logprobs import row_response_log_probs
     from relax.backends.hf.engine import HFEngine
     from relax.backends.hf.protocol import GenerateRequest, normalize_generate
-    from relax.utils.multimodal.processor import load_model, rope_positions
+    from relax.utils.multimodal.models import load_model, rope_positions
 
     (encoded,) = encode(model_dir)[:1]
 
@@ -314,7 +316,7 @@ def test_engine_takes_audio_only_with_an_audio_encoder(model_dir):
     from relax.backends.hf.engine import HFEngine
     from relax.backends.hf.protocol import GenerateItem
     from relax.backends.hf.sampling import parse_sampling_params
-    from relax.utils.multimodal.processor import audio_to_data_uri
+    from relax.utils.multimodal.items import audio_to_data_uri
     from relax.utils.multimodal.sources import MediaError
 
     engine = HFEngine(model_dir, seed=0)
@@ -336,8 +338,9 @@ def test_audio_in_video_for_the_omni_thinker(model_dir):
 
     from transformers.models.qwen3_omni_moe.processing_qwen3_omni_moe import Qwen3OmniMoeProcessor
 
-    from relax.backends.fsdp.worker import FSDPTrainWorker
-    from relax.utils.multimodal.processor import MultimodalProcessor, through_pipelines
+    from relax.backends.trainer.trainer import Trainer
+    from relax.utils.multimodal.items import through_pipelines
+    from relax.utils.multimodal.processor import MultimodalProcessor
     from relax.utils.multimodal.sources import MediaError
 
     if family(model_dir) != "qwen3_omni":
@@ -370,7 +373,7 @@ def test_audio_in_video_for_the_omni_thinker(model_dir):
                     multimodal_train_inputs=t, rollout_log_probs=result.output_logprobs)
     spec = TrainerSpec(model_path=model_dir, optim=OptimizerConfig(lr=1e-3), batch=BatchConfig(micro_batch_size=1),
                        loss=PolicyLossConfig(), temperature=TEMPERATURE, threads=1)
-    worker = FSDPTrainWorker(0, 1, "127.0.0.1", free_port(), spec)
+    worker = Trainer(0, 1, "127.0.0.1", free_port(), spec)
     try:
         media = tq.media_bytes(tq.media_column([sample]).unbind())
         (trainer,) = worker.compute_log_probs([sample.tokens], [sample.response_length], media)

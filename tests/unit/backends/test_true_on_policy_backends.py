@@ -34,12 +34,12 @@ def model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def worker(model_dir):
-    from relax.backends.fsdp.worker import FSDPTrainWorker
+    from relax.backends.trainer.trainer import Trainer
 
     # micro_batch_size 4: without the mode, rows are scored in padded batches.
     spec = TrainerSpec(model_path=model_dir, optim=OptimizerConfig(lr=1e-3), batch=BatchConfig(micro_batch_size=4),
                        loss=PolicyLossConfig(), temperature=TEMPERATURE, threads=1, true_on_policy=True)
-    w = FSDPTrainWorker(0, 1, "127.0.0.1", free_port(), spec)
+    w = Trainer(0, 1, "127.0.0.1", free_port(), spec)
     yield w
     w.shutdown()
 

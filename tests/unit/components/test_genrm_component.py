@@ -7,9 +7,11 @@ import asyncio
 import pytest
 from aiohttp import web
 
+from relax.components.setup_context import SetupContext
 from relax.backends import registry
 from relax.components.genrm import GenRM
-from relax.config.plan import needs_genrm, resolve_plan
+from relax.config.plan import resolve_plan
+from relax.config.role_plans import needs_genrm
 from relax.config.schema import RelaxConfig
 from relax.utils.http_utils import close_sessions, post
 
@@ -85,8 +87,8 @@ def test_setup_launches_the_judges_behind_a_router_and_shutdown_stops_them(cfg):
         runners = await start_judges(2)
         role = genrm(cfg)
         await role.start()
-        info = await role.setup({})
-        replies = [await post(info["genrm_url"] + "/generate", {"text": "t", "sampling_params": {}})
+        info = await role.setup(SetupContext())
+        replies = [await post(info.genrm_url + "/generate", {"text": "t", "sampling_params": {}})
                    for _ in range(4)]
         urls, stats = role.engine_urls(), await role.stats()
         await role.shutdown()

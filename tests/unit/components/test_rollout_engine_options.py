@@ -45,4 +45,4 @@ def test_engines_hold_gpu_shares_only_on_a_gpu_cluster():
 def test_engines_run_on_the_cpu_without_gpu_slots():
     cfg = engines_cfg(2)
     rollout = Rollout(cfg, resolve_plan(cfg, gpus=0).rollout)
-    assert rollout._fleet_spec().devices == ("cpu", "cpu") and rollout.receiver_devices() == []
+    assert rollout._fleet_spec().devices == ("cpu", "cpu") and rollout.weight_receivers().devices == []

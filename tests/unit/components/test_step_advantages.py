@@ -8,7 +8,7 @@ import torch
 
 from relax.algorithms.advantages import gae
 from relax.components.step_advantages import AdvantageSpec, opd_metrics, step_advantages
-from relax.components.training import ref_update_due, trains_actor
+from relax.components.training import trains_actor
 from relax.config.schema import RelaxConfig
 
 
@@ -26,12 +26,6 @@ def test_critic_only_steps_are_the_first_n_rollouts():
     cfg = cfg_with(num_critic_only_steps=2)
     assert [trains_actor(cfg, k) for k in range(4)] == [False, False, True, True]
     assert not any(trains_actor(cfg_with(critic_train_only=True), k) for k in range(4))
-
-
-def test_reference_refresh_is_due_every_interval_but_not_at_the_start():
-    cfg = cfg_with(ref_update_interval=2)
-    assert [ref_update_due(cfg, k) for k in range(5)] == [False, False, True, False, True]
-    assert not any(ref_update_due(cfg_with(), k) for k in range(5))
 
 
 def test_ppo_advantages_and_returns_are_gae_on_the_critic_values():

@@ -39,7 +39,7 @@ def test_engine_teacher_sends_sglang_scoring_requests(monkeypatch):
 
     cfg = RelaxConfig().replace(rm_url="http://teacher:30000/generate")
     teacher = EngineTeacher(cfg, RolePlan("teacher", 0, "engine"))
-    from relax.backends.engine_client import EngineClient
+    from relax.distributed.engine_client import EngineClient
 
     teacher.client = EngineClient("http://teacher:30000", transport=httpx.MockTransport(handler))
     out = asyncio.run(teacher.score([[1, 2, 3, 4], [5, 6, 7]], [2, 1]))

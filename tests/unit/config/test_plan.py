@@ -1,5 +1,6 @@
 """The run plan: roles, resources and placement, column producers and consumers, the partition's
-clearer, weight receivers; flags a mode cannot use; the cluster check; `--dry-run`."""
+clearer, weight receivers; `--resource` entries for roles not deployed; the cluster check;
+`--dry-run`. (Flags a mode cannot use: checks/test_modes.py.)"""
 
 from __future__ import annotations
 
@@ -9,10 +10,10 @@ import sys
 import pytest
 
 from relax.algorithms.advantages import BATCH_ESTIMATORS
-from relax.config import ConfigError, parse_config
-from relax.config.plan import (
-    BATCH_ESTIMATORS as PLAN_BATCH_ESTIMATORS, PlanError, check_cluster, format_plan, resolve_plan,
-)
+from relax.config import PlanError, parse_config
+from relax.config.plan import BATCH_ESTIMATORS as PLAN_BATCH_ESTIMATORS
+from relax.config.plan import check_cluster, format_plan, resolve_plan
+from relax.config.role_plans import StepPart
 from relax.types import COLUMNS
 
 FULLY_ASYNC = ["--fully-async", "--resource", '{"actor": [1, 1], "rollout": [1, 1], "actor_fwd": [1, 1], '
@@ -35,7 +36,8 @@ def test_colocate_plan_runs_every_per_step_computation_in_the_actor(base):
     assert plan.clearer == "actor" and plan.actor.clears and plan.weight_receivers == ("rollout",)
     assert flows(plan)["ref_log_probs"] == ("reference", ("actor",))
     assert "old_log_probs" not in flows(plan) and "advantages" not in flows(plan)  # computed in the Actor
-    assert plan.role("reference").scores and not plan.role("reference").streams
+    assert plan.role("reference").parts == StepPart.SCORES
+    assert plan.roles_with(StepPart.SCORES) == (plan.role("reference"),)
     assert plan.rollout.release_memory and not plan.rollout.stream_groups
 
 
@@ -56,7 +58,7 @@ def test_fully_async_plan_streams_and_the_actor_computes_nothing(base):
     plan = plan_of(base + FULLY_ASYNC)
     assert [r.name for r in plan.roles] == ["actor", "rollout", "reference", "actor_fwd", "advantages", "dcs"]
     assert plan.actor.loader == "streaming" and plan.actor.computes == () and plan.actor.overlap_weight_push
-    assert {r.name for r in plan.roles if r.streams} == {"rollout", "reference", "actor_fwd", "advantages"}
+    assert {r.name for r in plan.roles_with(StepPart.STREAMS)} == {"rollout", "reference", "actor_fwd", "advantages"}
     f = flows(plan)
     assert f["old_log_probs"] == ("actor_fwd", ("actor",)) and f["advantages"] == ("advantages", ("actor",))
     assert f["rewards"][1] == ("actor", "advantages") and "sample_indices" in plan.role("actor_fwd").reads
@@ -68,7 +70,9 @@ def test_ppo_leaves_the_partition_to_the_critic_which_trains_after_the_actor(bas
     assert colocate.clearer == "critic" and not colocate.actor.clears
     assert colocate.actor.writes == ("returns",) and flows(colocate)["returns"] == ("actor", ("critic",))
     assert flows(colocate)["values"] == ("critic", ("actor", "critic"))
-    assert colocate.role("critic").trains_after_actor and colocate.role("critic").checkpoints
+    critic = colocate.role("critic").parts
+    assert StepPart.TRAINS_AFTER_ACTOR in critic and StepPart.CHECKPOINTS in critic
+    assert [r.name for r in colocate.roles_with(StepPart.CHECKPOINTS)] == ["actor", "rollout", "critic"]
     fully_async = plan_of(base + FULLY_ASYNC + ["--advantage-estimator", "ppo", "--resource",
                                                '{"actor": [1, 1], "rollout": [1, 1], "critic": [1, 1]}'])
     assert flows(fully_async)["returns"] == ("advantages", ("critic",)) and fully_async.actor.writes == ()
@@ -102,24 +106,6 @@ def test_the_plan_and_the_algorithms_agree_on_batch_estimators():
 def test_resource_entries_for_roles_the_run_does_not_deploy_fail(base, extra, needle):
     with pytest.raises(PlanError, match=needle):
         plan_of(base + extra)
-
-
-@pytest.mark.parametrize("extra, needle", [
-    (["--max-staleness", "1"], "--max-staleness 1 bounds how far rollout runs ahead"),
-    (["--fully-async", "--offload"], "--offload: in fully-async mode"),
-    (["--fully-async", "--offload-rollout"], "--offload-rollout: in fully-async mode"),
-    (["--polling-mode", "false"], "--polling-mode is accepted for compatibility"),
-    (["--max-global-restart", "1"], "--max-global-restart 1 bounds the global restarts of --use-health-check"),
-    (["--rollout-health-check-interval", "5"], "the engine health checks run only with --use-fault-tolerance"),
-    (["--use-fault-tolerance", "--rollout-health-check-timeout", "0"], "--rollout-health-check-timeout must be > 0"),
-    (["--use-health-check", "--max-global-restart", "-1"], "--max-global-restart must be >= 0"),
-    (["--max-engine-replacements", "1"], "--max-engine-replacements 1 bounds the tier-1 engine replacements of "
-                                         "--use-fault-tolerance, which is off"),
-    (["--use-fault-tolerance", "--max-engine-replacements", "-1"], "--max-engine-replacements must be >= 0"),
-])
-def test_flags_the_mode_cannot_use_fail_with_the_fix(base, extra, needle):
-    with pytest.raises(ConfigError, match=needle):
-        parse_config(base + extra)
 
 
 def test_offload_train_is_noted_on_cpu_and_acts_on_shared_gpus(base):

@@ -125,7 +125,7 @@ def test_a_bad_engine_option_names_the_fleet(spec):
 def test_an_engine_that_stops_answering_is_named_with_its_state_and_log(spec):
     """A fleet call and a routed generate that reach a dead engine say which engine, how it ended
     and the end of its log (EngineHandle.describe), not only a connection error."""
-    from relax.backends.engine_client import EngineError
+    from relax.distributed.engine_client import EngineError
 
     async def main():
         runner = await serve(1, "e1")
@@ -134,7 +134,7 @@ def test_an_engine_that_stops_answering_is_named_with_its_state_and_log(spec):
         await runner.cleanup()  # the engine is gone: connections are refused
         try:
             with pytest.raises(EngineError) as err:
-                await fleet.each("get_weight_version")
+                await fleet.each(lambda c: c.get_weight_version())
             routed = None
             try:
                 await post(fleet.router_url + "/generate", {})

@@ -19,7 +19,7 @@ import pytest
 from relax.backends.hf.launcher import launch_hf_engine
 from relax.backends.hf.tiny_model import build_tiny_qwen3
 from relax.distributed.store import is_loopback
-from relax.distributed.weight_sync import WeightSender
+from relax.distributed.weights.sender import WeightSender
 from relax.engine.fleet import EngineFleet, ExternalEngine, FleetSpec
 from relax.engine.router.remote import RemoteRouter, launch_sglang_router, sglang_router_installed
 from relax.utils.http_utils import HTTPError, close_sessions, post

@@ -28,8 +28,9 @@ def test_start_failure_and_finish_reach_the_endpoint(alert_endpoint):
 
 
 def test_a_bad_url_is_a_config_error_naming_it():
-    from relax.config.parser import parse_config
-    from relax.config.validate import ConfigError, check_notify
+    from relax.config import parse_config
+    from relax.config import ConfigError
+    from relax.config.checks.outputs import check_notify
 
     assert check_urls(" json://a:1/x , ") == ["json://a:1/x"]
     with pytest.raises(ValueError, match="does not accept 'nosuchscheme://x'"):

@@ -21,8 +21,9 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 def test_engine_and_trainer_log_probs_agree_in_bf16(tmp_path, compiled):
     from transformers import AutoModelForCausalLM, Qwen3Config
 
-    from relax.backends.fsdp.worker import FSDPTrainWorker
-    from relax.backends.hf.decoder import BatchDecoder, DecodeRow
+    from relax.backends.trainer.trainer import Trainer
+    from relax.backends.hf.decoder import BatchDecoder
+    from relax.backends.hf.rows import DecodeRow
     from relax.backends.hf.sampling import parse_sampling_params
     from relax.backends.hf.tiny_model import build_tiny_tokenizer
 
@@ -39,7 +40,7 @@ def test_engine_and_trainer_log_probs_agree_in_bf16(tmp_path, compiled):
     rows = [DecodeRow(p, parse_sampling_params({"temperature": 1.0, "max_new_tokens": 48, "ignore_eos": True,
                                                 "sampling_seed": i})) for i, p in enumerate(prompts)]
     results = decoder.run(rows)
-    worker = FSDPTrainWorker(0, 1, "127.0.0.1", free_port(), TrainerSpec(
+    worker = Trainer(0, 1, "127.0.0.1", free_port(), TrainerSpec(
         model_path=str(tmp_path), optim=OptimizerConfig(lr=1e-6, bf16=True), batch=BatchConfig(micro_batch_size=32),
         loss=PolicyLossConfig(), compile_layers=compiled))
     try:

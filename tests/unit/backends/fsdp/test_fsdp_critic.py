@@ -25,11 +25,11 @@ def model_path(tmp_path_factory):
 
 
 def make_critic(path: str, lr: float = 1e-2):
-    from relax.backends.fsdp.worker import FSDPTrainWorker
+    from relax.backends.trainer.trainer import Trainer
 
-    spec = TrainerSpec(model_path=path, role="critic", optim=OptimizerConfig(lr=lr),
+    spec = TrainerSpec(model_path=path, head="value", optim=OptimizerConfig(lr=lr),
                        batch=BatchConfig(micro_batch_size=2), threads=1, value_clip=100.0)
-    return FSDPTrainWorker(0, 1, "127.0.0.1", free_port(), spec)
+    return Trainer(0, 1, "127.0.0.1", free_port(), spec)
 
 
 def batch() -> TrainBatch:
@@ -50,9 +50,9 @@ def test_critic_values_are_the_head_at_the_positions_that_choose_each_token(mode
         assert [len(v) for v in got] == b.response_lengths_R
         for toks, n, row in zip(b.tokens_RL, b.response_lengths_R, got):
             with torch.no_grad():
-                head = critic.model(input_ids=torch.tensor([toks], device=critic.device)).logits[0, :, 0].cpu()
+                head = critic.runner.model(input_ids=torch.tensor([toks], device=critic.device)).logits[0, :, 0].cpu()
             assert torch.allclose(torch.tensor(row), head[len(toks) - n - 1: len(toks) - 1], atol=1e-5)
-        assert critic.model.config.num_labels == 1
+        assert critic.runner.model.config.num_labels == 1
     finally:
         critic.shutdown()
 

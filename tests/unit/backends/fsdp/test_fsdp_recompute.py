@@ -1,6 +1,6 @@
 """--recompute-granularity full on the fsdp backend: per-layer activation checkpointing that changes
 memory, not the step. Its own module: the workers here need the process's default group, which
-test_fsdp_worker.py's module-scoped worker holds while it lives."""
+test_fsdp_runner.py's module-scoped worker holds while it lives."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from relax.backends.base import TrainerSpec
 from relax.config.schema import BatchConfig, OptimizerConfig
 from relax.distributed.ray.actor_group import free_port
 
-from test_fsdp_worker import batch, log_probs
+from test_fsdp_runner import batch, log_probs
 
 
 def _save_tiny_model(path) -> None:
@@ -25,9 +25,9 @@ def _save_tiny_model(path) -> None:
 
 
 def _worker(path, **spec):
-    from relax.backends.fsdp.worker import FSDPTrainWorker
+    from relax.backends.trainer.trainer import Trainer
 
-    return FSDPTrainWorker(0, 1, "127.0.0.1", free_port(), TrainerSpec(
+    return Trainer(0, 1, "127.0.0.1", free_port(), TrainerSpec(
         model_path=str(path), optim=OptimizerConfig(lr=1e-3), batch=BatchConfig(micro_batch_size=2),
         loss=PolicyLossConfig(), threads=1, **spec))
 
@@ -41,7 +41,7 @@ def test_recomputed_layers_give_the_same_step(tmp_path, recompute_layers):
     for layers in (None, recompute_layers):
         w = _worker(tmp_path, recompute_layers=layers)
         try:
-            checkpointed = [layer.gradient_checkpointing for layer in w.model.model.layers]
+            checkpointed = [layer.gradient_checkpointing for layer in w.runner.model.model.layers]
             b = batch()
             b.old_log_probs_RT = log_probs(w, b)
             metrics = w.train(b, 1, [7])
@@ -82,11 +82,11 @@ def test_weights_travel_in_the_push_dtype(tmp_path):
     _save_tiny_model(tmp_path)
     w = _worker(tmp_path)
     try:
-        params = dict(w.model.named_parameters())
-        as_is = list(w._full_state())
+        params = dict(w.runner.model.named_parameters())
+        as_is = list(w.runner.hf_state())
         assert [n for n, _, _ in as_is] == list(params)
         assert all(t.dtype == torch.float32 and not fresh for _, t, fresh in as_is)
-        cast = list(w._full_state(torch.bfloat16))
+        cast = list(w.runner.hf_state(torch.bfloat16))
         assert all(t.dtype == torch.bfloat16 and fresh for _, t, fresh in cast)
         for name, t, _ in cast:
             assert torch.equal(t, params[name].detach().to(torch.bfloat16))
@@ -96,7 +96,7 @@ def test_weights_travel_in_the_push_dtype(tmp_path):
 
 def test_bf16_training_pushes_bf16_except_true_on_policy():
     from relax.components.training import push_dtype
-    from relax.config.parser import parse_config
+    from relax.config import parse_config
 
     base = ["--hf-checkpoint", "m", "--prompt-data", "d.jsonl"]
     assert push_dtype(parse_config(base, validate=False)) is None

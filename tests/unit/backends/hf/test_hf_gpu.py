@@ -7,9 +7,9 @@ import asyncio
 import pytest
 import torch
 
-from relax.backends.engine_client import EngineClient
+from relax.distributed.engine_client import EngineClient
 from relax.backends.hf.launcher import launch_hf_engine
-from relax.distributed.weight_sync import WeightSender
+from relax.distributed.weights.sender import WeightSender
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
-from relax.backends.hf.decoder import BatchDecoder, DecodeRow, DecodeStats, RowResult
+from relax.backends.hf.decoder import BatchDecoder
+from relax.backends.hf.rows import DecodeRow, DecodeStats, RowResult
 from relax.backends.hf.sampling import parse_sampling_params
 from relax.backends.hf.scheduler import Scheduler
 

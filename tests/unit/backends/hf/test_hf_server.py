@@ -8,9 +8,10 @@ import time
 import httpx
 import pytest
 
-from relax.backends.engine_client import EngineClient, EngineError
-from relax.backends.hf.decoder import BatchDecoder, DecodeRow
+from relax.distributed.engine_client import EngineClient, EngineError
+from relax.backends.hf.decoder import BatchDecoder
 from relax.backends.hf.launcher import launch_hf_engine
+from relax.backends.hf.rows import DecodeRow
 from relax.backends.hf.sampling import parse_sampling_params
 
 API_KEY = "test-key"

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from relax.backends.hf.decoder import BatchDecoder, DecodeRow
+from relax.backends.hf.decoder import BatchDecoder
+from relax.backends.hf.rows import DecodeRow
 from relax.backends.hf.sampling import parse_sampling_params
 from relax.backends.hf.static_cache import COLUMN_BLOCK, SlotCache, batch_sizes, kv_shape, static_decode_supported
 

@@ -8,9 +8,10 @@ import time
 import pytest
 import torch
 
-from relax.backends.engine_client import EngineClient, EngineError
+from relax.distributed.engine_client import EngineClient, EngineError
 from relax.backends.hf.launcher import launch_hf_engine
-from relax.distributed.weight_sync import WeightSender, WeightSyncError
+from relax.distributed.weights.protocol import WeightSyncError
+from relax.distributed.weights.sender import WeightSender
 
 API_KEY = "sync-key"
 GREEDY = {"input_ids": [5, 6, 7], "sampling_params": {"temperature": 0, "max_new_tokens": 8, "ignore_eos": True}}

@@ -9,6 +9,8 @@ the Actor splits it (`relax.components.training.step_plan`)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import os
 
@@ -26,7 +28,8 @@ def make_models(root: str) -> dict[str, str]:
 
     paths = {"dense": os.path.join(root, "dense"), "moe": os.path.join(root, "moe")}
     torch.manual_seed(0)
-    Qwen3ForCausalLM(Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+    # An odd vocabulary: megatron pads it (to 128 x TP rows), and every layout must match fsdp on it.
+    Qwen3ForCausalLM(Qwen3Config(vocab_size=67, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                  num_attention_heads=4, num_key_value_heads=2, head_dim=8, pad_token_id=0,
                                  tie_word_embeddings=True)).save_pretrained(paths["dense"])
     Qwen3MoeForCausalLM(Qwen3MoeConfig(vocab_size=64, hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
@@ -46,15 +49,18 @@ def batch() -> TrainBatch:
 
 
 def run(rank: int, world_size: int, port: int, cases: list, out: str, bf16: bool = False) -> None:
-    from relax.utils.plugins import import_object
-    from relax.backends.registry import TRAIN_BACKENDS
+    from relax.backends.trainer.trainer import Trainer
 
     results = []
     for i, (backend, model_path, parallel) in enumerate(cases):
-        spec = TrainerSpec(model_path=model_path, optim=OptimizerConfig(lr=1e-2, clip_grad=1.0, bf16=bf16),
+        # adam_eps 1e-6: Adam's first step moves a weight by lr * g / (|g| + eps), which for a gradient
+        # element near eps amplifies float32 rounding (a tensor-parallel partial sum, ~1e-9) by lr / eps;
+        # at the default 1e-8 one such element of the odd-vocabulary model differed by 1.6e-4 at TP=2.
+        optim = OptimizerConfig(lr=1e-2, clip_grad=1.0, bf16=bf16, adam_eps=1e-6)
+        spec = TrainerSpec(model_path=model_path, optim=optim,
                            batch=BatchConfig(micro_batch_size=2), loss=PolicyLossConfig(), threads=1,
                            model_parallel=ModelParallelSpec(**parallel))
-        worker = import_object(TRAIN_BACKENDS[backend])(rank, world_size, "127.0.0.1", port + i, spec)
+        worker = Trainer(rank, world_size, "127.0.0.1", port + i, dataclasses.replace(spec, backend=backend))
         info = worker.parallel_info()
         b = batch()
         _, shards, tokens = step_plan(b.loss_masks_RT, len(b), info["dp_size"])
@@ -63,7 +69,7 @@ def run(rank: int, world_size: int, port: int, cases: list, out: str, bf16: bool
         mine.old_log_probs_RT = before
         metrics = worker.train(mine, 1, tokens)
         after = worker.compute_log_probs(mine.tokens_RL, mine.response_lengths_R)
-        hf = {name: t.float().tolist() for name, t, _ in worker._full_state()}
+        hf = {name: t.float().tolist() for name, t, _ in worker.runner.hf_state()}
         if backend == "megatron":  # scripts/tools/convert_megatron_to_hf.py reads it back
             worker.save(f"{out}-ckpt{i}", 0)
         worker.shutdown()
@@ -86,13 +92,13 @@ def serve_receiver(rank: int, world_size: int, port: int, cases: list, conn) -> 
     """A megatron scoring rank (as ActorFwd's) per case (model path, model_parallel kwargs), in turn,
     answering over `conn`: ("call", path, payload) -> `receive_weights`' reply, ("score",) ->
     (parallel_info, log-probs of `batch()`), ("next",) -> shut down, start the next case."""
-    from relax.backends.megatron.worker import MegatronTrainWorker
+    from relax.backends.trainer.trainer import Trainer
 
     for i, (model_path, parallel) in enumerate(cases):
-        spec = TrainerSpec(model_path=model_path, role="reference", optim=OptimizerConfig(), threads=1,
-                           batch=BatchConfig(micro_batch_size=4), model_parallel=ModelParallelSpec(**parallel),
-                           sync_timeout_s=60)
-        worker = MegatronTrainWorker(rank, world_size, "127.0.0.1", port + i, spec)
+        spec = TrainerSpec(backend="megatron", model_path=model_path, trainable=False, optim=OptimizerConfig(),
+                           threads=1, batch=BatchConfig(micro_batch_size=4),
+                           model_parallel=ModelParallelSpec(**parallel), sync_timeout_s=60)
+        worker = Trainer(rank, world_size, "127.0.0.1", port + i, spec)
         b = batch()
         while (msg := conn.recv())[0] != "next":
             if msg[0] == "score":

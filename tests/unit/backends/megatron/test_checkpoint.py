@@ -21,12 +21,13 @@ from relax.utils.net import free_port  # noqa: E402
 
 
 def worker(path: str, **parallel):
-    from relax.backends.megatron.worker import MegatronTrainWorker
+    from relax.backends.trainer.trainer import Trainer
 
-    spec = TrainerSpec(model_path=path, optim=OptimizerConfig(lr=1e-2, lr_warmup_iters=2, lr_decay_style="cosine"),
+    spec = TrainerSpec(backend="megatron", model_path=path,
+                       optim=OptimizerConfig(lr=1e-2, lr_warmup_iters=2, lr_decay_style="cosine"),
                        batch=BatchConfig(micro_batch_size=2), loss=PolicyLossConfig(), threads=1, total_steps=6,
                        model_parallel=ModelParallelSpec(**parallel))
-    return MegatronTrainWorker(0, 1, "127.0.0.1", free_port(), spec)
+    return Trainer(0, 1, "127.0.0.1", free_port(), spec)
 
 
 def step(w) -> dict[str, float]:
@@ -68,21 +69,22 @@ def test_bf16_computes_in_bf16_and_steps_float32_main_weights(tmp_path):
     accumulated into them in float32; the step's log-probs stay within bf16 reach of float32."""
     import torch
 
-    from relax.backends.megatron.worker import MegatronTrainWorker
+    from relax.backends.trainer.trainer import Trainer
 
     path = parity_cases.make_models(str(tmp_path))["dense"]
-    spec = TrainerSpec(model_path=path, optim=OptimizerConfig(lr=1e-2, bf16=True),
+    spec = TrainerSpec(backend="megatron", model_path=path, optim=OptimizerConfig(lr=1e-2, bf16=True),
                        batch=BatchConfig(micro_batch_size=2), loss=PolicyLossConfig(), threads=1)
-    w = MegatronTrainWorker(0, 1, "127.0.0.1", free_port(), spec)
+    w = Trainer(0, 1, "127.0.0.1", free_port(), spec)
     try:
-        assert {p.dtype for p in w.model.parameters()} == {torch.bfloat16}
+        assert {p.dtype for p in w.runner.model.parameters()} == {torch.bfloat16}
         assert {p.dtype for p in w.optimizer.param_groups[0]["params"]} == {torch.float32}
-        before = {n: m.detach().clone() for n, m in w._main.items()}
+        before = {n: m.detach().clone() for n, m in w.runner.r.main.items()}
         metrics = step(w)
-        assert metrics["grad_norm"] > 0 and all(p.grad is None for p in w.model.parameters())
-        moved = [n for n, m in w._main.items() if not torch.equal(m, before[n])]
-        assert moved and all(torch.equal(w.model.get_parameter(n), w._main[n].to(torch.bfloat16)) for n in moved)
-        exported = dict((n, t) for n, t, _ in w._full_state(torch.float32))
+        assert metrics["grad_norm"] > 0 and all(p.grad is None for p in w.runner.model.parameters())
+        moved = [n for n, m in w.runner.r.main.items() if not torch.equal(m, before[n])]
+        model, main = w.runner.model, w.runner.r.main
+        assert moved and all(torch.equal(model.get_parameter(n), main[n].to(torch.bfloat16)) for n in moved)
+        exported = dict((n, t) for n, t, _ in w.runner.hf_state(torch.float32))
         assert exported["model.norm.weight"].dtype == torch.float32
     finally:
         w.shutdown()
@@ -97,7 +99,7 @@ def test_reference_takes_the_actors_weights_from_a_checkpoint_of_more_data_paral
     w = worker(path)
     step(w)
     w.save(str(tmp_path / "ckpt"), 0)
-    trained = {n: p.detach().clone() for n, p in w.model.named_parameters()}
+    trained = {n: p.detach().clone() for n, p in w.runner.model.named_parameters()}
     w.shutdown()
     ckpt = tmp_path / "ckpt"
     meta = json.loads((ckpt / "meta.json").read_text())
@@ -108,7 +110,7 @@ def test_reference_takes_the_actors_weights_from_a_checkpoint_of_more_data_paral
     w = worker(path)
     try:
         w.load_weights(str(ckpt))
-        assert all(torch.equal(p, trained[n]) for n, p in w.model.named_parameters())
+        assert all(torch.equal(p, trained[n]) for n, p in w.runner.model.named_parameters())
         (ckpt / "meta.json").write_text(json.dumps({**meta, "tp": 2}))
         with pytest.raises(ValueError, match="give them the same model-parallel layout"):
             w.load_weights(str(ckpt))

@@ -23,15 +23,16 @@ def _step(model_path: str, compiled: bool) -> tuple[list, dict, list, int, int]:
     from torch._dynamo.utils import counters
 
     from relax.backends.megatron import compile_shim
-    from relax.backends.megatron.worker import MegatronTrainWorker
+    from relax.backends.trainer.trainer import Trainer
 
-    spec = TrainerSpec(model_path=model_path, optim=OptimizerConfig(lr=1e-2, clip_grad=1.0, bf16=True),
+    spec = TrainerSpec(backend="megatron", model_path=model_path,
+                       optim=OptimizerConfig(lr=1e-2, clip_grad=1.0, bf16=True),
                        batch=BatchConfig(micro_batch_size=4), loss=PolicyLossConfig(), threads=1)
-    worker = MegatronTrainWorker(0, 1, "127.0.0.1", free_port(), spec)
+    worker = Trainer(0, 1, "127.0.0.1", free_port(), spec)
     try:
         counters.clear()
         if compiled:
-            compile_shim.compile_layers(worker.model.decoder.layers, backend="eager")
+            compile_shim.compile_layers(worker.runner.model.decoder.layers, backend="eager")
         b = parity_cases.batch()
         before = worker.compute_log_probs(b.tokens_RL, b.response_lengths_R)
         b.old_log_probs_RT = before

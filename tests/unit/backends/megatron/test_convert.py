@@ -39,7 +39,8 @@ def checkpoint_state(cfg, tmp_path) -> dict[str, torch.Tensor]:
 @pytest.mark.parametrize("tp,pp,ep", [(1, 1, 1), (2, 1, 1), (2, 2, 1), (1, 2, 2), (2, 1, 2)])
 def test_round_trip_is_bit_exact(model_type, tp, pp, ep, tmp_path):
     cfg = tiny(model_type)
-    layout = Layout.from_hf_config(cfg)
+    cfg.vocab_size = 67  # odd: padded to 128 x tp rows on the Megatron side, cut back on the way out
+    layout = Layout.from_hf_config(cfg).padded(128 * tp)
     if ep > 1 and not layout.num_experts:
         pytest.skip("expert parallelism needs experts")
     hf = checkpoint_state(cfg, tmp_path)
@@ -84,3 +85,19 @@ def test_errors_name_the_problem(tmp_path):
     gpt2 = type("C", (), {"model_type": "gpt2"})()
     with pytest.raises(ConversionError, match="model_type 'gpt2' has no Megatron conversion"):
         Layout.from_hf_config(gpt2)
+
+
+def test_the_vocabulary_pads_to_a_multiple_with_zero_rows():
+    layout = Layout.from_hf_config(tiny("qwen2"))  # untied: embedding and output layer
+    assert layout.vocab_rows == 64 and layout.padded(128).vocab_rows == 128 and layout.padded(32).vocab_rows == 64
+    padded = layout.padded(3 * 128)
+    hf = {"model.embed_tokens.weight": torch.randn(64, 32), "lm_head.weight": torch.randn(64, 32)}
+    from relax.backends.megatron.convert import fuse, megatron_sources, megatron_to_hf
+
+    sources = megatron_sources(padded)
+    for name, hf_name in (("embedding.word_embeddings.weight", "model.embed_tokens.weight"),
+                          ("output_layer.weight", "lm_head.weight")):
+        full = fuse(sources[name], [hf[hf_name]], padded)
+        assert full.shape == (384, 32) and torch.equal(full[:64], hf[hf_name]) and not full[64:].any()
+        assert [(n, t.shape) for n, t in megatron_to_hf(name, full, padded)] == [(hf_name, (64, 32))]
+

@@ -5,6 +5,8 @@ gradient norm, for megatron on one rank and with CP=2 (two spawned processes) ag
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import multiprocessing as mp
 import os
@@ -35,14 +37,13 @@ def critic_checkpoint(root: str) -> str:
 def run(rank: int, world_size: int, port: int, backend: str, parallel: dict, path: str, out: str) -> None:
     """Values of the fixed batch, one step on the value loss, values again; written to `out.<rank>.json`."""
     from relax.backends.base import ModelParallelSpec, TrainerSpec
-    from relax.backends.registry import TRAIN_BACKENDS
+    from relax.backends.trainer.trainer import Trainer
     from relax.config.schema import BatchConfig, OptimizerConfig
-    from relax.utils.plugins import import_object
 
-    spec = TrainerSpec(model_path=path, role="critic", optim=OptimizerConfig(lr=1e-2, clip_grad=1.0),
+    spec = TrainerSpec(model_path=path, head="value", optim=OptimizerConfig(lr=1e-2, clip_grad=1.0),
                        batch=BatchConfig(micro_batch_size=2), threads=1, value_clip=0.2,
                        model_parallel=ModelParallelSpec(**parallel))
-    worker = import_object(TRAIN_BACKENDS[backend])(rank, world_size, "127.0.0.1", port, spec)
+    worker = Trainer(rank, world_size, "127.0.0.1", port, dataclasses.replace(spec, backend=backend))
     b = parity_cases.batch()
     before = worker.compute_values(b.tokens_RL, b.response_lengths_R)
     b.values_RT = before

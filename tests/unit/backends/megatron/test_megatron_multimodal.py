@@ -72,7 +72,7 @@ def per_expert(state: dict) -> dict:
     per expert, as checkpoints, SGLang and the megatron backend name them."""
     import torch
 
-    from relax.distributed.weight_sync import expert_views
+    from relax.distributed.weights.receiver import expert_views
 
     tensors = {k: v if isinstance(v, torch.Tensor) else torch.tensor(v) for k, v in state.items()}
     views = expert_views(tensors)

@@ -9,6 +9,8 @@ push that leaves a fused tensor incomplete is refused without taking its version
 
 from __future__ import annotations
 
+import dataclasses
+
 import asyncio
 import os
 import shutil
@@ -24,8 +26,9 @@ import torch  # noqa: E402
 
 from relax.backends.base import ModelParallelSpec, TrainerSpec  # noqa: E402
 from relax.config.schema import BatchConfig, OptimizerConfig  # noqa: E402
-from relax.distributed.checkpoint_service.transports import RayEndpoint  # noqa: E402
-from relax.distributed.weight_sync import BucketRejected, WeightSender, WeightSyncError  # noqa: E402
+from relax.distributed.weights.endpoints import RayEndpoint  # noqa: E402
+from relax.distributed.weights.protocol import BucketRejected, WeightSyncError  # noqa: E402
+from relax.distributed.weights.sender import WeightSender  # noqa: E402
 from relax.utils.net import free_port  # noqa: E402
 
 ATOL_LOGP = 1e-5
@@ -53,7 +56,7 @@ class InProcessActor:
 
 
 def spec(path: str) -> TrainerSpec:
-    return TrainerSpec(model_path=path, role="reference", optim=OptimizerConfig(), threads=1,
+    return TrainerSpec(backend="megatron", model_path=path, trainable=False, optim=OptimizerConfig(), threads=1,
                        batch=BatchConfig(micro_batch_size=4), model_parallel=ModelParallelSpec(), sync_timeout_s=60)
 
 
@@ -69,10 +72,9 @@ def perturbed_copy(path: str, out: str) -> dict[str, torch.Tensor]:
 
 
 def log_probs(backend: str, path: str) -> list[list[float]]:
-    from relax.backends.registry import TRAIN_BACKENDS
-    from relax.utils.plugins import import_object
+    from relax.backends.trainer.trainer import Trainer
 
-    worker = import_object(TRAIN_BACKENDS[backend])(0, 1, "127.0.0.1", free_port(), spec(path))
+    worker = Trainer(0, 1, "127.0.0.1", free_port(), dataclasses.replace(spec(path), backend=backend))
     b = parity_cases.batch()
     try:
         return worker.compute_log_probs(b.tokens_RL, b.response_lengths_R)
@@ -100,10 +102,10 @@ def models(tmp_path_factory):
 
 @pytest.mark.parametrize("model", ["dense", "moe"])  # tied embeddings; untied, experts and a router
 def test_megatron_rank_takes_a_push_and_matches_fsdp_on_the_pushed_weights(models, model):
-    from relax.backends.megatron.worker import MegatronTrainWorker
+    from relax.backends.trainer.trainer import Trainer
 
     start, named, want = models[model]["start"], models[model]["pushed"], models[model]["fsdp"]
-    worker = MegatronTrainWorker(0, 1, "127.0.0.1", free_port(), spec(start))
+    worker = Trainer(0, 1, "127.0.0.1", free_port(), spec(start))
     b = parity_cases.batch()
     score = lambda: worker.compute_log_probs(b.tokens_RL, b.response_lengths_R)  # noqa: E731
     loop = asyncio.new_event_loop()

@@ -6,6 +6,8 @@ which weights the step moved."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import os
 
@@ -43,7 +45,9 @@ def make_data(root: str, kind: str = "qwen2_5_vl") -> tuple[str, str]:
     from PIL import Image
 
     from relax.utils.multimodal import VideoConfig, VideoPipeline
-    from relax.utils.multimodal.processor import MultimodalProcessor, through_pipelines, to_bytes
+    from relax.utils.multimodal.items import through_pipelines
+    from relax.utils.multimodal.processor import MultimodalProcessor
+    from relax.utils.multimodal.tensors import to_bytes
     from relax.utils.tiny_model import train_chatml_tokenizer
     from relax.utils.tiny_multimodal import build_tiny_omni, build_tiny_vl
 
@@ -76,8 +80,7 @@ def make_data(root: str, kind: str = "qwen2_5_vl") -> tuple[str, str]:
 
 
 def run(rank: int, world_size: int, port: int, cases: list, model: str, data: str, out: str) -> None:
-    from relax.backends.registry import TRAIN_BACKENDS
-    from relax.utils.plugins import import_object
+    from relax.backends.trainer.trainer import Trainer
 
     rows = torch.load(data, weights_only=False)
     n = len(rows["tokens"])
@@ -90,17 +93,17 @@ def run(rank: int, world_size: int, port: int, cases: list, model: str, data: st
         spec = TrainerSpec(model_path=model, optim=OptimizerConfig(lr=1e-2, clip_grad=1.0),
                            batch=BatchConfig(micro_batch_size=3), loss=PolicyLossConfig(), threads=1,
                            model_parallel=ModelParallelSpec(**parallel))
-        worker = import_object(TRAIN_BACKENDS[backend])(rank, world_size, "127.0.0.1", port + i, spec)
+        worker = Trainer(rank, world_size, "127.0.0.1", port + i, dataclasses.replace(spec, backend=backend))
         info = worker.parallel_info()
         _, shards, tokens = step_plan(batch.loss_masks_RT, n, info["dp_size"])
         mine = batch.rows(shards[info["dp_rank"]])
         before = worker.compute_log_probs(mine.tokens_RL, mine.response_lengths_R, mine.multimodal_train_inputs_RB)
         blind = worker.compute_log_probs(mine.tokens_RL, mine.response_lengths_R)  # the same rows without media
-        start = {name: t.clone() for name, t, _ in worker._full_state()}
+        start = {name: t.clone() for name, t, _ in worker.runner.hf_state()}
         mine.old_log_probs_RT = before
         metrics = worker.train(mine, 1, tokens)
         after = worker.compute_log_probs(mine.tokens_RL, mine.response_lengths_R, mine.multimodal_train_inputs_RB)
-        hf = {name: t.float() for name, t, _ in worker._full_state()}
+        hf = {name: t.float() for name, t, _ in worker.runner.hf_state()}
         moved = sorted(name for name, t in hf.items() if name in start and not torch.equal(t, start[name].float()))
         if backend == "megatron":  # scripts/tools/convert_megatron_to_hf.py reads it back; --save-hf writes this
             worker.save(f"{out}-ckpt{i}", 0)
@@ -118,15 +121,15 @@ def receive(model: str, data: str, pushed: dict[str, list], port: int) -> dict:
     """A megatron scoring rank (ActorFwd's, fully async) takes HF-named weights (the fsdp trainer's
     after its step) through its weight receiver, then scores the rows; also what it says of a
     tensor the model does not have."""
-    from relax.backends.megatron.worker import MegatronTrainWorker
-    from relax.distributed.weight_sync import TensorSpec
+    from relax.backends.trainer.trainer import Trainer
+    from relax.distributed.weights.protocol import TensorSpec
 
     rows = torch.load(data, weights_only=False)
-    spec = TrainerSpec(model_path=model, role="reference", optim=OptimizerConfig(), threads=1,
+    spec = TrainerSpec(backend="megatron", model_path=model, trainable=False, optim=OptimizerConfig(), threads=1,
                        batch=BatchConfig(micro_batch_size=3))
-    worker = MegatronTrainWorker(0, 1, "127.0.0.1", port, spec)
+    worker = Trainer(0, 1, "127.0.0.1", port, spec)
     try:
-        receiver = worker._weight_receiver()
+        receiver = worker.runner.weight_receiver()
         tensors = {name: torch.tensor(values) for name, values in pushed.items()}
         specs = [TensorSpec(name, t.dtype, tuple(t.shape)) for name, t in tensors.items()]
         bad = receiver.problems([TensorSpec("model.visual.blocks.9.attn.qkv.weight", torch.float32, (3, 3)),

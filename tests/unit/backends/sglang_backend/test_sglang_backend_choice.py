@@ -1,6 +1,7 @@
 """`--rollout-backend sglang|auto`: sglang runs where it is installed and a GPU is visible, an
 error says exactly what is missing, `auto` falls back to hf and logs why, and every `--sglang-*`
-option is judged by SGLang's own parser before anything launches."""
+option is judged by SGLang's own parser before anything launches (the check the entrypoint hands
+to `parse_config`: `relax.backends.registry.check_engine_options`)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,11 @@ import logging
 
 import pytest
 
+from relax.backends.registry import check_engine_options
 from relax.config import ConfigError, parse_config
-from relax.config import plan, validate
+from relax.config import machine as host
+
+CHECKS = "relax.config.checks.backends"  # the logger of backend resolution
 
 
 @pytest.fixture()
@@ -25,8 +29,8 @@ def base(tmp_path):
 
 
 def machine(monkeypatch, *, gpus: int, installed: bool) -> None:
-    monkeypatch.setattr(plan, "local_gpus", lambda: gpus)
-    monkeypatch.setattr(validate, "sglang_installed", lambda: installed)
+    monkeypatch.setattr(host, "local_gpus", lambda: gpus)
+    monkeypatch.setattr(host, "sglang_installed", lambda: installed)
 
 
 def test_sglang_without_a_gpu_says_so_and_points_to_hf(base, monkeypatch):
@@ -54,8 +58,8 @@ def test_both_missing_are_both_named(base, monkeypatch):
 
 def test_auto_uses_hf_and_logs_what_sglang_lacks(base, monkeypatch, caplog):
     machine(monkeypatch, gpus=0, installed=True)
-    with caplog.at_level(logging.INFO, logger="relax.config.validate"):
-        cfg = parse_config(base)
+    with caplog.at_level(logging.INFO, logger=CHECKS):
+        cfg = parse_config(base, engine_check=check_engine_options)
     assert cfg.cluster.rollout_backend == "hf"
     assert "--rollout-backend auto -> hf (sglang: no NVIDIA GPU is visible" in caplog.text
 
@@ -63,9 +67,8 @@ def test_auto_uses_hf_and_logs_what_sglang_lacks(base, monkeypatch, caplog):
 def test_auto_picks_sglang_when_installed_with_a_gpu(base, monkeypatch, caplog):
     machine(monkeypatch, gpus=1, installed=True)
     checked = []
-    monkeypatch.setattr(validate, "check_sglang_options", checked.append)
-    with caplog.at_level(logging.INFO, logger="relax.config.validate"):
-        cfg = parse_config(base)
+    with caplog.at_level(logging.INFO, logger=CHECKS):
+        cfg = parse_config(base, engine_check=lambda backend, cfg: checked.append(backend))
     assert cfg.cluster.rollout_backend == "sglang" and len(checked) == 1  # its options were checked
     assert "--rollout-backend auto -> sglang (sglang is installed and a GPU is visible)" in caplog.text
 
@@ -79,13 +82,13 @@ def test_auto_keeps_hf_for_true_on_policy_mode(base, monkeypatch):
 def test_a_parser_that_does_not_import_fails_sglang_and_sends_auto_to_hf(base, monkeypatch, caplog):
     machine(monkeypatch, gpus=1, installed=True)
 
-    def broken(cfg):
+    def broken(backend, cfg):
         raise ImportError("sglang's argument parser does not import: No module named 'triton'")
-    monkeypatch.setattr(validate, "check_sglang_options", broken)
     with pytest.raises(ConfigError, match="sglang cannot run here: .*No module named 'triton'"):
-        parse_config(base + ["--rollout-backend", "sglang"])
-    with caplog.at_level(logging.INFO, logger="relax.config.validate"):
-        assert parse_config(base).cluster.rollout_backend == "hf"
+        parse_config(base + ["--rollout-backend", "sglang"], engine_check=broken)
+    with caplog.at_level(logging.INFO, logger=CHECKS):
+        assert parse_config(base, engine_check=broken).cluster.rollout_backend == "hf"
+    assert "--rollout-backend auto -> hf (sglang: sglang's argument parser does not import" in caplog.text
     assert "No module named 'triton'" in caplog.text
 
 
@@ -97,11 +100,12 @@ def test_a_parser_that_does_not_import_fails_sglang_and_sends_auto_to_hf(base, m
 def test_options_relax_owns_fail_before_sglangs_parser_runs(base, monkeypatch, flags, needle):
     machine(monkeypatch, gpus=1, installed=True)
     with pytest.raises(ConfigError, match=needle):
-        parse_config(base + ["--rollout-backend", "sglang"] + flags)
+        parse_config(base + ["--rollout-backend", "sglang"] + flags, engine_check=check_engine_options)
 
 
 def test_a_typo_in_an_sglang_option_fails_at_config_time(base, monkeypatch, sglang_parser):
     machine(monkeypatch, gpus=1, installed=True)
     with pytest.raises(ConfigError) as err:
-        parse_config(base + ["--rollout-backend", "sglang", "--sglang-mem-fraction-statik", "0.8"])
+        parse_config(base + ["--rollout-backend", "sglang", "--sglang-mem-fraction-statik", "0.8"],
+                     engine_check=check_engine_options)
     assert "--sglang-mem-fraction-statik" in str(err.value) and "--sglang-mem-fraction-static?" in str(err.value)

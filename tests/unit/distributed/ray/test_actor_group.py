@@ -60,7 +60,7 @@ def test_taken_port_restarts_group_on_a_new_port(ray_local, monkeypatch):
     monkeypatch.setattr(actor_group, "free_port", lambda: next(ports, None) or real_free_port())
     try:
         group = RayActorGroup(GlooWorker, 2, num_cpus=1, name="gloo")
-        ports_seen = asyncio.run(group.call("rendezvous_port"))
+        ports_seen = asyncio.run(group.on_all(lambda w: w.rendezvous_port.remote()))
     finally:
         holder.close()
     assert ports_seen[0] == ports_seen[1] != taken
@@ -70,4 +70,4 @@ def test_taken_port_restarts_group_on_a_new_port(ray_local, monkeypatch):
 def test_other_construction_errors_are_raised(ray_local):
     group = RayActorGroup(FailingWorker, 1, num_cpus=1, name="failing")
     with pytest.raises(ray.exceptions.RayActorError, match="bad model path"):
-        asyncio.run(group.call("ping"))
+        asyncio.run(group.on_all(lambda w: w.ping.remote()))

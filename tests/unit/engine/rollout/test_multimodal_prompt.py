@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from relax.engine.rollout.generator import encode_prompt
+from relax.engine.rollout.prompt_encoding import encode_prompt
 from relax.types import Sample
 
 

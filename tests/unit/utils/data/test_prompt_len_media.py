@@ -70,7 +70,7 @@ def templated(media_length: MediaLength) -> str:
 
 def encoded_length(media_length: MediaLength, image: str) -> int:
     """What the rollout sends for a row: the chat-templated prompt, its image expanded."""
-    from relax.utils.multimodal.processor import through_pipelines
+    from relax.utils.multimodal.items import through_pipelines
 
     media = through_pipelines({"image": [image]}, media_length.pipelines)
     return len(media_length.processor.encode(templated(media_length), media).input_ids)

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from relax.utils.multimodal import AudioConfig, MediaError
-from relax.utils.multimodal.processor import MultimodalProcessor, collate
+from relax.utils.multimodal.processor import MultimodalProcessor
+from relax.utils.multimodal.tensors import collate
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,4 @@
-"""Video through `MultimodalProcessor`: the patch layout is the Qwen-VL processors' (a video of two
-equal frames is exactly an image), each family lays out its video tokens as its processor does
+"""Video through `MultimodalProcessor`: each family lays out its video tokens as its processor does
 (Qwen2.5-VL one block and seconds per temporal grid, Qwen3-VL one timestamped block per temporal
 slice), the counts follow the video flags, and bad video inputs fail with errors that say what to
 fix; /generate's `video_data` payload is checked the same way."""
@@ -10,8 +9,8 @@ import numpy as np
 import pytest
 
 from relax.utils.multimodal import VideoConfig, VideoPipeline
-from relax.utils.multimodal.processor import (MultimodalProcessor, patchify_video, slice_times, through_pipelines,
-                                              video_to_request)
+from relax.utils.multimodal.items import through_pipelines, video_to_request
+from relax.utils.multimodal.processor import MultimodalProcessor
 from relax.utils.multimodal.sources import MediaError
 
 
@@ -31,24 +30,6 @@ def noise(frames: int, height: int, width: int, seed: int = 0):
 def pipelines(processor, **flags):
     cfg = VideoConfig(patch_size=processor.video.patch_size, merge_size=processor.video.merge_size, **flags)
     return {"video": VideoPipeline(cfg)}
-
-
-def test_two_equal_frames_are_exactly_an_image(processor):
-    unit = processor.video.patch_size * processor.video.merge_size
-    image = noise(1, 2 * unit, 3 * unit)[0]
-    ref = processor.image_processor(images=[image], return_tensors="pt")
-    rows, grid = patchify_video(np.stack([image, image]), processor.video)
-    assert [list(grid)] == ref["image_grid_thw"].tolist()
-    assert rows.shape == ref["pixel_values"].shape
-    assert (rows - ref["pixel_values"]).abs().max().item() < 1e-5
-
-
-def test_odd_frame_counts_repeat_the_last_frame(processor):
-    unit = processor.video.patch_size * processor.video.merge_size
-    frames = noise(3, unit, unit)
-    odd, grid = patchify_video(frames, processor.video)
-    even, _ = patchify_video(np.concatenate([frames, frames[-1:]]), processor.video)
-    assert grid[0] == 2 and (odd - even).abs().max().item() == 0
 
 
 def test_each_family_lays_out_its_video_tokens(processor):
@@ -84,11 +65,6 @@ def test_video_flags_set_the_counts(processor):
     assert h_few * w_few // 4 <= 6 < h_many * w_many // 4 <= 24  # --video-max-token-num bounds each frame
     for enc, (t, h, w) in ((few, (t_few, h_few, w_few)), (many, (t_many, h_many, w_many))):
         assert enc.input_ids.count(processor.video_token_id) == t * h * w // 4
-
-
-def test_slice_times_average_each_temporal_patch():
-    assert slice_times([0.0, 0.5, 1.0, 1.5], 2) == [0.25, 1.25]
-    assert slice_times([0.0, 0.5, 1.0], 2) == [0.25, 1.0]  # the last frame repeated
 
 
 def test_bad_video_inputs_say_what_to_fix(processor):

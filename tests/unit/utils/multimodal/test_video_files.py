@@ -248,7 +248,6 @@ def with_audio_track(path: Path, seconds: float = 2.0, rate: int = 16000, hz: fl
 
 def test_the_audio_track_of_a_video_file(tmp_path, mp4_path):
     """--use-audio-in-video reads a file's own track (mono float32 at its rate); none: None."""
-    from relax.utils.multimodal.processor import keep_audio
     from relax.utils.multimodal.video import read_audio_track
 
     path = with_audio_track(tmp_path / "camera.mkv")
@@ -257,9 +256,6 @@ def test_the_audio_track_of_a_video_file(tmp_path, mp4_path):
     assert track["array"].shape == (32000,) and abs(float(np.abs(track["array"]).max()) - 0.5) < 1e-3
     assert read_audio_track(path.read_bytes())["array"].shape == (32000,)
     assert read_audio_track(str(mp4_path)) is None  # a silent file
-    # the sampled video remembers its file, and reads the track only when asked
-    assert keep_audio({}, str(path)) == {"audio_source": str(path)}
-    assert keep_audio({}, {"frames": [1], "audio": b"wav"}) == {"audio": b"wav"} and keep_audio({}, [1]) == {}
 
 
 @pytest.mark.parametrize("fmt, codec", [("flac", "flac"), ("mp3", "libmp3lame"), ("ogg", "libopus")])

@@ -1,0 +1,124 @@
+"""The `megatron` training backend's model runner: a megatron-core `GPTModel` on one rank.
+
+The model is built from the HF checkpoint's `config.json` (`model.py`) and its weights converted
+from the checkpoint's safetensors (`convert.py`), sharded for this rank's place in the
+tensor / pipeline / expert-parallel layout (`--tensor-model-parallel-size`,
+`--pipeline-model-parallel-size`, `--expert-model-parallel-size`, `--sequence-parallel`); data
+parallelism is what is left of the world (after `--context-parallel-size` too). The rows of a shard
+reach every rank of its tensor-parallel group; each computes the same loss from vocabulary-
+parallel log-probs (`head.py`); the Trainer (`relax.backends.trainer`) runs the same passes,
+losses and optimizer steps as for fsdp. The parts:
+    rank.py         the built model, its place in the layout, megatron-core's groups, main weights
+    micro_batch.py  a micro-batch's inputs and head (padding to a common shape, context-parallel
+                    chunks, media), the one-stage forward
+    pipeline.py     pipeline parallelism: the micro-batch schedule (megatron-core's 1F1B)
+    grads.py        gradient reduction over data/expert/tensor groups and the global norm
+    export.py       weights out: shards gathered into full tensors, HF names (push and export)
+    checkpoint.py   per-rank checkpoints and the layout they need
+    weights.py      weights in (ActorFwd, the Reference): pushed HF tensors into this rank's shards
+
+On a CPU (gloo, float32) `cpu_shim` covers megatron-core's CUDA-only spots; torch's AdamW is the
+optimizer on both (megatron's is CUDA-only), sharded over data-parallel ranks with
+--use-distributed-optimizer (the Trainer's ZeRO-1). A "value" head (a critic) is the same model
+with a scalar value head in place of the language-model head (`rank.py`). A
+vision-language or omni model (Qwen2.5-VL, Qwen3-VL, the Qwen3-Omni thinker): the language model
+with M-RoPE, the checkpoint's encoders beside it, whole on every rank (`vision.py`). Not built
+yet, and rejected by validation with that message: a value head under pipeline parallelism;
+media under pipeline or context parallelism.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+
+from relax.backends.base import LossFn, RankLayout, Rows, TrainerSpec
+from relax.backends.megatron import checkpoint, export, grads, pipeline
+from relax.backends.megatron.micro_batch import forward
+from relax.backends.megatron.rank import MegatronRank
+from relax.backends.megatron.weights import MegatronWeightReceiver
+from relax.backends.trainer.runner_kit import sequential_run
+
+class MegatronRunner:
+    """One megatron rank's model (see the module doc); implements `relax.backends.base.ModelRunner`
+    over the built `MegatronRank`."""
+
+    def __init__(self, spec: TrainerSpec, rank: int, world_size: int, device: torch.device) -> None:
+        self.spec = spec
+        self.r = r = MegatronRank(spec, rank, world_size, device)
+        self.model = r.model
+        # Expert parallelism exchanges tokens inside every forward: the expert group's ranks (each
+        # with its own rows) run as many micro-batches. Under context parallelism a rank holds 1/C
+        # of a micro-batch's tokens: --max-tokens-per-gpu bounds each rank's share.
+        self.layout = RankLayout(
+            dp_rank=r.dp_rank, dp_size=r.dp_size, answers=r.tp_rank == 0 and r.cp_rank == 0 and r.last_stage,
+            lockstep=r.ps.get_expert_model_parallel_group() if r.ep_size > 1 else None, token_scale=r.cp_size)
+        self.whole_step = r.pp_size > 1  # a pipeline schedule runs a whole step's micro-batches
+
+    # ---- forward and backward ----------------------------------------------------------
+    def run(self, micro: list[Rows], loss: LossFn | None, *, entropy: bool = False, entropy_grad: bool = False,
+            ends_step: bool = True) -> list[Any]:
+        """One stage: micro-batches one by one; pipeline parallelism: megatron-core's schedule."""
+        if self.r.pp_size > 1:
+            return pipeline.run(self.r, micro, loss, entropy=entropy, entropy_grad=entropy_grad)
+        return sequential_run(lambda rows, e, g: forward(self.r, rows, e, g), micro, loss, entropy=entropy,
+                              entropy_grad=entropy_grad, ends_step=ends_step)
+
+    def end_scoring(self, num_rows: int) -> None:
+        """Scoring passes are in step already (the expert group's micro-batch counts)."""
+
+    # ---- the optimizer step ----------------------------------------------------------------
+    def optimized_parameters(self) -> list[torch.nn.Parameter]:
+        """What the optimizer steps: the float32 main weights under --bf16, else the model's own."""
+        return list(self.r.main.values()) if self.r.main else [p for p in self.model.parameters() if p.requires_grad]
+
+    def optimizer_group(self) -> Any:
+        """--use-distributed-optimizer: optimizer state sharded over the data-parallel ranks."""
+        if not self.spec.model_parallel.distributed_optimizer or self.r.dp_size == 1:
+            return None
+        return self.r.ps.get_data_parallel_group()
+
+    def reduce_grads(self) -> None:
+        grads.reduce(self.r)
+
+    def clip_grad_norm(self, clip: float) -> float:
+        return grads.clip_norm(self.r, clip)
+
+    def after_optimizer_step(self) -> None:
+        """--bf16: the stepped main weights cast back into the model's bfloat16 weights."""
+        if self.r.main:
+            with torch.no_grad():
+                for name, p in self.model.named_parameters():
+                    if name in self.r.main:
+                        p.copy_(self.r.main[name])
+
+    # ---- state -------------------------------------------------------------------------
+    def offload_tensors(self) -> Iterator[torch.Tensor]:
+        yield from self.model.parameters()
+        yield from self.model.buffers()
+        yield from self.r.main.values()  # --bf16: the float32 main weights
+
+    def hf_state(self, dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor, bool]]:
+        return export.hf_state(self.r, dtype)
+
+    def weight_receiver(self) -> MegatronWeightReceiver:
+        r = self.r
+        return MegatronWeightReceiver(self.model, r.arch, r.shard, device=r.device, timeout_s=self.spec.sync_timeout_s,
+                                      vision=r.vision)
+
+    def save_state(self, path: Path, optimizer: Any, save_optim: bool, rng: dict[str, Any]) -> dict[str, Any]:
+        return checkpoint.save(self.r, path, optimizer, save_optim, rng)
+
+    def load_state(self, path: Path, meta: dict[str, Any], optimizer: Any) -> dict[str, Any]:
+        return checkpoint.load(self.r, path, meta, optimizer)
+
+    def load_weights(self, path: Path) -> None:
+        checkpoint.load_weights(self.r, path)
+
+    def export_hf(self, out_dir: str, tokenizer_path: str) -> None:
+        export.export_hf(self.r, out_dir, tokenizer_path)
+
+    def shutdown(self) -> None:
+        self.r.ps.destroy_model_parallel()

@@ -1,0 +1,122 @@
+"""`TrainerGroup`: a training role's ranks as one typed object.
+
+The components (Actor, Critic, ActorFwd / Reference, an OPD teacher on the training backend)
+talk to their ranks through these methods: each fans one `Trainer` method out over the ranks
+(`relax.distributed.ray.actor_group.RayActorGroup`: every rank, or one argument per data-parallel
+shard) and returns what the components need (one result per shard, rank 0's, or the worst rank's
+figure). No call names a method in a string, so a reader and a type checker can follow each one to
+`relax.backends.trainer.trainer.Trainer`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Awaitable, Sequence
+
+from relax.backends.base import TrainerSpec
+from relax.backends.trainer.trainer import Trainer
+from relax.distributed.ray.actor_group import RayActorGroup
+from relax.types import TrainBatch
+
+
+@dataclass
+class ScoreShard:
+    """One data-parallel shard of a scoring pass: its rows' tokens, response lengths and media."""
+
+    tokens: list[list[int]]
+    lengths: list[int]
+    media: list[bytes] | None = None
+
+
+class TrainerGroup:
+    """`world_size` `Trainer` ranks built from `spec` (placed by `rank_options`, Ray options per
+    rank; a process per rank on CPU)."""
+
+    def __init__(self, spec: TrainerSpec, world_size: int, *, name: str,
+                 rank_options: Sequence[dict[str, Any]] | None = None, env_vars: dict[str, str] | None = None) -> None:
+        self.spec, self.name = spec, name
+        self.ranks = RayActorGroup(Trainer, world_size, spec, num_cpus=1, name=name, rank_options=rank_options,
+                                   env_vars=env_vars)
+
+    @property
+    def dp_size(self) -> int:
+        return self.ranks.dp_size
+
+    @property
+    def workers(self) -> list[Any]:
+        """The ranks' actor handles (weight receivers reach them directly)."""
+        return self.ranks.workers
+
+    async def ready(self) -> None:
+        await self.ranks.ready()
+
+    # ---- scoring
+    async def score(self, shards: Sequence[ScoreShard]) -> list[list[list[float]]]:
+        """Per shard, per row: response log-probs (an "lm" head) or values (a "value" head)."""
+        if self.spec.head == "value":
+            return await self.ranks.on_shards(lambda w, s: w.compute_values.remote(s.tokens, s.lengths), shards)
+        return await self.ranks.on_shards(lambda w, s: w.compute_log_probs.remote(s.tokens, s.lengths, s.media),
+                                          shards)
+
+    async def pop_compute_seconds(self) -> float:
+        """The slowest rank's forward/backward/optimizer seconds since the last call."""
+        return max(await self.ranks.on_all(lambda w: w.pop_compute_seconds.remote()))
+
+    # ---- training
+    async def train(self, shards: Sequence[TrainBatch], num_steps: int, tokens_per_step: list[int]
+                    ) -> list[dict[str, float]]:
+        """`num_steps` optimizer steps over each shard; each shard's metrics."""
+        return await self.ranks.on_shards(lambda w, b: w.train.remote(b, num_steps, tokens_per_step), shards)
+
+    async def train_begin(self, lengths: Sequence[list[int]], num_steps: int, tokens_per_step: list[int]) -> None:
+        await self.ranks.on_shards(lambda w, n: w.train_begin.remote(n, num_steps, tokens_per_step), lengths)
+
+    def train_rows(self, shard: int, positions: list[int], rows: TrainBatch) -> Awaitable[int]:
+        """Queue rows of `shard` (in the order submitted); awaits the micro-batches they let run."""
+        return self.ranks.submit(shard, lambda w: w.train_rows.remote(positions, rows))
+
+    async def train_end(self) -> list[dict[str, float]]:
+        """Every rank's metrics of the pass."""
+        return await self.ranks.on_all(lambda w: w.train_end.remote())
+
+    # ---- weights
+    async def connect_receivers(self, endpoints: list[Any], api_key: str | None, pause_mode: str,
+                                devices: list[Any] | None, lane: int = 1) -> str:
+        """Rank 0 (re)builds lane `lane`'s weight group; how weights travel."""
+        return (await self.ranks.on_all(
+            lambda w: w.connect_receivers.remote(endpoints, api_key, pause_mode, devices, lane)))[0]
+
+    async def push_weights(self, version: int, background: bool = False,
+                           lanes: list[int] | None = None) -> dict[str, float]:
+        return (await self.ranks.on_all(lambda w: w.push_weights.remote(version, background, lanes)))[0]
+
+    async def weight_version(self) -> int | None:
+        """The last complete version rank 0 received (ActorFwd, the Reference)."""
+        return await self.ranks.on_rank0(lambda w: w.weight_version.remote())
+
+    async def gpu_identities(self) -> list[str | None]:
+        return await self.ranks.on_all(lambda w: w.gpu_identity.remote())
+
+    # ---- state
+    async def move(self, to_host: bool) -> dict[str, float]:
+        """Offload (`to_host`) or onload every rank; the largest rank's figures."""
+        results = await self.ranks.on_all(lambda w: (w.offload if to_host else w.onload).remote())
+        return {key: max(r.get(key, 0.0) for r in results) for key in results[0]} if results else {}
+
+    async def save(self, path: str, rollout_id: int, save_optim: bool) -> None:
+        await self.ranks.on_all(lambda w: w.save.remote(path, rollout_id, save_optim))
+
+    async def load(self, path: str) -> dict[str, Any]:
+        """Resume every rank from checkpoint `path`; its meta (rank 0's)."""
+        return (await self.ranks.on_all(lambda w: w.load.remote(path)))[0]
+
+    async def load_weights(self, path: str) -> None:
+        await self.ranks.on_all(lambda w: w.load_weights.remote(path))
+
+    async def export_hf(self, out_dir: str, tokenizer_path: str) -> None:
+        await self.ranks.on_all(lambda w: w.export_hf.remote(out_dir, tokenizer_path))
+
+    async def shutdown(self) -> None:
+        """Tear down every rank's groups, then end their processes."""
+        await self.ranks.on_all(lambda w: w.shutdown.remote())
+        self.ranks.kill()

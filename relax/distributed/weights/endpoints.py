@@ -1,0 +1,87 @@
+"""Where the weight sender's requests go: one receiver interface, one class per transport.
+
+`WeightSender` speaks the protocol of `protocol.py` to a list of receivers, each an `Endpoint`:
+`async post(path, payload, timeout_s)` returning the reply or raising the protocol's errors
+(`BucketRejected`: received, refused, the group stays in step; `EndpointMissing`: an engine
+without that endpoint; `WeightSyncError`: anything else, the group is rebuilt).
+- `HTTPEndpoint`: an inference engine's HTTP API (SGLang or the hf engine) through the one engine
+  client, `relax.distributed.engine_client.EngineClient` (its timeouts, and its retries of the
+  idempotent control calls only: `http_utils.IDEMPOTENT_PATHS`, never a weight-group call).
+- `RayEndpoint`: a training-backend rank behind a Ray handle (fully-async ActorFwd ranks join the
+  same broadcast group as the engines); its `receive_weights(path, payload)` answers as an engine.
+Any other object with the same `post` may be passed to the sender as a receiver.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Protocol
+
+from relax.distributed.engine_client import EngineClient, EngineError
+from relax.distributed.weights.protocol import BucketRejected, EndpointMissing, WeightSyncError
+
+
+class Endpoint(Protocol):
+    async def post(self, path: str, payload: dict, timeout_s: float) -> Any: ...
+
+
+def weight_sync_error(err: EngineError) -> WeightSyncError:
+    """An engine client's failure as the sender's error: 404 -> EndpointMissing, a reply with
+    `success: false` -> BucketRejected, anything else (no reply, other status) -> WeightSyncError.
+    The message is the client's: the URL with the path, the status and the engine's words."""
+    if err.status == 404:
+        return EndpointMissing(str(err))
+    if isinstance(err.body, dict) and err.body.get("success") is False:
+        return BucketRejected(str(err))
+    return WeightSyncError(str(err))
+
+
+class HTTPEndpoint:
+    """An engine's HTTP API as a receiver. The client is opened on the first call and again after
+    `close()` (a sender reconnects after a failed push)."""
+
+    def __init__(self, url: str, *, api_key: str | None = None, transport: Any = None) -> None:
+        self.url = url.rstrip("/")
+        self._api_key, self._transport = api_key, transport
+        self._client: EngineClient | None = None
+
+    def __repr__(self) -> str:
+        return self.url
+
+    async def post(self, path: str, payload: dict, timeout_s: float) -> Any:
+        if self._client is None:
+            self._client = EngineClient(self.url, self._api_key, transport=self._transport)
+        try:
+            return await self._client.post(path, payload, timeout=max(timeout_s, 0.001))
+        except EngineError as err:
+            raise weight_sync_error(err) from err
+
+    async def close(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            await client.close()
+
+
+class RayEndpoint:
+    """A training-backend rank behind a Ray actor handle. Its reply says whether the bucket's bytes
+    were consumed (`received`): a refusal after receiving is BucketRejected, before it
+    WeightSyncError; a rank that died or raised, or no reply by the deadline, too."""
+
+    def __init__(self, handle: Any, name: str) -> None:
+        self.handle, self.name = handle, name
+
+    def __repr__(self) -> str:
+        return f"RayEndpoint({self.name})"
+
+    async def post(self, path: str, payload: dict, timeout_s: float) -> dict:
+        ref = self.handle.receive_weights.remote(path, payload)
+        try:
+            body = await asyncio.wait_for(asyncio.wrap_future(ref.future()), timeout=max(timeout_s, 0.001))
+        except asyncio.TimeoutError as exc:
+            raise WeightSyncError(f"{self.name}{path}: no reply within {timeout_s:.0f}s") from exc
+        except Exception as exc:  # noqa: BLE001 - the rank died or raised: name it
+            raise WeightSyncError(f"{self.name}{path}: {type(exc).__name__}: {exc}") from exc
+        if not body.get("success"):
+            error = BucketRejected if body.get("received") else WeightSyncError
+            raise error(f"{self.name}{path}: {body.get('message')}")
+        return body

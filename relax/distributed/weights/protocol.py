@@ -1,0 +1,139 @@
+"""Trainer -> inference-engine weight push: SGLang's protocol, its wire types, limits and errors.
+
+Protocol (the one SGLang serves and slime drives; `sender.WeightSender` drives it,
+`receiver.WeightReceiver` and the hf engine's routes answer it):
+1. `connect()`: the trainer picks a free port and POSTs `/init_weights_update_group`
+   {master_address, master_port, rank_offset=1+i, world_size=1+n, group_name, backend} to every
+   engine while joining the same group as rank 0 itself. The group listens on loopback unless an
+   engine is on another host (an external engine): then on this host's address towards it.
+2. `push(named_tensors, version=v)`: `/pause_generation` and `/flush_cache` on every engine,
+   `/begin_weight_update` (SGLang >= 0.5.23 loads weights only inside such a session; an
+   engine that answers 404 predates sessions and is pushed to without one), then per bucket of
+   at most `bucket_bytes` a POST `/update_weights_from_distributed`
+   {names, dtypes, shapes, group_name, flush_cache, weight_version} to every engine while rank 0
+   broadcasts each tensor of the bucket, in order; then `/end_weight_update` (SGLang finalizes
+   the loaded weights there) and `/continue_generation`.
+   `weight_version` rides on the last bucket only, so an engine reports the new version only
+   once it holds all of it. A receiver on the sender's own GPU takes the same buckets through
+   `/update_weights_from_tensor` as CUDA IPC handles instead (`ipc.py`).
+3. `close()`: `/destroy_weights_update_group` and the local group is dropped.
+
+Failure handling: an engine that rejects a bucket after receiving it answers `success: false`
+(`BucketRejected`: the group is still in step); a 404 is `EndpointMissing` (an older SGLang);
+anything else, or a missed deadline, is `WeightSyncError` and the group is rebuilt. These
+errors are the whole contract between the sender and its receivers' transports
+(`endpoints.py`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable, Iterator
+
+import torch
+
+DEFAULT_BUCKET_BYTES = 512 * 1024 * 1024  # --update-weight-buffer-size default
+MAX_TENSORS_PER_REQUEST = 100_000  # a receiver refuses a bucket listing more
+
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32, "float": torch.float32, "float16": torch.float16, "half": torch.float16,
+    "bfloat16": torch.bfloat16, "float64": torch.float64, "double": torch.float64,
+    "int64": torch.int64, "int32": torch.int32, "int16": torch.int16, "int8": torch.int8,
+    "uint8": torch.uint8, "bool": torch.bool,
+    "float8_e4m3fn": torch.float8_e4m3fn, "float8_e5m2": torch.float8_e5m2,
+}
+
+
+class WeightSyncError(RuntimeError):
+    """A weight push failed; the message names the engine and what it said."""
+
+
+class BucketRejected(WeightSyncError):
+    """An engine replied `success: false`: it received the whole bucket, then refused to load it.
+
+    SGLang and the hf engine only answer this way after the broadcast, so the group is still in
+    step. Any other failure (4xx/5xx without `success`, timeout, lost connection) may leave
+    bytes on the wire, and the group must be rebuilt.
+    """
+
+
+class EndpointMissing(WeightSyncError):
+    """The engine answered 404: it does not serve this endpoint (an older SGLang)."""
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class SyncStats:
+    """One push: bytes sent, wall seconds, gbps = gigabytes (1e9 B) per second, buckets, version."""
+
+    bytes: int
+    seconds: float
+    gbps: float
+    num_buckets: int
+    version: int
+
+
+def parse_dtype(name: str) -> torch.dtype:
+    key = name.removeprefix("torch.")
+    if key not in DTYPES:
+        raise ValueError(f"unknown dtype {name!r}; expected one of {sorted(DTYPES)}")
+    return DTYPES[key]
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """SGLang's wire name for a dtype: 'bfloat16', 'float32', ..."""
+    return str(dtype).replace("torch.", "")
+
+
+def parse_specs(names: list[str], dtypes: list[str], shapes: list[list[int]]) -> list[TensorSpec]:
+    """Validate the request lists (same length, known dtypes, non-negative dims)."""
+    if not (len(names) == len(dtypes) == len(shapes)):
+        raise ValueError(f"names, dtypes and shapes must have the same length, "
+                         f"got {len(names)}, {len(dtypes)}, {len(shapes)}")
+    if not names:
+        raise ValueError("names is empty: nothing to update")
+    if len(names) > MAX_TENSORS_PER_REQUEST:
+        raise ValueError(f"at most {MAX_TENSORS_PER_REQUEST} tensors per request, got {len(names)}")
+    specs = []
+    for name, dtype, shape in zip(names, dtypes, shapes):
+        if any(d < 0 for d in shape):
+            raise ValueError(f"tensor {name!r}: negative dimension in shape {shape}")
+        specs.append(TensorSpec(name, parse_dtype(dtype), tuple(shape)))
+    return specs
+
+
+def tensor_bytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
+
+
+def iter_buckets(named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int
+                 ) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """Group tensors in order into buckets of at most `bucket_bytes` (a larger tensor goes alone)."""
+    if bucket_bytes <= 0:
+        raise ValueError(f"bucket_bytes must be > 0, got {bucket_bytes}")
+    bucket: list[tuple[str, torch.Tensor]] = []
+    size = 0
+    for name, tensor in named_tensors:
+        nbytes = tensor_bytes(tensor)
+        if bucket and size + nbytes > bucket_bytes:
+            yield bucket
+            bucket, size = [], 0
+        bucket.append((name, tensor))
+        size += nbytes
+    if bucket:
+        yield bucket
+
+
+def with_last(items: Iterator[Any]) -> Iterator[tuple[Any, bool]]:
+    """Yield (item, is_last) with one item of lookahead."""
+    previous = next(items, None)
+    while previous is not None:
+        current = next(items, None)
+        yield previous, current is None
+        previous = current

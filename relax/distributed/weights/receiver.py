@@ -1,0 +1,273 @@
+"""Receiving side of the weight push: load HF-named tensors, received or handed over, into a model.
+
+`WeightReceiver` answers the protocol of `protocol.py` for the `hf` engine (its HTTP routes in
+`relax.backends.hf.server`) and, subclassed for their shards, for the training ranks that take
+weights in fully-async mode (`relax.backends.fsdp.weights`, `relax.backends.megatron.weights`,
+reached through `endpoints.RayEndpoint`). It holds the weight groups it joined and has one
+entry point per way a bucket arrives:
+- `receive_and_load(specs, group_name)` / `update(payload)`: `/update_weights_from_distributed`,
+  the tensors broadcast by rank 0 of the group;
+- `load_tensor_payload(payload)`: `/update_weights_from_tensor`, CUDA IPC handles from a sender on
+  the same GPU, in either `load_format` the sender writes (`ipc.decode_tensor_payload`).
+Every one checks names and shapes first (a bucket that does not fit is rejected whole, nothing
+loaded) and takes the push's `weight_version` when the bucket carries it (the last one).
+
+The names are HF checkpoint names; `hf_targets` maps them onto a transformers model, fused MoE
+experts included (`expert_views`), and `load_hf_named` writes a whole HF state that way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import threading
+from typing import Any, Callable, Iterator
+
+import torch
+
+from relax.distributed.weights.group import WeightGroup, create_weight_group
+from relax.distributed.weights.ipc import decode_tensor_payload, deserialize
+from relax.distributed.weights.protocol import TensorSpec, parse_specs
+
+
+def expert_views(targets: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Checkpoint names of fused MoE expert weights, as views into them. transformers >= 5 holds
+    a layer's experts as `mlp.experts.gate_up_proj` [E, 2I, H] (gate rows first) and
+    `mlp.experts.down_proj` [E, H, I]; checkpoints, SGLang and the megatron backend's push name
+    them per expert (`mlp.experts.{e}.gate_proj.weight`, ...). Writing a view writes the weight."""
+    views: dict[str, torch.Tensor] = {}
+    for name, t in targets.items():
+        prefix, _, leaf = name.rpartition(".")
+        if not prefix.endswith("mlp.experts") or t.dim() != 3:
+            continue
+        for e in range(t.shape[0]):
+            if leaf == "gate_up_proj":
+                gate, up = t[e].chunk(2, dim=0)
+                views[f"{prefix}.{e}.gate_proj.weight"], views[f"{prefix}.{e}.up_proj.weight"] = gate, up
+            elif leaf == "down_proj":
+                views[f"{prefix}.{e}.down_proj.weight"] = t[e]
+    return views
+
+
+def hf_targets(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Every tensor an HF-named weight can be written to: buffers, parameters (tied aliases too)
+    and per-expert views of fused MoE experts (`expert_views`)."""
+    targets = dict(model.named_buffers(remove_duplicate=False))
+    targets.update(model.named_parameters(remove_duplicate=False))
+    targets.update(expert_views(targets))
+    return targets
+
+
+@torch.no_grad()
+def load_hf_named(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Write HF-named weights (checkpoint or in-memory names, experts fused or per expert) into an
+    HF model; ValueError naming what it does not have or what is left unwritten."""
+    targets = hf_targets(model)
+    unknown = sorted(set(state) - set(targets))
+    if unknown:
+        raise ValueError(f"{len(unknown)} weight(s) are not the model's, e.g. {unknown[:3]}")
+    written = 0
+    for name, tensor in state.items():
+        targets[name].copy_(tensor)
+        written += tensor.numel()
+    total = sum(p.numel() for p in model.parameters())
+    if written < total:
+        raise ValueError(f"the weights cover {written} of the model's {total} parameter values")
+
+
+class WeightReceiver:
+    """Receiving side of the push (the `hf` engine; the training backends' ranks subclass `load`):
+    holds the weight groups and loads received tensors into the model.
+
+    `step_lock` (the engine's) is held while tensors are copied in, so no forward sees half a
+    bucket. A well-formed bucket is always received in full; names or shapes the model does not
+    have reject it whole (nothing loaded). `version`: the last complete push's `weight_version`,
+    as `version_type` reads it (SGLang's is a string; the training ranks count pushes)."""
+
+    version_type: Callable[[Any], Any] = str
+
+    def __init__(self, model: torch.nn.Module, *, step_lock: threading.Lock | None = None, timeout_s: float = 600.0,
+                 device: torch.device | str = "cpu"):
+        self.model, self.timeout_s = model, timeout_s
+        self.step_lock = step_lock if step_lock is not None else contextlib.nullcontext()
+        self.device = torch.device(device)
+        self.version: Any = None
+        # A flattened bucket kept open after loading (`load_tensor_payload(hold=True)`): within a
+        # weight-update session the sender writes every bucket into one buffer, so the next
+        # bucket's handle is found open (ipc.py). Dropped at the session's end (`held = None`).
+        self.held: torch.Tensor | None = None
+        self.groups: dict[str, WeightGroup] = {}
+        self._walk: dict[str, torch.Tensor] | None = None  # _targets() of the bucket in hand (_one_walk)
+        # Groups out of step after a request we refused before receiving: the sender may have
+        # pushed bytes we never read, so receiving on them again could misparse (and gloo aborts
+        # the process on a size mismatch). Kept referenced, never used, until destroyed.
+        self.quarantined: dict[str, WeightGroup] = {}
+
+    def init_group(self, *, master_address: str, master_port: int, rank_offset: int, world_size: int,
+                   group_name: str, backend: str) -> str:
+        """Blocking join; returns a message. Raises ValueError for a request that cannot work."""
+        if group_name in self.groups or group_name in self.quarantined:
+            raise ValueError(f"weight update group {group_name!r} already exists; destroy it first")
+        if backend == "nccl" and self.device.type != "cuda":
+            raise ValueError("backend 'nccl' needs an engine on a CUDA device; use backend 'gloo' on CPU")
+        self.groups[group_name] = create_weight_group(
+            master_address=master_address, master_port=master_port, rank=rank_offset, world_size=world_size,
+            group_name=group_name, backend=backend, timeout_s=self.timeout_s,
+            device=self.device if backend == "nccl" else None)
+        return f"joined weight update group {group_name!r} as rank {rank_offset} of {world_size}"
+
+    def destroy_group(self, group_name: str) -> str:
+        group = self.groups.pop(group_name, None)
+        if group is not None:
+            group.destroy()
+        elif self.quarantined.pop(group_name, None) is None:
+            raise ValueError(f"no weight update group named {group_name!r}; known: {sorted(self.groups)}")
+        return f"destroyed weight update group {group_name!r}"
+
+    def quarantine(self, group_name: str) -> None:
+        if group_name in self.groups:
+            self.quarantined[group_name] = self.groups.pop(group_name)
+
+    def group(self, group_name: str) -> WeightGroup:
+        if group_name in self.quarantined:
+            raise ValueError(f"weight update group {group_name!r} is out of step after a rejected request; "
+                             "destroy it and call /init_weights_update_group again")
+        if group_name not in self.groups:
+            raise ValueError(f"no weight update group named {group_name!r}; call /init_weights_update_group "
+                             f"first (known: {sorted(self.groups)})")
+        return self.groups[group_name]
+
+    def _targets(self) -> dict[str, torch.Tensor]:
+        return hf_targets(self.model)
+
+    def _bucket_targets(self) -> dict[str, torch.Tensor]:
+        """`_targets()`, walked once per bucket (`_one_walk`): a module walk costs ~1 ms on a
+        36-layer model, and checking, placing and loading a bucket asked for it three times."""
+        return self._walk if self._walk is not None else self._targets()
+
+    @contextlib.contextmanager
+    def _one_walk(self) -> Iterator[None]:
+        self._walk = self._targets()
+        try:
+            yield
+        finally:
+            self._walk = None
+
+    def problems(self, specs: list[TensorSpec]) -> list[str]:
+        """Names the model does not have and shapes that do not match it."""
+        targets, found = self._bucket_targets(), []
+        for spec in specs:
+            target = targets.get(spec.name)
+            if target is None:
+                found.append(f"{spec.name!r} is not a parameter of the model")
+            elif tuple(target.shape) != spec.shape:
+                found.append(f"{spec.name!r} has shape {list(spec.shape)}, the model has {list(target.shape)}")
+        return found
+
+    def receive(self, specs: list[TensorSpec], group: WeightGroup) -> list[torch.Tensor]:
+        """Blocking: receive every tensor of the bucket, in order, from rank 0."""
+        received = []
+        for spec in specs:
+            tensor = torch.empty(spec.shape, dtype=spec.dtype, device=group.device)
+            group.broadcast(tensor, src=0)
+            received.append(tensor)
+        group.synchronize()
+        return received
+
+    def load(self, specs: list[TensorSpec], tensors: list[torch.Tensor]) -> None:
+        targets = self._bucket_targets()
+        with self.step_lock, torch.no_grad():
+            for spec, tensor in zip(specs, tensors):
+                targets[spec.name].copy_(tensor)
+
+    # ---- a push begins and ends ---------------------------------------------------------
+    def begin(self) -> None:
+        """`/begin_weight_update`: a push starts (a subclass drops what an unfinished one left)."""
+
+    def finish(self, version: Any, message: str) -> tuple[bool, str]:
+        """The push's last bucket is loaded (it carries the version): take the version. A subclass
+        may refuse it (megatron: a fused tensor left incomplete)."""
+        self.version = self.version_type(version)
+        return True, f"{message} Weight version updated to {version}."
+
+    def take_version(self, success: bool, message: str, weight_version: Any) -> tuple[bool, str]:
+        """A loaded bucket's (success, message), after `finish` when it carries the push's version."""
+        if success and weight_version is not None:
+            return self.finish(weight_version, message)
+        return success, message
+
+    # ---- the ways a bucket arrives -------------------------------------------------------
+    def update(self, payload: dict[str, Any]) -> tuple[bool, str]:
+        """`/update_weights_from_distributed` (blocking): receive one bucket from rank 0 of the
+        payload's group, load it and take its version. ValueError for a malformed payload."""
+        specs = parse_specs(payload["names"], payload["dtypes"], payload["shapes"])
+        success, message = self.receive_and_load(specs, payload.get("group_name"))
+        return self.take_version(success, message, payload.get("weight_version"))
+
+    def load_tensor_payload(self, payload: dict[str, Any], *, hold: bool = False,
+                            deserializer: Callable[[Any], Any] = deserialize) -> tuple[bool, str]:
+        """`/update_weights_from_tensor` (blocking), for every receiver: decode the payload in its
+        `load_format` (SGLang's flattened bucket or a (name, tensor) list; tensor-parallel rank 0's
+        copy), check and load its tensors like a received bucket, take `weight_version` when it
+        carries one. Returns SGLang's (success, message); ValueError for a payload that does not
+        decode. `hold`: keep a flattened bucket's memory open afterwards (`held`)."""
+        named, flat = decode_tensor_payload(payload, deserializer)
+        success, message = self.load_named(named)
+        self.held = flat if success and hold else None
+        del named, flat  # the sender's memory: let go of it unless held
+        return self.take_version(success, message, payload.get("weight_version"))
+
+    def load_named(self, named: list[tuple[str, torch.Tensor]]) -> tuple[bool, str]:
+        """`/update_weights_from_tensor`: tensors already here (opened CUDA IPC handles); checked
+        like a received bucket, then copied in. Returns SGLang's (success, message)."""
+        specs = [TensorSpec(name, t.dtype, tuple(t.shape)) for name, t in named]
+        with self._one_walk():
+            problems = self.problems(specs)
+            if problems:
+                return False, f"rejected {len(specs)} tensors, nothing loaded: " + "; ".join(problems)
+            self.load(specs, [t for _, t in named])
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()  # done reading the sender's memory
+        return True, f"loaded {len(specs)} tensors by CUDA IPC"
+
+    def _in_place(self, specs: list[TensorSpec], group: WeightGroup) -> list[torch.Tensor | None]:
+        """Per spec, the model tensor the bytes can be received straight into (same dtype, shape,
+        device, contiguous), else None (received into scratch, then copied in)."""
+        targets = self._bucket_targets()
+        direct = []
+        for spec in specs:
+            t = targets[spec.name]
+            ok = (t.dtype == spec.dtype and tuple(t.shape) == spec.shape and t.device == group.device
+                  and t.is_contiguous())
+            direct.append(t if ok else None)
+        return direct
+
+    def receive_and_load(self, specs: list[TensorSpec], group_name: str) -> tuple[bool, str]:
+        """Blocking; returns SGLang's (success, message). A bucket that fits the model is received
+        under the step lock straight into the model's tensors where their layout allows (no
+        scratch copy: on GPUs that copy costs as much as the broadcast). A subclass whose `load`
+        transforms (shards) receives into scratch and loads after."""
+        with self._one_walk():
+            return self._receive_and_load(specs, self.group(group_name))
+
+    def _receive_and_load(self, specs: list[TensorSpec], group: WeightGroup) -> tuple[bool, str]:
+        problems = self.problems(specs)
+        if problems:
+            self.receive(specs, group)  # the sender is blocked in the broadcast: take the bytes, load nothing
+            return False, f"rejected the bucket of {len(specs)} tensors, nothing loaded: " + "; ".join(problems)
+        if type(self).load is not WeightReceiver.load:
+            tensors = self.receive(specs, group)
+            self.load(specs, tensors)
+        else:
+            direct, targets = self._in_place(specs, group), self._bucket_targets()
+            with self.step_lock, torch.no_grad():
+                tensors = [t if t is not None else torch.empty(s.shape, dtype=s.dtype, device=group.device)
+                           for s, t in zip(specs, direct)]
+                for tensor in tensors:
+                    group.broadcast(tensor, src=0)
+                group.synchronize()
+                for spec, target, tensor in zip(specs, direct, tensors):
+                    if target is None:
+                        targets[spec.name].copy_(tensor)
+        nbytes = sum(math.prod(s.shape) * t.element_size() for s, t in zip(specs, tensors))
+        return True, f"loaded {len(specs)} tensors ({nbytes} bytes)"

@@ -1,0 +1,323 @@
+"""Rank 0 of a weight push: `WeightSender` sends HF-named tensors to every receiver.
+
+It drives the protocol of `protocol.py` (connect: the group; push: pause, flush, session,
+buckets, end, resume; close) against receivers of any transport (`endpoints.py`: engine URLs
+become `HTTPEndpoint`s; `RayEndpoint`s and other objects with the same `post` are used as they
+are). A receiver on the sender's own GPU cannot join an NCCL group with it: it gets each bucket as
+CUDA IPC handles through `/update_weights_from_tensor` instead (`ipc.py`), written by
+`ipc.encode_bucket` / `ipc.tensor_payload` with the sender's `serializer`.
+
+Failure handling: a broadcast has no timeout of its own on NCCL, so it runs in a worker thread
+and the HTTP replies are the waiters (as TRL does): an engine that rejects a bucket raises
+`WeightSyncError` with the engine's message at once; everything has the deadline `timeout_s`.
+If a broadcast was left unfinished the group is marked broken and the next push asks for a
+reconnect. After a failed push the engines are resumed (they keep serving the weights they
+have, which may be partly new); the caller decides whether to retry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from typing import Any, Callable, Iterable, Sequence
+
+import torch
+
+from relax.distributed.store import listen
+from relax.distributed.weights.endpoints import Endpoint, HTTPEndpoint
+from relax.distributed.weights.group import (
+    WeightGroup, create_weight_group, group_master_address, run_in_daemon_thread,
+)
+from relax.distributed.weights.ipc import encode_bucket, serialize, tensor_payload
+from relax.distributed.weights.protocol import (
+    DEFAULT_BUCKET_BYTES, BucketRejected, EndpointMissing, SyncStats, WeightSyncError, dtype_name, iter_buckets,
+    tensor_bytes, with_last,
+)
+
+logger = logging.getLogger(__name__)
+
+
+class WeightSender:
+    """Rank 0 of the weight group: pushes HF-named tensors to every engine (see module doc)."""
+
+    def __init__(self, engine_urls: Sequence[str | Endpoint], *, api_key: str | None = None, backend: str = "gloo",
+                 bucket_bytes: int = DEFAULT_BUCKET_BYTES, timeout_s: float = 300.0,
+                 master_address: str = "127.0.0.1", group_name: str | None = None, transport: Any = None,
+                 device: torch.device | str | None = None, pause_mode: str = "abort",
+                 ipc_ranks: Sequence[int] | None = None, serializer: Callable[[Any], Any] = serialize):
+        """`engine_urls`: SGLang HTTP base URLs, or receiver objects with the same protocol as
+        `async post(path, payload, timeout_s)` (training-backend ranks that take weights too).
+        `pause_mode`: what `/pause_generation` does to in-flight requests while weights load
+        ("abort" in colocate, where none are in flight; "in_place" keeps them running on the new
+        weights; partial rollout aborts and resubmits them). `ipc_ranks`, per receiver: 0 for one
+        on another GPU (it joins the broadcast group), else it shares this GPU and takes CUDA IPC
+        handles through `/update_weights_from_tensor`, one copy per tensor-parallel rank, each
+        written by `serializer` (`ipc.serialize`; tests pass one that keeps CPU tensors as they are)."""
+        if not engine_urls:
+            raise ValueError("WeightSender needs at least one engine URL")
+        self.receivers: list[Endpoint] = [HTTPEndpoint(u, api_key=api_key, transport=transport)
+                                          if isinstance(u, str) else u for u in engine_urls]
+        ipc = list(ipc_ranks) if ipc_ranks is not None else [0] * len(self.receivers)
+        if len(ipc) != len(self.receivers):
+            raise ValueError(f"ipc_ranks has {len(ipc)} entries for {len(self.receivers)} receivers")
+        self.group_receivers = [r for r, n in zip(self.receivers, ipc) if not n]
+        self.ipc_receivers = [(r, n) for r, n in zip(self.receivers, ipc) if n]
+        self.serializer = serializer
+        self._staging: torch.Tensor | None = None  # the flat-bucket buffer of a push to ipc_receivers (_staging_for)
+        self.pause_mode = pause_mode
+        self.backend, self.bucket_bytes, self.timeout_s = backend, bucket_bytes, timeout_s
+        self.master_address, self.device = master_address, device
+        self.group_name = group_name or f"relax-weights-{uuid.uuid4().hex[:8]}"
+        self._group: WeightGroup | None = None
+        self._connected = False
+        self._broken = False
+        self._lock = asyncio.Lock()
+
+    # ---- helpers ---------------------------------------------------------------------
+    def _remaining(self, deadline: float) -> float:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise WeightSyncError(f"weight sync exceeded its deadline of {self.timeout_s:.0f}s")
+        return remaining
+
+    async def _post_all(self, path: str, payload: dict, deadline: float) -> list[Any]:
+        remaining = self._remaining(deadline)
+        return await asyncio.gather(*(r.post(path, payload, remaining) for r in self.receivers))
+
+    async def _wait_all(self, tasks: list[asyncio.Future], deadline: float, what: str) -> None:
+        """Wait for every task; the first failure or the deadline raises WeightSyncError.
+
+        A BucketRejected alone leaves the other tasks running (the caller settles them);
+        any other failure or the deadline cancels them.
+        """
+        done, pending = await asyncio.wait(tasks, timeout=max(deadline - time.monotonic(), 0),
+                                           return_when=asyncio.FIRST_EXCEPTION)
+        errors = [t.exception() for t in done if not t.cancelled() and t.exception() is not None]
+        if errors and all(isinstance(e, BucketRejected) for e in errors):
+            raise errors[0]
+        for task in pending:
+            task.cancel()
+        if errors:
+            exc = next(e for e in errors if not isinstance(e, BucketRejected))
+            if isinstance(exc, WeightSyncError):
+                raise exc
+            raise WeightSyncError(f"{what} failed: {type(exc).__name__}: {exc}") from exc
+        if pending:
+            raise WeightSyncError(f"{what} did not finish within the {self.timeout_s:.0f}s deadline")
+
+    # ---- protocol --------------------------------------------------------------------
+    async def connect(self) -> None:
+        """Create the group: every engine joins as rank 1 + i while this process joins as rank 0."""
+        if self._group is not None or self._connected:
+            raise WeightSyncError("connect() called twice; call close() first")
+        self._connected = True
+        if not self.group_receivers:  # every receiver shares this GPU: handles only, no group
+            logger.info("weight push by CUDA IPC to %d receiver(s) on this GPU", len(self.ipc_receivers))
+            return
+        if self.backend == "nccl" and self.device is None:  # resolve here: the join runs in another thread
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        deadline = time.monotonic() + self.timeout_s
+        urls = [r.url for r in self.group_receivers if isinstance(r, HTTPEndpoint)]
+        self.master_address = group_master_address(self.master_address, urls)
+        listener = listen(self.master_address)  # held from here: no other process can take the port
+        port = listener.getsockname()[1]
+        world_size = 1 + len(self.group_receivers)
+        http = [asyncio.ensure_future(r.post("/init_weights_update_group", {
+            "master_address": self.master_address, "master_port": port, "rank_offset": 1 + i,
+            "world_size": world_size, "group_name": self.group_name, "backend": self.backend,
+        }, self.timeout_s)) for i, r in enumerate(self.group_receivers)]
+        join = run_in_daemon_thread(
+            create_weight_group, master_address=self.master_address, master_port=port, rank=0,
+            world_size=world_size, group_name=self.group_name, backend=self.backend, timeout_s=self.timeout_s,
+            device=self.device, listener=listener)
+        try:
+            await self._wait_all([*http, join], deadline, "init_weights_update_group")
+        except BaseException:
+            listener.close()
+            raise
+        self._group, self._broken = join.result(), False
+        logger.info("weight group %s up: %d engine(s), backend %s, port %d%s", self.group_name,
+                    len(self.group_receivers), self.backend, port,
+                    f"; {len(self.ipc_receivers)} more on this GPU by CUDA IPC" if self.ipc_receivers else "")
+
+    async def push(self, named_tensors: Iterable[tuple[str, torch.Tensor]], *, version: int) -> SyncStats:
+        """Pause, send every bucket, resume. Raises WeightSyncError naming the engine on failure."""
+        if not self._connected:
+            raise WeightSyncError("push() before connect(): call `await sender.connect()` first")
+        if self._broken:
+            raise WeightSyncError("the weight group is broken by an earlier failed sync; "
+                                  "call close() and connect() again")
+        async with self._lock:
+            start = time.monotonic()
+            deadline = start + self.timeout_s
+            await self._post_all("/pause_generation", {"mode": self.pause_mode}, deadline)
+            try:
+                await self._post_all("/flush_cache", {}, deadline)
+                total_bytes, num_buckets = await self._push_in_sessions(named_tensors, version, deadline)
+            finally:
+                self._staging = None  # receivers let go of it at end_weight_update
+                if self.ipc_receivers and torch.cuda.is_available():
+                    torch.cuda.ipc_collect()
+                await self._resume_engines()
+            if num_buckets == 0:
+                raise WeightSyncError("push() got no tensors")
+        seconds = time.monotonic() - start
+        stats = SyncStats(bytes=total_bytes, seconds=seconds, gbps=total_bytes / max(seconds, 1e-9) / 1e9,
+                          num_buckets=num_buckets, version=version)
+        logger.info("weight sync v%d: %d bytes in %.3fs (%.3f GB/s, %d buckets) to %d engine(s)",
+                    version, stats.bytes, stats.seconds, stats.gbps, num_buckets, len(self.receivers))
+        return stats
+
+    async def _push_in_sessions(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int,
+                                deadline: float) -> tuple[int, int]:
+        """Every bucket inside a weight-update session on each engine that has sessions; returns
+        (bytes, buckets). The version rides on the last bucket."""
+        total_bytes = num_buckets = 0
+        sessions = await self._begin_sessions(deadline)
+        try:
+            for bucket, is_last in with_last(iter_buckets(named_tensors, self.bucket_bytes)):
+                total_bytes += await self._push_bucket(bucket, str(version) if is_last else None, deadline)
+                num_buckets += 1
+        except BaseException:
+            await self._end_sessions(sessions, deadline, raising=False)
+            raise
+        await self._end_sessions(sessions, deadline, raising=True)
+        return total_bytes, num_buckets
+
+    async def _begin_sessions(self, deadline: float) -> list[Endpoint]:
+        """`/begin_weight_update` on every engine; the ones that opened a session (404: an engine
+        without sessions). A session left open by a sender that died is closed and opened again."""
+        async def begin(receiver: Endpoint) -> bool:
+            try:
+                await receiver.post("/begin_weight_update", {}, self._remaining(deadline))
+            except EndpointMissing:
+                return False
+            except BucketRejected as exc:
+                if "already open" not in str(exc):
+                    raise
+                logger.warning("%s had a weight-update session open (a push that did not finish); closing it",
+                               receiver)
+                await receiver.post("/end_weight_update", {}, self._remaining(deadline))
+                await receiver.post("/begin_weight_update", {}, self._remaining(deadline))
+            return True
+
+        results = await asyncio.gather(*(begin(r) for r in self.receivers), return_exceptions=True)
+        opened = [r for r, result in zip(self.receivers, results) if result is True]
+        failed = [result for result in results if isinstance(result, BaseException)]
+        if failed:
+            await self._end_sessions(opened, deadline, raising=False)
+            raise failed[0] if isinstance(failed[0], WeightSyncError) else WeightSyncError(
+                f"begin_weight_update failed: {failed[0]!r}")
+        return opened
+
+    async def _end_sessions(self, receivers: list[Endpoint], deadline: float, *, raising: bool) -> None:
+        """`/end_weight_update` where a session was opened. After a failed push the failures are
+        logged, not raised over the push's own error."""
+        remaining = max(deadline - time.monotonic(), 5.0)
+        results = await asyncio.gather(*(r.post("/end_weight_update", {}, remaining) for r in receivers),
+                                       return_exceptions=True)
+        for receiver, result in zip(receivers, results):
+            if isinstance(result, BaseException):
+                if raising:
+                    raise result if isinstance(result, WeightSyncError) else WeightSyncError(
+                        f"{receiver}/end_weight_update: {result!r}")
+                logger.warning("end_weight_update on %s failed: %s", receiver, result)
+
+    def _staging_for(self, nbytes: int, device: Any) -> torch.Tensor | None:
+        """The push's flat-bucket buffer on a GPU (one allocation reused by every bucket, so a
+        receiver opens one IPC handle per push; ipc.py), grown to `nbytes` if a bucket is larger."""
+        if device is None or torch.device(device).type != "cuda":
+            return None
+        if self._staging is None or self._staging.numel() < nbytes:
+            self._staging = None  # a receiver may still hold the old one open: IPC ref counts free it
+            self._staging = torch.empty(max(nbytes, self.bucket_bytes), dtype=torch.uint8, device=device)
+        return self._staging
+
+    def _ipc_tasks(self, named: list[tuple[str, torch.Tensor]], device: Any, weight_version: str | None,
+                   remaining: float) -> list[asyncio.Future]:
+        """`/update_weights_from_tensor` to every receiver on this GPU: handles to `named` (kept
+        alive by the caller until they answer), one payload per tensor-parallel rank (ipc.py)."""
+        staging = self._staging_for(sum(tensor_bytes(t) for _, t in named), device)
+        bucket, load_format = encode_bucket(named, out=staging)
+        if device is not None and torch.device(device).type == "cuda":
+            torch.cuda.current_stream(device).synchronize()  # the handles' bytes are written
+        return [asyncio.ensure_future(r.post("/update_weights_from_tensor", tensor_payload(
+            bucket, load_format, copies=tp, weight_version=weight_version, serializer=self.serializer), remaining))
+                for r, tp in self.ipc_receivers]
+
+    def _group_tasks(self, named: list[tuple[str, torch.Tensor]], weight_version: str | None,
+                     remaining: float) -> list[asyncio.Future]:
+        """`/update_weights_from_distributed` to every receiver in the group, and the broadcast."""
+        tensors = [t for _, t in named]
+        payload = {"names": [n for n, _ in named], "dtypes": [dtype_name(t.dtype) for t in tensors],
+                   "shapes": [list(t.shape) for t in tensors], "group_name": self.group_name, "flush_cache": False}
+        if weight_version is not None:
+            payload["weight_version"] = weight_version
+        tasks = [asyncio.ensure_future(r.post("/update_weights_from_distributed", payload, remaining))
+                 for r in self.group_receivers]
+        return tasks + [run_in_daemon_thread(self._broadcast, tensors)]
+
+    async def _push_bucket(self, bucket: list[tuple[str, torch.Tensor]], weight_version: str | None,
+                           deadline: float) -> int:
+        device = self._group.device if self._group is not None else self.device
+        named = [(n, t.detach().to(device).contiguous()) for n, t in bucket]
+        remaining = self._remaining(deadline)
+        tasks: list[asyncio.Future] = []
+        if self.ipc_receivers:
+            tasks += self._ipc_tasks(named, device, weight_version, remaining)
+        if self.group_receivers:
+            tasks += self._group_tasks(named, weight_version, remaining)
+        try:
+            await self._wait_all(tasks, deadline, "update_weights_from_distributed")
+            if self.ipc_receivers and torch.cuda.is_available():  # receivers dropped their handles: free the blocks
+                torch.cuda.ipc_collect()
+        except BucketRejected as rejected:
+            await self._settle(tasks, deadline)  # the group stays usable once every receiver is done
+            raise rejected
+        except WeightSyncError:
+            self._broken = True
+            raise
+        return sum(tensor_bytes(t) for _, t in named)
+
+    async def _settle(self, tasks: list[asyncio.Future], deadline: float) -> None:
+        """After a BucketRejected: wait for the broadcast and the other engines; anything worse breaks the group."""
+        done, pending = await asyncio.wait(tasks, timeout=max(deadline - time.monotonic(), 0))
+        worse = [t.exception() for t in done if not t.cancelled() and t.exception() is not None
+                 and not isinstance(t.exception(), BucketRejected)]
+        if pending or worse:
+            self._broken = True
+            for task in pending:
+                task.cancel()
+            raise worse[0] if worse else WeightSyncError(
+                f"update_weights_from_distributed did not finish within the {self.timeout_s:.0f}s deadline")
+
+    def _broadcast(self, tensors: list[torch.Tensor]) -> None:
+        for tensor in tensors:
+            self._group.broadcast(tensor, src=0)
+        self._group.synchronize()
+
+    async def _resume_engines(self) -> None:
+        """Best effort: a failed resume is logged, not raised over the push's own error."""
+        results = await asyncio.gather(*(r.post("/continue_generation", {}, 30.0) for r in self.receivers),
+                                       return_exceptions=True)
+        for receiver, result in zip(self.receivers, results):
+            if isinstance(result, Exception):
+                logger.warning("continue_generation on %s failed: %s", receiver, result)
+
+    async def close(self) -> None:
+        """Destroy the group on the engines and here, at the same time (an NCCL group's shutdown
+        waits for every rank's: destroying here only after the engines answered deadlocked until
+        the 30 s timeout); safe to call twice."""
+        self._connected = False
+        if self._group is not None:
+            group, self._group = self._group, None
+            local = [] if self._broken else [run_in_daemon_thread(group.destroy)]
+            results = await asyncio.gather(*(r.post("/destroy_weights_update_group",
+                                                    {"group_name": self.group_name}, 30.0)
+                                             for r in self.group_receivers), *local, return_exceptions=True)
+            for receiver, result in zip([*self.group_receivers, "this rank"], results):
+                if isinstance(result, Exception):
+                    logger.warning("destroy_weights_update_group on %s failed: %s", receiver, result)
+        await asyncio.gather(*(r.close() for r in self.receivers if isinstance(r, HTTPEndpoint)))

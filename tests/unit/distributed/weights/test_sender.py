@@ -1,0 +1,227 @@
+"""Trainer side of the weight push: WeightSender against fake engines (HTTP and CUDA IPC receivers)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+
+import httpx
+import pytest
+import torch
+
+from relax.distributed.weights.group import create_weight_group
+from relax.distributed.weights.protocol import WeightSyncError
+from relax.distributed.weights.sender import WeightSender
+
+
+class FakeEngine:
+    """Speaks the engine side of the protocol through an httpx.MockTransport; rejects names starting 'bad'.
+    `sessions`: SGLang 0.5.23's rule (weights load only between /begin_weight_update and
+    /end_weight_update); False: an older engine, which answers 404 to both."""
+
+    def __init__(self, sessions: bool = True, session_open: bool = False):
+        self.calls, self.tensors, self.group, self.version = [], {}, None, None
+        self.sessions, self.session_open = sessions, session_open
+
+    async def __call__(self, request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content) if request.content else {}
+        path = request.url.path
+        self.calls.append(path)
+        if path in ("/begin_weight_update", "/end_weight_update"):
+            if not self.sessions:
+                return httpx.Response(404, json={"detail": "Not Found"})
+            opening = path == "/begin_weight_update"
+            if self.session_open == opening:
+                return httpx.Response(400, json={"success": False, "message": "a weight-update session is already "
+                                                 "open" if opening else "no weight-update session is open"})
+            self.session_open = opening
+            return httpx.Response(200, json={"success": True, "message": "Success"})
+        if path == "/update_weights_from_distributed" and self.sessions and not self.session_open:
+            await asyncio.to_thread(self._receive, body)  # SGLang receives, then refuses to load
+            return httpx.Response(400, json={"success": False, "message": "update_weights_from_distributed must run "
+                                             "between begin_weight_update() and end_weight_update()"})
+        if path == "/init_weights_update_group":
+            self.group = await asyncio.to_thread(
+                create_weight_group, master_address=body["master_address"], master_port=body["master_port"],
+                rank=body["rank_offset"], world_size=body["world_size"], group_name=body["group_name"],
+                backend=body["backend"], timeout_s=20)
+            return httpx.Response(200, json={"success": True, "message": "joined"})
+        if path == "/update_weights_from_distributed":
+            if body["names"][0].startswith("early"):  # rejected before receiving: the sender's broadcast dangles
+                return httpx.Response(400, json={"error": {"message": "malformed request"}})
+            if body["names"][0].startswith("late"):  # replies before its receive ends; the sender must settle
+                threading.Timer(0.3, self._receive, args=(body,)).start()
+                return httpx.Response(400, json={"success": False, "message": "late reject"})
+            received = await asyncio.to_thread(self._receive, body)
+            bad = [n for n in body["names"] if n.startswith("bad")]
+            if bad:
+                return httpx.Response(400, json={"success": False, "message": f"unknown tensors {bad}"})
+            self.tensors.update(received)
+            self.version = body.get("weight_version", self.version)
+            self.calls[-1] += f"@{body.get('weight_version')}"
+            return httpx.Response(200, json={"success": True, "message": "ok"})
+        if path == "/destroy_weights_update_group":
+            self.group.destroy()
+        return httpx.Response(200, json={"success": True, "message": "ok"})
+
+    def _receive(self, body):
+        out = {}
+        for name, dtype, shape in zip(body["names"], body["dtypes"], body["shapes"]):
+            tensor = torch.empty(shape, dtype=getattr(torch, dtype))
+            self.group.broadcast(tensor)
+            out[name] = tensor
+        return out
+
+
+def _sender(engine: FakeEngine, **kwargs) -> WeightSender:
+    return WeightSender(["http://fake:1"], backend="gloo", timeout_s=30, transport=httpx.MockTransport(engine),
+                        **kwargs)
+
+
+def test_push_sends_every_tensor_and_stamps_the_version_on_the_last_bucket():
+    engine = FakeEngine()
+    state = {"a": torch.randn(4, 4), "b": torch.randn(8).to(torch.bfloat16), "c": torch.randn(2, 3)}
+
+    async def go():
+        sender = _sender(engine, bucket_bytes=64)
+        await sender.connect()
+        stats = await sender.push(state.items(), version=5)
+        await sender.close()
+        return stats
+
+    stats = asyncio.run(go())
+    assert all(torch.equal(engine.tensors[n], t) for n, t in state.items())
+    assert engine.version == "5" and stats.num_buckets == 2 and stats.version == 5  # [a] [b, c]
+    assert stats.bytes == 64 + 16 + 24
+    assert engine.calls == ["/init_weights_update_group", "/pause_generation", "/flush_cache", "/begin_weight_update",
+                            "/update_weights_from_distributed@None", "/update_weights_from_distributed@5",
+                            "/end_weight_update", "/continue_generation", "/destroy_weights_update_group"]
+
+
+@pytest.mark.parametrize("engine", [FakeEngine(sessions=False), FakeEngine(session_open=True)],
+                         ids=["engine-without-sessions", "session-left-open"])
+def test_an_engine_without_sessions_or_with_one_left_open_still_takes_the_weights(engine):
+    async def go():
+        sender = _sender(engine)
+        await sender.connect()
+        await sender.push([("a", torch.ones(2))], version=2)
+        await sender.close()
+
+    asyncio.run(go())
+    assert engine.version == "2" and torch.equal(engine.tensors["a"], torch.ones(2))
+    assert not engine.session_open
+
+
+def test_rejected_bucket_raises_engine_message_quickly_and_resumes_generation():
+    engine = FakeEngine()
+
+    async def go():
+        sender = _sender(engine)
+        await sender.connect()
+        start = time.monotonic()
+        with pytest.raises(WeightSyncError) as info:
+            await sender.push([("ok", torch.ones(2)), ("bad.weight", torch.ones(3))], version=1)
+        elapsed = time.monotonic() - start
+        await sender.close()
+        return info.value, elapsed
+
+    error, elapsed = asyncio.run(go())
+    assert "unknown tensors ['bad.weight']" in str(error) and "http://fake:1" in str(error)
+    assert elapsed < 5
+    assert engine.version is None
+    assert "/continue_generation" in engine.calls
+    assert not engine.session_open  # closed after the failure: the next push can open one
+
+
+def test_push_before_connect_is_an_error():
+    with pytest.raises(WeightSyncError, match="connect"):
+        asyncio.run(_sender(FakeEngine()).push([("a", torch.ones(1))], version=1))
+
+
+def test_engine_rejecting_before_receive_raises_and_marks_the_group_broken():
+    engine = FakeEngine()
+
+    async def go():
+        sender = _sender(engine)
+        await sender.connect()
+        start = time.monotonic()
+        with pytest.raises(WeightSyncError, match="malformed request"):
+            await sender.push([("early", torch.ones(64, 1024))], version=1)
+        elapsed = time.monotonic() - start
+        with pytest.raises(WeightSyncError, match="broken"):
+            await sender.push([("ok", torch.ones(2))], version=2)
+        await sender.close()
+        return elapsed
+
+    assert asyncio.run(go()) < 5
+
+
+def test_rejection_arriving_before_the_broadcast_ends_still_keeps_the_group_usable():
+    engine = FakeEngine()
+
+    async def go():
+        sender = _sender(engine)
+        await sender.connect()
+        with pytest.raises(WeightSyncError, match="late reject"):
+            await sender.push([("late", torch.ones(1024, 1024))], version=1)  # 4 MiB: the send blocks
+        stats = await sender.push([("ok", torch.full((3,), 2.0))], version=2)
+        await sender.close()
+        return stats
+
+    assert asyncio.run(go()).version == 2
+    assert torch.equal(engine.tensors["ok"], torch.full((3,), 2.0)) and engine.version == "2"
+
+
+def test_close_destroys_the_local_group_while_the_engines_destroy_theirs():
+    """An NCCL group's shutdown waits for every rank's; an engine that answers its destroy only
+    once the sender destroyed its own side must not stall close() (it did, for 30 s, on GPUs)."""
+    engine, local_destroyed = FakeEngine(), threading.Event()
+
+    class WaitingEngine(FakeEngine):
+        async def __call__(self, request):
+            if request.url.path == "/destroy_weights_update_group":
+                engine.waited = await asyncio.to_thread(local_destroyed.wait, 5.0)
+            return await FakeEngine.__call__(engine, request)
+
+    async def go():
+        sender = _sender(WaitingEngine())
+        await sender.connect()
+        group = sender._group
+        real_destroy = group.destroy
+        group.destroy = lambda: (local_destroyed.set(), real_destroy())
+        start = time.monotonic()
+        await sender.close()
+        return time.monotonic() - start
+
+    elapsed = asyncio.run(go())
+    assert engine.waited and elapsed < 3, elapsed
+
+
+def test_receivers_on_the_senders_gpu_get_ipc_payloads_and_the_others_the_broadcast():
+    """The split only (CUDA IPC itself needs a GPU: tests/unit/backends/hf/test_hf_gpu.py and the GPU runs):
+    the colocated receiver never joins the group and gets one payload per tensor-parallel rank."""
+    engine, colocated = FakeEngine(), []
+
+    async def route(request: httpx.Request) -> httpx.Response:
+        if request.url.host == "colocated":
+            colocated.append((request.url.path, json.loads(request.content) if request.content else {}))
+            return httpx.Response(200, json={"success": True, "message": "ok"})
+        return await engine(request)
+
+    async def go():
+        sender = WeightSender(["http://colocated:1", "http://fake:1"], backend="gloo", timeout_s=30,
+                              transport=httpx.MockTransport(route), ipc_ranks=[2, 0])
+        await sender.connect()
+        await sender.push([("a", torch.ones(2))], version=3)
+        await sender.close()
+
+    asyncio.run(go())
+    paths = [path for path, _ in colocated]
+    assert paths == ["/pause_generation", "/flush_cache", "/begin_weight_update", "/update_weights_from_tensor",
+                     "/end_weight_update", "/continue_generation"]
+    body = colocated[3][1]
+    assert len(body["serialized_named_tensors"]) == 2 and body["weight_version"] == "3"
+    assert body["load_format"] == "flattened_bucket"  # one IPC handle per bucket (relax/distributed/weights/ipc.py)
+    assert engine.calls[0] == "/init_weights_update_group" and torch.equal(engine.tensors["a"], torch.ones(2))
