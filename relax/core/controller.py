@@ -271,8 +271,8 @@ async def _run(cfg: RelaxConfig, runtime: Runtime, events: HealthEvents | None =
 
 def attempt(cfg: RelaxConfig, events: HealthEvents) -> dict[str, Any]:
     """Start the runtime, deploy, train, tear everything down (one attempt of the run)."""
-    with Runtime(cfg) as runtime:  # SIGTERM stops it like Ctrl-C (see Runtime)
-        return asyncio.run(_run(cfg, runtime, events))
+    with Runtime(cfg) as runtime:
+        return runtime.run(_run(cfg, runtime, events))  # SIGTERM stops it as Ctrl-C does (SigtermStop)
 
 
 def run(cfg: RelaxConfig) -> int:

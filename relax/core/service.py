@@ -10,7 +10,7 @@ started them. `deploy_role` turns a component class into a one-replica Serve dep
 
 from __future__ import annotations
 
-import _thread
+import asyncio
 import logging
 import os
 import signal
@@ -18,14 +18,17 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Coroutine, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from typing import Any
 
 from relax.config.plan import REPLICA_CPUS, RolePlan, RunPlan, check_cluster, resolve_plan
 from relax.config.schema import RelaxConfig
 from relax.core import reaper
 from relax.core.registry import component_path
-from relax.distributed.ray.local import bind_serve_grpc, start_local_ray
+from relax.distributed.ray.local import (bind_serve_grpc, keep_sigterm_handler, ray_temp_dir, session_dir,
+                                        start_local_ray)
 from relax.distributed.transfer_queue import RUN_ENV
 from relax.utils.logging import TOKEN_FILE_ENV, new_run_token, remove_token_file, write_token_file
 from relax.utils.metrics import METRICS_APP_ENV
@@ -91,10 +94,90 @@ def replica_class(cls: type, role: str | None = None, timeline_dir: str | None =
     return type(f"{cls.__name__}Replica", (cls,), body)
 
 
-def _sigterm_as_ctrl_c(signum: int, frame: Any) -> None:
-    """SIGTERM takes Ctrl-C's path: the main thread gets SIGINT's handler (asyncio's, which
-    cancels the run's task; else KeyboardInterrupt), so teardown runs the same either way."""
-    _thread.interrupt_main(signal.SIGINT)
+class Terminated(KeyboardInterrupt):
+    """SIGTERM stopped the run. A KeyboardInterrupt, so it takes every path Ctrl-C takes;
+    `relax-train` exits 143 (128 + SIGTERM) instead of Ctrl-C's 130."""
+
+
+class SigtermStop:
+    """SIGTERM stops the run the way Ctrl-C does, whatever signal dispositions the process inherited.
+
+    Ctrl-C reaches the run as the cancellation of its task while the main thread runs the run's
+    event loop (asyncio's SIGINT handler), else as KeyboardInterrupt; either way every `finally`
+    tears down. SIGTERM takes the same two paths with its own handler, never through SIGINT: a
+    process started in the background of a non-interactive shell (`cmd &` in a script, CI, job
+    schedulers) inherits SIGINT ignored, and then neither does asyncio install its handler nor does
+    `_thread.interrupt_main(SIGINT)` do anything. SIGINT's disposition is left as it was.
+    """
+
+    def __init__(self) -> None:
+        self.terminated = False  # a SIGTERM came
+        self.stopping = False  # teardown under way: a SIGTERM now only logs
+        self.loop_ended = threading.Event()  # the run's loop is over (done, failed or cancelled)
+        self._installed, self._previous = False, None  # SIGTERM's handler before the run (restored after it)
+        self._held = False  # inside `held()`: a SIGTERM stops the run when the block ends
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._task: asyncio.Task | None = None  # the run's task while the main thread runs its loop
+
+    def install(self) -> None:
+        """Install the handler; again once Ray is up (its core worker installs a C handler of its
+        own, which aborts the driver). `restore` puts back the one from before the first call."""
+        if threading.current_thread() is threading.main_thread():  # (signal handlers are the main thread's)
+            previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+            if not self._installed:
+                self._previous, self._installed = previous, True
+
+    def restore(self) -> None:
+        if self._installed:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if self._previous is None else self._previous)
+            self._installed = False
+
+    @contextmanager
+    def held(self) -> Iterator[None]:
+        """A SIGTERM inside the block stops the run when the block ends (Ray's start-up: cut short
+        inside `ray.init`, the driver aborts when it exits)."""
+        self._held = True
+        try:
+            yield
+        finally:
+            self._held = False
+        if self.terminated:
+            raise Terminated("SIGTERM")
+
+    def _on_sigterm(self, signum: int, frame: Any) -> None:
+        task = self._task
+        if self.terminated or self.stopping or (task is not None and task.cancelling()):
+            logger.warning("SIGTERM: the run is already stopping")
+            return
+        self.terminated = True
+        logger.warning("SIGTERM: stopping the run (as on Ctrl-C)")
+        if self._held:
+            return
+        if task is not None:  # the handler runs in the main thread, inside the loop: cancel at its next turn
+            self._loop.call_soon_threadsafe(task.cancel)
+        else:
+            raise Terminated("SIGTERM")
+
+    def run(self, coro: Coroutine[Any, Any, Any]) -> Any:
+        """`asyncio.run(coro)`, where SIGTERM cancels the run's task (its `finally` blocks shut the
+        roles down) and then raises Terminated."""
+        async def main() -> Any:
+            self._loop, self._task = asyncio.get_running_loop(), asyncio.current_task()
+            try:
+                return await coro
+            finally:
+                self._task = None
+                self.loop_ended.set()
+
+        try:
+            result = asyncio.run(main())
+        except asyncio.CancelledError:
+            if self.terminated:
+                raise Terminated("SIGTERM") from None
+            raise
+        if self.terminated:  # the run caught the cancellation: stopped all the same
+            raise Terminated("SIGTERM")
+        return result
 
 
 def serve_running() -> bool:
@@ -120,7 +203,7 @@ class Runtime:
         self.started_serve = False
         self.started_tq = False
         self._tq: Future | None = None  # TransferQueue's start-up (a thread: see __enter__)
-        self._sigterm: Any = None  # SIGTERM's handler before this run (restored on exit)
+        self.sigterm = SigtermStop()  # SIGTERM stops the run as Ctrl-C does
         self._reaper: Any = None  # relax.core.reaper, when this run starts its own Ray
         self._saved_env: dict[str, str | None] = {}
         self.apps: list[str] = []
@@ -136,31 +219,17 @@ class Runtime:
             raise
 
     def _enter(self) -> Runtime:
-        import ray
         from ray import serve
 
         from relax.distributed import transfer_queue as tq
 
+        self.sigterm.install()
         write_token_file(self.token_file, self.token)
         self._saved_env = {k: os.environ.get(k) for k in self.env}  # restored on exit
         os.environ.update(self.env)  # the driver is a role process too (token for direct calls)
-        address = self.cfg.cluster.ray_address or os.environ.get("RAY_ADDRESS")
-        runtime_env = {"env_vars": self.env}
-        if ray.is_initialized():  # e.g. a test session's shared cluster: use it, leave it running
-            logger.info("using the Ray instance already initialised in this process")
-        elif address:
-            ray.init(address=address, runtime_env=runtime_env, log_to_driver=True)
-            logger.info("joined Ray cluster at %s", address)
-        else:
-            self._reaper = reaper.start(self.run_id, RUN_ENV)  # a SIGKILLed driver leaves nothing behind
-            num_cpus = self.cfg.cluster.ray_num_cpus or max(8, os.cpu_count() or 1)
-            start_local_ray(num_cpus, runtime_env=runtime_env, log_to_driver=True)  # listens on loopback only
-            self.started_ray = True
-            logger.info("started a local Ray instance with %d logical CPUs", num_cpus)
-        # ray.init installs a SIGTERM handler that exits the driver mid-run (apps, TransferQueue
-        # and Ray's agents are left behind): a run stops on SIGTERM as on Ctrl-C instead.
-        if threading.current_thread() is threading.main_thread():
-            self._sigterm = signal.signal(signal.SIGTERM, _sigterm_as_ctrl_c)
+        with self.sigterm.held():  # a SIGTERM while Ray starts stops the run once Ray is up
+            self._start_ray()
+            self.sigterm.install()
         self.plan = self._plan()
         if self.plan.placement is not None and self.plan.placement.bundles:
             from relax.distributed.ray.placement import create_gpu_group
@@ -176,6 +245,32 @@ class Runtime:
         self.started_serve = not serve_running()
         serve.start(proxy_location="Disabled")
         return self
+
+    def _start_ray(self) -> None:
+        """Join the cluster the run names (`--ray-address`, `$RAY_ADDRESS`) or start a private Ray."""
+        import ray
+
+        address = self.cfg.cluster.ray_address or os.environ.get("RAY_ADDRESS")
+        runtime_env = {"env_vars": self.env}
+        if ray.is_initialized():  # e.g. a test session's shared cluster: use it, leave it running
+            logger.info("using the Ray instance already initialised in this process")
+        elif address:
+            with keep_sigterm_handler():  # Ray's own exits the driver mid-run, leaving the run's apps behind
+                ray.init(address=address, runtime_env=runtime_env, log_to_driver=True)
+            logger.info("joined Ray cluster at %s", address)
+        else:
+            # A SIGKILLed driver leaves nothing behind: the reaper kills what is left of the run.
+            self._reaper = reaper.start(self.run_id, RUN_ENV, ray_temp_dir())
+            num_cpus = self.cfg.cluster.ray_num_cpus or max(8, os.cpu_count() or 1)
+            self.started_ray = True  # (before it starts: a start cut short is shut down too)
+            with keep_sigterm_handler():
+                start_local_ray(num_cpus, runtime_env=runtime_env, log_to_driver=True)  # listens on loopback only
+            reaper.watch_session(self._reaper, session_dir())
+            logger.info("started a local Ray instance with %d logical CPUs", num_cpus)
+
+    def run(self, coro: Coroutine[Any, Any, Any]) -> Any:
+        """Run the run's coroutine on its own event loop; SIGTERM stops it as Ctrl-C does (SigtermStop)."""
+        return self.sigterm.run(coro)
 
     def _plan(self) -> RunPlan:
         """The run plan for this cluster, checked against its CPUs and GPUs before anything of the
@@ -246,6 +341,8 @@ class Runtime:
                     pending.append(name)
             if not pending:
                 return
+            if self.sigterm.loop_ended.is_set():  # stopped (Ctrl-C, SIGTERM) while the roles start
+                raise RuntimeError("the run stopped while its Serve apps were starting")
             if time.monotonic() > deadline:
                 raise TimeoutError(f"Serve apps not running after {timeout_s:.0f}s: {pending}")
             backoff.sleep()
@@ -280,8 +377,7 @@ class Runtime:
 
         from relax.distributed import transfer_queue as tq
 
-        if self._sigterm is not None:  # already stopping: a SIGTERM now must not cut teardown short
-            signal.signal(signal.SIGTERM, lambda *_: logger.warning("SIGTERM during teardown: already stopping"))
+        self.sigterm.stopping = True  # a SIGTERM now must not cut teardown short
         self._delete_apps()
         if self._gpu_group is not None:
             from ray.util.placement_group import remove_placement_group
@@ -308,6 +404,7 @@ class Runtime:
                 os.environ[key] = value
         if self._reaper is not None:
             reaper.release(self._reaper)
-        if self._sigterm is not None:
-            signal.signal(signal.SIGTERM, self._sigterm)
+        self.sigterm.restore()
         sys.stdout.flush()
+        if self.sigterm.terminated and isinstance(exc[1], KeyboardInterrupt) and not isinstance(exc[1], Terminated):
+            raise Terminated("SIGTERM") from None  # Ray re-raises an interrupted call as a plain KeyboardInterrupt

@@ -35,12 +35,16 @@ def main(argv: list[str] | None = None) -> int:
         print(format_plan(plan, cfg))
         return 0
     from relax.core.controller import run
+    from relax.core.service import Terminated
 
     try:
         return run(cfg)
     except PlanError as err:  # the plan does not fit the cluster it joined (checked once Ray is up)
         print(f"relax-train: error: {err}", file=sys.stderr)
         return 2
+    except Terminated:  # SIGTERM (a scheduler's stop, `kill`): the same teardown as Ctrl-C
+        print("relax-train: terminated (SIGTERM); all run processes were stopped", file=sys.stderr)
+        return 143
     except KeyboardInterrupt:
         print("relax-train: interrupted; all run processes were stopped", file=sys.stderr)
         return 130

@@ -1,6 +1,8 @@
 """Child processes of a launcher (engines, routers): what an error message says about one
 (exited with which code or signal, stopped, or running but silent, and the tail of its log), and
-`die_with_parent`, the first act of every launched server. Shared by every launcher."""
+`die_with_parent`, the first act of every launched server. Shared by every launcher. And how to
+find a run's processes without their parent (relax.core.reaper): by an environment variable, by
+the Ray session directory they write in, by the process tree."""
 
 from __future__ import annotations
 
@@ -83,6 +85,57 @@ def processes_with_env(key: str, value: str) -> list[int]:
         except OSError:
             continue
     return pids
+
+
+def processes_writing_under(dirs: list[str]) -> list[int]:
+    """Pids of this user's processes (not this one) that hold a file under one of `dirs` (Ray
+    session directories) open for writing. Every process of a Ray session writes its logs there,
+    even one that renamed itself (`ray::DashboardAgent`: that also wipes its environment as /proc
+    shows it); a process that only reads them (`tail -f .../raylet.out`) is not counted."""
+    roots = tuple(os.path.join(os.path.abspath(d), "") for d in dirs)
+    pids = []
+    for name in os.listdir("/proc") if roots else ():
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        try:
+            fds = os.listdir(f"/proc/{name}/fd")
+        except OSError:
+            continue
+        if any(_writes_under(name, fd, roots) for fd in fds):
+            pids.append(int(name))
+    return pids
+
+
+def _writes_under(pid: str, fd: str, roots: tuple[str, ...]) -> bool:
+    try:
+        if not os.readlink(f"/proc/{pid}/fd/{fd}").startswith(roots):
+            return False
+        with open(f"/proc/{pid}/fdinfo/{fd}") as f:
+            flags = next(int(line.split()[1], 8) for line in f if line.startswith("flags:"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        return False  # closed meanwhile
+    return flags & os.O_ACCMODE != os.O_RDONLY
+
+
+def descendants(pids: set[int]) -> set[int]:
+    """Every live process below `pids` in the process tree (children, their children...)."""
+    children: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(name))
+    found, todo = set(), list(pids)
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
 
 
 class ChildServer:

@@ -100,20 +100,22 @@ TRUE_ON_POLICY = ("--true-on-policy-mode", "--rollout-temperature", "0.8", "--lr
 
 @pytest.fixture(scope="session")
 def interrupted_run(tiny_setup, tmp_path_factory):
-    """A colocate `relax-train` subprocess (its own Ray) in --true-on-policy-mode, stopped with
-    SIGTERM once two steps are done. Before the signal it records what the running run exposes:
-    every listening socket of its processes (`run.sockets`), its token, and the files of the run
-    directory and of its Ray session that hold the token (`run.token_files_during`). Returns the
-    `Run` (marker, exit code, run directory)."""
+    """A colocate `relax-train` subprocess (its own Ray) in --true-on-policy-mode, started as a job
+    scheduler's script starts one (a script in its own session that runs it in the background of
+    its non-interactive shell through scripts/entrypoint/local.sh: SIGINT ignored) and stopped with
+    SIGTERM once two steps are done (`Run.stop`: what ran at the signal, what was left 10 s after).
+    Before the signal it records what the running run exposes: every listening socket of its
+    processes (`run.sockets`), its token, and the files of the run directory and of its Ray session
+    that hold the token (`run.token_files_during`). Returns the `Run` (marker, exit code, run
+    directory)."""
     import signal
 
     from subprocess_runs import Run, files_containing, listening_sockets, marked_processes, ray_session_dirs
 
-    run = Run(tiny_setup, tmp_path_factory.mktemp("interrupted"), 1000, TRUE_ON_POLICY)
+    run = Run(tiny_setup, tmp_path_factory.mktemp("interrupted"), 1000, TRUE_ON_POLICY, launch="setsid")
     try:
         assert run.wait_for("step 2/1000"), run.output()[-5000:]  # training is really under way
         pids = marked_processes(run.marker)
-        run.processes_before_signal = len(pids)
         run.sockets = listening_sockets(pids)
         run.session_dirs = ray_session_dirs(pids)
         token_files = list((run.exp_dir / ".relax").glob("run_token-*"))
@@ -123,11 +125,9 @@ def interrupted_run(tiny_setup, tmp_path_factory):
             if run.token_file else None
         run.token_files_during = [p for root in [run.exp_dir, *run.session_dirs]
                                   for p in files_containing(root, run.token)] if run.token else []
-        run.proc.send_signal(signal.SIGTERM)
-        run.proc.wait(timeout=120)
+        run.stop(signal.SIGTERM)
     finally:
-        if run.proc.poll() is None:
-            run.proc.kill()
+        run.kill_if_running()
     return run
 
 

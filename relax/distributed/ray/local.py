@@ -9,11 +9,17 @@ Ray starts inherit the switch through the environment. TransferQueue and the run
 follow Ray's node address (relax.distributed.store.bind_host), so a local run opens nothing to
 the network. A run that joins a cluster (`--ray-address`) binds the cluster's node addresses
 instead (docs/launch.md, "What listens where").
+
+Also here: `keep_sigterm_handler` (`ray.init` without Ray's SIGTERM handler, which exits the
+driver mid-run) and where a started Ray's processes can be found (`ray_temp_dir`, `session_dir`:
+relax.core.reaper).
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 LOCAL_ONLY_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
@@ -32,6 +38,41 @@ def start_local_ray(num_cpus: int, **init_kwargs: Any) -> None:
 
     ray_constants.ENABLE_RAY_CLUSTER = False  # this process may have imported Ray already
     ray.init(num_cpus=num_cpus, include_dashboard=False, _node_ip_address="127.0.0.1", **init_kwargs)
+
+
+@contextmanager
+def keep_sigterm_handler() -> Iterator[None]:
+    """`ray.init` inside the block leaves SIGTERM's handler as it is. Its own exits the driver at
+    once (`sys.exit`), mid-run or mid-start, where the caller has its own way to stop
+    (relax.core.service.SigtermStop)."""
+    from ray._private import utils
+
+    install = getattr(utils, "set_sigterm_handler", None)  # (Ray 2.60; a release without it installs none)
+    if install is not None:
+        utils.set_sigterm_handler = lambda handler: None
+    try:
+        yield
+    finally:
+        if install is not None:
+            utils.set_sigterm_handler = install
+
+
+def ray_temp_dir() -> str:
+    """Where a Ray started by this process keeps its session directories (`/tmp/ray`, `$RAY_TMPDIR`);
+    "" where this Ray release does not say (the reaper then learns the session once Ray is up)."""
+    try:
+        from ray._common.utils import get_default_ray_temp_dir
+    except ImportError:
+        return ""
+    return get_default_ray_temp_dir()
+
+
+def session_dir() -> str:
+    """The session directory of the Ray this process started or joined; every process of that Ray
+    writes its logs under it (relax.core.reaper finds them by it)."""
+    import ray
+
+    return ray._private.worker._global_node.get_session_dir_path()
 
 
 def bind_serve_grpc() -> None:
