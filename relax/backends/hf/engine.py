@@ -118,6 +118,9 @@ class HFEngine:
         self.weight_session_open = False  # SGLang's /begin_weight_update .. /end_weight_update
         self.released_tags: set[str] = set()
         self.weight_update_lock = asyncio.Lock()
+        # Pipelined pushes (`bucket_index`): the bucket whose turn it is, reset by each session.
+        self.next_bucket = 0
+        self.bucket_turn = asyncio.Condition()
 
     @property
     def weight_version(self) -> str:

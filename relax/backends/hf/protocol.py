@@ -77,6 +77,9 @@ class UpdateWeightsFromDistributedRequest(BaseModel):
     abort_all_requests: StrictBool = False
     weight_version: StrictStr | None = None
     load_format: StrictStr | None = None
+    # Relax's extension (the hf engine advertises `weight_buckets_in_order` in /server_info): the
+    # bucket's place in the push, so a sender may post several at once and each loads in turn.
+    bucket_index: StrictInt | None = Field(default=None, ge=0)
 
 
 class UpdateWeightsFromTensorRequest(BaseModel):

@@ -162,6 +162,7 @@ def server_info(engine: HFEngine, launch: dict[str, Any], mark: list) -> dict[st
     return {**engine.info(), **server_args, **sched, "startup_time": launch.get("startup_time"),
             "internal_states": [state], "version": SGLANG_API_VERSION,
             "released_tags": sorted(engine.released_tags), "weight_update_groups": sorted(engine.receiver.groups),
+            "weight_buckets_in_order": True,  # Relax's extension: pipelined pushes (`bucket_index`)
             **engine.memory_info()}
 
 
@@ -197,12 +198,24 @@ def add_control_routes(app: FastAPI, engine: HFEngine) -> None:
 
 
 @contextlib.asynccontextmanager
-async def _weight_update(engine: HFEngine, abort_all_requests: bool):
-    """One weight update at a time; SGLang's `abort_all_requests` ends the running requests first."""
-    async with engine.weight_update_lock:
-        if abort_all_requests:
-            engine.scheduler.abort(abort_all=True, message="aborted by a weight update")
-        yield
+async def _weight_update(engine: HFEngine, abort_all_requests: bool, bucket_index: int | None = None):
+    """One weight update at a time; SGLang's `abort_all_requests` ends the running requests first.
+    A bucket with a `bucket_index` (a pipelined push: the sender posted several at once) waits for
+    its turn, so buckets load, and their broadcasts are received, in the sender's order."""
+    if bucket_index is not None:
+        async with engine.bucket_turn:
+            await asyncio.wait_for(engine.bucket_turn.wait_for(lambda: engine.next_bucket == bucket_index),
+                                   timeout=engine.receiver.timeout_s)
+    try:
+        async with engine.weight_update_lock:
+            if abort_all_requests:
+                engine.scheduler.abort(abort_all=True, message="aborted by a weight update")
+            yield
+    finally:
+        if bucket_index is not None:
+            async with engine.bucket_turn:
+                engine.next_bucket = bucket_index + 1
+                engine.bucket_turn.notify_all()
 
 
 def add_weight_routes(app: FastAPI, engine: HFEngine) -> None:
@@ -246,6 +259,7 @@ def add_weight_session_routes(app: FastAPI, engine: HFEngine) -> None:
         if engine.weight_session_open:
             return _result(False, "a weight-update session is already open; call end_weight_update() first")
         engine.weight_session_open = True
+        engine.next_bucket = 0  # a pipelined push numbers its buckets from 0
         return _result(True, "Success")
 
     @app.post("/end_weight_update")
@@ -286,7 +300,7 @@ def add_weight_update_routes(app: FastAPI, engine: HFEngine) -> None:
             receiver.quarantine(req.group_name)
             return error_response(400, f"{exc} (weight update group {req.group_name!r} is now out of step: "
                                        "destroy it and init a new one)")
-        async with _weight_update(engine, req.abort_all_requests):
+        async with _weight_update(engine, req.abort_all_requests, req.bucket_index):
             try:
                 success, message = await run_in_daemon_thread(receiver.receive_and_load, specs, req.group_name)
             except RuntimeError as exc:  # the broadcast failed (peer gone, timeout)

@@ -25,6 +25,15 @@ class Endpoint(Protocol):
     async def post(self, path: str, payload: dict, timeout_s: float) -> Any: ...
 
 
+async def takes_buckets_in_order(receiver: Any) -> bool:
+    """Whether `receiver` loads the buckets of a pipelined push (several posted at once, each with
+    its `bucket_index`) in the sender's order: the hf engine says so in /server_info, a training
+    rank does (Ray runs one caller's calls to an actor in order), SGLang and unknown receivers
+    do not, and get one bucket at a time."""
+    probe = getattr(receiver, "takes_buckets_in_order", None)
+    return bool(probe is not None and await probe())
+
+
 def weight_sync_error(err: EngineError) -> WeightSyncError:
     """An engine client's failure as the sender's error: 404 -> EndpointMissing, a reply with
     `success: false` -> BucketRejected, anything else (no reply, other status) -> WeightSyncError.
@@ -56,6 +65,14 @@ class HTTPEndpoint:
         except EngineError as err:
             raise weight_sync_error(err) from err
 
+    async def takes_buckets_in_order(self) -> bool:
+        if self._client is None:
+            self._client = EngineClient(self.url, self._api_key, transport=self._transport)
+        try:
+            return bool((await self._client.get_server_info()).get("weight_buckets_in_order"))
+        except EngineError:
+            return False
+
     async def close(self) -> None:
         client, self._client = self._client, None
         if client is not None:
@@ -72,6 +89,9 @@ class RayEndpoint:
 
     def __repr__(self) -> str:
         return f"RayEndpoint({self.name})"
+
+    async def takes_buckets_in_order(self) -> bool:
+        return True  # Ray runs one caller's calls to an actor in submission order
 
     async def post(self, path: str, payload: dict, timeout_s: float) -> dict:
         ref = self.handle.receive_weights.remote(path, payload)

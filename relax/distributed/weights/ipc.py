@@ -216,12 +216,12 @@ def encode_bucket(named: Sequence[tuple[str, torch.Tensor]], out: torch.Tensor |
 
 
 def tensor_payload(bucket: Any, load_format: str | None, *, copies: int, weight_version: str | None,
-                   serializer: Callable[[Any], Any] = serialize) -> dict[str, Any]:
+                   serializer: Callable[[Any], Any] = serialize, flush_cache: bool = False) -> dict[str, Any]:
     """The `/update_weights_from_tensor` body of an `encode_bucket` result: one serialized copy per
     tensor-parallel rank of the receiver, each written anew (a payload read by two processes
     would free the block under one of them)."""
     return {"serialized_named_tensors": [serializer(bucket) for _ in range(copies)], "load_format": load_format,
-            "flush_cache": False, "weight_version": weight_version}
+            "flush_cache": flush_cache, "weight_version": weight_version}
 
 
 def decode_tensor_payload(payload: dict[str, Any], deserializer: Callable[[Any], Any] = deserialize

@@ -6,7 +6,7 @@ Protocol (the one SGLang serves and slime drives; `sender.WeightSender` drives i
    {master_address, master_port, rank_offset=1+i, world_size=1+n, group_name, backend} to every
    engine while joining the same group as rank 0 itself. The group listens on loopback unless an
    engine is on another host (an external engine): then on this host's address towards it.
-2. `push(named_tensors, version=v)`: `/pause_generation` and `/flush_cache` on every engine,
+2. `push(named_tensors, version=v)`: `/pause_generation` on every engine,
    `/begin_weight_update` (SGLang >= 0.5.23 loads weights only inside such a session; an
    engine that answers 404 predates sessions and is pushed to without one), then per bucket of
    at most `bucket_bytes` a POST `/update_weights_from_distributed`
@@ -14,8 +14,12 @@ Protocol (the one SGLang serves and slime drives; `sender.WeightSender` drives i
    broadcasts each tensor of the bucket, in order; then `/end_weight_update` (SGLang finalizes
    the loaded weights there) and `/continue_generation`.
    `weight_version` rides on the last bucket only, so an engine reports the new version only
-   once it holds all of it. A receiver on the sender's own GPU takes the same buckets through
-   `/update_weights_from_tensor` as CUDA IPC handles instead (`ipc.py`).
+   once it holds all of it; `flush_cache` is true on the last bucket only (the cache is flushed
+   once, when the new weights are in: no `/flush_cache` round trip). A receiver on the sender's
+   own GPU takes the same buckets through `/update_weights_from_tensor` as CUDA IPC handles
+   instead (`ipc.py`). Relax's extension: receivers that say they load buckets in order (the hf
+   engine's /server_info `weight_buckets_in_order`; training ranks behind Ray) get several
+   buckets in flight at once, each request carrying its `bucket_index` (`sender.py`).
 3. `close()`: `/destroy_weights_update_group` and the local group is dropped.
 
 Failure handling: an engine that rejects a bucket after receiving it answers `success: false`

@@ -1,10 +1,10 @@
 """Rank 0 of a weight push: `WeightSender` sends HF-named tensors to every receiver.
 
-It drives the protocol of `protocol.py` (connect: the group; push: pause, flush, session,
-buckets, end, resume; close) against receivers of any transport (`endpoints.py`: engine URLs
-become `HTTPEndpoint`s; `RayEndpoint`s and other objects with the same `post` are used as they
-are). A receiver on the sender's own GPU cannot join an NCCL group with it: it gets each bucket as
-CUDA IPC handles through `/update_weights_from_tensor` instead (`ipc.py`), written by
+It drives the protocol of `protocol.py` (connect: the group; push: pause, session, buckets (the
+last one flushes the engines' caches), end, resume; close) against receivers of any transport
+(`endpoints.py`: engine URLs become `HTTPEndpoint`s; `RayEndpoint`s and other objects with the
+same `post` are used as they are). A receiver on the sender's own GPU cannot join an NCCL group
+with it: it gets each bucket as CUDA IPC handles through `/update_weights_from_tensor` instead (`ipc.py`), written by
 `ipc.encode_bucket` / `ipc.tensor_payload` with the sender's `serializer`.
 
 Failure handling: a broadcast has no timeout of its own on NCCL, so it runs in a worker thread
@@ -13,20 +13,30 @@ and the HTTP replies are the waiters (as TRL does): an engine that rejects a buc
 If a broadcast was left unfinished the group is marked broken and the next push asks for a
 reconnect. After a failed push the engines are resumed (they keep serving the weights they
 have, which may be partly new); the caller decides whether to retry.
+
+Pipelined buckets: when every receiver loads buckets in order (the hf engine says so in
+/server_info, training ranks behind Ray do), up to `pipeline_depth` buckets are in flight at once:
+their requests (numbered by `bucket_index`) go out together, the broadcasts follow in order on one
+chain of threads, and the next bucket is prepared while earlier ones travel. A push's fixed cost
+is then a few round trips, not one per bucket. SGLang engines and CUDA IPC receivers (one staging
+buffer per push) get one bucket at a time.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 import uuid
+from collections import deque
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
 from relax.distributed.store import listen
-from relax.distributed.weights.endpoints import Endpoint, HTTPEndpoint
+from relax.distributed.weights.endpoints import Endpoint, HTTPEndpoint, takes_buckets_in_order
 from relax.distributed.weights.group import (
     WeightGroup, create_weight_group, group_master_address, run_in_daemon_thread,
 )
@@ -38,6 +48,16 @@ from relax.distributed.weights.protocol import (
 
 logger = logging.getLogger(__name__)
 
+DEFAULT_PIPELINE_DEPTH = 4  # buckets in flight at once, where every receiver takes them in order
+
+
+@dataclass
+class _Flight:
+    """One bucket on its way: the receivers' replies and the broadcast, and its bytes."""
+
+    tasks: list[asyncio.Future]
+    nbytes: int
+
 
 class WeightSender:
     """Rank 0 of the weight group: pushes HF-named tensors to every engine (see module doc)."""
@@ -46,7 +66,8 @@ class WeightSender:
                  bucket_bytes: int = DEFAULT_BUCKET_BYTES, timeout_s: float = 300.0,
                  master_address: str = "127.0.0.1", group_name: str | None = None, transport: Any = None,
                  device: torch.device | str | None = None, pause_mode: str = "abort",
-                 ipc_ranks: Sequence[int] | None = None, serializer: Callable[[Any], Any] = serialize):
+                 ipc_ranks: Sequence[int] | None = None, serializer: Callable[[Any], Any] = serialize,
+                 pipeline_depth: int = DEFAULT_PIPELINE_DEPTH):
         """`engine_urls`: SGLang HTTP base URLs, or receiver objects with the same protocol as
         `async post(path, payload, timeout_s)` (training-backend ranks that take weights too).
         `pause_mode`: what `/pause_generation` does to in-flight requests while weights load
@@ -71,6 +92,10 @@ class WeightSender:
         self.master_address, self.device = master_address, device
         self.group_name = group_name or f"relax-weights-{uuid.uuid4().hex[:8]}"
         self._group: WeightGroup | None = None
+        self.pipeline_depth = max(1, pipeline_depth)
+        self.depth = 1  # buckets in flight at once: `pipeline_depth` where every receiver takes them in order
+        self._chain = threading.Event()  # the last broadcast's end (they run in order, one thread each)
+        self._chain.set()
         self._connected = False
         self._broken = False
         self._lock = asyncio.Lock()
@@ -113,6 +138,10 @@ class WeightSender:
         if self._group is not None or self._connected:
             raise WeightSyncError("connect() called twice; call close() first")
         self._connected = True
+        self._chain = threading.Event()  # a new group: no broadcast of an earlier one to wait for
+        self._chain.set()
+        ordered = await asyncio.gather(*(takes_buckets_in_order(r) for r in self.receivers))
+        self.depth = self.pipeline_depth if all(ordered) and not self.ipc_receivers else 1
         if not self.group_receivers:  # every receiver shares this GPU: handles only, no group
             logger.info("weight push by CUDA IPC to %d receiver(s) on this GPU", len(self.ipc_receivers))
             return
@@ -153,8 +182,7 @@ class WeightSender:
             start = time.monotonic()
             deadline = start + self.timeout_s
             await self._post_all("/pause_generation", {"mode": self.pause_mode}, deadline)
-            try:
-                await self._post_all("/flush_cache", {}, deadline)
+            try:  # (no /flush_cache round trip: the last bucket flushes)
                 total_bytes, num_buckets = await self._push_in_sessions(named_tensors, version, deadline)
             finally:
                 self._staging = None  # receivers let go of it at end_weight_update
@@ -172,15 +200,23 @@ class WeightSender:
 
     async def _push_in_sessions(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int,
                                 deadline: float) -> tuple[int, int]:
-        """Every bucket inside a weight-update session on each engine that has sessions; returns
-        (bytes, buckets). The version rides on the last bucket."""
+        """Every bucket inside a weight-update session on each engine that has sessions, up to
+        `depth` in flight at once; returns (bytes, buckets). The version rides on the last bucket."""
         total_bytes = num_buckets = 0
         sessions = await self._begin_sessions(deadline)
+        flights: deque[_Flight] = deque()
         try:
-            for bucket, is_last in with_last(iter_buckets(named_tensors, self.bucket_bytes)):
-                total_bytes += await self._push_bucket(bucket, str(version) if is_last else None, deadline)
+            for index, (bucket, is_last) in enumerate(with_last(iter_buckets(named_tensors, self.bucket_bytes))):
+                if len(flights) >= self.depth:
+                    total_bytes += await self._land(flights, deadline)
+                flights.append(self._launch(bucket, index, str(version) if is_last else None, deadline))
                 num_buckets += 1
+            while flights:
+                total_bytes += await self._land(flights, deadline)
         except BaseException:
+            for flight in flights:  # a failure broke the group (or was settled): nothing more lands
+                for task in flight.tasks:
+                    task.cancel()
             await self._end_sessions(sessions, deadline, raising=False)
             raise
         await self._end_sessions(sessions, deadline, raising=True)
@@ -236,7 +272,7 @@ class WeightSender:
         return self._staging
 
     def _ipc_tasks(self, named: list[tuple[str, torch.Tensor]], device: Any, weight_version: str | None,
-                   remaining: float) -> list[asyncio.Future]:
+                   remaining: float, last: bool) -> list[asyncio.Future]:
         """`/update_weights_from_tensor` to every receiver on this GPU: handles to `named` (kept
         alive by the caller until they answer), one payload per tensor-parallel rank (ipc.py)."""
         staging = self._staging_for(sum(tensor_bytes(t) for _, t in named), device)
@@ -244,42 +280,69 @@ class WeightSender:
         if device is not None and torch.device(device).type == "cuda":
             torch.cuda.current_stream(device).synchronize()  # the handles' bytes are written
         return [asyncio.ensure_future(r.post("/update_weights_from_tensor", tensor_payload(
-            bucket, load_format, copies=tp, weight_version=weight_version, serializer=self.serializer), remaining))
-                for r, tp in self.ipc_receivers]
+            bucket, load_format, copies=tp, weight_version=weight_version, serializer=self.serializer,
+            flush_cache=last), remaining)) for r, tp in self.ipc_receivers]
 
-    def _group_tasks(self, named: list[tuple[str, torch.Tensor]], weight_version: str | None,
-                     remaining: float) -> list[asyncio.Future]:
-        """`/update_weights_from_distributed` to every receiver in the group, and the broadcast."""
+    def _group_tasks(self, named: list[tuple[str, torch.Tensor]], index: int, weight_version: str | None,
+                     remaining: float, last: bool) -> list[asyncio.Future]:
+        """`/update_weights_from_distributed` to every receiver in the group, and the broadcast
+        (after the previous bucket's: `_chained`)."""
         tensors = [t for _, t in named]
         payload = {"names": [n for n, _ in named], "dtypes": [dtype_name(t.dtype) for t in tensors],
-                   "shapes": [list(t.shape) for t in tensors], "group_name": self.group_name, "flush_cache": False}
+                   "shapes": [list(t.shape) for t in tensors], "group_name": self.group_name, "flush_cache": last}
         if weight_version is not None:
             payload["weight_version"] = weight_version
+        if self.depth > 1:  # receivers that take pipelined buckets in order (SGLang never gets the field)
+            payload["bucket_index"] = index
         tasks = [asyncio.ensure_future(r.post("/update_weights_from_distributed", payload, remaining))
                  for r in self.group_receivers]
-        return tasks + [run_in_daemon_thread(self._broadcast, tensors)]
+        return tasks + [self._chained(tensors)]
 
-    async def _push_bucket(self, bucket: list[tuple[str, torch.Tensor]], weight_version: str | None,
-                           deadline: float) -> int:
+    def _chained(self, tensors: list[torch.Tensor]) -> asyncio.Future:
+        """Broadcast `tensors` in a daemon thread once the previous bucket's broadcast has ended, so
+        broadcasts keep the buckets' order however many are in flight."""
+        previous, done = self._chain, threading.Event()
+        self._chain = done
+
+        def broadcast() -> None:
+            try:
+                previous.wait()
+                self._broadcast(tensors)
+            finally:
+                done.set()
+
+        return run_in_daemon_thread(broadcast)
+
+    def _launch(self, bucket: list[tuple[str, torch.Tensor]], index: int, weight_version: str | None,
+                deadline: float) -> _Flight:
+        """Put bucket `index` on its way (the last one carries the version and flushes the caches)."""
         device = self._group.device if self._group is not None else self.device
         named = [(n, t.detach().to(device).contiguous()) for n, t in bucket]
-        remaining = self._remaining(deadline)
+        remaining, last = self._remaining(deadline), weight_version is not None
         tasks: list[asyncio.Future] = []
         if self.ipc_receivers:
-            tasks += self._ipc_tasks(named, device, weight_version, remaining)
+            tasks += self._ipc_tasks(named, device, weight_version, remaining, last)
         if self.group_receivers:
-            tasks += self._group_tasks(named, weight_version, remaining)
+            tasks += self._group_tasks(named, index, weight_version, remaining, last)
+        return _Flight(tasks, sum(tensor_bytes(t) for _, t in named))
+
+    async def _land(self, flights: deque[_Flight], deadline: float) -> int:
+        """Wait for the oldest bucket in flight; its bytes. A rejected bucket is settled with every
+        other one in flight (the group stays usable once all receivers are done), then raised."""
+        flight = flights[0]
         try:
-            await self._wait_all(tasks, deadline, "update_weights_from_distributed")
+            await self._wait_all(flight.tasks, deadline, "update_weights_from_distributed")
             if self.ipc_receivers and torch.cuda.is_available():  # receivers dropped their handles: free the blocks
                 torch.cuda.ipc_collect()
         except BucketRejected as rejected:
-            await self._settle(tasks, deadline)  # the group stays usable once every receiver is done
+            await self._settle([t for f in flights for t in f.tasks], deadline)
+            flights.clear()
             raise rejected
         except WeightSyncError:
             self._broken = True
             raise
-        return sum(tensor_bytes(t) for _, t in named)
+        flights.popleft()
+        return flight.nbytes
 
     async def _settle(self, tasks: list[asyncio.Future], deadline: float) -> None:
         """After a BucketRejected: wait for the broadcast and the other engines; anything worse breaks the group."""

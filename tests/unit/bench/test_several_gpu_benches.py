@@ -27,11 +27,13 @@ def test_weight_sync_bench_runs_on_cpu(tmp_path):
     last = proc.stdout.strip().splitlines()[-1]
     assert re.fullmatch(r"weight_sync_gbps=[\d.]+ nccl_gbps=[\d.]+ ratio=[\d.]+", last), last
     result = json.loads(out.read_text())["results"][0]
-    assert [p["bucket_mib"] for p in result["pushes"]] == [1, 4]
+    # Each bucket size one bucket at a time (as to SGLang) and pipelined (the hf engine takes them in order).
+    assert [(p["bucket_mib"], p["depth"]) for p in result["pushes"]] == [(1, 1), (4, 1), (1, 4), (4, 4)]
     # The tiny model's ~3.3 MB in 1 MiB buckets take several buckets, in 4 MiB one.
     assert result["pushes"][0]["buckets"] > 1 and result["pushes"][1]["buckets"] == 1
     assert all(p["bytes"] == result["bytes"] for p in result["pushes"])
     assert result["weight_sync_gbps"] > 0 and result["nccl_gbps"] > 0
+    assert set(result["fixed_cost_fit"]) == {"1", "4"} and "per_bucket_s" in result["fixed_cost_fit"]["4"]
 
 
 def test_long_tail_lengths_are_fixed_by_seed_and_index_and_capped():

@@ -21,14 +21,21 @@ class FakeEngine:
     `sessions`: SGLang 0.5.23's rule (weights load only between /begin_weight_update and
     /end_weight_update); False: an older engine, which answers 404 to both."""
 
-    def __init__(self, sessions: bool = True, session_open: bool = False):
+    def __init__(self, sessions: bool = True, session_open: bool = False, in_order: bool = False):
         self.calls, self.tensors, self.group, self.version = [], {}, None, None
         self.sessions, self.session_open = sessions, session_open
+        # `in_order`: says so in /server_info and loads pipelined buckets by `bucket_index`, as the hf engine
+        self.in_order, self.next_bucket, self.turn = in_order, 0, None
+        self.flushes, self.indices, self.in_flight, self.most_in_flight = [], [], 0, 0
 
     async def __call__(self, request: httpx.Request) -> httpx.Response:
         body = json.loads(request.content) if request.content else {}
         path = request.url.path
+        if path == "/server_info":
+            return httpx.Response(200, json={"weight_buckets_in_order": self.in_order})
         self.calls.append(path)
+        if path == "/update_weights_from_distributed" and "bucket_index" in body:
+            return await self._in_turn(body)
         if path in ("/begin_weight_update", "/end_weight_update"):
             if not self.sessions:
                 return httpx.Response(404, json={"detail": "Not Found"})
@@ -59,11 +66,28 @@ class FakeEngine:
             if bad:
                 return httpx.Response(400, json={"success": False, "message": f"unknown tensors {bad}"})
             self.tensors.update(received)
+            self.flushes.append(body["flush_cache"])
             self.version = body.get("weight_version", self.version)
             self.calls[-1] += f"@{body.get('weight_version')}"
             return httpx.Response(200, json={"success": True, "message": "ok"})
         if path == "/destroy_weights_update_group":
             self.group.destroy()
+        return httpx.Response(200, json={"success": True, "message": "ok"})
+
+    async def _in_turn(self, body) -> httpx.Response:
+        """A pipelined bucket: wait for its turn, receive it, pass the turn on."""
+        self.turn = self.turn or asyncio.Condition()
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        async with self.turn:
+            await self.turn.wait_for(lambda: self.next_bucket == body["bucket_index"])
+        self.indices.append(body["bucket_index"])
+        self.tensors.update(await asyncio.to_thread(self._receive, body))
+        self.flushes.append(body["flush_cache"])
+        self.version = body.get("weight_version", self.version)
+        async with self.turn:
+            self.next_bucket, self.in_flight = self.next_bucket + 1, self.in_flight - 1
+            self.turn.notify_all()
         return httpx.Response(200, json={"success": True, "message": "ok"})
 
     def _receive(self, body):
@@ -95,9 +119,32 @@ def test_push_sends_every_tensor_and_stamps_the_version_on_the_last_bucket():
     assert all(torch.equal(engine.tensors[n], t) for n, t in state.items())
     assert engine.version == "5" and stats.num_buckets == 2 and stats.version == 5  # [a] [b, c]
     assert stats.bytes == 64 + 16 + 24
-    assert engine.calls == ["/init_weights_update_group", "/pause_generation", "/flush_cache", "/begin_weight_update",
+    assert engine.calls == ["/init_weights_update_group", "/pause_generation", "/begin_weight_update",
                             "/update_weights_from_distributed@None", "/update_weights_from_distributed@5",
                             "/end_weight_update", "/continue_generation", "/destroy_weights_update_group"]
+    assert engine.flushes == [False, True]  # no /flush_cache round trip: the last bucket flushes
+
+
+def test_buckets_are_pipelined_to_receivers_that_load_them_in_order():
+    """An engine that loads buckets in order (the hf engine's /server_info says so) gets several in
+    flight at once, numbered; every tensor lands, the version on the last; an engine that does not
+    say so gets one at a time and no `bucket_index` (SGLang would refuse the field)."""
+    state = {f"w{i}": torch.full((4,), float(i)) for i in range(6)}  # 16 bytes each: one bucket per tensor
+
+    async def push(engine: FakeEngine) -> int:
+        sender = _sender(engine, bucket_bytes=16, pipeline_depth=3)
+        await sender.connect()
+        stats = await sender.push(state.items(), version=7)
+        await sender.close()
+        return sender.depth, stats.num_buckets
+
+    ordered = FakeEngine(in_order=True)
+    assert asyncio.run(push(ordered)) == (3, 6)
+    assert ordered.indices == list(range(6)) and ordered.most_in_flight > 1 and ordered.flushes[-1]
+    assert all(torch.equal(ordered.tensors[n], t) for n, t in state.items()) and ordered.version == "7"
+    plain = FakeEngine()
+    assert asyncio.run(push(plain)) == (1, 6)
+    assert not plain.indices and all(torch.equal(plain.tensors[n], t) for n, t in state.items())
 
 
 @pytest.mark.parametrize("engine", [FakeEngine(sessions=False), FakeEngine(session_open=True)],
@@ -219,9 +266,9 @@ def test_receivers_on_the_senders_gpu_get_ipc_payloads_and_the_others_the_broadc
 
     asyncio.run(go())
     paths = [path for path, _ in colocated]
-    assert paths == ["/pause_generation", "/flush_cache", "/begin_weight_update", "/update_weights_from_tensor",
+    assert paths == ["/server_info", "/pause_generation", "/begin_weight_update", "/update_weights_from_tensor",
                      "/end_weight_update", "/continue_generation"]
     body = colocated[3][1]
-    assert len(body["serialized_named_tensors"]) == 2 and body["weight_version"] == "3"
+    assert len(body["serialized_named_tensors"]) == 2 and body["weight_version"] == "3" and body["flush_cache"]
     assert body["load_format"] == "flattened_bucket"  # one IPC handle per bucket (relax/distributed/weights/ipc.py)
     assert engine.calls[0] == "/init_weights_update_group" and torch.equal(engine.tensors["a"], torch.ones(2))
