@@ -348,7 +348,7 @@ class Rollout:
         marked done."""
         start = time.perf_counter()
         step = self.current = state or StepState()
-        busy_before = self._busy_mark if self.plan.overlapping_steps else await self._engine_busy_seconds()
+        busy_before = {} if self.plan.overlapping_steps else await self._engine_busy_seconds()
         streamed: set[int] = set()
         media = MEDIA_COLUMN in self.plan.role.writes  # a multimodal run: rows carry encoder tensors
         # A reward post-process or a custom train-data conversion needs the whole step: the plan does not stream.
@@ -362,7 +362,8 @@ class Rollout:
         step.group_sink = None
         busy_after = await self._engine_busy_seconds()
         if self.plan.overlapping_steps:  # steps overlap: each reports the engine time since the last report
-            self._busy_mark = busy_after
+            # (read at the end: a step that started before the previous one ended must not count its time again)
+            busy_before, self._busy_mark = self._busy_mark, busy_after
         # (an engine replaced during the step counts from its start)
         busy = [after - busy_before.get(url, 0.0) for url, after in busy_after.items()]
         if self.cfg.debug.save_debug_rollout_data:
