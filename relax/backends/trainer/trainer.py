@@ -23,6 +23,7 @@ optimizer step. The loss math is `relax.algorithms`, never re-implemented here o
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -30,7 +31,7 @@ import os
 import time
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 import torch.distributed as dist
@@ -85,6 +86,7 @@ class Trainer:
                                   timeout_s=spec.sync_timeout_s)
         self._receiver: Any = None
         self.stash = HostStash()  # colocate offload: pinned host copies of the state, reused every step
+        self._restash_after_push = False  # a push arrived while offloaded: offload again at its end
         self.step = 0
         self.compute_seconds = 0.0
         self._pass: passes.TrainPass | None = None
@@ -228,10 +230,7 @@ class Trainer:
         if self.device.type != "cuda":
             return {}
         start = time.perf_counter()
-        if self.optimizer is not None:
-            self.optimizer.zero_grad(set_to_none=True)  # the next step starts from none anyway
-        nbytes = self.stash.offload([*self.runner.offload_tensors(), *optimizer_state_tensors(self.optimizer)],
-                                    self.device)
+        nbytes = self._stash_state()
         seconds = time.perf_counter() - start
         # cuBLAS keeps its workspaces in the caching allocator; one left inside a large segment
         # pins the whole segment (seen: 64 MiB of workspace holding 2.1 GiB of a Qwen3-0.6B run).
@@ -242,6 +241,27 @@ class Trainer:
                 "memory/rollout_phase_gpu_used_gib": gpu_used_bytes(self.device) / GIB,
                 "time/offload_train": time.perf_counter() - start, "offload/gib": nbytes / GIB,
                 "offload/gbps": nbytes / max(seconds, 1e-9) / 1e9}
+
+    def _stash_state(self) -> int:
+        """Weights and optimizer state into the stash (gradients dropped: the next step starts from none)."""
+        if self.optimizer is not None:
+            self.optimizer.zero_grad(set_to_none=True)
+        return self.stash.offload([*self.runner.offload_tensors(), *optimizer_state_tensors(self.optimizer)],
+                                  self.device)
+
+    @contextlib.contextmanager
+    def _resident(self) -> Iterator[None]:
+        """For a call that reads or writes the state (a checkpoint, an export, a push) on a rank that
+        is offloaded (colocate, between steps): the state comes back for the call and returns to
+        the host after it. A no-op on a rank that holds its state."""
+        stashed = bool(self.stash.stashed)
+        if stashed:
+            self.stash.onload()
+        try:
+            yield
+        finally:
+            if stashed:
+                self._stash_state()
 
     @torch.no_grad()
     def onload(self) -> dict[str, float]:
@@ -269,7 +289,8 @@ class Trainer:
         from rank 0. `background` (fully async): the send of a snapshot overlaps the next
         training step; the metrics returned are then those of the push that finished meanwhile."""
         dtype = parse_dtype(self.spec.push_dtype) if self.spec.push_dtype else None
-        state = list(self.runner.hf_state(dtype))
+        with self._resident():
+            state = list(self.runner.hf_state(dtype))
         if self.rank != 0:
             return {}
         return self.weights.push(state, version, sorted(self.weights.senders) if lanes is None else lanes,
@@ -294,7 +315,13 @@ class Trainer:
             self._receiver = self.runner.weight_receiver()
         try:
             if path == "/begin_weight_update":
+                if self.stash.stashed:  # an offloaded rank (colocate): the push loads into its state
+                    self.stash.onload()
+                    self._restash_after_push = True
                 self._receiver.begin()
+            elif path == "/end_weight_update" and self._restash_after_push:
+                self._restash_after_push = False
+                self._stash_state()
             elif path == "/init_weights_update_group":
                 return {"success": True, "message": self._receiver.init_group(**payload)}
             elif path == "/update_weights_from_distributed":
@@ -314,7 +341,8 @@ class Trainer:
         """The runner's model (and optimizer) state and every rank's RNG; rank 0 writes meta.json."""
         path = Path(ckpt_dir)
         save_optim = save_optim and self.optimizer is not None
-        extra = self.runner.save_state(path, self.optimizer, save_optim, rng_state())
+        with self._resident():
+            extra = self.runner.save_state(path, self.optimizer, save_optim, rng_state())
         if self.rank == 0:
             meta = {"rollout_id": rollout_id, "train_step": self.step, "has_optim": save_optim, **extra,
                     "scheduler": self.scheduler.state_dict() if self.scheduler else None, "time": time.time()}
@@ -324,7 +352,8 @@ class Trainer:
     def load(self, ckpt_dir: str) -> dict[str, Any]:
         path = Path(ckpt_dir)
         meta = json.loads((path / "meta.json").read_text())
-        rng = self.runner.load_state(path, meta, self.optimizer)
+        with self._resident():
+            rng = self.runner.load_state(path, meta, self.optimizer)
         if self.scheduler is not None and meta.get("scheduler"):
             self.scheduler.load_state_dict(meta["scheduler"])
         set_rng_state(rng)
@@ -333,10 +362,12 @@ class Trainer:
 
     def load_weights(self, ckpt_dir: str) -> None:
         """Only the model weights of a checkpoint written by `save`."""
-        self.runner.load_weights(Path(ckpt_dir))
+        with self._resident():
+            self.runner.load_weights(Path(ckpt_dir))
 
     def export_hf(self, out_dir: str, tokenizer_path: str) -> None:
-        self.runner.export_hf(out_dir, tokenizer_path)
+        with self._resident():
+            self.runner.export_hf(out_dir, tokenizer_path)
 
     def shutdown(self) -> None:
         self.weights.close()

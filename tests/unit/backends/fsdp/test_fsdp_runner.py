@@ -116,3 +116,28 @@ def test_train_end_names_rows_never_sent(worker):
     with pytest.raises(RuntimeError, match="2 row"):
         worker.train_end()
 
+
+
+def test_an_offloaded_rank_checkpoints_exports_and_pushes(worker, tmp_path):
+    """Colocate offloads the ranks between steps (their storages freed: `offload.HostStash`); a
+    checkpoint, an HF export or a weight gather at that point must see the real state, and leave
+    the rank offloaded. Found on GPUs: --save-hf after the last colocate step read freed memory."""
+    with torch.no_grad():  # CPU weights loaded from safetensors are memory-mapped (not resizable); GPU ones are
+        for p in worker.runner.model.parameters():
+            p.data = p.data.clone()
+    before = {n: p.detach().clone() for n, p in worker.runner.model.named_parameters()}
+    worker._stash_state()  # what `offload` does on a GPU rank
+    assert all(p.untyped_storage().nbytes() == 0 for p in worker.runner.model.parameters())
+    worker.save(str(tmp_path / "ckpt"), 3)
+    worker.export_hf(str(tmp_path / "hf"), worker.spec.model_path)
+    assert worker.stash.stashed  # offloaded again after each call
+    worker.stash.onload()
+    from transformers import AutoModelForCausalLM
+
+    exported = AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
+    assert all(torch.equal(p, before[n]) for n, p in exported.named_parameters() if n in before)
+    worker._stash_state()
+    meta = worker.load(str(tmp_path / "ckpt"))
+    worker.stash.onload()
+    assert meta["rollout_id"] == 3
+    assert all(torch.equal(p, before[n]) for n, p in worker.runner.model.named_parameters())
