@@ -46,7 +46,7 @@ from relax.config.schema import RelaxConfig
 from relax.distributed import transfer_queue as tq
 from relax.types import COLUMNS, MEDIA_COLUMN, ROLLOUT_COLUMNS, TrainBatch
 from relax.utils import checkpoints
-from relax.utils.logging import run_token, setup_logging
+from relax.utils.logging import run_token
 from relax.utils.poll import Backoff
 
 logger = logging.getLogger(__name__)
@@ -54,8 +54,7 @@ logger = logging.getLogger(__name__)
 
 class Actor:
     def __init__(self, cfg: RelaxConfig, plan: ActorPlan) -> None:
-        setup_logging()
-        tq.attach_if_running()  # here, not in setup: replicas construct side by side (~1 s per process)
+        tq.start_replica()
         self.cfg, self.plan = cfg, plan
         self.token = run_token()
         self.version = 0  # weight version the engines hold (= optimizer updates applied)
@@ -330,8 +329,7 @@ class UntrainedActor:
     gate reads the same; the engines keep the weights they started with."""
 
     def __init__(self, cfg: RelaxConfig, plan: ActorPlan) -> None:
-        setup_logging()
-        tq.attach_if_running()
+        tq.start_replica()
         self.cfg, self.plan = cfg, plan
         self.version = 0
 

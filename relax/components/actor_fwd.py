@@ -31,7 +31,6 @@ from relax.distributed import transfer_queue as tq
 from relax.distributed.checkpoint_service.coordinator import Receivers, lane_due
 from relax.distributed.weights.endpoints import RayEndpoint
 from relax.types import MEDIA_COLUMN
-from relax.utils.logging import setup_logging
 from relax.utils.poll import Backoff
 
 logger = logging.getLogger(__name__)
@@ -51,8 +50,7 @@ async def stream_steps(start: int, end: int, *, task: str, chunk: int, fields: l
 
 class ActorFwd:
     def __init__(self, cfg: RelaxConfig, plan: RolePlan) -> None:
-        setup_logging()
-        tq.attach_if_running()  # here, not in setup: replicas construct side by side (~1 s per process)
+        tq.start_replica()
         if len(plan.writes) != 1:
             raise ValueError(f"{plan.name}: ActorFwd writes one log-prob column, the plan gives {plan.writes}")
         self.cfg, self.plan, self.role = cfg, plan, plan.name

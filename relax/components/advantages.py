@@ -18,7 +18,6 @@ from relax.components.step_advantages import AdvantageSpec, jagged, step_advanta
 from relax.config.plan import RolePlan, per_group_advantages
 from relax.config.schema import RelaxConfig
 from relax.distributed import transfer_queue as tq
-from relax.utils.logging import setup_logging
 
 
 def as_list(value: Any) -> Any:
@@ -39,8 +38,7 @@ def complete_groups(rows: dict[str, dict[str, Any]], group_size: int) -> list[li
 
 class Advantages:
     def __init__(self, cfg: RelaxConfig, plan: RolePlan) -> None:
-        setup_logging()
-        tq.attach_if_running()  # here, not in setup: replicas construct side by side (~1 s per process)
+        tq.start_replica()
         self.cfg, self.plan = cfg, plan
         self.spec = AdvantageSpec.from_config(cfg)
         self.stopping = False

@@ -41,7 +41,6 @@ from relax.config.plan import RolePlan
 from relax.config.schema import OptimizerConfig, RelaxConfig
 from relax.distributed import transfer_queue as tq
 from relax.types import TrainBatch
-from relax.utils.logging import setup_logging
 
 logger = logging.getLogger(__name__)
 
@@ -63,8 +62,7 @@ def critic_dirs(cfg: RelaxConfig) -> tuple[str | None, str | None]:
 
 class Critic:
     def __init__(self, cfg: RelaxConfig, plan: RolePlan) -> None:
-        setup_logging()
-        tq.attach_if_running()  # here, not in setup: replicas construct side by side (~1 s per process)
+        tq.start_replica()
         self.cfg, self.plan = cfg, plan
         self.group = None
 

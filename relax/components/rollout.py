@@ -45,7 +45,7 @@ from relax.types import MEDIA_COLUMN, Sample
 from relax.utils import checkpoints
 from relax.utils.http_utils import close_sessions
 from relax.utils.metrics import pass_rates
-from relax.utils.logging import run_token, setup_logging
+from relax.utils.logging import run_token
 from relax.utils.plugins import call_maybe_async, import_object, load_plugin
 
 if TYPE_CHECKING:
@@ -71,8 +71,7 @@ def plugin_args(cfg: RelaxConfig, router_url: str | None) -> Namespace:
 
 class Rollout:
     def __init__(self, cfg: RelaxConfig, plan: RolloutPlan) -> None:
-        setup_logging()
-        tq.attach_if_running()  # here, not in setup: replicas construct side by side (~1 s per process)
+        tq.start_replica()
         self.cfg, self.plan = cfg, plan
         self.token = run_token()
         self.fleet: EngineFleet | NoFleet = NoFleet()  # `start` launches the engines (a replay has none)

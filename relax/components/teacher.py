@@ -38,7 +38,7 @@ from relax.config.plan import RolePlan
 from relax.config.schema import RelaxConfig
 from relax.distributed import transfer_queue as tq
 from relax.engine.fleet import EngineFleet, FleetSpec
-from relax.utils.logging import run_token, setup_logging
+from relax.utils.logging import run_token
 
 logger = logging.getLogger(__name__)
 
@@ -145,8 +145,7 @@ TEACHERS: dict[str, type] = {"megatron": WorkerTeacher, "sglang": EngineTeacher}
 
 class Teacher:
     def __init__(self, cfg: RelaxConfig, plan: RolePlan) -> None:
-        setup_logging()
-        tq.attach_if_running()  # here, not in setup: replicas construct side by side (~1 s per process)
+        tq.start_replica()
         self.cfg, self.plan = cfg, plan
         self.scorer: TeacherScorer | None = None
 

@@ -29,11 +29,11 @@ from relax.core import reaper
 from relax.core.registry import component_path
 from relax.distributed.ray.local import (bind_serve_grpc, keep_sigterm_handler, ray_temp_dir, session_dir,
                                         start_local_ray)
-from relax.distributed.transfer_queue import RUN_ENV
 from relax.utils.logging import TOKEN_FILE_ENV, new_run_token, remove_token_file, write_token_file
 from relax.utils.metrics import METRICS_APP_ENV
 from relax.utils.plugins import import_object
 from relax.utils.poll import Backoff
+from relax.utils.proc import RUN_ENV
 from relax.utils.timeline import Timeline, timed_methods
 
 logger = logging.getLogger(__name__)

@@ -16,8 +16,10 @@ from typing import Any, Awaitable, Callable, Sequence
 import torch
 
 from relax.types import Sample
+from relax.utils.logging import setup_logging
 from relax.utils.metrics import METRICS_APP_ENV, MetricsReporter
 from relax.utils.poll import Backoff
+from relax.utils.proc import RUN_ENV
 
 logger = logging.getLogger(__name__)
 _reporters: dict[tuple[str, str | None], MetricsReporter] = {}  # stream_step's: (task, metrics app) -> reporter
@@ -37,7 +39,6 @@ ROLLOUT_COLUMNS: dict[str, tuple[torch.dtype, bool]] = {
 MEDIA_COLUMN = ("multimodal_train_inputs", torch.uint8)  # rows' encoder tensors (multimodal runs only)
 
 
-RUN_ENV = "RELAX_RUN_ID"  # every process of a run has it: its partitions are `<run id>/...`
 
 
 def _namespace() -> str:
@@ -121,6 +122,13 @@ def attach_if_running() -> None:
 
     if ray.is_initialized() and running():
         attach()
+
+
+def start_replica() -> None:
+    """A role replica's first act: its logging, then the run's data system. Attached in the
+    constructor, not in `setup`: the replicas construct side by side (~1 s a process)."""
+    setup_logging()
+    attach_if_running()
 
 
 def close_data_system() -> None:

@@ -15,6 +15,7 @@ import time
 
 PR_SET_PDEATHSIG = 1
 PARENT_PID_ENV = "RELAX_ENGINE_PARENT_PID"  # the launcher's pid, set in the child's environment
+RUN_ENV = "RELAX_RUN_ID"  # every process of a run has it: the reaper finds them by it, TQ partitions are `<run id>/...`
 
 
 def die_with_parent(parent_env: str = PARENT_PID_ENV) -> None:

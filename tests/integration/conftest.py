@@ -69,8 +69,8 @@ def plugin_run(ray_cluster, tiny_setup, tmp_path_factory):
     """One colocate run through the plugins: a two-turn custom generate function (observation tokens
     masked), a dynamic-sampling filter over a reward that makes some groups constant, over-sampling,
     an eval with pass@k through the same generate function, a custom train-data conversion (the
-    first response token masked), and two passes over each step (--num-iters-per-train-update, PPO
-    epochs in colocate mode). Returns its directory."""
+    first response token masked), two passes over each step (--num-iters-per-train-update, PPO
+    epochs in colocate mode), REINFORCE++ advantages. Returns its directory."""
     from run_helpers import run_relax
 
     root, exp = tiny_setup, tmp_path_factory.mktemp("plugins")
@@ -85,7 +85,7 @@ def plugin_run(ray_cluster, tiny_setup, tmp_path_factory):
         "--exp-dir", str(exp), "--resource", '{"actor": [1, 1], "rollout": [1, 1]}',
         "--eval-interval", "3", "--eval-prompt-data", "tiny", str(root / "eval.jsonl"),
         "--n-samples-per-eval-prompt", "4", "--log-passrate", "--skip-eval-before-train",
-        "--num-iters-per-train-update", "2",
+        "--num-iters-per-train-update", "2", "--advantage-estimator", "reinforce_plus_plus",  # test_estimators
         "--custom-convert-samples-to-train-data-path", "tests.integration.train_data_plugins.mask_first_token",
         "--save-debug-rollout-data", str(exp / "rollouts" / "step_{rollout_id}.pt"),
         "--save-debug-train-data", str(exp / "train_{rollout_id}.pt"),

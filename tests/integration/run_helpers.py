@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from pathlib import Path
 
 from relax.config import parse_config
@@ -26,6 +27,16 @@ def read_metrics(exp_dir: Path) -> list[dict]:
 def step_rows(exp_dir: Path) -> list[dict]:
     """One row per training step (eval-only rows left out)."""
     return [r for r in read_metrics(exp_dir) if "time/step" in r]
+
+
+def check_trained(steps: list[dict], *, single_pass: bool = True) -> None:
+    """Finite losses, a non-zero gradient somewhere, and (one pass per step) a PPO ratio of
+    exactly 1: the first pass trains on the policy that sampled."""
+    assert steps
+    assert all(math.isfinite(r["train/pg_loss"]) and math.isfinite(r["train/grad_norm"]) for r in steps)
+    assert any(r["train/grad_norm"] > 0 for r in steps)
+    if single_pass:
+        assert all(abs(r["train/ppo_kl"]) <= 1e-5 for r in steps), [r["train/ppo_kl"] for r in steps]
 
 
 def reference_args(root, exp_dir, num_rollout: int = 4, *, reference: bool = True) -> list[str]:

@@ -7,7 +7,7 @@ test_process_cleanup.py)."""
 from __future__ import annotations
 
 import pytest
-from run_helpers import read_metrics
+from run_helpers import check_trained, read_metrics
 from subprocess_runs import Run, wait_until_gone
 
 pytestmark = pytest.mark.integration
@@ -68,6 +68,7 @@ def _check_colocate_timeline(path) -> None:
 def test_custom_multiturn_generate_trains_with_masked_observations(plugin_run):
     rows = [r for r in read_metrics(plugin_run) if "train/pg_loss" in r]
     assert len(rows) == 3 and all(r["train/passes"] == 2.0 for r in rows)
+    check_trained(rows, single_pass=False)  # reinforce_plus_plus (test_estimators)
     # two model turns of <= 4 tokens plus the observation tokens
     assert all(r["rollout/response_len_mean"] > 4 for r in rows)
     # masked observation tokens carry log-prob 0 from the plugin and are excluded from the

@@ -10,7 +10,7 @@ import json
 import random
 
 import pytest
-from run_helpers import read_metrics, run_relax, step_rows
+from run_helpers import check_trained, read_metrics, run_relax, step_rows
 
 pytestmark = pytest.mark.integration
 
@@ -57,10 +57,12 @@ def test_vl_grpo_run_trains_on_images(ray_cluster, vl_setup, tmp_path):
         "--rollout-batch-size", "4", "--n-samples-per-prompt", "4", "--rollout-max-response-len", "6",
         "--num-rollout", "3", "--lr", "1e-2", "--progress-bar", "false", "--exp-dir", str(exp),
         "--use-kl-loss", "--kl-loss-coef", "0.01", "--kl-loss-type", "low_var_kl",
+        "--advantage-estimator", "gspo",  # the estimator's run (test_estimators)
         "--eval-interval", "3", "--eval-prompt-data", "heldout", str(vl_setup / "eval.jsonl"),
         "--resource", '{"actor": [1, 1], "rollout": [1, 1], "reference": [1, 1]}'])
     rows = step_rows(exp)
     assert len(rows) == 3
+    check_trained(rows)  # gspo: sequence-level ratios of exactly 1 on the first pass
     for row in rows:
         # The first step trains on what the engine sampled: the trainer's recomputed log-probs
         # match the engine's only if both saw the same pixels and positions.
@@ -99,11 +101,13 @@ def test_vl_grpo_run_on_the_megatron_backend(ray_cluster, vl_setup, tmp_path):
         "--video-fps", "2", "--video-fps-min-frames", "2", "--video-min-token-num", "4", "--video-max-token-num", "4",
         "--custom-rm-path", "tests.integration.digit_reward.parity_reward", "--train-backend", "megatron",
         "--mm-processor-pool-size", "1",  # prompts encoded in a process beside the rollout's event loop
+        "--advantage-estimator", "sapo",  # the estimator's run (test_estimators)
         "--rollout-batch-size", "4", "--n-samples-per-prompt", "4", "--rollout-max-response-len", "6",
         "--num-rollout", "3", "--lr", "1e-2", "--progress-bar", "false", "--exp-dir", str(exp),
         "--resource", '{"actor": [1, 1], "rollout": [1, 1]}'])
     rows = step_rows(exp)
     assert len(rows) == 3  # the third step's prompts are the two video rows and two image rows
+    check_trained(rows)
     for row in rows:
         assert row["train/train_rollout_logprob_abs_diff_max"] < 1e-3
         assert row["train/grad_norm"] > 0

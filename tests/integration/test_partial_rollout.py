@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import pytest
 from run_helpers import run_relax as run
-from run_helpers import step_rows
+from run_helpers import check_trained, step_rows
 
 from relax.engine.rollout.replay import load_rollout
 from relax.types import Sample
@@ -51,6 +51,7 @@ def args(root, model, exp_dir) -> list[str]:
             "--fully-async", "--max-staleness", "1", "--partial-rollout", "--mask-offpolicy-in-partial-rollout",
             "--save-debug-rollout-data", str(exp_dir / "rollouts" / "step_{rollout_id}.pt"),
             "--use-rollout-logprobs",  # no ActorFwd: old log-probs are the concatenated rollout ones
+            "--advantage-estimator", "reinforce_plus_plus_baseline",  # in the Advantages role (test_estimators)
             "--resource", '{"actor": [1, 1], "rollout": [1, 1], "advantages": [1, 0]}']
 
 
@@ -68,6 +69,7 @@ def test_aborted_samples_are_resumed_and_training_completes(ray_cluster, tiny_se
     run(args(tiny_setup, long_model, tmp_path))
     rows = {r["step"]: r for r in step_rows(tmp_path)}
     assert sorted(rows) == list(range(STEPS))
+    check_trained(list(rows.values()), single_pass=False)  # off-policy by up to one version
 
     samples = [s for step in rows for g in load_rollout(str(tmp_path / "rollouts" / "step_{rollout_id}.pt"), step)
                for s in g]

@@ -26,10 +26,10 @@ from ray.util.placement_group import get_placement_group, placement_group, remov
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from relax.config.placement import GpuPlacement
+from relax.utils.proc import RUN_ENV
 
 logger = logging.getLogger(__name__)
 
-RUN_ENV = "RELAX_RUN_ID"
 READY_TIMEOUT_S = 120.0
 
 

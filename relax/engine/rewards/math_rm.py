@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 import threading
 from fractions import Fraction
-from typing import Any
+from typing import Any, Callable
 
 from relax.engine.rewards.extract import label_text, last_boxed
 
@@ -101,10 +101,15 @@ def math_verify_equal(answer: str, gold: str) -> bool | None:
     return bool(verify(gold_parsed, answer_parsed, timeout_seconds=timeout))
 
 
+def decided(fast: float | None, answer: str | None, golds: list[str], equal: Callable[[str, str], bool]) -> float:
+    """The score: the fast path's verdict when it decided, else 1.0 when `equal` accepts the
+    answer for any gold answer (the slow path, math-verify)."""
+    if fast is not None:
+        return fast
+    return 1.0 if any(equal(answer, gold) for gold in golds) else 0.0
+
+
 def score(response: str, label: Any, metadata: dict | None = None) -> float:
     """1.0 if the last boxed answer in `response` equals `label`, else 0.0."""
-    decided = fast_path(response, label, metadata)
-    if decided is not None:
-        return decided
-    answer = last_boxed(response)
-    return 1.0 if any(verify_with_math_verify(answer, gold) for gold in gold_answers(label)) else 0.0
+    return decided(fast_path(response, label, metadata), last_boxed(response), gold_answers(label),
+                   verify_with_math_verify)

@@ -52,8 +52,5 @@ def _equal(answer: str, gold: str) -> bool:
 
 def score(response: str, label: Any, metadata: dict | None = None) -> float:
     """1.0 if the single well-formed `<answer>` equals the label, else 0.0."""
-    decided = fast_path(response, label, metadata)
-    if decided is not None:
-        return decided
-    answer = answer_if_well_formed(response)
-    return 1.0 if any(_equal(answer, gold) for gold in _golds(label)) else 0.0
+    return math_rm.decided(fast_path(response, label, metadata), answer_if_well_formed(response), _golds(label),
+                           _equal)

@@ -108,16 +108,22 @@ def _get_label(data: dict, location: RowLocation, label_key: str | None) -> Any:
     return data[label_key]
 
 
+def _decoded(raw: Any, location: RowLocation, what: str, key: str, stored_as: str) -> Any:
+    """A column that may hold its value as a JSON string (parquet, CSV): the decoded value."""
+    if not isinstance(raw, str):
+        return raw
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise DataError(f"{location}: {what} {key!r} is a string but not valid JSON ({exc.msg}); "
+                        f"store {stored_as}") from exc
+
+
 def _get_metadata(data: dict, location: RowLocation, metadata_key: str | None) -> dict:
     raw = data.get(metadata_key) if metadata_key else None
     if raw is None or raw == "":
         return {}
-    if isinstance(raw, str):
-        try:
-            raw = json.loads(raw)
-        except json.JSONDecodeError as exc:
-            raise DataError(f"{location}: metadata {metadata_key!r} is a string but not valid JSON ({exc.msg}); "
-                            "store a JSON object") from exc
+    raw = _decoded(raw, location, "metadata", metadata_key, "a JSON object")
     if not isinstance(raw, dict):
         raise DataError(f"{location}: metadata {metadata_key!r} must be a dict (or a JSON object string), "
                         f"got {type(raw).__name__} {_short(raw)}; store a JSON object or set --metadata-key")
@@ -128,12 +134,7 @@ def _get_tools(data: dict, location: RowLocation, tool_key: str | None) -> list 
     tools = data.get(tool_key) if tool_key else None
     if tools is None:
         return None
-    if isinstance(tools, str):
-        try:
-            tools = json.loads(tools)
-        except json.JSONDecodeError as exc:
-            raise DataError(f"{location}: tools {tool_key!r} is a string but not valid JSON ({exc.msg}); "
-                            "store a JSON list of tool schemas") from exc
+    tools = _decoded(tools, location, "tools", tool_key, "a JSON list of tool schemas")
     if hasattr(tools, "tolist"):  # numpy arrays from pandas-written parquet
         tools = tools.tolist()
     if not isinstance(tools, list):
