@@ -20,7 +20,7 @@ import multiprocessing as mp
 import pytest
 import torch
 
-from relax.utils.net import free_port
+from relax.utils.net import free_ports
 
 BUDGET = 16  # padded tokens per micro-batch
 # Training shards (one step over DP=2): rank 0 rows 0-3 fit one micro-batch of 4 x 4; rank 1's
@@ -56,12 +56,12 @@ def worker(backend: str, model: str, rank: int, world: int, port: int, parallel:
     return Trainer(rank, world, "127.0.0.1", port, dataclasses.replace(spec, backend=backend))
 
 
-def run_rank(rank: int, world: int, port: int, cases: list, out: str) -> None:
+def run_rank(rank: int, world: int, ports: list[int], cases: list, out: str) -> None:
     """Each case: score this rank's scoring shard, train one step on its training shard, score
     that shard again."""
     results = []
     for i, (backend, model, parallel) in enumerate(cases):
-        w = worker(backend, model, rank, world, port + i, parallel, BUDGET)
+        w = worker(backend, model, rank, world, ports[i], parallel, BUDGET)
         b = rows()
         score = b.rows(SCORE_SHARDS[rank] if world > 1 else sum(SCORE_SHARDS, []))
         scored = w.compute_log_probs(score.tokens_RL, score.response_lengths_R)
@@ -86,12 +86,12 @@ def results(tmp_path_factory):
     if HAS_MEGATRON:
         cases.append(("megatron", paths["moe"], {"ep": 2}))
     reference = [("fsdp", paths["dense"], {}), ("fsdp", paths["moe"], {})][:len(cases)]
-    port = free_port()
+    port, port1 = free_ports(len(cases)), free_ports(len(reference))
     ctx = mp.get_context("spawn")
     procs = [ctx.Process(target=run_rank, args=(r, 2, port, cases, f"{root}/two"), daemon=True) for r in range(2)]
     for p in procs:
         p.start()
-    run_rank(0, 1, port + len(cases), reference, f"{root}/one")
+    run_rank(0, 1, port1, reference, f"{root}/one")
     for p in procs:
         p.join(timeout=300)
         assert p.exitcode == 0, f"a rank failed or hung (exit {p.exitcode}); its output is above"

@@ -21,7 +21,7 @@ pytest.importorskip("megatron.core")
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "megatron"))
 import parity_cases  # noqa: E402
 
-from relax.utils.net import free_port  # noqa: E402
+from relax.utils.net import free_ports  # noqa: E402
 
 GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not GPUS, reason="needs a CUDA GPU")]
@@ -45,7 +45,7 @@ class Runs:
     def reference(self, model: str) -> dict:
         if "fsdp" not in self.out:
             ref = [("fsdp", self.paths["dense"], {}), ("fsdp", self.paths["moe"], {})]
-            parity_cases.run(0, 1, free_port(), ref, f"{self.root}/fsdp", bf16=True)
+            parity_cases.run(0, 1, free_ports(len(ref)), ref, f"{self.root}/fsdp", bf16=True)
             fsdp = json.load(open(f"{self.root}/fsdp.0.json"))
             self.out["fsdp"] = {"dense": fsdp[0], "moe": fsdp[1]}
         return self.out["fsdp"][model]
@@ -64,7 +64,7 @@ class Runs:
     def _group(self, gpus: int) -> None:
         names = [n for n, (g, _, _) in LAYOUTS.items() if g == gpus]
         cases = [("megatron", self.paths[LAYOUTS[n][1]], LAYOUTS[n][2]) for n in names]
-        port, prefix = free_port(), f"{self.root}/g{gpus}"
+        port, prefix = free_ports(len(cases)), f"{self.root}/g{gpus}"
         if gpus == 1:
             parity_cases.run(0, 1, port, cases, prefix, bf16=True)
         else:

@@ -1,6 +1,7 @@
 """Run training-backend ranks on tiny models and report what they computed (for test_parity.py).
 
-`run(rank, world_size, port, cases, out)` runs each case in turn in this process: build the
+`run(rank, world_size, ports, cases, out)` runs each case in turn in this process (case i's
+group on `ports[i]`, `relax.utils.net.free_ports`): build the
 worker, score a fixed batch, train one optimizer step on it, score again, gather the HF-named
 weights, save a checkpoint (megatron: `<out>-ckpt<i>`), shut down. A case is
 (backend, model, model_parallel kwargs); `bf16`: bf16 compute over float32 main weights
@@ -48,7 +49,7 @@ def batch() -> TrainBatch:
                       advantages_RT=adv)
 
 
-def run(rank: int, world_size: int, port: int, cases: list, out: str, bf16: bool = False) -> None:
+def run(rank: int, world_size: int, ports: list[int], cases: list, out: str, bf16: bool = False) -> None:
     from relax.backends.trainer.trainer import Trainer
 
     results = []
@@ -60,7 +61,7 @@ def run(rank: int, world_size: int, port: int, cases: list, out: str, bf16: bool
         spec = TrainerSpec(model_path=model_path, optim=optim,
                            batch=BatchConfig(micro_batch_size=2), loss=PolicyLossConfig(), threads=1,
                            model_parallel=ModelParallelSpec(**parallel))
-        worker = Trainer(rank, world_size, "127.0.0.1", port + i, dataclasses.replace(spec, backend=backend))
+        worker = Trainer(rank, world_size, "127.0.0.1", ports[i], dataclasses.replace(spec, backend=backend))
         info = worker.parallel_info()
         b = batch()
         _, shards, tokens = step_plan(b.loss_masks_RT, len(b), info["dp_size"])
@@ -80,15 +81,15 @@ def run(rank: int, world_size: int, port: int, cases: list, out: str, bf16: bool
         json.dump(results, f)
 
 
-def run_on_gpu(rank: int, world_size: int, port: int, cases: list, out: str) -> None:
+def run_on_gpu(rank: int, world_size: int, ports: list[int], cases: list, out: str) -> None:
     """`run` in bf16 on GPU `rank` (each rank a process that sees one GPU, as Ray gives each
     trainer rank; NCCL between them)."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")  # the parent's list, if it narrowed the GPUs
     os.environ["CUDA_VISIBLE_DEVICES"] = visible.split(",")[rank] if visible else str(rank)
-    run(rank, world_size, port, cases, out, bf16=True)
+    run(rank, world_size, ports, cases, out, bf16=True)
 
 
-def serve_receiver(rank: int, world_size: int, port: int, cases: list, conn) -> None:
+def serve_receiver(rank: int, world_size: int, ports: list[int], cases: list, conn) -> None:
     """A megatron scoring rank (as ActorFwd's) per case (model path, model_parallel kwargs), in turn,
     answering over `conn`: ("call", path, payload) -> `receive_weights`' reply, ("score",) ->
     (parallel_info, log-probs of `batch()`), ("next",) -> shut down, start the next case."""
@@ -98,7 +99,7 @@ def serve_receiver(rank: int, world_size: int, port: int, cases: list, conn) -> 
         spec = TrainerSpec(backend="megatron", model_path=model_path, trainable=False, optim=OptimizerConfig(),
                            threads=1, batch=BatchConfig(micro_batch_size=4),
                            model_parallel=ModelParallelSpec(**parallel), sync_timeout_s=60)
-        worker = Trainer(rank, world_size, "127.0.0.1", port + i, spec)
+        worker = Trainer(rank, world_size, "127.0.0.1", ports[i], spec)
         b = batch()
         while (msg := conn.recv())[0] != "next":
             if msg[0] == "score":

@@ -21,7 +21,7 @@ pytest.importorskip("megatron.core")
 sys.path.insert(0, os.path.dirname(__file__))
 import vl_cases  # noqa: E402
 
-from relax.utils.net import free_port  # noqa: E402
+from relax.utils.net import free_port, free_ports  # noqa: E402
 
 # After a step the weights differ by Adam's normalisation of near-zero gradients (~1e-4 of lr 1e-2 on
 # some weights): the log-probs after it agree less tightly than before it.
@@ -42,14 +42,14 @@ def two_rank_layouts(kind: str) -> dict[str, dict]:
 def runs(request, tmp_path_factory):
     root = str(tmp_path_factory.mktemp(request.param))
     model, data = vl_cases.make_data(root, request.param)
-    port = free_port()
     ctx = mp.get_context("spawn")
     layouts = two_rank_layouts(request.param)
     two = [("megatron", p) for p in layouts.values()]
+    port, port1 = free_ports(len(two)), free_ports(2)
     procs = [ctx.Process(target=vl_cases.run, args=(r, 2, port, two, model, data, f"{root}/two")) for r in range(2)]
     for p in procs:
         p.start()
-    vl_cases.run(0, 1, free_port(), [("fsdp", {}), ("megatron", {})], model, data, f"{root}/one")
+    vl_cases.run(0, 1, port1, [("fsdp", {}), ("megatron", {})], model, data, f"{root}/one")
     for p in procs:
         p.join(timeout=600)
         assert p.exitcode == 0, f"a two-rank megatron process failed (exit {p.exitcode}); its output is above"

@@ -20,7 +20,7 @@ pytest.importorskip("megatron.core")
 sys.path.insert(0, os.path.dirname(__file__))
 import parity_cases  # noqa: E402
 
-from relax.utils.net import free_port  # noqa: E402
+from relax.utils.net import free_ports  # noqa: E402
 
 ATOL_LOGP, ATOL_NORM = 1e-5, 1e-4
 
@@ -38,9 +38,9 @@ def runs(tmp_path_factory):
            ("megatron", paths["dense"], {"distributed_optimizer": True}), ("megatron", paths["dense"], {"cp": 2})]
     # Four ranks: pipeline stages beside tensor or data-parallel ranks (stage leaders send the weights).
     four = [("megatron", paths["dense"], {"tp": 2, "pp": 2}), ("megatron", paths["moe"], {"pp": 2})]
-    # Case i of a group uses port + i (parity_cases.run): the groups take disjoint ranges.
-    port = free_port()
-    port4, port1 = port + len(two), port + len(two) + len(four)
+    # Case i of a group uses its ports[i] (parity_cases.run), every port distinct.
+    ports = free_ports(len(two) + len(four) + len(one))
+    port, port4, port1 = ports[:len(two)], ports[len(two):len(two) + len(four)], ports[len(two) + len(four):]
     ctx = mp.get_context("spawn")
     procs = [ctx.Process(target=parity_cases.run, args=(r, 2, port, two, f"{root}/two")) for r in range(2)]
     procs += [ctx.Process(target=parity_cases.run, args=(r, 4, port4, four, f"{root}/four")) for r in range(4)]

@@ -29,7 +29,7 @@ from relax.config.schema import BatchConfig, OptimizerConfig  # noqa: E402
 from relax.distributed.weights.endpoints import RayEndpoint  # noqa: E402
 from relax.distributed.weights.protocol import BucketRejected, WeightSyncError  # noqa: E402
 from relax.distributed.weights.sender import WeightSender  # noqa: E402
-from relax.utils.net import free_port  # noqa: E402
+from relax.utils.net import free_port, free_ports  # noqa: E402
 
 ATOL_LOGP = 1e-5
 BUCKET_BYTES = 3000  # the tiny models' q_proj alone is 4 KiB: fused tensors straddle buckets
@@ -144,7 +144,7 @@ def test_sharded_megatron_ranks_keep_their_shards_of_a_push(models):
     cases = [("dense", {"tp": 2}), ("dense", {"pp": 2}), ("moe", {"ep": 2})]
     ctx = mp.get_context("spawn")
     pipes = [ctx.Pipe() for _ in range(2)]
-    port = free_port()
+    port = free_ports(len(cases))
     procs = [ctx.Process(target=parity_cases.serve_receiver, args=(r, 2, port, [(models[m]["start"], p) for m, p in
                                                                               cases], pipes[r][1]))
              for r in range(2)]

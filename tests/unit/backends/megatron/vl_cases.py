@@ -79,7 +79,7 @@ def make_data(root: str, kind: str = "qwen2_5_vl") -> tuple[str, str]:
     return model, data
 
 
-def run(rank: int, world_size: int, port: int, cases: list, model: str, data: str, out: str) -> None:
+def run(rank: int, world_size: int, ports: list[int], cases: list, model: str, data: str, out: str) -> None:
     from relax.backends.trainer.trainer import Trainer
 
     rows = torch.load(data, weights_only=False)
@@ -93,7 +93,7 @@ def run(rank: int, world_size: int, port: int, cases: list, model: str, data: st
         spec = TrainerSpec(model_path=model, optim=OptimizerConfig(lr=1e-2, clip_grad=1.0),
                            batch=BatchConfig(micro_batch_size=3), loss=PolicyLossConfig(), threads=1,
                            model_parallel=ModelParallelSpec(**parallel))
-        worker = Trainer(rank, world_size, "127.0.0.1", port + i, dataclasses.replace(spec, backend=backend))
+        worker = Trainer(rank, world_size, "127.0.0.1", ports[i], dataclasses.replace(spec, backend=backend))
         info = worker.parallel_info()
         _, shards, tokens = step_plan(batch.loss_masks_RT, n, info["dp_size"])
         mine = batch.rows(shards[info["dp_rank"]])
