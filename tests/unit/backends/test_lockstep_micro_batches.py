@@ -79,7 +79,7 @@ def run_rank(rank: int, world: int, ports: list[int], cases: list, out: str) -> 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     root = tmp_path_factory.mktemp("lockstep")
-    from tests.unit.backends.megatron.parity_cases import make_models
+    from tests.unit.backends.megatron.parity_cases import join_ranks, make_models
 
     paths = make_models(str(root))
     cases = [("fsdp", paths["dense"], {})]
@@ -92,9 +92,7 @@ def results(tmp_path_factory):
     for p in procs:
         p.start()
     run_rank(0, 1, port1, reference, f"{root}/one")
-    for p in procs:
-        p.join(timeout=300)
-        assert p.exitcode == 0, f"a rank failed or hung (exit {p.exitcode}); its output is above"
+    join_ranks(procs, 300, "the two-rank group")
     load = lambda name: json.load(open(f"{root}/{name}.json"))  # noqa: E731
     return [c[0] for c in cases], load("one.0"), [load("two.0"), load("two.1")]
 

@@ -73,9 +73,7 @@ class Runs:
                      for r in range(gpus)]
             for p in procs:
                 p.start()
-            for p in procs:
-                p.join(timeout=600)
-                assert p.exitcode == 0, f"a {gpus}-GPU megatron rank failed (exit {p.exitcode}); output above"
+            parity_cases.join_ranks(procs, 600, f"the {gpus}-GPU megatron group")
         ranks = [json.load(open(f"{prefix}.{r}.json")) for r in range(gpus)]
         for i, name in enumerate(names):
             self.out[name] = [rank[i] for rank in ranks]

@@ -14,6 +14,7 @@ import dataclasses
 
 import json
 import os
+import time
 
 import torch
 
@@ -108,3 +109,21 @@ def serve_receiver(rank: int, world_size: int, ports: list[int], cases: list, co
                 conn.send(worker.receive_weights(msg[1], msg[2]))
         worker.shutdown()
     conn.close()
+
+
+def join_ranks(procs: list, timeout: float, what: str) -> None:
+    """Wait for rank processes; as soon as one fails (or the time is up) stop the others (a rank
+    left waiting for a failed peer would hang pytest's exit) and fail with every exit code."""
+    deadline = time.monotonic() + timeout
+    try:
+        while any(p.is_alive() for p in procs) and time.monotonic() < deadline:
+            if any(p.exitcode not in (None, 0) for p in procs):
+                break
+            time.sleep(0.2)
+        codes = [p.exitcode for p in procs]
+        assert codes == [0] * len(procs), f"{what}: rank exit codes {codes} (None: hung, stopped); output above"
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join(5)

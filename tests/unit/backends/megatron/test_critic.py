@@ -66,9 +66,7 @@ def runs(tmp_path_factory):
         p.start()
     run(0, 1, free_port(), "fsdp", {}, path, f"{root}/fsdp")
     run(0, 1, free_port(), "megatron", {}, path, f"{root}/megatron")
-    for p in procs:
-        p.join(timeout=600)
-        assert p.exitcode == 0, f"a two-rank megatron critic failed (exit {p.exitcode}); its output is above"
+    parity_cases.join_ranks(procs, 600, "a two-rank megatron critic")
     load = lambda name: json.load(open(f"{root}/{name}.json"))  # noqa: E731
     return {"fsdp": [load("fsdp.0")], "tp1": [load("megatron.0")], "cp2": [load("cp2.0"), load("cp2.1")]}
 

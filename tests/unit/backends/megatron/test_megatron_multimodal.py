@@ -20,6 +20,7 @@ import pytest
 pytest.importorskip("megatron.core")
 sys.path.insert(0, os.path.dirname(__file__))
 import vl_cases  # noqa: E402
+from parity_cases import join_ranks  # noqa: E402
 
 from relax.utils.net import free_port, free_ports  # noqa: E402
 
@@ -50,9 +51,7 @@ def runs(request, tmp_path_factory):
     for p in procs:
         p.start()
     vl_cases.run(0, 1, port1, [("fsdp", {}), ("megatron", {})], model, data, f"{root}/one")
-    for p in procs:
-        p.join(timeout=600)
-        assert p.exitcode == 0, f"a two-rank megatron process failed (exit {p.exitcode}); its output is above"
+    join_ranks(procs, 600, "the two-rank megatron group")
     load = lambda name: json.load(open(f"{root}/{name}.json"))  # noqa: E731
     one, two0, two1 = load("one.0"), load("two.0"), load("two.1")
     out = {"root": root, "model": model, "data": data, "kind": request.param, "fsdp": one[0], "tp1": [one[1]],

@@ -47,9 +47,7 @@ def runs(tmp_path_factory):
     for p in procs:
         p.start()
     parity_cases.run(0, 1, port1, one, f"{root}/one")
-    for p in procs:
-        p.join(timeout=600)
-        assert p.exitcode == 0, f"a two- or four-rank megatron process failed (exit {p.exitcode}); its output is above"
+    parity_cases.join_ranks(procs, 600, "the two- and four-rank megatron groups")
     load = lambda name: json.load(open(f"{root}/{name}.json"))  # noqa: E731
     single = load("one.0")
     return {"root": root, "paths": paths, "fsdp": {"dense": single[0], "moe": single[2]},
