@@ -41,6 +41,21 @@ RL_ON_POLICY_TARGETS = (None, "fsdp")
 LOAD_FORMATS = ("auto", "dummy")
 
 
+def engine_model(model_path: str, dtype: str, load_format: str, device: torch.device) -> torch.nn.Module:
+    """The engine's model on `device`, in eval mode: the checkpoint's weights, or (`dummy`) random
+    ones made on the device, with no host copy of a large model."""
+    from transformers import AutoConfig
+
+    if load_format != "dummy":
+        return load_model(model_path, dtype=DTYPE_CHOICES[dtype]).to(device).eval()
+    config = AutoConfig.from_pretrained(model_path)
+    torch_dtype = DTYPE_CHOICES[dtype] if dtype != "auto" else getattr(config, "dtype", None) or torch.float32
+    if isinstance(torch_dtype, str):  # config.json's "dtype": "bfloat16"
+        torch_dtype = getattr(torch, torch_dtype)
+    with device:
+        return load_model(model_path, config=config, dtype=torch_dtype, from_config=True).to(device).eval()
+
+
 class EngineUnavailable(RuntimeError):
     """Generation refused right now (memory released); maps to HTTP 503."""
 
@@ -66,7 +81,7 @@ class HFEngine:
                  seed: int | None = None, weight_sync_timeout_s: float = 600.0, batch_wait_s: float = 0.02,
                  rl_on_policy_target: str | None = None, load_format: str = "auto",
                  max_total_tokens: int | None = None, cuda_graphs: bool = True, cuda_graph_max_bs: int | None = None):
-        from transformers import AutoConfig, AutoTokenizer
+        from transformers import AutoTokenizer
 
         if dtype not in DTYPE_CHOICES:
             raise ValueError(f"--dtype must be one of {sorted(DTYPE_CHOICES)}, got {dtype!r}")
@@ -81,16 +96,7 @@ class HFEngine:
         self.device = torch.device(device)
         self.tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_path)
         self.load_format = load_format
-        if load_format == "dummy":  # random weights, made on the device (no host copy of a large model)
-            config = AutoConfig.from_pretrained(model_path)
-            torch_dtype = DTYPE_CHOICES[dtype] if dtype != "auto" else getattr(config, "dtype", None) or torch.float32
-            if isinstance(torch_dtype, str):  # config.json's "dtype": "bfloat16"
-                torch_dtype = getattr(torch, torch_dtype)
-            with self.device:
-                self.model = load_model(model_path, config=config, dtype=torch_dtype, from_config=True)
-        else:
-            self.model = load_model(model_path, dtype=DTYPE_CHOICES[dtype])
-        self.model.to(self.device).eval()
+        self.model = engine_model(model_path, dtype, load_format, self.device)
         # VL / Omni checkpoints: image_data (and audio_data) on /generate (relax.utils.multimodal.processor)
         self.processor = MultimodalProcessor(model_path, self.tokenizer) if is_multimodal(self.model.config) else None
         text_config = self.model.config.get_text_config()  # a VL model's language model
