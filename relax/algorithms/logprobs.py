@@ -14,6 +14,14 @@ CPU/GPU kernels pick their blocking and reduction order from the shapes, so a ro
 a batch of 4 is not bitwise the row scored alone. Incremental decoding with a KV cache is a
 different computation altogether. A one-row full forward is the smallest shared ground.
 
+Why every position goes through the LM head: the head is a matmul over the rows it is given,
+and the number of rows changes its blocking too (measured on the tiny Qwen3: 8 of 1,792 tokens
+differ between a head over the last R + 1 positions and one over all of them). Computing the
+head over the whole row makes a token's log-prob depend on the row alone, not on where the
+"response" starts: the engine can score a finished multi-turn trajectory (or a prompt,
+`logprob_start_len`) without knowing how the trainer splits it, and the two agree bitwise.
+The cost is the head over the prompt positions as well (float32 logits [L, V] per row).
+
 Log-prob convention (as the `hf` engine's sampler and SGLang):
 `log_softmax(logits / temperature)[token]`, top-k/top-p filtering not applied; callers pass
 temperature 1.0 for greedy decoding.
@@ -34,9 +42,9 @@ def row_response_logits(model: Any, tokens: Sequence[int], response_length: int,
                         ) -> torch.Tensor:
     """Temperature-scaled float32 logits that predict the last `response_length` tokens -> [R, V].
 
-    One full forward of `tokens` (prompt + response) as a single row, no padding, no mask;
-    only the last R + 1 positions go through the LM head (`logits_to_keep`). Row r of the
-    result predicts response token r. Gradients flow when the caller enables them.
+    One full forward of `tokens` (prompt + response) as a single row, no padding, no mask; every
+    position goes through the LM head (module doc), the last R + 1 are kept. Row r of the result
+    predicts response token r. Gradients flow when the caller enables them.
     `model_inputs`: more keyword arguments of the forward (a multimodal row's encoder tensors and
     position ids).
     """
@@ -46,10 +54,8 @@ def row_response_logits(model: Any, tokens: Sequence[int], response_length: int,
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0 (pass 1.0 for greedy decoding), got {temperature}")
     ids_1L = torch.tensor([list(tokens)], dtype=torch.long, device=device)
-    logits_1KV = model(input_ids=ids_1L, use_cache=False, logits_to_keep=response_length + 1,
-                       **(model_inputs or {})).logits
-    # The last R + 1 positions, also for models that ignore logits_to_keep (the Qwen3-Omni thinker).
-    return logits_1KV[0, -(response_length + 1):-1].float() / temperature  # [R, V]; row k predicts token L - R + k
+    logits_1LV = model(input_ids=ids_1L, use_cache=False, logits_to_keep=0, **(model_inputs or {})).logits
+    return logits_1LV[0, -(response_length + 1):-1].float() / temperature  # [R, V]; row k predicts token L - R + k
 
 
 def token_log_probs(logits_RV: torch.Tensor, targets_R: Sequence[int] | torch.Tensor) -> torch.Tensor:

@@ -31,6 +31,12 @@ are recomputed by one full forward of that row alone (prompt + output, no paddin
 through `relax.algorithms.logprobs` — the function the fsdp trainer scores rows with in
 `--true-on-policy-mode` — so engine and trainer log-probs are bitwise equal. Cost: one extra
 forward per finished row. The recompute uses the weights loaded when the row finishes.
+Input-token log-probs (`logprob_start_len`, e.g. a multi-turn rollout scoring a finished
+trajectory with `max_new_tokens: 0`) come from the same function under the mode: one unpadded
+row, at the request's temperature (1.0 for greedy), so a scored row equals the trainer's bitwise
+wherever its response starts. (The engine hands `prompt_logprobs` only the ids and media; a
+zero-budget request's temperature is remembered when its row finishes (`ScoringTemperatures`)
+and looked up by its ids until the engine passes the request's parameters along.)
 
 Multimodal rows (`DecodeRow.media`: a VL / Omni model's encoder tensors, `relax.utils.multimodal.processor`)
 are prefilled as their own left-padded group, the images (and audio) through their encoders and M-RoPE
@@ -63,6 +69,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import OrderedDict
 from typing import Any, Callable, Sequence
 
 import torch
@@ -75,6 +82,34 @@ from relax.backends.hf.rows import DecodeRow, DecodeStats, RowResult, RowState
 from relax.backends.hf.sampling import SamplingBatch, apply_penalties, sample_next_tokens
 from relax.backends.hf.static_cache import GraphRunner, SlotCache, kv_shape, static_decode_supported
 from relax.utils.multimodal.models import rope_positions
+
+
+class ScoringTemperatures:
+    """Temperatures of finished zero-budget requests, by their ids (true on-policy scoring; module
+    doc): remembered by the decode thread, taken by `prompt_logprobs`; bounded, oldest dropped."""
+
+    LIMIT = 4096
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.pending: OrderedDict[tuple[int, ...], list[float]] = OrderedDict()
+
+    def remember(self, ids: Sequence[int], temperature: float) -> None:
+        with self.lock:
+            self.pending.setdefault(tuple(ids), []).append(temperature)
+            while len(self.pending) > self.LIMIT:
+                self.pending.popitem(last=False)
+
+    def take(self, ids: Sequence[int]) -> float:
+        """The temperature of the oldest remembered request with these ids (1.0: none)."""
+        with self.lock:
+            queue = self.pending.get(tuple(ids))
+            if not queue:
+                return 1.0
+            temperature = queue.pop(0)
+            if not queue:
+                del self.pending[tuple(ids)]
+            return temperature
 
 
 def unbanned_logprobs(logprobs_B: torch.Tensor, chosen_logits_B: torch.Tensor, banned_BK: torch.Tensor,
@@ -101,6 +136,7 @@ class BatchDecoder:
         self.banned_ids = torch.tensor(sorted(set(banned_token_ids)), dtype=torch.long, device=device) \
             if banned_token_ids else None
         self.true_on_policy = true_on_policy
+        self.scoring = ScoringTemperatures()
         self.device = torch.device(device)
         self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
         self.max_context_len = max_context_len
@@ -149,11 +185,18 @@ class BatchDecoder:
         return {**media, "position_ids": rope_positions(self.model, ids_BL, mask_BL, media)}
 
     def prompt_logprobs(self, prompts: Sequence[Sequence[int]], *, rows_per_forward: int = 16,
-                        media: Sequence[dict[str, torch.Tensor] | None] | None = None) -> list[list[float | None]]:
+                        media: Sequence[dict[str, torch.Tensor] | None] | None = None,
+                        temperatures: Sequence[float] | None = None) -> list[list[float | None]]:
         """Log-prob of every prompt token given the tokens before it (raw logits, no temperature):
         `[None, logp(t1 | t0), logp(t2 | t0 t1), ...]` per prompt. Right-padded forwards without a
         cache, `rows_per_forward` prompts at a time, each under `step_lock`; a prompt with `media`
-        goes alone, with its encoder tensors."""
+        goes alone, with its encoder tensors. True on-policy: each prompt scored alone by the
+        trainer's function at its request's temperature (`temperatures`, 1.0 for greedy; when not
+        given, the one remembered for a zero-budget request with these ids: module doc)."""
+        if self.true_on_policy:
+            n = len(prompts)
+            return [self._row_prompt_logprobs(p, m, t) for p, m, t in
+                    zip(prompts, media or [None] * n, temperatures or [None] * n)]
         if media is not None and any(media):
             return [self.prompt_logprobs([p], media=None)[0] if not m else self._media_prompt_logprobs(p, m)
                     for p, m in zip(prompts, media)]
@@ -182,6 +225,20 @@ class BatchDecoder:
             logp_L = torch.log_softmax(logits_1LV[0, :-1].float(), dim=-1).gather(-1, ids_1L[0, 1:, None])[:, 0]
         return [None] + logp_L.cpu().tolist()
 
+    def _row_prompt_logprobs(self, prompt: Sequence[int], media: dict[str, torch.Tensor] | None,
+                             temperature: float | None) -> list[float | None]:
+        tokens = list(prompt)
+        remembered = self.scoring.take(tokens)
+        temperature = remembered if temperature is None else temperature
+        if len(tokens) < 2:
+            return [None] * len(tokens)
+        ids_1L = torch.tensor([tokens], dtype=torch.long, device=self.device)
+        with self.step_lock, torch.inference_mode():
+            logp_R = row_response_log_probs(self.model, tokens, len(tokens) - 1, temperature, self.device,
+                                            self.media_inputs(ids_1L, torch.ones_like(ids_1L), media))
+        self.stats.forward_calls += 1
+        return [None] + logp_R.tolist()
+
     def run(self, rows: Sequence[DecodeRow], *, on_finish: Callable[[int, RowResult], None] | None = None,
             before_step: Callable[[], None] | None = None,
             admit: Callable[[int], Sequence[DecodeRow]] | None = None) -> list[RowResult]:
@@ -194,6 +251,9 @@ class BatchDecoder:
             results[i] = states[i].result(reason)
             if self.true_on_policy and results[i].output_ids:
                 results[i].output_logprobs = self._rescore(states[i])
+            elif self.true_on_policy and states[i].max_new == 0:  # a scoring request (module doc)
+                params = states[i].params
+                self.scoring.remember(states[i].row.prompt_ids, 1.0 if params.is_greedy else params.temperature)
             if on_finish is not None:
                 on_finish(i, results[i])
 

@@ -92,6 +92,32 @@ def test_true_on_policy_leaves_sampled_tokens_unchanged(model_dir):
     assert min(a - b for a, b in zip(plain[-1].output_logprobs, exact[-1].output_logprobs)) > 1e-4
 
 
+def test_a_scoring_request_gives_the_trainers_log_probs_wherever_the_response_starts(model_dir, worker):
+    """Input-token log-probs of a zero-budget request (how a multi-turn rollout rescores a finished
+    trajectory): the trainer's one-row function at the request's temperature, so every suffix equals
+    the trainer's score of that suffix as the response. Runs before the optimizer step below moves the
+    module's worker away from the saved weights."""
+    from relax.backends.hf.engine import HFEngine
+    from relax.backends.hf.protocol import GenerateItem
+    from relax.backends.hf.sampling import parse_sampling_params
+
+    torch.set_num_threads(1)
+    tokens = PROMPTS[2] + [7, 8, 9, 10, 11, 12]
+
+    async def run():
+        engine = HFEngine(model_dir, rl_on_policy_target="fsdp", seed=0)
+        await engine.start()
+        try:
+            params = parse_sampling_params({"temperature": TEMPERATURE, "max_new_tokens": 0})
+            return (await engine.generate([GenerateItem("s", tokens, params, True, logprob_start_len=1)]))[0]
+        finally:
+            await engine.stop()
+
+    scored = asyncio.run(run()).input_logprobs
+    for start in (3, 12):
+        assert scored[start:] == worker.compute_log_probs([tokens], [len(tokens) - start])[0]
+
+
 def test_first_step_sees_zero_mismatch_and_unit_ratio(model_dir, worker):
     torch.set_num_threads(1)
     batch = as_batch(generate(model_dir, "fsdp"))
@@ -120,3 +146,4 @@ def test_penalties_are_refused_in_true_on_policy_mode(model_dir):
 
     with pytest.raises(ValueError, match="cannot reproduce"):
         asyncio.run(run())
+
