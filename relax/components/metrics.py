@@ -24,7 +24,7 @@ from relax.components.setup_context import SetupContext
 from relax.config.plan import RolePlan
 from relax.config.schema import RelaxConfig
 from relax.utils.logging import setup_logging
-from relax.utils.metrics_sinks import MetricsFanout, SinkConfig, enabled_sinks, scalars
+from relax.utils.metrics_sinks import MetricsFanout, SinkConfig, enabled_sinks, loggable
 
 logger = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ class MetricsService:
 
     async def report(self, step: int, role: str, metrics: dict[str, Any]) -> None:
         """`role`'s metrics for `step`; written when the step is closed (at once if it already was)."""
-        values = scalars(metrics)
+        values = loggable(metrics)
         if step <= self.closed:
             logger.debug("late report from %s for closed step %d: written as its own row", role, step)
             self.fanout.log(step, values)
@@ -80,7 +80,7 @@ class MetricsService:
 
     async def log(self, step: int, role: str, metrics: dict[str, Any]) -> None:
         """Close `step`: its row (roles' reports, then `metrics`) and every earlier open step go out."""
-        self.open.setdefault(step, {}).update(scalars(metrics))
+        self.open.setdefault(step, {}).update(loggable(metrics))
         for done in sorted(s for s in self.open if s <= step):
             self.fanout.log(done, self.open.pop(done))
         self.closed = max(self.closed, step)

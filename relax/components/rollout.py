@@ -31,6 +31,7 @@ from relax.config.plan import RolloutPlan
 from relax.config.schema import RelaxConfig
 from relax.distributed import transfer_queue as tq
 from relax.distributed.checkpoint_service.coordinator import Receivers
+from relax.engine.agentic.records import log_trajectories, multi_turn_metrics
 from relax.engine.fleet import EngineFleet, FleetSpec, NoFleet
 from relax.engine.rewards.executor import RewardExecutor
 from relax.engine.rewards.genrm import judge_spec
@@ -389,9 +390,16 @@ class Rollout:
         filter_stats = {k: float(v) for k, v in step.filter_stats.items()}
         if self.cfg.rollout.partial_rollout:  # aborted by a weight push, resumed on the new weights
             filter_stats |= partial_metrics(step.partial_stats)
-        return rollout_metrics(samples, rewards, prefix="rollout") | {
+        return rollout_metrics(samples, rewards, prefix="rollout") | await self._log_multi_turn(
+            f"rollout_{rollout_id}", samples, "rollout") | {
             "time/rollout": time.perf_counter() - start, "compute/generate_seconds": max(busy, default=0.0),
             **self.rewards.stats(reset=True), **filter_stats}
+
+    async def _log_multi_turn(self, name: str, samples: list[Sample], prefix: str) -> dict[str, Any]:
+        """--log-multi-turn: the samples' trajectories to <exp-dir>/multi_turn/<name>.jsonl, a few as text."""
+        if not self.cfg.logging.log_multi_turn:
+            return {}
+        return await asyncio.to_thread(log_trajectories, self.cfg.misc.exp_dir or ".", name, samples, prefix)
 
     async def _engine_busy_seconds(self) -> dict[str, float]:
         """Per engine URL: seconds spent in batched decoding so far (0 when the backend does not say)."""
@@ -417,6 +425,7 @@ class Rollout:
                 raise RuntimeError(f"eval {name}: the eval function returned no samples")
             rewards = [s.get_reward_value(dataset.reward_key) for s in samples]
             metrics.update(rollout_metrics(samples, rewards, prefix=f"eval/{name}"))
+            metrics.update(await self._log_multi_turn(f"eval_{name}_{rollout_id}", samples, f"eval/{name}"))
             if self.cfg.logging.log_passrate:  # a sample counts as correct when its reward is > 0
                 correct = [[s.get_reward_value(dataset.reward_key) > 0 for s in g] for g in done]
                 metrics.update(pass_rates(correct, prefix=f"eval/{name}"))
@@ -531,7 +540,7 @@ def engine_context_len(rollout_limit: int | None, datasets: list[EvalDataset]) -
 def rollout_metrics(samples: list[Sample], rewards: list[float], *, prefix: str) -> dict[str, float]:
     lengths = [s.response_length for s in samples]
     versions = [v for s in samples for v in s.weight_versions]
-    return {
+    return multi_turn_metrics(samples, prefix) | {
         f"{prefix}/reward_mean": statistics.fmean(rewards),
         f"{prefix}/response_len_mean": statistics.fmean(lengths),
         f"{prefix}/truncated_frac": sum(s.status == Sample.Status.TRUNCATED for s in samples) / len(samples),

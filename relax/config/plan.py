@@ -328,9 +328,19 @@ def format_plan(plan: RunPlan, cfg: RelaxConfig | None = None) -> str:
     if plan.mode == "fully_async":
         lines.append(f"staleness: rollout runs at most {a.max_staleness} weight version(s) ahead of training")
     if cfg is not None:
-        lines.append(f"outputs: {cfg.misc.exp_dir}")
+        lines += _generation(cfg) + [f"outputs: {cfg.misc.exp_dir}"]
     lines += [f"note: {n}" for n in plan.notes]
     return "\n".join(lines)
+
+
+def _generation(cfg: RelaxConfig) -> list[str]:
+    """How samples are generated, when it is not the default single turn (docs/agentic.md)."""
+    a, custom = cfg.agentic, cfg.rollout.custom_generate_function_path
+    if a.rollout_interaction_env_path:
+        return [f"generation: {'multi-turn rollout' if not custom else custom}, environment "
+                f"{a.rollout_interaction_env_path}, at most {a.max_turns} turns"
+                + (", trajectories -> <outputs>/multi_turn/" if cfg.logging.log_multi_turn else "")]
+    return [f"generation: {custom}"] if custom else []
 
 
 def _receivers(plan: RunPlan) -> str:

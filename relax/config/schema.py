@@ -218,6 +218,32 @@ class RolloutConfig:
 
 
 @dataclass(frozen=True)
+class AgenticConfig:
+    """Multi-turn (agentic) rollouts: model turn, environment step, observation, repeated (docs/agentic.md)."""
+
+    rollout_interaction_env_path: str | None = opt(
+        None, "Module of the interaction environment, exposing build_env(sample=, args=) -> a BaseInteractionEnv "
+        "(relax.engine.agentic). Set, the built-in multi-turn rollout generates every sample unless "
+        "--custom-generate-function-path names another generate function (docs/agentic.md). The seeds set it in "
+        "--custom-config-path YAML; the flag is the same.")
+    max_turns: int = opt(5, "Most model turns of a multi-turn sample (termination max_turns).")
+    env_timeout: float = opt(60.0, "Seconds one environment call (build_env, reset, step, close) may take; a call "
+                             "that times out or raises ends its sample (status failed, termination env_timeout or "
+                             "env_error, its tokens not trained on), never the run.")
+    multi_turn_stop: list | None = opt(None, "Strings that end a multi-turn episode when a model turn contains one "
+                                       "(termination stop), e.g. '</answer>'; --rollout-stop ends a turn.",
+                                       nargs="+")
+    multi_turn_max_tokens: int | None = opt(None, "Most response tokens (model turns and observations) of one "
+                                            "multi-turn sample: the episode ends (termination token_budget) when "
+                                            "the next turn or observation would not fit (--rollout-max-context-len "
+                                            "bounds prompt + response too).")
+    turn_reward: Literal["final", "sum"] = opt("final", "How environment step rewards (a step's info['reward']) "
+                                               "join the reward function's score: final = the score alone (step "
+                                               "rewards are recorded in metadata['turn_rewards']); sum = score + "
+                                               "the sum of step rewards.")
+
+
+@dataclass(frozen=True)
 class BatchConfig:
     global_batch_size: int | None = opt(None, "Samples per optimizer step.")
     micro_batch_size: int = opt(1, "Samples per micro-batch (ignored with --use-dynamic-batch-size).")
@@ -410,7 +436,9 @@ class LoggingConfig:
                                         "(timeline.json; open in Perfetto; docs/observability.md).")
     log_passrate: bool = opt(False, "Log eval pass@k (k = 1, 2, 4, ... <= --n-samples-per-eval-prompt; "
                              "correct = reward > 0).")
-    log_multi_turn: bool = opt(False, "Multi-turn logging.", supported=False)
+    log_multi_turn: bool = opt(False, "Log multi-turn trajectories (turns, tool calls, observations, termination) "
+                               "per step to <exp-dir>/multi_turn/ and a few of them as text to the metrics sinks "
+                               "(docs/agentic.md).")
     log_correct_samples: bool = opt(False, "Log correct samples.", supported=False)
     log_reward_category: str | None = opt(None, "Reward category key.", supported=False)
     notify_urls: str | None = opt(None, "Apprise URLs (comma-separated): alerts on run start, failure (with the "
@@ -514,8 +542,8 @@ class MegatronArchConfig:
 GROUPS: dict[str, type] = {
     "cluster": ClusterConfig, "ckpt": CheckpointConfig, "data": DataConfig, "rollout": RolloutConfig,
     "batch": BatchConfig, "parallel": ParallelConfig, "optim": OptimizerConfig, "algo": AlgorithmConfig,
-    "eval": EvalConfig, "reward": RewardConfig, "logging": LoggingConfig, "debug": DebugConfig,
-    "fault": FaultConfig, "misc": MiscConfig, "megatron": MegatronArchConfig,
+    "eval": EvalConfig, "reward": RewardConfig, "agentic": AgenticConfig, "logging": LoggingConfig,
+    "debug": DebugConfig, "fault": FaultConfig, "misc": MiscConfig, "megatron": MegatronArchConfig,
 }
 
 
@@ -533,6 +561,7 @@ class RelaxConfig:
     algo: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
+    agentic: AgenticConfig = field(default_factory=AgenticConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     debug: DebugConfig = field(default_factory=DebugConfig)
     fault: FaultConfig = field(default_factory=FaultConfig)

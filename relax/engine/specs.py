@@ -3,7 +3,8 @@
 The rollout side (generation, rewards, evaluation) takes these, not the flat `args`:
 `SamplingSpec` (what goes into SGLang's `sampling_params`, plus the context limit),
 `RewardSpec` (how samples are scored), `PartialRolloutSpec` (what happens to aborted
-requests) and `RolloutSpec` (a rollout step: batch, group size, filters, seeds). An eval
+requests), `AgenticSpec` (multi-turn episodes: environment, turns, budgets) and `RolloutSpec`
+(a rollout step: batch, group size, filters, seeds). An eval
 dataset (`relax.config.eval_config.EvalDataset`, already fully resolved) derives its own
 specs with `RolloutSpec.for_eval` / `RewardSpec.for_eval`: nothing is copied and mutated.
 `args` survives only where user plugins are called with the seed's signatures.
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
 from relax.config.eval_config import EvalDataset
@@ -80,6 +82,41 @@ class PartialRolloutSpec:
     def from_config(cls, r: RolloutConfig) -> PartialRolloutSpec:
         return cls(enabled=r.partial_rollout, max_aborted_count=r.partial_rollout_max_aborted_count,
                    mask_offpolicy=r.mask_offpolicy_in_partial_rollout)
+
+
+@dataclass(frozen=True)
+class AgenticSpec:
+    """A multi-turn episode's rules (relax.engine.agentic; the flags of `AgenticConfig`).
+
+    `env_path` None: no environment configured (a custom generate function may name its own).
+    `true_on_policy`: rescore a finished multi-request sample once, whole (docs/agentic.md).
+    `template_kwargs`: --apply-chat-template-kwargs, also used to render observations."""
+
+    env_path: str | None = None
+    max_turns: int = 5
+    env_timeout: float = 60.0
+    stop: tuple[str, ...] = ()
+    max_tokens: int | None = None
+    turn_reward: str = "final"
+    true_on_policy: bool = False
+    log_trajectories: bool = False
+    template_kwargs: tuple[tuple[str, Any], ...] = ()
+
+    @classmethod
+    def from_values(cls, v: Any) -> AgenticSpec:
+        """From anything with the flags as attributes: the config's groups or the plugin `args`."""
+        return cls(env_path=v.rollout_interaction_env_path, max_turns=v.max_turns, env_timeout=v.env_timeout,
+                   stop=tuple(v.multi_turn_stop or ()), max_tokens=v.multi_turn_max_tokens,
+                   turn_reward=v.turn_reward, true_on_policy=v.true_on_policy_mode,
+                   log_trajectories=v.log_multi_turn,
+                   template_kwargs=tuple(sorted((v.apply_chat_template_kwargs or {}).items())))
+
+    @classmethod
+    def from_config(cls, cfg: RelaxConfig) -> AgenticSpec:
+        flat = {**dataclasses.asdict(cfg.agentic), "true_on_policy_mode": cfg.cluster.true_on_policy_mode,
+                "log_multi_turn": cfg.logging.log_multi_turn,
+                "apply_chat_template_kwargs": cfg.data.apply_chat_template_kwargs}
+        return cls.from_values(SimpleNamespace(**flat))
 
 
 @dataclass(frozen=True)
@@ -183,6 +220,7 @@ class RolloutSpec:
     http_timeout: float = 600.0
     evaluation: bool = False
     partial: PartialRolloutSpec = PartialRolloutSpec()
+    agentic: AgenticSpec = AgenticSpec()
 
     @classmethod
     def from_config(cls, cfg: RelaxConfig) -> RolloutSpec:
@@ -192,7 +230,7 @@ class RolloutSpec:
                    over_sampling_batch_size=r.over_sampling_batch_size,
                    dynamic_filter_path=r.dynamic_sampling_filter_path,
                    custom_generate_path=r.custom_generate_function_path, http_timeout=r.http_timeout,
-                   partial=PartialRolloutSpec.from_config(r))
+                   partial=PartialRolloutSpec.from_config(r), agentic=AgenticSpec.from_config(cfg))
 
     def for_eval(self, d: EvalDataset, num_prompts: int) -> RolloutSpec:
         """The whole dataset in one call: its sampling, group size and generate function; no

@@ -60,6 +60,19 @@ def scalars(metrics: dict[str, Any]) -> dict[str, float]:
     return {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))}
 
 
+TEXT_PREFIX = "text/"  # string entries under this prefix are text for the sinks that show it
+
+
+def texts(metrics: dict[str, Any]) -> dict[str, str]:
+    """The text entries of a metrics dict (`text/<key>`: e.g. --log-multi-turn's trajectories)."""
+    return {k: v for k, v in metrics.items() if k.startswith(TEXT_PREFIX) and isinstance(v, str)}
+
+
+def loggable(metrics: dict[str, Any]) -> dict[str, Any]:
+    """What a row may carry to the sinks: its scalars and its text entries."""
+    return {**scalars(metrics), **texts(metrics)}
+
+
 # ---- the sinks ------------------------------------------------------------------------------
 
 METRICS_LOG = "metrics.jsonl"  # the JSONL sink's file in the run directory
@@ -132,6 +145,11 @@ class TensorBoardSink:
             self.writer.add_scalar(key, value, step)
         self.writer.flush()
 
+    def log_text(self, step: int, entries: dict[str, str]) -> None:
+        for key, value in entries.items():
+            self.writer.add_text(key[len(TEXT_PREFIX):], value, step)
+        self.writer.flush()
+
     def close(self) -> None:
         self.writer.close()
 
@@ -171,6 +189,11 @@ class WandbSink:
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         self.run.log({**metrics, "step": step})
+
+    def log_text(self, step: int, entries: dict[str, str]) -> None:
+        import wandb
+
+        self.run.log({**{k: wandb.Html(f"<pre>{v}</pre>") for k, v in entries.items()}, "step": step})
 
     def close(self) -> None:
         self.run.finish()
@@ -225,6 +248,10 @@ class ClearMLSink:
         for key, value in metrics.items():
             title, series = split_key(key)
             self.logger.report_scalar(title, series, value, iteration=step)
+
+    def log_text(self, step: int, entries: dict[str, str]) -> None:
+        for key, value in entries.items():
+            self.logger.report_text(f"{key} (step {step})\n{value}", print_console=False)
 
     def close(self) -> None:
         self.task.close()
@@ -281,8 +308,9 @@ class BackgroundSink:
         self.thread = threading.Thread(target=self._run, args=(factory,), daemon=True, name=f"metrics-{name}")
         self.thread.start()
 
-    def log(self, step: int, metrics: dict[str, float]) -> bool:
-        """Queue a row for the sink; False when it was dropped (sink full or turned off)."""
+    def log(self, step: int, metrics: dict[str, Any], method: str = "log") -> bool:
+        """Queue a row for the sink's `method` (`log`, or `log_text` for text entries, skipped by a
+        sink without it); False when it was dropped (sink full or turned off)."""
         if self.failed:
             return False
         if self.queue.qsize() >= self.max_rows:
@@ -291,7 +319,7 @@ class BackgroundSink:
                 logger.warning("metrics sink %s is %d rows behind: %d rows dropped for it so far (training "
                                "is not held up)", self.name, self.max_rows, self.dropped)
             return False
-        self.queue.put((step, metrics))
+        self.queue.put((method, step, metrics))
         return True
 
     def _run(self, factory: Callable[[], Sink]) -> None:
@@ -301,8 +329,10 @@ class BackgroundSink:
             self._fail("could not start", exc)
             return
         while (item := self.queue.get()) is not _STOP:
+            method, step, row = item
             try:
-                sink.log(*item)
+                if hasattr(sink, method):
+                    getattr(sink, method)(step, row)
             except Exception as exc:  # noqa: BLE001 - a broken sink is turned off, the run goes on
                 self._fail("failed", exc)
                 break
@@ -345,9 +375,12 @@ class MetricsFanout:
         self.sinks = [BackgroundSink(n, lambda n=n: registry[n](cfg), cfg.queue_rows) for n in names]
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
-        row = scalars(metrics)
+        """A row's scalars to every sink, and its text entries (`text/...`) to those that show text."""
+        row, text = scalars(metrics), texts(metrics)
         for sink in self.sinks:
             sink.log(step, row)
+            if text:
+                sink.log(step, text, method="log_text")
 
     def close(self, timeout_s: float = CLOSE_TIMEOUT_S) -> None:
         """Close every sink at once (each writes its backlog), all within `timeout_s`."""

@@ -66,6 +66,23 @@ def load_plugin(path: str, *, flag: str, positional: int, keywords: tuple[str, .
     return fn
 
 
+def load_factory(path: str, *, attr: str, flag: str, keywords: tuple[str, ...], expected: str) -> Any:
+    """`path` names a module exposing `attr` (the seeds' `rollout_interaction_env_path: pkg.env_mod` ->
+    `pkg.env_mod.build_env`) or the callable itself; imported and checked to take `keywords`."""
+    try:
+        obj = importlib.import_module(path)
+    except ImportError:
+        obj = None
+    if obj is None:
+        fn = import_object(path, flag=flag)
+    elif not hasattr(obj, attr):
+        raise PluginError(f"{flag}: module {path!r} has no {attr}(); expected {expected}")
+    else:
+        fn = getattr(obj, attr)
+    check_signature(fn, flag=flag, positional=0, keywords=keywords, expected=expected)
+    return fn
+
+
 def accepts_keyword(fn: Callable[..., Any], name: str) -> bool:
     """True when `fn` takes a parameter `name` (or **kwargs): used for optional plugin args."""
     try:

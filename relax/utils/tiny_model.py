@@ -34,12 +34,54 @@ CHATML_TEMPLATE = (
 )
 
 
-def train_chatml_tokenizer(texts: Iterable[str], *, vocab_size: int = 512) -> "PreTrainedTokenizerFast":
+# Qwen2.5's chat template, as its tokenizer_config.json ships it: tools listed in the system turn,
+# assistant tool calls as `<tool_call>\n{"name": ..., "arguments": ...}\n</tool_call>`, and tool results
+# (role "tool") as `<tool_response>` blocks inside a user turn. The agentic examples and tests use it
+# (`train_chatml_tokenizer(..., tool_template=True)`), with the tool tags as added (not special) tokens,
+# as in Qwen's vocabulary.
+QWEN_TOOL_TEMPLATE = (
+    "{%- if tools %}{{- '<|im_start|>system\\n' }}{%- if messages[0]['role'] == 'system' %}"
+    "{{- messages[0]['content'] }}{%- else %}"
+    "{{- 'You are Qwen, created by Alibaba Cloud. You are a helpful assistant.' }}{%- endif %}"
+    "{{- \"\\n\\n# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\\n<tools>\" }}"
+    "{%- for tool in tools %}{{- \"\\n\" }}{{- tool | tojson }}{%- endfor %}"
+    "{{- \"\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments "
+    "within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{\\\"name\\\": <function-name>, "
+    "\\\"arguments\\\": <args-json-object>}\\n</tool_call><|im_end|>\\n\" }}"
+    "{%- else %}{%- if messages[0]['role'] == 'system' %}"
+    "{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}{%- else %}"
+    "{{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\\n' }}"
+    "{%- endif %}{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if (message.role == \"user\") or (message.role == \"system\" and not loop.first) or "
+    "(message.role == \"assistant\" and not message.tool_calls) %}"
+    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}"
+    "{%- elif message.role == \"assistant\" %}{{- '<|im_start|>' + message.role }}"
+    "{%- if message.content %}{{- '\\n' + message.content }}{%- endif %}"
+    "{%- for tool_call in message.tool_calls %}{%- if tool_call.function is defined %}"
+    "{%- set tool_call = tool_call.function %}{%- endif %}"
+    "{{- '\\n<tool_call>\\n{\"name\": \"' }}{{- tool_call.name }}{{- '\", \"arguments\": ' }}"
+    "{{- tool_call.arguments | tojson }}{{- '}\\n</tool_call>' }}{%- endfor %}{{- '<|im_end|>\\n' }}"
+    "{%- elif message.role == \"tool\" %}"
+    "{%- if (loop.index0 == 0) or (messages[loop.index0 - 1].role != \"tool\") %}{{- '<|im_start|>user' }}"
+    "{%- endif %}{{- '\\n<tool_response>\\n' }}{{- message.content }}{{- '\\n</tool_response>' }}"
+    "{%- if loop.last or (messages[loop.index0 + 1].role != \"tool\") %}{{- '<|im_end|>\\n' }}{%- endif %}"
+    "{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+TOOL_TAGS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
+
+
+def train_chatml_tokenizer(texts: Iterable[str], *, vocab_size: int = 512,
+                           tool_template: bool = False) -> "PreTrainedTokenizerFast":
     """Train a byte-level BPE tokenizer with ChatML special tokens on `texts`.
 
     Digits are always split into single-digit tokens (as Qwen does), so numbers never merge
     into opaque multi-digit tokens. Any byte string round-trips through encode/decode because
     the 256 byte symbols are in the initial alphabet. `vocab_size` must leave room for them.
+    `tool_template`: Qwen2.5's chat template with tool calls (`QWEN_TOOL_TEMPLATE`) and the tool
+    tags as added tokens, instead of the plain ChatML template.
     """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
@@ -67,7 +109,9 @@ def train_chatml_tokenizer(texts: Iterable[str], *, vocab_size: int = 512) -> "P
         clean_up_tokenization_spaces=False,
         model_max_length=256,
     )
-    hf_tok.chat_template = CHATML_TEMPLATE
+    hf_tok.chat_template = QWEN_TOOL_TEMPLATE if tool_template else CHATML_TEMPLATE
+    if tool_template:
+        hf_tok.add_tokens(list(TOOL_TAGS))
     return hf_tok
 
 

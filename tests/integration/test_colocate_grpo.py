@@ -66,14 +66,22 @@ def _check_colocate_timeline(path) -> None:
 
 
 def test_custom_multiturn_generate_trains_with_masked_observations(plugin_run):
+    """The built-in multi-turn rollout with an environment, through the plugin path (the seeds'
+    copied rollout.py, tests/integration/multiturn_generate.py), for training and eval alike."""
     rows = [r for r in read_metrics(plugin_run) if "train/pg_loss" in r]
     assert len(rows) == 3 and all(r["train/passes"] == 2.0 for r in rows)
     check_trained(rows, single_pass=False)  # reinforce_plus_plus (test_estimators)
-    # two model turns of <= 4 tokens plus the observation tokens
-    assert all(r["rollout/response_len_mean"] > 4 for r in rows)
-    # masked observation tokens carry log-prob 0 from the plugin and are excluded from the
-    # mismatch metric: the recomputed log-probs still match the engine's on trained tokens
+    # every episode: model turn, tool observation, model turn, then the environment is done
+    assert all(r["rollout/multi_turn/turns_mean"] == 2.0 and r["rollout/termination/env_done"] == 1.0
+               and r["rollout/multi_turn/tool_calls_per_sample"] == 1.0 and r["rollout/multi_turn/env_errors"] == 0
+               for r in rows)
+    # two short model turns and the observation's ids (its template delimiters included)
+    assert all(r["rollout/response_len_mean"] > 8 for r in rows)
+    # masked observation tokens carry log-prob 0 and are excluded from the mismatch metric: the
+    # recomputed log-probs still match the engine's on the trained (model) tokens
     assert all(r["train/train_rollout_logprob_abs_diff_max"] < 1e-3 for r in rows)
+    evals = [r for r in read_metrics(plugin_run) if "eval/tiny/multi_turn/turns_mean" in r]
+    assert len(evals) == 1 and evals[0]["eval/tiny/termination/env_done"] == 1.0
 
 
 def test_dynamic_sampling_drops_constant_groups_and_fills_the_batch(plugin_run):

@@ -12,13 +12,15 @@ and no other module re-derives them. The checks live by what they judge:
 - `algorithm`: KL reference, critic, OPD teacher, GenRM judge;
 - `inputs`: the model, data and eval files, context limits, prefetching, multimodal keys;
 - `backends` (+ `megatron`): backend resolution and each backend's flags, true-on-policy mode;
-- `plugins`, `outputs` (run directory, notifications, metrics sinks), `fault`.
+- `plugins`, `agentic` (the environment module, multi-turn flags), `outputs` (run directory,
+  notifications, metrics sinks), `fault`.
 """
 
 from __future__ import annotations
 
 from typing import Callable
 
+from relax.config.checks.agentic import check_agentic
 from relax.config.checks.algorithm import check_algorithm, check_genrm
 from relax.config.checks.backends import EngineCheck, check_backends, check_ref_actor_config, check_true_on_policy
 from relax.config.checks.fault import check_fault_flags
@@ -38,9 +40,9 @@ Check = Callable[[RelaxConfig], "RelaxConfig | None"]
 # In order: a check may rely on what the ones before derived (the mode, the resource, the batch).
 CHECKS: tuple[Check, ...] = (
     check_unsupported, check_ranges, check_mode, check_partial_rollout, check_debug, check_external, check_resource,
-    check_batches, check_algorithm, check_paths, check_eval, check_context, check_prefetch, check_genrm,
-    check_ref_actor_config, check_multimodal, check_true_on_policy, check_backends, check_plugins, check_exp_dir,
-    check_notify, check_metrics_sinks, check_fault_flags,
+    check_batches, check_algorithm, check_paths, check_agentic, check_eval, check_context, check_prefetch,
+    check_genrm, check_ref_actor_config, check_multimodal, check_true_on_policy, check_backends, check_plugins,
+    check_exp_dir, check_notify, check_metrics_sinks, check_fault_flags,
 )
 
 

@@ -10,8 +10,11 @@ partial-rollout counts, the fully-async group sink). User plugins (custom genera
 dynamic-sampling filters) are called with the seed's signatures and the run's plugin `args`.
 
 The default per-sample generate speaks SGLang's `/generate` protocol, so it runs unchanged
-against SGLang or the `hf` engine. With `--partial-rollout`, a sample a weight update aborted
-is resubmitted until it completes, continuing from its partial response (`partial_rollout.py`).
+against SGLang or the `hf` engine. With an environment (`--rollout-interaction-env-path`) and no
+custom generate function, the built-in multi-turn rollout generates instead
+(`relax.engine.agentic`), and step rewards join the score by `--turn-reward`. With
+`--partial-rollout`, a sample a weight update aborted is resubmitted until it completes,
+continuing from its partial response (`partial_rollout.py`).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from relax.engine.agentic.records import add_turn_rewards
 from relax.engine.filters.dynamic_sampling_filters import as_filter_output
 from relax.engine.rollout.partial_rollout import is_resuming, resume_request, resume_until_done
 from relax.engine.rollout.prompt_encoding import PromptEncoder
@@ -142,10 +146,19 @@ class Generator:
         self.rewards, self.args = rewards, plugin_args
         self.custom_generate = load_plugin(spec.custom_generate_path, flag="--custom-generate-function-path",
                                            positional=3, expected=GENERATE_SIGNATURE) \
-            if spec.custom_generate_path else None
+            if spec.custom_generate_path else self._multi_turn_generate()
         self.dynamic_filter = load_plugin(spec.dynamic_filter_path, flag="--dynamic-sampling-filter-path",
                                           positional=2, expected="filter(args, samples, **kwargs) -> bool | "
                                           "DynamicFilterOutput") if spec.dynamic_filter_path else None
+
+    def _multi_turn_generate(self) -> Any:
+        """With an environment (--rollout-interaction-env-path) and no custom generate function, the
+        built-in multi-turn rollout generates (relax.engine.agentic); None: the default single turn."""
+        if not self.spec.agentic.env_path:
+            return None
+        from relax.engine.agentic.rollout import default_generate  # it builds on this module
+
+        return default_generate(self)
 
     def derive(self, spec: RolloutSpec, rewards: Any = None, plugin_args: Any = None) -> Generator:
         """A generator for other settings (an eval dataset) on the same tokenizer and router."""
@@ -231,6 +244,7 @@ class Generator:
         else:
             group = list(await asyncio.gather(*(self.generate_one(step, s) for s in group)))
         await self.rewards.score(group)
+        add_turn_rewards(group, self.spec.agentic.turn_reward, getattr(self.rewards, "reward_key", None))
         return group
 
     def keep_group(self, step: StepState, group: list[Sample]) -> bool:

@@ -206,14 +206,15 @@ def add_system_prompt(prompt: str | list[dict], system_prompt: str | None) -> st
 
 
 def flatten_media_parts(messages: list[dict]) -> list[dict]:
-    """Messages whose typed media parts (`{"type": "image", ...}`) are their placeholders again, in
-    string contents: any chat template renders them, and the model's processor expands each
-    placeholder to its media tokens afterwards (`relax.utils.multimodal.processor`)."""
+    """Messages whose typed parts (`{"type": "image", ...}`, `{"type": "text", ...}`) are string
+    contents again, media parts as their placeholders: any chat template renders them (a text-only
+    one too, e.g. a system message the placeholder split turned into text parts), and the model's
+    processor expands each placeholder to its media tokens afterwards (`relax.utils.multimodal.processor`)."""
     out = []
     for message in messages:
         content = message.get("content")
-        if isinstance(content, list) and any(isinstance(p, dict) and p.get("type") in MULTIMODAL_PLACEHOLDERS
-                                             for p in content):
+        parts = [p.get("type") if isinstance(p, dict) else None for p in content] if isinstance(content, list) else []
+        if parts and (any(t in MULTIMODAL_PLACEHOLDERS for t in parts) or all(t == "text" for t in parts)):
             text = "".join(MULTIMODAL_PLACEHOLDERS[p["type"]] if p.get("type") in MULTIMODAL_PLACEHOLDERS
                            else str(p.get("text", "")) for p in content if isinstance(p, dict))
             message = {**message, "content": text}

@@ -258,3 +258,34 @@ def test_wandb_and_clearml_go_offline_without_credentials_and_follow_their_mode_
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("CLEARML_OFFLINE_MODE", "1")
     assert wandb_mode() == "offline" and clearml_offline()
+
+
+class TextSink:
+    """Records what reaches it; shows text (`log_text`)."""
+
+    seen: list = []
+
+    def __init__(self, cfg):
+        pass
+
+    def log(self, step, metrics):
+        TextSink.seen.append(("log", step, metrics))
+
+    def log_text(self, step, entries):
+        TextSink.seen.append(("text", step, entries))
+
+    def close(self):
+        pass
+
+
+def test_text_entries_reach_the_sinks_that_show_text_and_no_others(tmp_path):
+    TextSink.seen = []
+    fanout = MetricsFanout(SinkConfig(str(tmp_path)), ["text", "jsonl"], registry={"text": TextSink,
+                                                                                   "jsonl": JsonlSink})
+    fanout.log(3, {"rollout/reward_mean": 0.5, "text/rollout/multi_turn/trajectories": "turn 1 ...",
+                   "export/hf_path": "/ckpt/hf"})
+    fanout.close()
+    assert TextSink.seen == [("log", 3, {"rollout/reward_mean": 0.5}),
+                             ("text", 3, {"text/rollout/multi_turn/trajectories": "turn 1 ..."})]
+    assert jsonl_rows(tmp_path) == [{"step": 3, "rollout/reward_mean": 0.5}]  # the JSONL log stays numeric
+    assert not any(s.failed for s in fanout.sinks)

@@ -181,3 +181,19 @@ def test_structured_multimodal_parts_count_as_placed_items(tmp_path):
     sample = PromptDataset(str(path), input_key="prompt", multimodal_keys={"image": "imgs"})[0]
     assert sample.prompt[0]["content"] == content
     assert sample.multimodal_inputs == {"image": ["a.png"]}
+
+
+def test_a_multimodal_row_with_a_system_message_renders_through_a_string_template(tmp_path, tokenizer):
+    """The placeholder split turns every message into typed parts, the system message too; templates
+    that concatenate strings (Qwen2.5's) get them back as strings, media parts as placeholders."""
+    import copy
+
+    strict = copy.deepcopy(tokenizer)
+    strict.chat_template = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + "
+                            "'<|im_end|>\\n' }}{% endfor %}{{ '<|im_start|>assistant\\n' }}")
+    rows = [{"prompt": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "<image>what is"}],
+             "imgs": ["a.png"]}]
+    sample = PromptDataset(str(write_jsonl(tmp_path / "d.jsonl", rows)), strict, input_key="prompt",
+                           multimodal_keys={"image": "imgs"}, apply_chat_template=True)[0]
+    assert sample.prompt == ("<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\n<image>what is<|im_end|>\n"
+                             "<|im_start|>assistant\n")

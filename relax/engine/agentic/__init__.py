@@ -1,0 +1,28 @@
+"""Agentic (multi-turn) rollouts: an environment per sample, model turns and observations in one
+token sequence, termination, per-turn rewards and trajectory logs (docs/agentic.md).
+
+- `env`: `BaseInteractionEnv` (reset / step / format_observation / close), loading `build_env`,
+  calling an environment safely (timeouts, failures become a sample's status);
+- `observation`: observation -> ids through the chat template's own turn delimiters;
+- `episode`: the turn loop and its terminations;
+- `rollout`: the generate function (`generate`, `multi_turn_generate`) and the true on-policy
+  rescoring;
+- `records`: per-step metrics, reward combination and the trajectory log.
+"""
+
+from typing import Any
+
+from relax.engine.agentic.env import BaseInteractionEnv, EnvFailure, Observation
+from relax.engine.agentic.episode import TERMINATIONS
+
+__all__ = ["TERMINATIONS", "BaseInteractionEnv", "EnvFailure", "Observation", "generate", "multi_turn_generate"]
+
+
+def __getattr__(name: str) -> Any:
+    """`generate` / `multi_turn_generate` on first use: the rollout module builds on the generator,
+    which imports this package (`records`)."""
+    if name in ("generate", "multi_turn_generate"):
+        from relax.engine.agentic import rollout
+
+        return getattr(rollout, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
