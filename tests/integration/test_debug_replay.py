@@ -1,6 +1,6 @@
 """Debug modes: a saved rollout replays into training bit for bit (no engines started), the
-per-step details and training batches are dumped, and a rollout-only run generates without
-training. The rollout replayed is the session's reference run's."""
+per-step details and training batches are dumped. The rollout replayed is the session's reference
+run's. (The rollout-only mode runs with test_genrm_and_eval.py's eval-config run.)"""
 
 from __future__ import annotations
 
@@ -33,9 +33,3 @@ def test_details_and_training_batches_are_dumped_per_step(reference_run):
     assert train["rollout_id"] == 1 and len(train["advantages"]) == 16 and len(train["old_log_probs"]) == 16
     assert (reference_run / "details" / "train" / "1.pt").exists()
 
-
-def test_rollout_only_generates_without_training(ray_cluster, tiny_setup, tmp_path):
-    run(reference_args(tiny_setup, tmp_path, num_rollout=2) + ["--debug-rollout-only"])
-    rows = step_rows(tmp_path)
-    assert len(rows) == 2 and all("rollout/reward_mean" in r and "train/pg_loss" not in r for r in rows)
-    assert [r["rollout/weight_version_min"] for r in rows] == [0.0, 0.0]  # engines kept their weights

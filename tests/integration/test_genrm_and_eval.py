@@ -86,6 +86,8 @@ def test_genrm_judges_training_and_eval_samples_and_leaves_no_engine(ray_cluster
 
 
 def test_eval_config_overrides_eval_function_reward_key_and_context(ray_cluster, tiny_setup, tmp_path):
+    """Also the rollout-only run (--debug-rollout-only, two steps): the rollout and its evals run, nothing
+    trains, and the engines keep their weights (one run for both; the suite's time budget)."""
     root = tiny_setup
     prompt_lens = tight_prompt_lengths(root)
     limit = max(prompt_lens) + 2  # every prompt fits, with room for 2 to ~8 response tokens
@@ -110,15 +112,19 @@ eval:
     run_relax(common_args(root, tmp_path) + [
         "--custom-rm-path", "tests.integration.eval_helpers.dict_reward", "--reward-key", "score",
         "--eval-reward-key", "acc", "--eval-config", str(config), "--custom-config-path", str(custom),
-        "--eval-function-path", "tests.integration.eval_helpers.eval_rollout", "--rollout-max-context-len", "128"])
-    (step,) = step_rows(tmp_path)
-    assert step["rollout/reward_mean"] < 1.0  # training uses `score`, the digit share
-    last = [r for r in read_metrics(tmp_path) if "eval/wide/reward_mean" in r][-1]
+        "--eval-function-path", "tests.integration.eval_helpers.eval_rollout", "--rollout-max-context-len", "128",
+        "--num-rollout", "2", "--debug-rollout-only"])
+    rows = step_rows(tmp_path)
+    assert len(rows) == 2 and all("rollout/reward_mean" in r and "train/pg_loss" not in r for r in rows)
+    assert [r["rollout/weight_version_min"] for r in rows] == [0.0, 0.0]  # rollout only: engines kept their weights
+    assert all(r["rollout/reward_mean"] < 1.0 for r in rows)  # the rollout uses `score`, the digit share
+    evals = [r for r in read_metrics(tmp_path) if "eval/wide/reward_mean" in r]
+    last = evals[-1]
     assert last["eval/wide/reward_mean"] == 1.0 and last["eval/tight/reward_mean"] == 1.0  # `acc`
     assert last["eval/wide/num_samples"] == 24.0 and last["eval/tight/num_samples"] == 16.0
     assert last["eval/wide/response_len_mean"] <= 3.0
     calls = [json.loads(line) for line in probe.read_text().splitlines()]
-    assert calls == [
+    assert calls == len(evals) * [
         {"evaluation": True, "n": 3, "prompts": 8, "max_response_len": 3, "max_context_len": 128},
         {"evaluation": True, "n": 2, "prompts": 8, "max_response_len": 8, "max_context_len": limit},
     ]
