@@ -131,6 +131,26 @@ def prepare(out_dir: str, settings: Any, task: Task, *, force: bool = False) -> 
     train_enc = encode_rows(processor, train_rows, task, correct_frac=settings.sft_correct_frac, seed=settings.seed)
     val_enc = encode_rows(processor, val_rows, task)
 
+    losses, checks = sft(model, train_enc, val_enc, pad, settings)
+    model.eval()
+    eval_acc = expected_accuracy(model, encode_rows(processor, eval_rows, task), pad)
+    model.save_pretrained(model_dir)
+    summary = {"settings": asdict(settings), "params": sum(p.numel() for p in model.parameters()),
+               "sft_steps_run": len(losses), "sft_checks": checks, "sft_final_loss": losses[-1],
+               "eval_expected_accuracy": eval_acc, "total_seconds": round(time.perf_counter() - start, 1)}
+    with open(record, "w", encoding="utf-8") as f:
+        json.dump(summary, f, indent=2)
+    torch.set_num_threads(threads)
+    return {**summary, "skipped": False}
+
+
+def sft(model: Any, train_enc: list[Any], val_enc: list[Any], pad: int, settings: Any
+        ) -> tuple[list[float], list[dict[str, Any]]]:
+    """The warm start: AdamW on the demonstrations' response tokens for `sft_steps`, stopping early
+    once the validation rows' expected accuracy (checked every `sft_check_every` steps) reaches
+    `sft_stop_at`. Returns the losses and the checks."""
+    import torch
+
     rng = random.Random(settings.seed)
     torch.manual_seed(settings.seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=settings.sft_lr, weight_decay=0.0)
@@ -151,13 +171,4 @@ def prepare(out_dir: str, settings: Any, task: Task, *, force: bool = False) -> 
             checks.append({"step": step, "expected_accuracy": acc})
             if acc >= settings.sft_stop_at:
                 break
-    model.eval()
-    eval_acc = expected_accuracy(model, encode_rows(processor, eval_rows, task), pad)
-    model.save_pretrained(model_dir)
-    summary = {"settings": asdict(settings), "params": sum(p.numel() for p in model.parameters()),
-               "sft_steps_run": len(losses), "sft_checks": checks, "sft_final_loss": losses[-1],
-               "eval_expected_accuracy": eval_acc, "total_seconds": round(time.perf_counter() - start, 1)}
-    with open(record, "w", encoding="utf-8") as f:
-        json.dump(summary, f, indent=2)
-    torch.set_num_threads(threads)
-    return {**summary, "skipped": False}
+    return losses, checks
