@@ -4,12 +4,18 @@ Rollout writes one row per sample (key = the sample's global index); downstream 
 columns to the same rows (`ref_log_probs`, `advantages`, ...); the Actor reads what it needs
 and clears the partition after training, which is also the back-pressure. Variable-length
 columns travel as jagged nested tensors and come back as lists of 1-D tensors.
+
+The `transfer_queue` package is imported on first use (`_package`), without the torch.compile
+marks its dependency tensordict sets when imported: those import torch._dynamo, about 1.1 s of
+CPU in every role replica that touches the data plane (most of a run's start on a small machine),
+for compilation nothing here does.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import sys
 import time
 from typing import Any, Awaitable, Callable, Sequence
 
@@ -37,6 +43,25 @@ ROLLOUT_COLUMNS: dict[str, tuple[torch.dtype, bool]] = {
     "truncated": (torch.int64, False),
 }
 MEDIA_COLUMN = ("multimodal_train_inputs", torch.uint8)  # rows' encoder tensors (multimodal runs only)
+
+
+def _package() -> Any:
+    """The `transfer_queue` package (module doc). tensordict marks functions for torch.compile at
+    import (`torch.compiler.allow_in_graph`, `assume_constant_result`), each importing torch._dynamo;
+    for that import they leave the functions as they are (compiled later, they would graph-break).
+    A process that has torch._dynamo already (a trainer rank, an engine) imports it as it is."""
+    if "transfer_queue" not in sys.modules and "torch._dynamo" not in sys.modules:
+        import torch.compiler
+
+        marks = torch.compiler.allow_in_graph, torch.compiler.assume_constant_result
+        torch.compiler.allow_in_graph = torch.compiler.assume_constant_result = lambda fn: fn
+        try:
+            import transfer_queue
+        finally:
+            torch.compiler.allow_in_graph, torch.compiler.assume_constant_result = marks
+    import transfer_queue
+
+    return transfer_queue
 
 
 
@@ -74,7 +99,7 @@ def init_data_system(num_storage_units: int = 1) -> bool:
 
     Polling mode: a consumer asking for more ready rows than exist gets an empty answer at
     once instead of blocking the controller (streaming consumers poll)."""
-    import transfer_queue as tq
+    tq = _package()
     from omegaconf import OmegaConf
 
     if running():
@@ -102,7 +127,7 @@ def wait_for_controller(starting: Any, timeout_s: float = 120.0) -> None:
 
 def clear_run() -> None:
     """Drop every row this run left in a shared data system (a run stopped mid-step leaves some)."""
-    import transfer_queue as tq
+    tq = _package()
 
     for partition, rows in tq.kv_list().items():
         if rows and partition.startswith(_namespace()):
@@ -110,7 +135,7 @@ def clear_run() -> None:
 
 
 def attach() -> None:
-    import transfer_queue as tq
+    tq = _package()
 
     tq.init()
 
@@ -132,7 +157,7 @@ def start_replica() -> None:
 
 
 def close_data_system() -> None:
-    import transfer_queue as tq
+    tq = _package()
 
     tq.close()
 
@@ -224,7 +249,7 @@ def train_data_to_columns(data: Any, samples: Sequence[Sample], reward_values: S
 
 async def put_columns(step: int, keys: Sequence[str], columns: dict[str, torch.Tensor]) -> None:
     """Write `columns` for rows `keys` (new rows, or new columns on existing rows)."""
-    import transfer_queue as tq
+    tq = _package()
     from tensordict import TensorDict
 
     await tq.async_kv_batch_put(keys=list(keys), partition_id=partition_id(step),
@@ -254,7 +279,7 @@ async def put_samples(step: int, samples: Sequence[Sample], reward_values: Seque
 
 
 async def list_keys(step: int) -> list[str]:
-    import transfer_queue as tq
+    tq = _package()
 
     listing = await tq.async_kv_list(partition_id=partition_id(step))
     return sorted(listing.get(partition_id(step), {}), key=int)
@@ -268,7 +293,7 @@ def _unpack(value: torch.Tensor) -> Any:
 
 async def get_columns(step: int, keys: Sequence[str], fields: Sequence[str]) -> dict[str, Any]:
     """Columns for `keys` in key order: sequences as lists of 1-D tensors, scalars as a tensor."""
-    import transfer_queue as tq
+    tq = _package()
 
     data = await tq.async_kv_batch_get(keys=list(keys), partition_id=partition_id(step), select_fields=list(fields))
     return {name: _unpack(data[name]) for name in fields}
@@ -279,7 +304,7 @@ async def fetch_ready(step: int, fields: Sequence[str], task: str, chunk: int) -
     not fetched yet, in chunks of `chunk` rows (fewer ready rows than `chunk` -> none of them).
     Returns (keys, columns); each row is handed to a task once. Keys are sample indices, as
     `put_samples` wrote them."""
-    import transfer_queue as tq
+    tq = _package()
 
     client = tq.get_client()
     keys: list[str] = []
@@ -328,7 +353,7 @@ async def stream_step(step: int, *, task: str, chunk: int, fields: Sequence[str]
 
 async def mark_step_done(step: int, num_rows: int) -> None:
     """Rollout has written every row of `step` (consumers compare this count with theirs)."""
-    import transfer_queue as tq
+    tq = _package()
     from tensordict import TensorDict
 
     await tq.async_kv_batch_put(keys=[str(step)], partition_id=steps_partition(),
@@ -337,7 +362,7 @@ async def mark_step_done(step: int, num_rows: int) -> None:
 
 async def step_rows(step: int) -> int | None:
     """Rows written for `step` once Rollout marked it done, else None."""
-    import transfer_queue as tq
+    tq = _package()
 
     partition = steps_partition()
     listing = (await tq.async_kv_list(partition_id=partition)).get(partition, {})
@@ -351,7 +376,7 @@ async def step_rows(step: int) -> int | None:
 
 
 async def clear(step: int) -> None:
-    import transfer_queue as tq
+    tq = _package()
 
     keys = await list_keys(step)
     if keys:
@@ -362,7 +387,7 @@ async def clear(step: int) -> None:
 
 async def live_steps() -> list[int]:
     """Steps whose partition still holds rows (generated, not yet trained and cleared)."""
-    import transfer_queue as tq
+    tq = _package()
 
     listing = await tq.async_kv_list()
     prefix = partition_id(0)[:-1]
