@@ -18,10 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
 from relax.config.fields import opt, parse_bool, parse_bytes, parse_json
-
-# Why a flag is accepted with no effect (`opt(ignored=...)`): under --train-backend megatron each
-# of these acts or is an error (relax.config.checks.megatron.check_megatron, docs/backends/megatron.md).
-MEGATRON_ONLY = "applies to the megatron training backend (docs/backends/megatron.md); the fsdp backend ignores it"
+from relax.config.megatron_arch import MEGATRON_ONLY, MegatronArchConfig
 
 TrainBackend = Literal["megatron", "fsdp", "auto"]
 RolloutBackend = Literal["sglang", "hf", "auto"]
@@ -241,6 +238,22 @@ class AgenticConfig:
                                                "join the reward function's score: final = the score alone (step "
                                                "rewards are recorded in metadata['turn_rewards']); sum = score + "
                                                "the sum of step rewards.")
+    agent_function_path: str | None = opt(
+        None, "A black-box agent: async def run_episode(base_url, api_key, sample, **kwargs), written against an "
+        "OpenAI client. Set, every sample's episode runs it against the rollout's agent gateway, which records "
+        "each call's token ids, log-probs and weight version (docs/agents.md). Excludes "
+        "--custom-generate-function-path and --rollout-interaction-env-path.")
+    agent_timeout: float = opt(300.0, "Seconds one black-box agent episode may take; an episode that times out (or "
+                               "whose agent raises) ends its sample (status failed, termination agent_timeout or "
+                               "agent_error, its tokens not trained on), never the run.")
+    agent_gateway_host: str = opt("127.0.0.1", "Address the agent gateway binds (an OpenAI-compatible server in "
+                                  "the Rollout process, on a free port). Loopback by default: an agent elsewhere "
+                                  "needs this set, and each session's key is its only guard then.")
+    agent_tools_in_prompt: bool = opt(True, "Render a request's `tools` into the prompt through the chat template "
+                                      "(what any OpenAI server does). false: the tools are only declared (their "
+                                      "calls are still parsed into tool_calls) and the prompt is the messages "
+                                      "alone, for a policy trained to know its tools from its system message "
+                                      "(docs/agents.md).", type=parse_bool)
 
 
 @dataclass(frozen=True)
@@ -498,45 +511,6 @@ class MiscConfig:
     exp_dir: str | None = opt(None, "Run output directory (default ./outputs/<timestamp>).")
     dry_run: bool = opt(False, "Print the run plan (mode, roles with their resources and placement, which role "
                                "writes and reads each data column, weight-sync receivers) and exit before Ray starts.")
-
-
-@dataclass(frozen=True)
-class MegatronArchConfig:
-    """Megatron architecture flags from `scripts/models/*.sh`. With the fsdp backend the HF
-    config is the source of truth; a value that contradicts it is an error."""
-
-    num_layers: int | None = opt(None, "Transformer layers (megatron).", ignored=MEGATRON_ONLY)
-    hidden_size: int | None = opt(None, "Hidden size (megatron).", ignored=MEGATRON_ONLY)
-    ffn_hidden_size: int | None = opt(None, "FFN hidden size (megatron).", ignored=MEGATRON_ONLY)
-    num_attention_heads: int | None = opt(None, "Attention heads (megatron).", ignored=MEGATRON_ONLY)
-    group_query_attention: bool = opt(False, "GQA (megatron).", ignored=MEGATRON_ONLY)
-    num_query_groups: int | None = opt(None, "KV heads (megatron).", ignored=MEGATRON_ONLY)
-    kv_channels: int | None = opt(None, "Head dim (megatron).", ignored=MEGATRON_ONLY)
-    vocab_size: int | None = opt(None, "Vocab size (megatron).", ignored=MEGATRON_ONLY)
-    make_vocab_size_divisible_by: int = opt(
-        128, "Megatron pads the vocabulary of its embedding and output layer to a multiple of this times "
-        "--tensor-model-parallel-size (any tokenizer then splits over the tensor-parallel ranks); the padded rows "
-        "are never sampled or trained, and pushed and exported weights carry the checkpoint's vocabulary.",
-        ignored=MEGATRON_ONLY)
-    swiglu: bool = opt(False, "SwiGLU (megatron).", ignored=MEGATRON_ONLY)
-    use_rotary_position_embeddings: bool = opt(False, "RoPE (megatron).", ignored=MEGATRON_ONLY)
-    disable_bias_linear: bool = opt(False, "No linear bias (megatron).", ignored=MEGATRON_ONLY)
-    normalization: str | None = opt(None, "Norm type (megatron).", ignored=MEGATRON_ONLY)
-    norm_epsilon: float | None = opt(None, "Norm epsilon (megatron).", ignored=MEGATRON_ONLY)
-    rotary_base: float | None = opt(None, "RoPE base (megatron).", ignored=MEGATRON_ONLY)
-    qk_layernorm: bool = opt(False, "QK norm (megatron).", ignored=MEGATRON_ONLY)
-    untie_embeddings_and_output_weights: bool = opt(False, "Untied embeddings (megatron).", ignored=MEGATRON_ONLY)
-    attention_dropout: float | None = opt(None, "Attention dropout (megatron).", ignored=MEGATRON_ONLY)
-    hidden_dropout: float | None = opt(None, "Hidden dropout (megatron).", ignored=MEGATRON_ONLY)
-    accumulate_allreduce_grads_in_fp32: bool = opt(False, "fp32 grad reduce (megatron).", ignored=MEGATRON_ONLY)
-    attention_softmax_in_fp32: bool = opt(False, "fp32 softmax (megatron).", ignored=MEGATRON_ONLY)
-    attention_backend: str | None = opt(None, "Attention backend (megatron).", ignored=MEGATRON_ONLY)
-    num_experts: int | None = opt(None, "MoE experts per layer (megatron; checked against num_experts).",
-                                  ignored=MEGATRON_ONLY)
-    moe_ffn_hidden_size: int | None = opt(None, "Expert FFN size (megatron; checked against moe_intermediate_size).",
-                                          ignored=MEGATRON_ONLY)
-    moe_router_topk: int | None = opt(None, "Experts per token (megatron; checked against num_experts_per_tok).",
-                                      ignored=MEGATRON_ONLY)
 
 
 GROUPS: dict[str, type] = {

@@ -1,0 +1,52 @@
+"""The megatron architecture flags (`scripts/models/*.sh`), one config group of `schema.RelaxConfig`,
+and the reason every megatron-only flag gives when the fsdp backend runs (kept apart from schema.py
+for its size)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from relax.config.fields import opt
+
+# Why a flag is accepted with no effect (`opt(ignored=...)`): under --train-backend megatron each
+# of these acts or is an error (relax.config.checks.megatron.check_megatron, docs/backends/megatron.md).
+MEGATRON_ONLY = "applies to the megatron training backend (docs/backends/megatron.md); the fsdp backend ignores it"
+
+
+@dataclass(frozen=True)
+class MegatronArchConfig:
+    """Megatron architecture flags from `scripts/models/*.sh`. With the fsdp backend the HF
+    config is the source of truth; a value that contradicts it is an error."""
+
+    num_layers: int | None = opt(None, "Transformer layers (megatron).", ignored=MEGATRON_ONLY)
+    hidden_size: int | None = opt(None, "Hidden size (megatron).", ignored=MEGATRON_ONLY)
+    ffn_hidden_size: int | None = opt(None, "FFN hidden size (megatron).", ignored=MEGATRON_ONLY)
+    num_attention_heads: int | None = opt(None, "Attention heads (megatron).", ignored=MEGATRON_ONLY)
+    group_query_attention: bool = opt(False, "GQA (megatron).", ignored=MEGATRON_ONLY)
+    num_query_groups: int | None = opt(None, "KV heads (megatron).", ignored=MEGATRON_ONLY)
+    kv_channels: int | None = opt(None, "Head dim (megatron).", ignored=MEGATRON_ONLY)
+    vocab_size: int | None = opt(None, "Vocab size (megatron).", ignored=MEGATRON_ONLY)
+    make_vocab_size_divisible_by: int = opt(
+        128, "Megatron pads the vocabulary of its embedding and output layer to a multiple of this times "
+        "--tensor-model-parallel-size (any tokenizer then splits over the tensor-parallel ranks); the padded rows "
+        "are never sampled or trained, and pushed and exported weights carry the checkpoint's vocabulary.",
+        ignored=MEGATRON_ONLY)
+    swiglu: bool = opt(False, "SwiGLU (megatron).", ignored=MEGATRON_ONLY)
+    use_rotary_position_embeddings: bool = opt(False, "RoPE (megatron).", ignored=MEGATRON_ONLY)
+    disable_bias_linear: bool = opt(False, "No linear bias (megatron).", ignored=MEGATRON_ONLY)
+    normalization: str | None = opt(None, "Norm type (megatron).", ignored=MEGATRON_ONLY)
+    norm_epsilon: float | None = opt(None, "Norm epsilon (megatron).", ignored=MEGATRON_ONLY)
+    rotary_base: float | None = opt(None, "RoPE base (megatron).", ignored=MEGATRON_ONLY)
+    qk_layernorm: bool = opt(False, "QK norm (megatron).", ignored=MEGATRON_ONLY)
+    untie_embeddings_and_output_weights: bool = opt(False, "Untied embeddings (megatron).", ignored=MEGATRON_ONLY)
+    attention_dropout: float | None = opt(None, "Attention dropout (megatron).", ignored=MEGATRON_ONLY)
+    hidden_dropout: float | None = opt(None, "Hidden dropout (megatron).", ignored=MEGATRON_ONLY)
+    accumulate_allreduce_grads_in_fp32: bool = opt(False, "fp32 grad reduce (megatron).", ignored=MEGATRON_ONLY)
+    attention_softmax_in_fp32: bool = opt(False, "fp32 softmax (megatron).", ignored=MEGATRON_ONLY)
+    attention_backend: str | None = opt(None, "Attention backend (megatron).", ignored=MEGATRON_ONLY)
+    num_experts: int | None = opt(None, "MoE experts per layer (megatron; checked against num_experts).",
+                                  ignored=MEGATRON_ONLY)
+    moe_ffn_hidden_size: int | None = opt(None, "Expert FFN size (megatron; checked against moe_intermediate_size).",
+                                          ignored=MEGATRON_ONLY)
+    moe_router_topk: int | None = opt(None, "Experts per token (megatron; checked against num_experts_per_tok).",
+                                      ignored=MEGATRON_ONLY)
