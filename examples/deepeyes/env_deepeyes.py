@@ -12,7 +12,7 @@ from typing import Any
 
 from examples.deepeyes.base_env import BaseInteractionEnv
 from examples.deepeyes.task import REGIONS, from_data_uri, zoom
-from examples.tiny_agent.env_lookup import parse_call
+from relax.engine.agentic.tool_calls import parse_call
 
 
 class ZoomEnv(BaseInteractionEnv):

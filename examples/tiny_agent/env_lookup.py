@@ -3,30 +3,16 @@
 A model turn with a `<tool_call>` (Qwen's format: a JSON object with "name" and "arguments")
 gets the tool's answer as a "tool" observation; a turn without one is the final answer and ends
 the episode (the math reward judges its \\boxed{}). A malformed call gets an error observation.
+`parse_call` is relax's (relax/engine/agentic/tool_calls.py).
 `--rollout-interaction-env-path examples.tiny_agent.env_lookup`.
 """
 
 from __future__ import annotations
 
-import json
-import re
-from typing import Any
-
 from relax.engine.agentic import BaseInteractionEnv
+from relax.engine.agentic.tool_calls import parse_call
 
-CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)
-
-
-def parse_call(text: str) -> dict[str, Any] | None:
-    """The first tool call in `text` as {"name", "arguments"}, {} when malformed, None when absent."""
-    found = CALL.search(text)
-    if found is None:
-        return None
-    try:
-        call = json.loads(found.group(1))
-    except json.JSONDecodeError:
-        return {}
-    return call if isinstance(call, dict) else {}
+__all__ = ["LookupEnv", "build_env", "parse_call"]
 
 
 class LookupEnv(BaseInteractionEnv):
