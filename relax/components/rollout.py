@@ -229,6 +229,10 @@ class Rollout:
         for _, generator in self._evaluators.values():
             if generator is not None and generator.rewards is not self.rewards:
                 generator.rewards.close()
+        if self.cfg.agentic.agent_function_path:
+            from relax.engine.agentic.gateway import close_gateways
+
+            await close_gateways()
         await close_sessions()
 
     # ---- health (relax.core.health drives these) ------------------------------------------

@@ -336,10 +336,13 @@ def format_plan(plan: RunPlan, cfg: RelaxConfig | None = None) -> str:
 def _generation(cfg: RelaxConfig) -> list[str]:
     """How samples are generated, when it is not the default single turn (docs/agentic.md)."""
     a, custom = cfg.agentic, cfg.rollout.custom_generate_function_path
+    logs = ", trajectories -> <outputs>/multi_turn/" if cfg.logging.log_multi_turn else ""
+    if a.agent_function_path:
+        return [f"generation: black-box agent {a.agent_function_path} via the gateway on {a.agent_gateway_host}, "
+                f"at most {a.agent_timeout:g} s per episode" + logs]
     if a.rollout_interaction_env_path:
         return [f"generation: {'multi-turn rollout' if not custom else custom}, environment "
-                f"{a.rollout_interaction_env_path}, at most {a.max_turns} turns"
-                + (", trajectories -> <outputs>/multi_turn/" if cfg.logging.log_multi_turn else "")]
+                f"{a.rollout_interaction_env_path}, at most {a.max_turns} turns" + logs]
     return [f"generation: {custom}"] if custom else []
 
 

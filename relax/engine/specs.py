@@ -90,7 +90,10 @@ class AgenticSpec:
 
     `env_path` None: no environment configured (a custom generate function may name its own).
     `true_on_policy`: rescore a finished multi-request sample once, whole (docs/agentic.md).
-    `template_kwargs`: --apply-chat-template-kwargs, also used to render observations."""
+    `template_kwargs`: --apply-chat-template-kwargs, also used to render observations.
+    `agent_path`: a black-box agent (--agent-function-path) generates through the gateway on
+    `gateway_host`, each episode within `agent_timeout` seconds; `tools_in_prompt`: requests' tools
+    rendered by the chat template (docs/agents.md)."""
 
     env_path: str | None = None
     max_turns: int = 5
@@ -101,6 +104,10 @@ class AgenticSpec:
     true_on_policy: bool = False
     log_trajectories: bool = False
     template_kwargs: tuple[tuple[str, Any], ...] = ()
+    agent_path: str | None = None
+    agent_timeout: float = 300.0
+    gateway_host: str = "127.0.0.1"
+    tools_in_prompt: bool = True
 
     @classmethod
     def from_values(cls, v: Any) -> AgenticSpec:
@@ -109,7 +116,9 @@ class AgenticSpec:
                    stop=tuple(v.multi_turn_stop or ()), max_tokens=v.multi_turn_max_tokens,
                    turn_reward=v.turn_reward, true_on_policy=v.true_on_policy_mode,
                    log_trajectories=v.log_multi_turn,
-                   template_kwargs=tuple(sorted((v.apply_chat_template_kwargs or {}).items())))
+                   template_kwargs=tuple(sorted((v.apply_chat_template_kwargs or {}).items())),
+                   agent_path=v.agent_function_path, agent_timeout=v.agent_timeout, gateway_host=v.agent_gateway_host,
+                   tools_in_prompt=v.agent_tools_in_prompt)
 
     @classmethod
     def from_config(cls, cfg: RelaxConfig) -> AgenticSpec:

@@ -66,6 +66,15 @@ def load_plugin(path: str, *, flag: str, positional: int, keywords: tuple[str, .
     return fn
 
 
+def load_async_plugin(path: str, *, flag: str, positional: int, keywords: tuple[str, ...] = (), expected: str) -> Any:
+    """`load_plugin` for a plugin Relax awaits: it must be an `async def` (a coroutine function)."""
+    fn = load_plugin(path, flag=flag, positional=positional, keywords=keywords, expected=expected)
+    if not (inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))):
+        raise PluginError(f"{flag}: {getattr(fn, '__qualname__', repr(fn))} is not an async function; expected "
+                          f"{expected}")
+    return fn
+
+
 def load_factory(path: str, *, attr: str, flag: str, keywords: tuple[str, ...], expected: str) -> Any:
     """`path` names a module exposing `attr` (the seeds' `rollout_interaction_env_path: pkg.env_mod` ->
     `pkg.env_mod.build_env`) or the callable itself; imported and checked to take `keywords`."""

@@ -39,7 +39,7 @@ RANGES: dict[str, tuple[object, object, str]] = {
     "distributed_timeout_minutes": (1, None, "minutes"),
     "make_vocab_size_divisible_by": (1, None, "a row multiple"),
     "max_turns": (1, None, "a turn count"), "env_timeout": ((0, "open"), None, "seconds"),
-    "multi_turn_max_tokens": (1, None, "a token count"),
+    "multi_turn_max_tokens": (1, None, "a token count"), "agent_timeout": ((0, "open"), None, "seconds"),
 }
 
 

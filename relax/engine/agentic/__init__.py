@@ -7,7 +7,12 @@ token sequence, termination, per-turn rewards and trajectory logs (docs/agentic.
 - `episode`: the turn loop and its terminations;
 - `rollout`: the generate function (`generate`, `multi_turn_generate`) and the true on-policy
   rescoring;
-- `records`: per-step metrics, reward combination and the trajectory log.
+- `records`: per-step metrics, reward combination and the trajectory log;
+- `tool_calls`: tool calls in a model turn's text (Qwen's `<tool_call>` format);
+- `adapters`: environments served as services (OpenEnv servers, MCP tool servers) as `BaseInteractionEnv`s;
+- `agent`, `gateway`, `gateway_session`, `gateway_protocol`: black-box agents (--agent-function-path)
+  calling the policy through an OpenAI-compatible gateway that records every call token-in/token-out
+  (docs/agents.md).
 """
 
 from typing import Any

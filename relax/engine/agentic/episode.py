@@ -40,8 +40,12 @@ from relax.types import Sample
 
 ENV_DONE, MAX_TURNS, TOKEN_BUDGET, STOP = "env_done", "max_turns", "token_budget", "stop"
 TERMINATIONS = (ENV_DONE, MAX_TURNS, TOKEN_BUDGET, STOP, ENV_ERROR, ENV_TIMEOUT)
+# A black-box agent's episode (agent.py) ends with one of these instead.
+AGENT_DONE, AGENT_ERROR, AGENT_TIMEOUT = "agent_done", "agent_error", "agent_timeout"
+AGENT_TERMINATIONS = (AGENT_DONE, TOKEN_BUDGET, AGENT_ERROR, AGENT_TIMEOUT)
 STATUS = {ENV_DONE: Sample.Status.COMPLETED, MAX_TURNS: Sample.Status.COMPLETED, STOP: Sample.Status.COMPLETED,
-          TOKEN_BUDGET: Sample.Status.TRUNCATED, ENV_ERROR: Sample.Status.FAILED, ENV_TIMEOUT: Sample.Status.FAILED}
+          TOKEN_BUDGET: Sample.Status.TRUNCATED, ENV_ERROR: Sample.Status.FAILED, ENV_TIMEOUT: Sample.Status.FAILED,
+          AGENT_DONE: Sample.Status.COMPLETED, AGENT_ERROR: Sample.Status.FAILED, AGENT_TIMEOUT: Sample.Status.FAILED}
 PARKED: dict[int, Episode] = {}  # id(sample) -> its episode while the sample waits to resume an aborted turn
 
 

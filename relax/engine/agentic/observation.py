@@ -65,9 +65,14 @@ class ObservationEncoder:
         the next generation prompt; without the closing text the model's `last_token` already is."""
         if not self.templated:
             return content
-        messages = [{"role": "user", "content": "U"}, {"role": "assistant", "content": SENTINEL},
-                    {"role": role, "content": content}]
-        full = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+        return self.messages_text([{"role": role, "content": content}], last_token)
+
+    def messages_text(self, messages: list[dict[str, Any]], last_token: int | None,
+                      tools: list[dict[str, Any]] | None = None) -> str:
+        """`text` for several messages after a model turn (the agent gateway: tool results, a new user
+        turn); `tools` as the conversation renders them (a template may place them anywhere)."""
+        rendered = [{"role": "user", "content": "U"}, {"role": "assistant", "content": SENTINEL}, *messages]
+        full = self.tokenizer.apply_chat_template(rendered, tools=tools, tokenize=False, add_generation_prompt=True,
                                                   **self.kwargs)
         if SENTINEL not in full:
             raise ValueError("the chat template does not render an assistant message's content; observations cannot "

@@ -11,6 +11,11 @@ produced, i.e. with `metadata["termination"]`):
     <prefix>/termination/<reason>              fraction of samples per termination reason (every
                                                reason of `TERMINATIONS`, zeros included)
 
+A black-box agent's samples (agent.py, `metadata["agent_segments"]`) count their gateway calls as
+turns and report `multi_turn/agent_errors` (error or timeout) and `multi_turn/agent_segments_mean`
+(segments per episode: above 1 when the agent rewrote its history) instead of `env_errors`, and
+the reasons of `AGENT_TERMINATIONS`.
+
 Reward rule (`--turn-reward`): `final` keeps the reward function's score; `sum` adds the sum of the
 sample's step rewards (`metadata["turn_rewards"]`) to it (to `reward[--reward-key]` for dict rewards).
 
@@ -29,7 +34,7 @@ import statistics
 from typing import Any
 
 from relax.engine.agentic.env import ENV_ERROR, ENV_TIMEOUT
-from relax.engine.agentic.episode import TERMINATIONS
+from relax.engine.agentic.episode import AGENT_ERROR, AGENT_TERMINATIONS, AGENT_TIMEOUT, TERMINATIONS
 from relax.types import Sample
 
 TEXT_SAMPLES = 2  # trajectories per step sent to the sinks as text
@@ -45,15 +50,21 @@ def multi_turn_metrics(samples: list[Sample], prefix: str) -> dict[str, float]:
     if not done:
         return {}
     calls = [int(s.metadata.get("tool_calls", 0)) for s in done]
+    agent = any("agent_segments" in s.metadata for s in done)
+    errors, reasons = ((AGENT_ERROR, AGENT_TIMEOUT), AGENT_TERMINATIONS) if agent else \
+        ((ENV_ERROR, ENV_TIMEOUT), TERMINATIONS)
     out = {f"{prefix}/multi_turn/turns_mean": statistics.fmean(int(s.metadata.get("turns", 0)) for s in done),
            f"{prefix}/multi_turn/tool_calls_per_sample": statistics.fmean(calls),
            f"{prefix}/multi_turn/tool_call_rate": sum(c > 0 for c in calls) / len(done),
-           f"{prefix}/multi_turn/env_errors": float(sum(s.metadata["termination"] in (ENV_ERROR, ENV_TIMEOUT)
-                                                        for s in done))}
+           f"{prefix}/multi_turn/{'agent' if agent else 'env'}_errors":
+               float(sum(s.metadata["termination"] in errors for s in done))}
+    if agent:
+        out[f"{prefix}/multi_turn/agent_segments_mean"] = statistics.fmean(
+            int(s.metadata.get("agent_segments", 0)) for s in done)
     rewards = [sum(s.metadata["turn_rewards"]) for s in done if s.metadata.get("turn_rewards")]
     if rewards:
         out[f"{prefix}/multi_turn/turn_reward_mean"] = statistics.fmean(rewards)
-    for reason in TERMINATIONS:
+    for reason in reasons:
         out[f"{prefix}/termination/{reason}"] = sum(s.metadata["termination"] == reason for s in done) / len(done)
     return out
 
@@ -78,6 +89,8 @@ def trajectory_record(sample: Sample) -> dict[str, Any]:
             "reward": _jsonable(sample.reward), "status": sample.status.value, "turns": m.get("turns"),
             "termination": m.get("termination"), "tool_calls": m.get("tool_calls"),
             "turn_rewards": m.get("turn_rewards"), "env_error": m.get("env_error"),
+            **({"agent_error": m.get("agent_error"), "agent_segments": m["agent_segments"]}
+               if "agent_segments" in m else {}),
             "response_length": sample.response_length, "trajectory": _jsonable(m.get("trajectory"))}
 
 

@@ -12,7 +12,8 @@ dynamic-sampling filters) are called with the seed's signatures and the run's pl
 The default per-sample generate speaks SGLang's `/generate` protocol, so it runs unchanged
 against SGLang or the `hf` engine. With an environment (`--rollout-interaction-env-path`) and no
 custom generate function, the built-in multi-turn rollout generates instead
-(`relax.engine.agentic`), and step rewards join the score by `--turn-reward`. With
+(`relax.engine.agentic`), and step rewards join the score by `--turn-reward`; with
+`--agent-function-path`, a black-box agent's episode through the agent gateway does. With
 `--partial-rollout`, a sample a weight update aborted is resubmitted until it completes,
 continuing from its partial response (`partial_rollout.py`).
 """
@@ -153,7 +154,12 @@ class Generator:
 
     def _multi_turn_generate(self) -> Any:
         """With an environment (--rollout-interaction-env-path) and no custom generate function, the
-        built-in multi-turn rollout generates (relax.engine.agentic); None: the default single turn."""
+        built-in multi-turn rollout generates (relax.engine.agentic); with --agent-function-path, the
+        black-box agent through the gateway (relax.engine.agentic.agent); None: the default single turn."""
+        if self.spec.agentic.agent_path:
+            from relax.engine.agentic.agent import agent_generate  # it builds on this module
+
+            return agent_generate(self)
         if not self.spec.agentic.env_path:
             return None
         from relax.engine.agentic.rollout import default_generate  # it builds on this module

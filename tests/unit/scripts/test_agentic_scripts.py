@@ -13,13 +13,17 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 TINY = {"run-tiny-agent-cpu.sh": "--sft-tool-steps 1 --sft-steps 1 --n-train 8 --n-eval 4 --hidden-size 32 "
                                  "--num-layers 1 --vocab-size 300",
-        "run-tiny-deepeyes-cpu.sh": "--sft-tool-steps 1 --sft-steps 1 --n-train 8 --n-eval 4"}
+        "run-tiny-deepeyes-cpu.sh": "--sft-tool-steps 1 --sft-steps 1 --n-train 8 --n-eval 4",
+        "run-blackbox-agent-cpu.sh": "--sft-tool-steps 1 --sft-steps 1 --n-train 8 --n-eval 4 --hidden-size 32 "
+                                     "--num-layers 1 --vocab-size 300"}
 
 
 @pytest.mark.parametrize("script, generation", [
     ("run-tiny-agent-cpu.sh", "generation: multi-turn rollout, environment examples.tiny_agent.env_lookup, at most 3"),
     ("run-tiny-deepeyes-cpu.sh", "generation: examples.deepeyes.rollout.generate, environment "
                                  "examples.deepeyes.env_deepeyes, at most 3 turns"),
+    ("run-blackbox-agent-cpu.sh", "generation: black-box agent examples.tiny_agent.blackbox_agent.run_episode via "
+                                  "the gateway on 127.0.0.1"),
 ])
 def test_the_agentic_scripts_dry_run(script, generation, tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "RELAX_ENTRYPOINT_MODE"}  # the script sources local.sh
