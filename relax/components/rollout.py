@@ -31,6 +31,7 @@ from relax.config.plan import RolloutPlan
 from relax.config.schema import RelaxConfig
 from relax.distributed import transfer_queue as tq
 from relax.distributed.checkpoint_service.coordinator import Receivers
+from relax.engine.agentic import episode_generate
 from relax.engine.agentic.records import log_trajectories, multi_turn_metrics
 from relax.engine.fleet import EngineFleet, FleetSpec, NoFleet
 from relax.engine.rewards.executor import RewardExecutor
@@ -133,7 +134,7 @@ class Rollout:
         self.generator = Generator(RolloutSpec.from_config(cfg), tokenizer=tokenizer,
                                    router_url=f"{self.fleet.router_url or ''}/generate",
                                    rewards=self.rewards, plugin_args=self.args, processor=processor,
-                                   pipelines=pipelines, encoder=encoder)
+                                   pipelines=pipelines, encoder=encoder, episodes=episode_generate)
         sglang_rollout.bind(self.args, self.generator)
         data_source_cls = import_object(cfg.data.data_source_path, flag="--data-source-path")
         self.data_source = await asyncio.to_thread(data_source_cls, self.args)

@@ -20,7 +20,24 @@ from typing import Any
 from relax.engine.agentic.env import BaseInteractionEnv, EnvFailure, Observation
 from relax.engine.agentic.episode import TERMINATIONS
 
-__all__ = ["TERMINATIONS", "BaseInteractionEnv", "EnvFailure", "Observation", "generate", "multi_turn_generate"]
+__all__ = ["TERMINATIONS", "BaseInteractionEnv", "EnvFailure", "Observation", "episode_generate", "generate",
+           "multi_turn_generate"]
+
+
+def episode_generate(generator: Any) -> Any:
+    """The generate function of `generator`'s episodes (what `Generator(episodes=...)` takes): the
+    black-box agent through the gateway with --agent-function-path, the built-in multi-turn rollout
+    with --rollout-interaction-env-path, else None (single-turn samples)."""
+    agentic = generator.spec.agentic
+    if agentic.agent_path:
+        from relax.engine.agentic.agent import agent_generate
+
+        return agent_generate(generator)
+    if agentic.env_path:
+        from relax.engine.agentic.rollout import default_generate
+
+        return default_generate(generator)
+    return None
 
 
 def __getattr__(name: str) -> Any:

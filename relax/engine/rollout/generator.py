@@ -13,7 +13,8 @@ The default per-sample generate speaks SGLang's `/generate` protocol, so it runs
 against SGLang or the `hf` engine. With an environment (`--rollout-interaction-env-path`) and no
 custom generate function, the built-in multi-turn rollout generates instead
 (`relax.engine.agentic`), and step rewards join the score by `--turn-reward`; with
-`--agent-function-path`, a black-box agent's episode through the agent gateway does. With
+`--agent-function-path`, a black-box agent's episode through the agent gateway does (the caller
+hands those in: `Generator(..., episodes=relax.engine.agentic.episode_generate)`). With
 `--partial-rollout`, a sample a weight update aborted is resubmitted until it completes,
 continuing from its partial response (`partial_rollout.py`).
 """
@@ -25,7 +26,7 @@ import copy
 import logging
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from relax.engine.agentic.records import add_turn_rewards
 from relax.engine.filters.dynamic_sampling_filters import as_filter_output
@@ -136,41 +137,30 @@ def _same_prompt(group: list[Sample]) -> bool:
 
 class Generator:
     def __init__(self, spec: RolloutSpec, *, tokenizer: Any, router_url: str, rewards: Any, plugin_args: Any,
-                 processor: Any = None, pipelines: dict[str, Any] | None = None, encoder: Any = None) -> None:
+                 processor: Any = None, pipelines: dict[str, Any] | None = None, encoder: Any = None,
+                 episodes: Callable[[Generator], Any] | None = None) -> None:
         """`rewards`: a `RewardExecutor`; `plugin_args`: the namespace user plugins are called with;
         `processor`: a VL/Omni model's `MultimodalProcessor` and `pipelines` the media flags' resize /
         resample (multimodal runs); `encoder`: how prompts are encoded off the event loop
-        (`prompt_encoding.PromptEncoder`; default: threads)."""
+        (`prompt_encoding.PromptEncoder`; default: threads); `episodes`: given this generator, the
+        generate function of its multi-turn or agent episodes, or None for single turns (the caller
+        passes `relax.engine.agentic.episode_generate`; this layer does not name the one above it)."""
         self.spec, self.tokenizer, self.router_url = spec, tokenizer, router_url
         self.processor, self.pipelines = processor, pipelines
         self.encoder = encoder or PromptEncoder(tokenizer, processor, pipelines)
-        self.rewards, self.args = rewards, plugin_args
+        self.rewards, self.args, self.episodes = rewards, plugin_args, episodes
         self.custom_generate = load_plugin(spec.custom_generate_path, flag="--custom-generate-function-path",
                                            positional=3, expected=GENERATE_SIGNATURE) \
-            if spec.custom_generate_path else self._multi_turn_generate()
+            if spec.custom_generate_path else episodes(self) if episodes is not None else None
         self.dynamic_filter = load_plugin(spec.dynamic_filter_path, flag="--dynamic-sampling-filter-path",
                                           positional=2, expected="filter(args, samples, **kwargs) -> bool | "
                                           "DynamicFilterOutput") if spec.dynamic_filter_path else None
-
-    def _multi_turn_generate(self) -> Any:
-        """With an environment (--rollout-interaction-env-path) and no custom generate function, the
-        built-in multi-turn rollout generates (relax.engine.agentic); with --agent-function-path, the
-        black-box agent through the gateway (relax.engine.agentic.agent); None: the default single turn."""
-        if self.spec.agentic.agent_path:
-            from relax.engine.agentic.agent import agent_generate  # it builds on this module
-
-            return agent_generate(self)
-        if not self.spec.agentic.env_path:
-            return None
-        from relax.engine.agentic.rollout import default_generate  # it builds on this module
-
-        return default_generate(self)
 
     def derive(self, spec: RolloutSpec, rewards: Any = None, plugin_args: Any = None) -> Generator:
         """A generator for other settings (an eval dataset) on the same tokenizer and router."""
         return Generator(spec, tokenizer=self.tokenizer, router_url=self.router_url, rewards=rewards or self.rewards,
                          plugin_args=plugin_args if plugin_args is not None else self.args, processor=self.processor,
-                         pipelines=self.pipelines, encoder=self.encoder)
+                         pipelines=self.pipelines, encoder=self.encoder, episodes=self.episodes)
 
     # ---- one sample ----------------------------------------------------------------------
     def _seeded(self, sample: Sample, params: dict[str, Any]) -> dict[str, Any]:

@@ -11,6 +11,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+from relax.engine.agentic import episode_generate
 from relax.engine.rollout.generator import Generator, StepState
 from relax.engine.specs import AgenticSpec, PartialRolloutSpec, RolloutSpec, SamplingSpec
 from relax.types import Sample
@@ -84,7 +85,8 @@ def generator(server: EngineServer, *, env: str | None, processor: Any = None, p
     spec = RolloutSpec(batch_size=1, n_samples_per_prompt=n, sampling=sampling, seed=7, partial=partial,
                        custom_generate_path=custom, agentic=AgenticSpec(env_path=env, **agentic))
     return Generator(spec, tokenizer=server.engine.tokenizer, router_url=f"{server.url}/generate",
-                     rewards=FakeRewards(), plugin_args=args, processor=processor, pipelines=pipelines)
+                     rewards=FakeRewards(), plugin_args=args, processor=processor, pipelines=pipelines,
+                     episodes=episode_generate)
 
 
 def prompt(text: str, index: int, **metadata: Any) -> Sample:

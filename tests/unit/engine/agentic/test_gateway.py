@@ -21,6 +21,7 @@ from relax.engine.agentic.gateway_protocol import MAX_BODY_BYTES, parse_tool_cal
 from relax.engine.agentic.gateway_session import RunContext
 from relax.engine.agentic.observation import ObservationEncoder
 from relax.engine.agentic.records import multi_turn_metrics
+from relax.engine.agentic import episode_generate
 from relax.engine.rollout.generator import Generator, StepState
 from relax.engine.specs import AgenticSpec, RolloutSpec, SamplingSpec
 from relax.types import Sample
@@ -91,7 +92,7 @@ def agent_generator(engine: Any, *, context_len: int | None = 512, agent: str = 
     spec = RolloutSpec(batch_size=1, n_samples_per_prompt=1, sampling=sampling, seed=7,
                        agentic=AgenticSpec(agent_path=agent, **agentic))
     return Generator(spec, tokenizer=engine.engine.tokenizer, router_url=f"{engine.url}/generate",
-                     rewards=FakeRewards(), plugin_args=None)
+                     rewards=FakeRewards(), plugin_args=None, episodes=episode_generate)
 
 
 async def with_session(engine: Any, body: Any) -> Any:
