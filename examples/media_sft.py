@@ -99,15 +99,23 @@ def expected_accuracy(model: Any, encoded: list, pad_id: int) -> float:
                                 for i in range(0, len(encoded), 64)]).mean())
 
 
+def cached_summary(record: str, out_dir: str, settings: Any) -> dict[str, Any] | None:
+    """prepare.json's summary (marked skipped) when it records these `settings` and the data is
+    there: a preparation to skip. None: prepare."""
+    if not (os.path.exists(record) and os.path.exists(os.path.join(out_dir, "data", "eval.jsonl"))):
+        return None
+    with open(record, encoding="utf-8") as f:
+        summary = json.load(f)
+    return {**summary, "skipped": True} if summary.get("settings") == asdict(settings) else None
+
+
 def prepare(out_dir: str, settings: Any, task: Task, *, force: bool = False) -> dict[str, Any]:
     """Write the rows, build the model (`task.build`) and warm-start it; returns prepare.json's summary
     (skipped when the outputs exist with the same settings, unless `force`)."""
     record = os.path.join(out_dir, task.subdir, "prepare.json")
-    if not force and os.path.exists(record) and os.path.exists(os.path.join(out_dir, "data", "eval.jsonl")):
-        with open(record, encoding="utf-8") as f:
-            summary = json.load(f)
-        if summary.get("settings") == asdict(settings):
-            return {**summary, "skipped": True}
+    cached = None if force else cached_summary(record, out_dir, settings)
+    if cached is not None:
+        return cached
     import torch
 
     from relax.utils.multimodal.models import load_model

@@ -24,7 +24,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from examples.media_sft import parse_args, write_jsonl
+from examples.media_sft import cached_summary, parse_args, write_jsonl
 from examples.tiny_agent import task
 from examples.tiny_agent.sft import Demo, assistant_ids, build_demo, sft
 
@@ -70,11 +70,9 @@ def demo(tokenizer: Any, observations: Any, row: dict[str, Any], rng: random.Ran
 
 def prepare(out_dir: str, settings: PrepareSettings, *, force: bool = False) -> dict[str, Any]:
     record = os.path.join(out_dir, MODEL_SUBDIR, "prepare.json")
-    if not force and os.path.exists(record) and os.path.exists(os.path.join(out_dir, "data", "eval.jsonl")):
-        with open(record, encoding="utf-8") as f:
-            summary = json.load(f)
-        if summary.get("settings") == asdict(settings):
-            return {**summary, "skipped": True}
+    cached = None if force else cached_summary(record, out_dir, settings)
+    if cached is not None:
+        return cached
     import torch
 
     from relax.engine.agentic.observation import ObservationEncoder
