@@ -34,9 +34,7 @@ forward per finished row. The recompute uses the weights loaded when the row fin
 Input-token log-probs (`logprob_start_len`, e.g. a multi-turn rollout scoring a finished
 trajectory with `max_new_tokens: 0`) come from the same function under the mode: one unpadded
 row, at the request's temperature (1.0 for greedy), so a scored row equals the trainer's bitwise
-wherever its response starts. (The engine hands `prompt_logprobs` only the ids and media; a
-zero-budget request's temperature is remembered when its row finishes (`ScoringTemperatures`)
-and looked up by its ids until the engine passes the request's parameters along.)
+wherever its response starts (the engine passes each request's temperature along).
 
 Multimodal rows (`DecodeRow.media`: a VL / Omni model's encoder tensors, `relax.utils.multimodal.processor`)
 are prefilled as their own left-padded group, the images (and audio) through their encoders and M-RoPE
@@ -69,7 +67,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import OrderedDict
 from typing import Any, Callable, Sequence
 
 import torch
@@ -82,34 +79,6 @@ from relax.backends.hf.rows import DecodeRow, DecodeStats, RowResult, RowState
 from relax.backends.hf.sampling import SamplingBatch, apply_penalties, sample_next_tokens
 from relax.backends.hf.static_cache import GraphRunner, SlotCache, kv_shape, static_decode_supported
 from relax.utils.multimodal.models import rope_positions
-
-
-class ScoringTemperatures:
-    """Temperatures of finished zero-budget requests, by their ids (true on-policy scoring; module
-    doc): remembered by the decode thread, taken by `prompt_logprobs`; bounded, oldest dropped."""
-
-    LIMIT = 4096
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.pending: OrderedDict[tuple[int, ...], list[float]] = OrderedDict()
-
-    def remember(self, ids: Sequence[int], temperature: float) -> None:
-        with self.lock:
-            self.pending.setdefault(tuple(ids), []).append(temperature)
-            while len(self.pending) > self.LIMIT:
-                self.pending.popitem(last=False)
-
-    def take(self, ids: Sequence[int]) -> float:
-        """The temperature of the oldest remembered request with these ids (1.0: none)."""
-        with self.lock:
-            queue = self.pending.get(tuple(ids))
-            if not queue:
-                return 1.0
-            temperature = queue.pop(0)
-            if not queue:
-                del self.pending[tuple(ids)]
-            return temperature
 
 
 def unbanned_logprobs(logprobs_B: torch.Tensor, chosen_logits_B: torch.Tensor, banned_BK: torch.Tensor,
@@ -136,7 +105,6 @@ class BatchDecoder:
         self.banned_ids = torch.tensor(sorted(set(banned_token_ids)), dtype=torch.long, device=device) \
             if banned_token_ids else None
         self.true_on_policy = true_on_policy
-        self.scoring = ScoringTemperatures()
         self.device = torch.device(device)
         self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
         self.max_context_len = max_context_len
@@ -191,8 +159,8 @@ class BatchDecoder:
         `[None, logp(t1 | t0), logp(t2 | t0 t1), ...]` per prompt. Right-padded forwards without a
         cache, `rows_per_forward` prompts at a time, each under `step_lock`; a prompt with `media`
         goes alone, with its encoder tensors. True on-policy: each prompt scored alone by the
-        trainer's function at its request's temperature (`temperatures`, 1.0 for greedy; when not
-        given, the one remembered for a zero-budget request with these ids: module doc)."""
+        trainer's function at its request's temperature (`temperatures`, 1.0 for greedy and when
+        not given)."""
         if self.true_on_policy:
             n = len(prompts)
             return [self._row_prompt_logprobs(p, m, t) for p, m, t in
@@ -228,8 +196,7 @@ class BatchDecoder:
     def _row_prompt_logprobs(self, prompt: Sequence[int], media: dict[str, torch.Tensor] | None,
                              temperature: float | None) -> list[float | None]:
         tokens = list(prompt)
-        remembered = self.scoring.take(tokens)
-        temperature = remembered if temperature is None else temperature
+        temperature = 1.0 if temperature is None else temperature
         if len(tokens) < 2:
             return [None] * len(tokens)
         ids_1L = torch.tensor([tokens], dtype=torch.long, device=self.device)
@@ -251,9 +218,6 @@ class BatchDecoder:
             results[i] = states[i].result(reason)
             if self.true_on_policy and results[i].output_ids:
                 results[i].output_logprobs = self._rescore(states[i])
-            elif self.true_on_policy and states[i].max_new == 0:  # a scoring request (module doc)
-                params = states[i].params
-                self.scoring.remember(states[i].row.prompt_ids, 1.0 if params.is_greedy else params.temperature)
             if on_finish is not None:
                 on_finish(i, results[i])
 

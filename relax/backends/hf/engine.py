@@ -160,8 +160,9 @@ class HFEngine:
         scored = [i for i, item in enumerate(items)
                   if item.logprob_start_len is not None and results[i].finish_reason.get("type") != "abort"]
         if scored:  # input-token logprobs: one cache-free forward per chunk, off the event loop
-            logprobs = await asyncio.to_thread(self.decoder.prompt_logprobs, [items[i].input_ids for i in scored],
-                                               media=[media[i] for i in scored])
+            logprobs = await asyncio.to_thread(
+                self.decoder.prompt_logprobs, [items[i].input_ids for i in scored], media=[media[i] for i in scored],
+                temperatures=[1.0 if items[i].params.is_greedy else items[i].params.temperature for i in scored])
             for i, lp in zip(scored, logprobs):
                 results[i].input_logprobs = lp
         return results
