@@ -12,6 +12,7 @@
 #                     colocate quickstart with --train-backend megatron --tensor-model-parallel-size 2
 #
 #   OUT_DIR=/tmp/multi-gpu bash bench/multi_gpu.sh       # on the GPU machine; NCCL_NVLS_ENABLE=0 kept
+#   PHASES=lanes bash bench/multi_gpu.sh; PHASES=four bash bench/multi_gpu.sh   # the same in two calls
 #
 # Steps of one lane run in turn; a failing step is logged and the lane goes on; STEP_TIMEOUT
 # (seconds, default 900) bounds each step.
@@ -32,9 +33,10 @@ step() {  # step LOG NAME COMMAND...: run, logging start, end, exit status and s
 
 lane_a() {
     export CUDA_VISIBLE_DEVICES=0,1
-    step "$OUT_DIR/a.log" weight_sync_4b python3 bench/weight_sync.py --shapes 4b \
+    step "$OUT_DIR/a.log" weight_tests python3 -m pytest -q -rs tests/unit/distributed/weights
+    step "$OUT_DIR/a.log" weight_sync_4b python3 bench/weight_sync.py --shapes 4b --buckets-mib 128 512 2048 \
         --out "$OUT_DIR/weight_sync_4b.json"
-    step "$OUT_DIR/a.log" weight_sync_0.6b python3 bench/weight_sync.py --shapes 0.6b \
+    step "$OUT_DIR/a.log" weight_sync_0.6b python3 bench/weight_sync.py --shapes 0.6b --buckets-mib 128 512 2048 \
         --out "$OUT_DIR/weight_sync_0.6b.json"
     step "$OUT_DIR/a.log" megatron_tp2 python3 bench/megatron_throughput.py --shape 4b --layers 12 --tp 2 \
         --compiled-only --out "$OUT_DIR/megatron_tp2.json"
@@ -50,18 +52,26 @@ lane_b() {
     done
 }
 
-{ nvidia-smi -L; nvidia-smi topo -m; } >"$OUT_DIR/machine.log" 2>&1
-lane_a &
-lane_b &
-wait
-unset CUDA_VISIBLE_DEVICES
-step "$OUT_DIR/c.log" parity_tp2pp2 python3 -m pytest -q -s -rs \
-    tests/unit/backends/test_megatron_gpu.py -k tp2pp2
-step "$OUT_DIR/c.log" megatron_tp4 python3 bench/megatron_throughput.py --shape 4b --layers 12 --tp 4 \
-    --compiled-only --out "$OUT_DIR/megatron_tp4.json"
-# The colocate quickstart with megatron TP=2 on two GPUs (actor, reference and two engines share them).
-export CUDA_VISIBLE_DEVICES=0,1
-step "$OUT_DIR/c.log" quickstart_megatron_tp2 env MODE=colocate NUM_ROLLOUT=40 EXP_DIR=/tmp/tiny-tp2 \
-    bash scripts/training/text/run-tiny-cpu.sh --train-backend megatron --tensor-model-parallel-size 2 \
-    --resource '{"actor": [1, 2], "rollout": [1, 2], "reference": [1, 2]}'
+four_gpus() {
+    unset CUDA_VISIBLE_DEVICES
+    step "$OUT_DIR/c.log" parity_tp2pp2 python3 -m pytest -q -s -rs \
+        tests/unit/backends/test_megatron_gpu.py -k tp2pp2
+    step "$OUT_DIR/c.log" megatron_tp4 python3 bench/megatron_throughput.py --shape 4b --layers 12 --tp 4 \
+        --compiled-only --out "$OUT_DIR/megatron_tp4.json"
+    # The colocate quickstart with megatron TP=2 on two GPUs (actor, reference and two engines share them).
+    export CUDA_VISIBLE_DEVICES=0,1
+    step "$OUT_DIR/c.log" quickstart_megatron_tp2 env MODE=colocate NUM_ROLLOUT=40 EXP_DIR=/tmp/tiny-tp2 \
+        bash scripts/training/text/run-tiny-cpu.sh --train-backend megatron --tensor-model-parallel-size 2 \
+        --resource '{"actor": [1, 2], "rollout": [1, 2], "reference": [1, 2]}'
+}
 
+PHASES=${PHASES:-lanes four}
+{ nvidia-smi -L; nvidia-smi topo -m; } >"$OUT_DIR/machine.log" 2>&1
+if [[ " $PHASES " == *" lanes "* ]]; then
+    lane_a &
+    lane_b &
+    wait
+fi
+if [[ " $PHASES " == *" four "* ]]; then
+    four_gpus
+fi

@@ -7,11 +7,12 @@ For each model shape (`--shapes`: Qwen3-0.6B- and 4B-shaped, random weights):
             the way an fsdp actor rank does: `FSDPRunner.hf_state` casts them to the push
             dtype (bf16, `TrainerSpec.push_dtype` of a `--bf16` run) and
             `relax.distributed.weights.sender.WeightSender` sends them in buckets of each
-            `--buckets-mib` size (SGLang's protocol: pause, weight-update session, one
-            `/update_weights_from_distributed` per bucket with the broadcasts, end, continue), one
-            bucket at a time (depth 1, as to SGLang) and pipelined (depth 4, the hf engine's
-            buckets in order); one warm-up push per size, then `--repeats` timed pushes (median);
-            a straight-line fit per depth gives the per-push and per-bucket control costs;
+            `--buckets-mib` size, in two protocols: `sglang` (pause, weight-update session, one
+            `/update_weights_from_distributed` per bucket with one broadcast per tensor, end,
+            continue; one bucket at a time) and `relax` (its extensions, which the hf engine takes:
+            each bucket one broadcast of a flat buffer, two in flight, pause with session open and
+            end with resume overlapped); one warm-up push per size, then `--repeats` timed pushes
+            (median); a straight-line fit per protocol gives the per-push and per-bucket costs;
   raw     - a second process on the engine's device joins a group with this one and receives
             the same tensors (same shapes, same dtype, same order) by `torch.distributed.broadcast`,
             then the same bytes as one flat buffer; the faster of the two is `nccl_gbps`.
@@ -172,18 +173,23 @@ def raw_copy(named, repeats: int) -> dict:
     return {"per_tensor_s": per_tensor, "one_buffer_s": one_buffer}
 
 
+PROTOCOLS = {"sglang": False, "relax": True}  # WeightSender(extensions=...): plain SGLang, or Relax's extensions
+
+
 async def push_sweep(url: str, named, buckets_mib: list[int], repeats: int, backend: str, device,
-                     same_gpu: bool = False, depths: tuple[int, ...] = (1, 4)) -> list[dict]:
-    """Median push seconds (and buckets) for each bucket size and pipeline depth (buckets in flight
-    at once; the engine loads them in order), through a fresh sender each; `same_gpu`: the engine
-    shares this GPU and takes CUDA IPC handles, as in colocate (one bucket at a time)."""
+                     same_gpu: bool = False) -> list[dict]:
+    """Median push seconds (and buckets) for each bucket size and protocol, through a fresh sender
+    each: `sglang` (one bucket at a time, one broadcast per tensor, pause/session/end/resume one
+    after another) and `relax` (its extensions, which the hf engine takes: flat buckets, two in
+    flight, control calls overlapped; protocol.py); `same_gpu`: the engine shares this GPU and
+    takes CUDA IPC handles, as in colocate (one bucket at a time)."""
     from relax.distributed.weights.sender import WeightSender
 
     rows, version = [], 0
-    for depth in (1,) if same_gpu else depths:
+    for protocol, extensions in PROTOCOLS.items():
         for mib in buckets_mib:
             sender = WeightSender([url], backend=backend, bucket_bytes=mib << 20, timeout_s=600, device=device,
-                                  ipc_ranks=[1] if same_gpu else None, pipeline_depth=depth)
+                                  ipc_ranks=[1] if same_gpu else None, extensions=extensions)
             await sender.connect()
             stats = []
             try:
@@ -193,13 +199,65 @@ async def push_sweep(url: str, named, buckets_mib: list[int], repeats: int, back
             finally:
                 await sender.close()
             timed = stats[1:]
-            rows.append({"bucket_mib": mib, "depth": sender.depth, "buckets": timed[0].num_buckets,
+            rows.append({"protocol": protocol, "bucket_mib": mib, "depth": sender.depth, "flat": sender.flat,
+                         "buckets": timed[0].num_buckets,
                          "seconds": statistics.median(s.seconds for s in timed), "bytes": timed[0].bytes})
     return rows
 
 
+async def push_timeline(url: str, named, mib: int, backend: str, device, extensions: bool) -> dict:
+    """One push (after a warm-up) with every control call, broadcast and pack timed, in ms from
+    the push's start; and the median round trip of a no-op control call (`/continue_generation`)."""
+    from relax.distributed.weights import sender as sender_module
+    from relax.distributed.weights.endpoints import HTTPEndpoint
+
+    spans: list[tuple[str, float, float]] = []
+
+    class TimedEndpoint(HTTPEndpoint):
+        async def post(self, path, payload, timeout_s):
+            start = time.perf_counter()
+            try:
+                return await super().post(path, payload, timeout_s)
+            finally:
+                spans.append((path, start, time.perf_counter()))
+
+    def timed(name, fn):
+        def wrapper(*a, **k):
+            start = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                spans.append((name, start, time.perf_counter()))
+        return wrapper
+
+    endpoint = TimedEndpoint(url)
+    sender = sender_module.WeightSender([endpoint], backend=backend, bucket_bytes=mib << 20, timeout_s=600,
+                                        device=device, extensions=extensions)
+    pack = sender_module.pack_flat
+    sender_module.pack_flat = timed("pack (sender)", pack)
+    sender._broadcast = timed("broadcast (sender thread)", sender._broadcast)
+    try:
+        await sender.connect()
+        await sender.push(named, version=10_000)
+        rtts = []
+        for _ in range(30):
+            start = time.perf_counter()
+            await endpoint.post("/continue_generation", {}, 30)
+            rtts.append(time.perf_counter() - start)
+        spans.clear()
+        start = time.perf_counter()
+        await sender.push(named, version=10_001)
+        total = time.perf_counter() - start
+    finally:
+        sender_module.pack_flat = pack
+        await sender.close()
+    return {"protocol": "relax" if extensions else "sglang", "bucket_mib": mib, "total_ms": total * 1e3,
+            "rtt_ms": statistics.median(rtts) * 1e3,
+            "spans": [(name, (s - start) * 1e3, (e - start) * 1e3) for name, s, e in spans]}
+
+
 def fixed_cost_fit(rows: list[dict]) -> dict:
-    """Least squares `seconds = fixed + per_bucket * buckets + bytes / wire` over one depth's rows: the
+    """Least squares `seconds = fixed + per_bucket * buckets + bytes / wire` over one protocol's rows: the
     per-push and per-bucket control costs (the wire time is the same bytes in every row, so it folds
     into `fixed`)."""
     if len({r["buckets"] for r in rows}) < 2:
@@ -242,13 +300,21 @@ def bench_shape(shape: str, args: argparse.Namespace) -> dict:
             nbytes = sum(t.numel() * t.element_size() for _, t in named)
             pushes = asyncio.run(push_sweep(engine.url, named, args.buckets_mib, args.repeats, backend,
                                             sender_device, same_gpu=args.same_gpu))
+            timelines = [] if args.same_gpu else [
+                asyncio.run(push_timeline(engine.url, named, DEFAULT_MIB, backend, sender_device, ext))
+                for ext in PROTOCOLS.values()]
+            for t in timelines:
+                print(f"timeline {shape} ({t['protocol']}, {t['bucket_mib']} MiB): {t['total_ms']:.1f} ms; "
+                      f"control round trip {t['rtt_ms']:.2f} ms", flush=True)
+                for name, s0, s1 in t["spans"]:
+                    print(f"    {name:<36} {s0:8.2f} -> {s1:8.2f} ms", flush=True)
             version = httpx.get(engine.url + "/get_weight_version", timeout=30).json()["weight_version"]
-            if version != str(len(pushes) * (args.repeats + 1)):
+            if version != str(10_001 if timelines else len(pushes) * (args.repeats + 1)):
                 raise RuntimeError(f"engine reports weight version {version} after the pushes")
         finally:
             engine.terminate()
         for row in pushes:  # before the raw transfer: a run cut short there still shows the pushes
-            print(f"push {shape}: {row['bucket_mib']} MiB buckets x {row['buckets']}, depth {row['depth']}: "
+            print(f"push {shape} ({row['protocol']}): {row['bucket_mib']} MiB buckets x {row['buckets']}: "
                   f"{row['seconds']:.4f} s, {nbytes / row['seconds'] / 1e9:.2f} GB/s", flush=True)
         raw = raw_copy(named, args.repeats) if args.same_gpu else \
             raw_broadcast(named, args.repeats, engine_device, backend, sender_device)
@@ -258,9 +324,9 @@ def bench_shape(shape: str, args: argparse.Namespace) -> dict:
     best = max(pushes, key=lambda r: r["gbps"])
     # The goal (issue 29): at the default bucket size, >= 60% of the raw broadcast for 4B, >= 40% for 0.6B.
     default = max((r for r in pushes if r["bucket_mib"] == DEFAULT_MIB), key=lambda r: r["gbps"], default=best)
-    fits = {d: fixed_cost_fit([r for r in pushes if r["depth"] == d]) for d in sorted({r["depth"] for r in pushes})}
+    fits = {p: fixed_cost_fit([r for r in pushes if r["protocol"] == p]) for p in PROTOCOLS}
     return {"shape": shape, "parameters": sum(p.numel() for p in model.parameters()), "bytes": nbytes,
-            "tensors": len(named), "cast_s": cast_s, "pushes": pushes, "raw": raw,
+            "tensors": len(named), "cast_s": cast_s, "pushes": pushes, "timelines": timelines, "raw": raw,
             RAW_KEY[bool(args.same_gpu)]: raw_gbps, "per_tensor_gbps": nbytes / raw["per_tensor_s"] / 1e9,
             "one_buffer_gbps": nbytes / raw["one_buffer_s"] / 1e9,
             "best_bucket_mib": best["bucket_mib"], "weight_sync_gbps": best["gbps"], "ratio": best["gbps"] / raw_gbps,
@@ -282,10 +348,10 @@ def print_table(results: list[dict]) -> None:
         for p in r["pushes"]:
             raw = f"{r['per_tensor_gbps']:.1f} / {r['one_buffer_gbps']:.1f}"
             print(f"{r['shape']:>6} {r['bytes'] / 1e9:>7.2f} {r['tensors']:>7} {p['bucket_mib']:>10} {p['buckets']:>7}"
-                  f" {p['seconds']:>8.4f} {p['gbps']:>8.2f} {raw:>36}  depth {p['depth']}")
-        for depth, fit in r["fixed_cost_fit"].items():
+                  f" {p['seconds']:>8.4f} {p['gbps']:>8.2f} {raw:>36}  {p['protocol']}")
+        for protocol, fit in r["fixed_cost_fit"].items():
             if fit:
-                print(f"{r['shape']:>6} depth {depth}: {fit['fixed_s'] * 1e3:.1f} ms per push (wire included) + "
+                print(f"{r['shape']:>6} {protocol}: {fit['fixed_s'] * 1e3:.1f} ms per push (wire included) + "
                       f"{fit['per_bucket_s'] * 1e3:.2f} ms per bucket")
         goal = f" (goal >= {r['goal_ratio']:.2f})" if r["goal_ratio"] else ""
         print(f"{r['shape']:>6} at {DEFAULT_MIB} MiB buckets: {r['default_bucket_ratio']:.3f} of raw{goal}")

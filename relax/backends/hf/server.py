@@ -44,6 +44,7 @@ from relax.backends.hf.protocol import (
 )
 from relax.distributed.weights.group import run_in_daemon_thread
 from relax.distributed.weights.protocol import parse_specs
+from relax.distributed.weights.receiver import load_format_is_flat
 from relax.utils.http_utils import ENGINE_KEEP_ALIVE_S
 
 logger = logging.getLogger(__name__)
@@ -163,6 +164,7 @@ def server_info(engine: HFEngine, launch: dict[str, Any], mark: list) -> dict[st
             "internal_states": [state], "version": SGLANG_API_VERSION,
             "released_tags": sorted(engine.released_tags), "weight_update_groups": sorted(engine.receiver.groups),
             "weight_buckets_in_order": True,  # Relax's extension: pipelined pushes (`bucket_index`)
+            "weight_buckets_flat": True,  # and one broadcast per bucket (`load_format: flat_bytes`)
             **engine.memory_info()}
 
 
@@ -294,15 +296,15 @@ def add_weight_update_routes(app: FastAPI, engine: HFEngine) -> None:
             return error_response(400, str(exc))
         try:
             specs = parse_specs(req.names, req.dtypes, req.shapes)
-            if req.load_format is not None:
-                raise ValueError(f"load_format={req.load_format!r} is not supported by the hf engine")
+            flat = load_format_is_flat(req.load_format)
         except ValueError as exc:  # refused before receiving: the sender's bytes may be on the wire
             receiver.quarantine(req.group_name)
             return error_response(400, f"{exc} (weight update group {req.group_name!r} is now out of step: "
                                        "destroy it and init a new one)")
         async with _weight_update(engine, req.abort_all_requests, req.bucket_index):
             try:
-                success, message = await run_in_daemon_thread(receiver.receive_and_load, specs, req.group_name)
+                success, message = await run_in_daemon_thread(receiver.receive_and_load, specs, req.group_name,
+                                                               flat=flat)
             except RuntimeError as exc:  # the broadcast failed (peer gone, timeout)
                 success, message = False, f"receiving the broadcast failed: {exc}"
         return _result(*receiver.take_version(success, message, req.weight_version))

@@ -25,13 +25,18 @@ class Endpoint(Protocol):
     async def post(self, path: str, payload: dict, timeout_s: float) -> Any: ...
 
 
-async def takes_buckets_in_order(receiver: Any) -> bool:
-    """Whether `receiver` loads the buckets of a pipelined push (several posted at once, each with
-    its `bucket_index`) in the sender's order: the hf engine says so in /server_info, a training
-    rank does (Ray runs one caller's calls to an actor in order), SGLang and unknown receivers
-    do not, and get one bucket at a time."""
-    probe = getattr(receiver, "takes_buckets_in_order", None)
-    return bool(probe is not None and await probe())
+# Relax's extensions of the protocol a receiver may take (protocol.py), as /server_info names them:
+IN_ORDER = "weight_buckets_in_order"  # several buckets posted at once (`bucket_index`), loaded in order
+FLAT = "weight_buckets_flat"  # a bucket broadcast as one flat buffer (`load_format: flat_bytes`)
+FEATURES = (IN_ORDER, FLAT)
+
+
+async def receiver_features(receiver: Any) -> frozenset[str]:
+    """The extensions `receiver` takes: the hf engine lists them in /server_info, a training rank
+    takes every one (Ray runs one caller's calls to an actor in order; it receives as the engine
+    does), SGLang and unknown receivers none (one bucket at a time, one broadcast per tensor)."""
+    probe = getattr(receiver, "features", None)
+    return frozenset(await probe()) if probe is not None else frozenset()
 
 
 def weight_sync_error(err: EngineError) -> WeightSyncError:
@@ -65,13 +70,14 @@ class HTTPEndpoint:
         except EngineError as err:
             raise weight_sync_error(err) from err
 
-    async def takes_buckets_in_order(self) -> bool:
+    async def features(self) -> frozenset[str]:
         if self._client is None:
             self._client = EngineClient(self.url, self._api_key, transport=self._transport)
         try:
-            return bool((await self._client.get_server_info()).get("weight_buckets_in_order"))
+            info = await self._client.get_server_info()
         except EngineError:
-            return False
+            return frozenset()
+        return frozenset(f for f in FEATURES if info.get(f))
 
     async def close(self) -> None:
         client, self._client = self._client, None
@@ -90,8 +96,8 @@ class RayEndpoint:
     def __repr__(self) -> str:
         return f"RayEndpoint({self.name})"
 
-    async def takes_buckets_in_order(self) -> bool:
-        return True  # Ray runs one caller's calls to an actor in submission order
+    async def features(self) -> frozenset[str]:
+        return frozenset(FEATURES)  # Ray runs one caller's calls to an actor in submission order
 
     async def post(self, path: str, payload: dict, timeout_s: float) -> dict:
         ref = self.handle.receive_weights.remote(path, payload)

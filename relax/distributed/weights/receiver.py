@@ -5,8 +5,9 @@
 weights in fully-async mode (`relax.backends.fsdp.weights`, `relax.backends.megatron.weights`,
 reached through `endpoints.RayEndpoint`). It holds the weight groups it joined and has one
 entry point per way a bucket arrives:
-- `receive_and_load(specs, group_name)` / `update(payload)`: `/update_weights_from_distributed`,
-  the tensors broadcast by rank 0 of the group;
+- `receive_and_load(specs, group_name, flat)` / `update(payload)`: `/update_weights_from_distributed`,
+  the tensors broadcast by rank 0 of the group, one by one or (`load_format: "flat_bytes"`, Relax's
+  extension) as one buffer of the bucket's bytes;
 - `load_tensor_payload(payload)`: `/update_weights_from_tensor`, CUDA IPC handles from a sender on
   the same GPU, in either `load_format` the sender writes (`ipc.decode_tensor_payload`).
 Every one checks names and shapes first (a bucket that does not fit is rejected whole, nothing
@@ -27,7 +28,7 @@ import torch
 
 from relax.distributed.weights.group import WeightGroup, create_weight_group
 from relax.distributed.weights.ipc import decode_tensor_payload, deserialize
-from relax.distributed.weights.protocol import TensorSpec, parse_specs
+from relax.distributed.weights.protocol import FLAT_BYTES, TensorSpec, flat_layout, flat_views, parse_specs, spec_bytes
 
 
 def expert_views(targets: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -73,6 +74,15 @@ def load_hf_named(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> Non
     total = sum(p.numel() for p in model.parameters())
     if written < total:
         raise ValueError(f"the weights cover {written} of the model's {total} parameter values")
+
+
+def load_format_is_flat(load_format: str | None) -> bool:
+    """A broadcast bucket's `load_format`: None (tensor by tensor, SGLang's) or `flat_bytes`;
+    ValueError naming any other."""
+    if load_format not in (None, FLAT_BYTES):
+        raise ValueError(f"load_format={load_format!r} is not a broadcast format this receiver reads "
+                         f"(None: tensor by tensor, or {FLAT_BYTES!r}: one buffer per bucket)")
+    return load_format == FLAT_BYTES
 
 
 class WeightReceiver:
@@ -201,7 +211,8 @@ class WeightReceiver:
         """`/update_weights_from_distributed` (blocking): receive one bucket from rank 0 of the
         payload's group, load it and take its version. ValueError for a malformed payload."""
         specs = parse_specs(payload["names"], payload["dtypes"], payload["shapes"])
-        success, message = self.receive_and_load(specs, payload.get("group_name"))
+        success, message = self.receive_and_load(specs, payload.get("group_name"),
+                                                 flat=load_format_is_flat(payload.get("load_format")))
         return self.take_version(success, message, payload.get("weight_version"))
 
     def load_tensor_payload(self, payload: dict[str, Any], *, hold: bool = False,
@@ -242,21 +253,30 @@ class WeightReceiver:
             direct.append(t if ok else None)
         return direct
 
-    def receive_and_load(self, specs: list[TensorSpec], group_name: str) -> tuple[bool, str]:
-        """Blocking; returns SGLang's (success, message). A bucket that fits the model is received
-        under the step lock straight into the model's tensors where their layout allows (no
-        scratch copy: on GPUs that copy costs as much as the broadcast). A subclass whose `load`
-        transforms (shards) receives into scratch and loads after."""
+    def receive_and_load(self, specs: list[TensorSpec], group_name: str, *, flat: bool = False) -> tuple[bool, str]:
+        """Blocking; returns SGLang's (success, message). A bucket sent tensor by tensor that fits
+        the model is received under the step lock straight into the model's tensors where their
+        layout allows (no scratch copy). A subclass whose `load` transforms (shards) receives into
+        scratch and loads after. A `flat` bucket is one broadcast into one buffer, then loaded
+        from views into it (one copy, ~1 ms per GB on a GPU, against ~0.15 ms saved per tensor)."""
         with self._one_walk():
-            return self._receive_and_load(specs, self.group(group_name))
+            return self._receive_and_load(specs, self.group(group_name), flat)
 
-    def _receive_and_load(self, specs: list[TensorSpec], group: WeightGroup) -> tuple[bool, str]:
+    def receive_flat(self, specs: list[TensorSpec], group: WeightGroup) -> list[torch.Tensor]:
+        """Blocking: receive a flat bucket (one broadcast of its bytes) and return its tensors as views."""
+        flat = torch.empty(flat_layout([spec_bytes(s) for s in specs])[1], dtype=torch.uint8, device=group.device)
+        group.broadcast(flat, src=0)
+        group.synchronize()
+        return flat_views(flat, specs)
+
+    def _receive_and_load(self, specs: list[TensorSpec], group: WeightGroup, flat: bool) -> tuple[bool, str]:
         problems = self.problems(specs)
+        receive = self.receive_flat if flat else self.receive
         if problems:
-            self.receive(specs, group)  # the sender is blocked in the broadcast: take the bytes, load nothing
+            receive(specs, group)  # the sender is blocked in the broadcast: take the bytes, load nothing
             return False, f"rejected the bucket of {len(specs)} tensors, nothing loaded: " + "; ".join(problems)
-        if type(self).load is not WeightReceiver.load:
-            tensors = self.receive(specs, group)
+        if flat or type(self).load is not WeightReceiver.load:
+            tensors = receive(specs, group)
             self.load(specs, tensors)
         else:
             direct, targets = self._in_place(specs, group), self._bucket_targets()

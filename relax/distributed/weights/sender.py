@@ -36,19 +36,20 @@ from typing import Any, Callable, Iterable, Sequence
 import torch
 
 from relax.distributed.store import listen
-from relax.distributed.weights.endpoints import Endpoint, HTTPEndpoint, takes_buckets_in_order
+from relax.distributed.weights.endpoints import FLAT, IN_ORDER, Endpoint, HTTPEndpoint, receiver_features
 from relax.distributed.weights.group import (
     WeightGroup, create_weight_group, group_master_address, run_in_daemon_thread,
 )
 from relax.distributed.weights.ipc import encode_bucket, serialize, tensor_payload
 from relax.distributed.weights.protocol import (
-    DEFAULT_BUCKET_BYTES, BucketRejected, EndpointMissing, SyncStats, WeightSyncError, dtype_name, iter_buckets,
-    tensor_bytes, with_last,
+    DEFAULT_BUCKET_BYTES, FLAT_BYTES, BucketRejected, EndpointMissing, SyncStats, WeightSyncError, dtype_name,
+    iter_buckets, pack_flat, tensor_bytes, with_last,
 )
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_PIPELINE_DEPTH = 4  # buckets in flight at once, where every receiver takes them in order
+FLAT_DEPTH = 2  # flat buckets in flight at once: each holds a copy of its bytes until it lands
 
 
 @dataclass
@@ -67,7 +68,7 @@ class WeightSender:
                  master_address: str = "127.0.0.1", group_name: str | None = None, transport: Any = None,
                  device: torch.device | str | None = None, pause_mode: str = "abort",
                  ipc_ranks: Sequence[int] | None = None, serializer: Callable[[Any], Any] = serialize,
-                 pipeline_depth: int = DEFAULT_PIPELINE_DEPTH):
+                 pipeline_depth: int = DEFAULT_PIPELINE_DEPTH, extensions: bool = True):
         """`engine_urls`: SGLang HTTP base URLs, or receiver objects with the same protocol as
         `async post(path, payload, timeout_s)` (training-backend ranks that take weights too).
         `pause_mode`: what `/pause_generation` does to in-flight requests while weights load
@@ -75,12 +76,15 @@ class WeightSender:
         weights; partial rollout aborts and resubmits them). `ipc_ranks`, per receiver: 0 for one
         on another GPU (it joins the broadcast group), else it shares this GPU and takes CUDA IPC
         handles through `/update_weights_from_tensor`, one copy per tensor-parallel rank, each
-        written by `serializer` (`ipc.serialize`; tests pass one that keeps CPU tensors as they are)."""
+        written by `serializer` (`ipc.serialize`; tests pass one that keeps CPU tensors as they are).
+        `extensions`: use Relax's extensions of the protocol where every receiver takes them
+        (pipelined and flat buckets, overlapped control calls; protocol.py); False speaks plain
+        SGLang to every receiver (the benches' baseline)."""
         if not engine_urls:
             raise ValueError("WeightSender needs at least one engine URL")
         self.receivers: list[Endpoint] = [HTTPEndpoint(u, api_key=api_key, transport=transport)
                                           if isinstance(u, str) else u for u in engine_urls]
-        ipc = list(ipc_ranks) if ipc_ranks is not None else [0] * len(self.receivers)
+        self._ipc = ipc = list(ipc_ranks) if ipc_ranks is not None else [0] * len(self.receivers)
         if len(ipc) != len(self.receivers):
             raise ValueError(f"ipc_ranks has {len(ipc)} entries for {len(self.receivers)} receivers")
         self.group_receivers = [r for r, n in zip(self.receivers, ipc) if not n]
@@ -92,8 +96,10 @@ class WeightSender:
         self.master_address, self.device = master_address, device
         self.group_name = group_name or f"relax-weights-{uuid.uuid4().hex[:8]}"
         self._group: WeightGroup | None = None
-        self.pipeline_depth = max(1, pipeline_depth)
+        self.pipeline_depth, self.extensions = max(1, pipeline_depth), extensions
         self.depth = 1  # buckets in flight at once: `pipeline_depth` where every receiver takes them in order
+        self.flat = False  # each bucket one broadcast of its bytes: where every group receiver takes them
+        self.together = False  # pause with session open, end with resume: where every receiver is Relax's
         self._chain = threading.Event()  # the last broadcast's end (they run in order, one thread each)
         self._chain.set()
         self._connected = False
@@ -140,8 +146,13 @@ class WeightSender:
         self._connected = True
         self._chain = threading.Event()  # a new group: no broadcast of an earlier one to wait for
         self._chain.set()
-        ordered = await asyncio.gather(*(takes_buckets_in_order(r) for r in self.receivers))
-        self.depth = self.pipeline_depth if all(ordered) and not self.ipc_receivers else 1
+        features = await asyncio.gather(*(receiver_features(r) for r in self.receivers)) if self.extensions \
+            else [frozenset()] * len(self.receivers)
+        self.together = all(IN_ORDER in f for f in features)
+        self.flat = bool(self.group_receivers) and all(
+            FLAT in f for f, n in zip(features, self._ipc) if not n)
+        self.depth = 1 if self.ipc_receivers or not self.together else (
+            min(self.pipeline_depth, FLAT_DEPTH) if self.flat else self.pipeline_depth)
         if not self.group_receivers:  # every receiver shares this GPU: handles only, no group
             logger.info("weight push by CUDA IPC to %d receiver(s) on this GPU", len(self.ipc_receivers))
             return
@@ -181,14 +192,24 @@ class WeightSender:
         async with self._lock:
             start = time.monotonic()
             deadline = start + self.timeout_s
-            await self._post_all("/pause_generation", {"mode": self.pause_mode}, deadline)
+            pause = asyncio.ensure_future(self._post_all("/pause_generation", {"mode": self.pause_mode}, deadline))
+            if not self.together:  # SGLang: paused before the session opens
+                await pause
+            resumed = False
             try:  # (no /flush_cache round trip: the last bucket flushes)
-                total_bytes, num_buckets = await self._push_in_sessions(named_tensors, version, deadline)
+                total_bytes, num_buckets, sessions = await self._push_in_sessions(named_tensors, version,
+                                                                                  deadline, pause)
+                if self.together:  # the weights are all in: resume as the sessions end
+                    resumed = True
+                    await asyncio.gather(self._end_sessions(sessions, deadline, raising=True),
+                                         self._resume_engines())
             finally:
                 self._staging = None  # receivers let go of it at end_weight_update
                 if self.ipc_receivers and torch.cuda.is_available():
                     torch.cuda.ipc_collect()
-                await self._resume_engines()
+                if not resumed:
+                    await asyncio.gather(pause, return_exceptions=True)  # (settled before the resume)
+                    await self._resume_engines()
             if num_buckets == 0:
                 raise WeightSyncError("push() got no tensors")
         seconds = time.monotonic() - start
@@ -199,13 +220,16 @@ class WeightSender:
         return stats
 
     async def _push_in_sessions(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int,
-                                deadline: float) -> tuple[int, int]:
-        """Every bucket inside a weight-update session on each engine that has sessions, up to
-        `depth` in flight at once; returns (bytes, buckets). The version rides on the last bucket."""
+                                deadline: float, pause: asyncio.Future) -> tuple[int, int, list[Endpoint]]:
+        """Every bucket inside a weight-update session on each engine that has sessions, once the
+        engines are paused, up to `depth` in flight at once; returns (bytes, buckets, the receivers
+        with a session). The version rides on the last bucket. The sessions are left open where the
+        caller ends them with the resume (`together`)."""
         total_bytes = num_buckets = 0
         sessions = await self._begin_sessions(deadline)
         flights: deque[_Flight] = deque()
         try:
+            await pause
             for index, (bucket, is_last) in enumerate(with_last(iter_buckets(named_tensors, self.bucket_bytes))):
                 if len(flights) >= self.depth:
                     total_bytes += await self._land(flights, deadline)
@@ -219,8 +243,9 @@ class WeightSender:
                     task.cancel()
             await self._end_sessions(sessions, deadline, raising=False)
             raise
-        await self._end_sessions(sessions, deadline, raising=True)
-        return total_bytes, num_buckets
+        if not self.together:
+            await self._end_sessions(sessions, deadline, raising=True)
+        return total_bytes, num_buckets, sessions
 
     async def _begin_sessions(self, deadline: float) -> list[Endpoint]:
         """`/begin_weight_update` on every engine; the ones that opened a session (404: an engine
@@ -286,7 +311,8 @@ class WeightSender:
     def _group_tasks(self, named: list[tuple[str, torch.Tensor]], index: int, weight_version: str | None,
                      remaining: float, last: bool) -> list[asyncio.Future]:
         """`/update_weights_from_distributed` to every receiver in the group, and the broadcast
-        (after the previous bucket's: `_chained`)."""
+        (after the previous bucket's: `_chained`): one per tensor, or one of the bucket's bytes
+        packed into a flat buffer (`flat`)."""
         tensors = [t for _, t in named]
         payload = {"names": [n for n, _ in named], "dtypes": [dtype_name(t.dtype) for t in tensors],
                    "shapes": [list(t.shape) for t in tensors], "group_name": self.group_name, "flush_cache": last}
@@ -294,20 +320,26 @@ class WeightSender:
             payload["weight_version"] = weight_version
         if self.depth > 1:  # receivers that take pipelined buckets in order (SGLang never gets the field)
             payload["bucket_index"] = index
+        if self.flat:
+            payload["load_format"] = FLAT_BYTES
         tasks = [asyncio.ensure_future(r.post("/update_weights_from_distributed", payload, remaining))
                  for r in self.group_receivers]
-        return tasks + [self._chained(tensors)]
+        return tasks + [self._chained(tensors, pack=self.flat)]
 
-    def _chained(self, tensors: list[torch.Tensor]) -> asyncio.Future:
+    def _chained(self, tensors: list[torch.Tensor], *, pack: bool) -> asyncio.Future:
         """Broadcast `tensors` in a daemon thread once the previous bucket's broadcast has ended, so
-        broadcasts keep the buckets' order however many are in flight."""
+        broadcasts keep the buckets' order however many are in flight. `pack`: as one flat buffer,
+        packed (cast and copied once) in that thread while the previous bucket is on the wire and
+        the event loop sends the requests."""
         previous, done = self._chain, threading.Event()
         self._chain = done
+        device = self._group.device
 
         def broadcast() -> None:
             try:
+                buffers = [pack_flat(tensors, device)] if pack else tensors
                 previous.wait()
-                self._broadcast(tensors)
+                self._broadcast(buffers)
             finally:
                 done.set()
 
@@ -317,7 +349,9 @@ class WeightSender:
                 deadline: float) -> _Flight:
         """Put bucket `index` on its way (the last one carries the version and flushes the caches)."""
         device = self._group.device if self._group is not None else self.device
-        named = [(n, t.detach().to(device).contiguous()) for n, t in bucket]
+        named = [(n, t.detach()) for n, t in bucket]
+        if self.ipc_receivers or not self.flat:  # (a flat bucket is packed from the tensors as they are)
+            named = [(n, t.to(device).contiguous()) for n, t in named]
         remaining, last = self._remaining(deadline), weight_version is not None
         tasks: list[asyncio.Future] = []
         if self.ipc_receivers:

@@ -27,13 +27,19 @@ def test_weight_sync_bench_runs_on_cpu(tmp_path):
     last = proc.stdout.strip().splitlines()[-1]
     assert re.fullmatch(r"weight_sync_gbps=[\d.]+ nccl_gbps=[\d.]+ ratio=[\d.]+", last), last
     result = json.loads(out.read_text())["results"][0]
-    # Each bucket size one bucket at a time (as to SGLang) and pipelined (the hf engine takes them in order).
-    assert [(p["bucket_mib"], p["depth"]) for p in result["pushes"]] == [(1, 1), (4, 1), (1, 4), (4, 4)]
+    # Each bucket size in plain SGLang (one bucket at a time, per tensor) and with Relax's extensions,
+    # which the hf engine takes (flat buckets, two in flight).
+    assert [(p["protocol"], p["bucket_mib"], p["depth"], p["flat"]) for p in result["pushes"]] == [
+        ("sglang", 1, 1, False), ("sglang", 4, 1, False), ("relax", 1, 2, True), ("relax", 4, 2, True)]
     # The tiny model's ~3.3 MB in 1 MiB buckets take several buckets, in 4 MiB one.
     assert result["pushes"][0]["buckets"] > 1 and result["pushes"][1]["buckets"] == 1
     assert all(p["bytes"] == result["bytes"] for p in result["pushes"])
     assert result["weight_sync_gbps"] > 0 and result["nccl_gbps"] > 0
-    assert set(result["fixed_cost_fit"]) == {"1", "4"} and "per_bucket_s" in result["fixed_cost_fit"]["4"]
+    assert set(result["fixed_cost_fit"]) == {"sglang", "relax"} and "per_bucket_s" in result["fixed_cost_fit"]["relax"]
+    # The timelines (one push per protocol): every control call, and the relax push's flat packs.
+    timelines = {t["protocol"]: [name for name, _, _ in t["spans"]] for t in result["timelines"]}
+    assert timelines["sglang"][:2] == ["/pause_generation", "/begin_weight_update"]
+    assert "pack (sender)" in timelines["relax"] and "pack (sender)" not in timelines["sglang"]
 
 
 def test_long_tail_lengths_are_fixed_by_seed_and_index_and_capped():

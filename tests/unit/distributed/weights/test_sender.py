@@ -272,3 +272,80 @@ def test_receivers_on_the_senders_gpu_get_ipc_payloads_and_the_others_the_broadc
     assert len(body["serialized_named_tensors"]) == 2 and body["weight_version"] == "3" and body["flush_cache"]
     assert body["load_format"] == "flattened_bucket"  # one IPC handle per bucket (relax/distributed/weights/ipc.py)
     assert engine.calls[0] == "/init_weights_update_group" and torch.equal(engine.tensors["a"], torch.ones(2))
+
+
+class ReceiverEndpoint:
+    """A real `WeightReceiver` (the hf engine's and the training ranks' loading code) behind the
+    sender's receiver interface, taking the extensions `features` names; records each call's
+    path with when it started and ended, and the broadcasts its group received."""
+
+    def __init__(self, model: torch.nn.Module, features: frozenset[str]):
+        from relax.distributed.weights.receiver import WeightReceiver
+
+        self.receiver, self._features = WeightReceiver(model, timeout_s=20), features
+        self.spans: list[tuple[str, float, float]] = []
+        self.broadcasts = 0
+        self.turn = asyncio.Lock()  # buckets load one at a time, in the order posted (FIFO), as the hf engine's
+
+    async def features(self) -> frozenset[str]:
+        return self._features
+
+    async def post(self, path: str, payload: dict, timeout_s: float) -> dict:
+        start = time.monotonic()
+        if path == "/init_weights_update_group":
+            await asyncio.to_thread(self.receiver.init_group, **payload)
+            group = self.receiver.groups[payload["group_name"]]
+            broadcast = group.broadcast
+
+            def counted(tensor, src=0):
+                self.broadcasts += 1
+                broadcast(tensor, src)
+            group.broadcast = counted
+        elif path == "/update_weights_from_distributed":
+            async with self.turn:
+                success, message = await asyncio.to_thread(self.receiver.update, payload)
+            assert success, message
+        elif path in ("/pause_generation", "/begin_weight_update", "/end_weight_update", "/continue_generation"):
+            await asyncio.sleep(0.05)  # a round trip
+        elif path == "/destroy_weights_update_group":
+            self.receiver.destroy_group(payload["group_name"])
+        self.spans.append((path, start, time.monotonic()))
+        return {"success": True, "message": "ok"}
+
+    def span(self, path: str) -> tuple[float, float]:
+        return next((s, e) for p, s, e in self.spans if p == path)
+
+
+@pytest.mark.parametrize("flat", [True, False], ids=["flat", "per-tensor"])
+def test_receivers_that_take_flat_buckets_get_one_broadcast_per_bucket_and_overlapped_control_calls(flat):
+    """Relax's receivers (the hf engine, training ranks) take each bucket as one broadcast of its
+    bytes, every dtype and a non-contiguous source included, and their pause and session calls
+    overlap (pause with begin, end with continue); a receiver without the flat extension gets one
+    broadcast per tensor."""
+    from relax.distributed.weights.endpoints import FLAT, IN_ORDER
+
+    model = torch.nn.Module()
+    model.a = torch.nn.Parameter(torch.zeros(3, 5))
+    model.b = torch.nn.Parameter(torch.zeros(7, dtype=torch.bfloat16))
+    model.register_buffer("c", torch.zeros(2, 2, dtype=torch.int64))
+    model.d = torch.nn.Parameter(torch.zeros(4, 3))
+    state = {"a": torch.randn(3, 5), "b": torch.randn(7).to(torch.bfloat16), "c": torch.tensor([[1, 2], [3, 4]]),
+             "d": torch.randn(3, 4).t()}  # (non-contiguous)
+    endpoint = ReceiverEndpoint(model, frozenset({IN_ORDER, FLAT} if flat else {IN_ORDER}))
+
+    async def go():
+        sender = WeightSender([endpoint], backend="gloo", timeout_s=30, bucket_bytes=96)
+        await sender.connect()
+        stats = await sender.push(state.items(), version=3)
+        await sender.close()
+        return stats
+
+    stats = asyncio.run(go())
+    assert all(torch.equal(getattr(model, n), t) for n, t in state.items()) and endpoint.receiver.version == "3"
+    assert stats.num_buckets == 2  # [a (60 bytes), b (14)] [c (32), d (48)]
+    assert endpoint.broadcasts == (2 if flat else 4)
+    pause, begin = endpoint.span("/pause_generation"), endpoint.span("/begin_weight_update")
+    end, resume = endpoint.span("/end_weight_update"), endpoint.span("/continue_generation")
+    assert begin[0] < pause[1] and resume[0] < end[1]  # in flight together: one round trip each side
+    first_bucket = endpoint.span("/update_weights_from_distributed")
+    assert first_bucket[0] >= pause[1]  # no bucket loads before the engines are paused
