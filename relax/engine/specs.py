@@ -93,7 +93,8 @@ class AgenticSpec:
     `template_kwargs`: --apply-chat-template-kwargs, also used to render observations.
     `agent_path`: a black-box agent (--agent-function-path) generates through the gateway on
     `gateway_host`, each episode within `agent_timeout` seconds; `tools_in_prompt`: requests' tools
-    rendered by the chat template (docs/agents.md)."""
+    rendered by the chat template (docs/agents.md); `constrain_tool_calls`: each model turn asks the
+    engine for the tool-call constraint of the sample's tools (docs/agentic.md)."""
 
     env_path: str | None = None
     max_turns: int = 5
@@ -108,6 +109,7 @@ class AgenticSpec:
     agent_timeout: float = 300.0
     gateway_host: str = "127.0.0.1"
     tools_in_prompt: bool = True
+    constrain_tool_calls: bool = False  # every model turn's tool calls made to parse (tool_calls.py)
 
     @classmethod
     def from_values(cls, v: Any) -> AgenticSpec:
@@ -118,7 +120,8 @@ class AgenticSpec:
                    log_trajectories=v.log_multi_turn,
                    template_kwargs=tuple(sorted((v.apply_chat_template_kwargs or {}).items())),
                    agent_path=v.agent_function_path, agent_timeout=v.agent_timeout, gateway_host=v.agent_gateway_host,
-                   tools_in_prompt=v.agent_tools_in_prompt)
+                   tools_in_prompt=v.agent_tools_in_prompt,
+                   constrain_tool_calls=v.multi_turn_constrain_tool_calls)
 
     @classmethod
     def from_config(cls, cfg: RelaxConfig) -> AgenticSpec:

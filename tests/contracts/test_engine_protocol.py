@@ -4,13 +4,22 @@ inference backend, so each backend is held to the same behaviour.
 
 `hf` runs here (CPU, in CI); `sglang` runs where it exists (marked `gpu`: it needs sglang and a
 CUDA device) and is skipped elsewhere with the reason. Each backend is launched through the
-backend registry exactly as a run launches it.
+backend registry exactly as a run launches it, once per module, on a tiny Qwen3 with a byte-level
+BPE tokenizer (constrained decoding needs one whose tokens spell its text).
+
+Streaming (`"stream": true`, SGLang's server-sent events; OpenAI's `stream` with usage) and
+constrained decoding (`regex`, `json_schema`, `ebnf`, `structural_tag`; OpenAI's `response_format`
+and forced `tool_choice`) are held to SGLang's behaviour too: a streamed request ends as the same
+request unstreamed, every constrained sample matches its constraint (200 per kind, in one request
+each), a bad grammar is a 400 naming it, and the engine keeps serving.
 """
 
 from __future__ import annotations
 
 import asyncio
 import importlib.util
+import json
+import re
 
 import pytest
 import torch
@@ -39,10 +48,10 @@ def _backend_params():
 
 @pytest.fixture(scope="module", params=_backend_params())
 def engine(request, tmp_path_factory):
-    from relax.backends.hf.tiny_model import build_tiny_qwen3
+    from relax.backends.hf.tiny_model import build_tiny_bpe_qwen3
 
     backend, device = request.param.partition("-")[::2]
-    model_dir = build_tiny_qwen3(tmp_path_factory.mktemp("contract-model"), seed=0)
+    model_dir = build_tiny_bpe_qwen3(tmp_path_factory.mktemp("contract-model"), seed=0)
     launch = import_object(INFERENCE_BACKENDS[backend], flag="--rollout-backend")
     handle = launch(str(model_dir), api_key=API_KEY, num_threads=1,
                     log_path=str(tmp_path_factory.mktemp("contract-logs") / "engine.log"),
@@ -193,3 +202,150 @@ def test_a_bad_request_is_an_error_and_the_engine_keeps_serving(engine):
         call(engine, "generate", {"input_ids": PROMPT, "sampling_params": {"top_p": 7}})
     assert err.value.status == 400
     assert call(engine, "generate", greedy(1))["meta_info"]["completion_tokens"] == 1
+
+
+# ---- streaming --------------------------------------------------------------------------------
+def sse_events(engine, path: str, payload: dict) -> list:
+    """POST with `stream: true`; the decoded `data:` events, `[DONE]` kept as the string."""
+    import httpx
+
+    events = []
+    with httpx.stream("POST", engine.url + path, json=payload, timeout=60,
+                      headers={"Authorization": f"Bearer {API_KEY}"}) as reply:
+        assert reply.status_code == 200 and reply.headers["content-type"].startswith("text/event-stream")
+        for line in reply.iter_lines():
+            if line.startswith("data: "):
+                events.append(line[6:] if line == "data: [DONE]" else json.loads(line[6:]))
+    return events
+
+
+def test_a_streamed_generate_ends_as_the_same_request_unstreamed(engine):
+    """Two prompts x n=2, seeded: per index the events grow the reply token by token (finish_reason
+    null until the last), the last event is the unstreamed reply, then [DONE]."""
+    request = {"input_ids": [PROMPT, PROMPT[:2]], "return_logprob": True,
+               "sampling_params": {"temperature": 1.0, "max_new_tokens": 6, "sampling_seed": 5, "n": 2}}
+    plain = call(engine, "generate", request)
+    events = sse_events(engine, "/generate", {**request, "stream": True})
+    assert events[-1] == "[DONE]" and all(isinstance(e, dict) for e in events[:-1])
+    for index, expected in enumerate(plain):
+        mine = [e for e in events[:-1] if e["index"] == index]
+        last = mine[-1]
+        assert last["output_ids"] == expected["output_ids"] and last["text"] == expected["text"]
+        assert last["meta_info"]["finish_reason"] == expected["meta_info"]["finish_reason"]
+        logprobs = [lp for lp, _, _ in expected["meta_info"]["output_token_logprobs"]]
+        assert [lp for lp, _, _ in last["meta_info"]["output_token_logprobs"]] == pytest.approx(logprobs, abs=1e-5)
+        assert all(e["meta_info"]["finish_reason"] is None for e in mine[:-1]) and len(mine) > 1
+        for e in mine[:-1]:
+            assert expected["output_ids"][:len(e["output_ids"])] == e["output_ids"]
+            assert expected["text"].startswith(e["text"])
+
+
+def test_a_streamed_chat_completion_has_the_same_text_and_usage_last(engine):
+    request = {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 8, "seed": 3, "temperature": 1.0}
+    plain = _post(engine, "/v1/chat/completions", request)
+    events = sse_events(engine, "/v1/chat/completions",
+                        {**request, "stream": True, "stream_options": {"include_usage": True}})
+    assert events[-1] == "[DONE]" and events[-2]["choices"] == [] and events[-2]["usage"] == plain["usage"]
+    chunks = events[:-2]
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)
+    assert text == plain["choices"][0]["message"]["content"]
+    assert chunks[-1]["choices"][0]["finish_reason"] == plain["choices"][0]["finish_reason"]
+    completion = {"prompt": "hello world", "max_tokens": 6, "seed": 2, "n": 2, "temperature": 1.0}
+    plain = _post(engine, "/v1/completions", completion)
+    events = sse_events(engine, "/v1/completions", {**completion, "stream": True})
+    for choice in plain["choices"]:
+        mine = [e["choices"][0] for e in events[:-1] if e["choices"][0]["index"] == choice["index"]]
+        assert "".join(c["text"] for c in mine) == choice["text"]
+        assert mine[-1]["finish_reason"] == choice["finish_reason"] and events[-1] == "[DONE]"
+
+
+# ---- constrained decoding ----------------------------------------------------------------------
+EMAIL = r"[a-z]{1,6}@[a-z]{1,5}\.(com|org)"
+ITEM = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 6},
+                                         "count": {"type": "integer", "minimum": 0, "maximum": 99},
+                                         "ok": {"type": "boolean"}},
+        "required": ["name", "count", "ok"], "additionalProperties": False}
+
+
+def samples(engine, constraint: dict, n: int = 200, max_new_tokens: int = 64) -> list[dict]:
+    """n samples of PROMPT under one constraint, in one request (n parallel samples, seeded)."""
+    replies = call(engine, "generate", {"input_ids": PROMPT, "sampling_params": {
+        "temperature": 1.0, "max_new_tokens": max_new_tokens, "sampling_seed": 0, "n": n, **constraint}})
+    assert len(replies) == n
+    return replies
+
+
+def test_every_regex_sample_matches(engine):
+    replies = samples(engine, {"regex": EMAIL})
+    assert all(re.fullmatch(EMAIL, r["text"]) and r["meta_info"]["finish_reason"]["type"] == "stop"
+               for r in replies), [r["text"] for r in replies if not re.fullmatch(EMAIL, r["text"])][:5]
+    assert len({r["text"] for r in replies}) > 50  # sampled, not one forced string
+
+
+def test_every_json_schema_sample_is_valid(engine):
+    import jsonschema
+
+    replies = samples(engine, {"json_schema": json.dumps(ITEM)})
+    for reply in replies:
+        jsonschema.validate(json.loads(reply["text"]), ITEM)
+        assert reply["meta_info"]["finish_reason"]["type"] == "stop"
+
+
+def test_ebnf_and_structural_tag_constrain_the_text(engine):
+    words = samples(engine, {"ebnf": 'root ::= ("yes" | "no") " " [0-9]'}, n=16, max_new_tokens=16)
+    assert all(re.fullmatch(r"(yes|no) [0-9]", r["text"]) for r in words), [r["text"] for r in words]
+    tag = {"type": "structural_tag", "triggers": ["<f="],
+           "structures": [{"begin": "<f=add>", "schema": ITEM, "end": "</f>"}]}
+    bias = {str(t): 5.0 for t in _token_ids(engine, "<f=")}  # a random policy, pushed to open the tag
+    replies = samples(engine, {"structural_tag": json.dumps(tag), "logit_bias": bias}, n=16, max_new_tokens=160)
+    bodies = [b for r in replies for b in re.findall(r"<f=add>(.*?)</f>", r["text"], re.S)]
+    assert bodies and all(json.loads(b).keys() == ITEM["properties"].keys() for b in bodies)
+
+
+def test_openai_response_format_and_forced_tool_choice(engine):
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 160, "seed": 1, "n": 4}
+    reply = _post(engine, "/v1/chat/completions", {**chat, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "item", "schema": ITEM}}})
+    assert all(json.loads(c["message"]["content"]).keys() == ITEM["properties"].keys() for c in reply["choices"])
+    tools = [{"type": "function", "function": {"name": "add", "parameters": ITEM}}]
+    named = {"type": "function", "function": {"name": "add"}}
+    # "required" is a list of calls the policy may extend; a bias on "]" lets a random one close it
+    close = {str(t): 6.0 for t in _token_ids(engine, "]")}
+    for choice_of_tool, extra in ((named, {}), ("required", {"logit_bias": close})):
+        reply = _post(engine, "/v1/chat/completions", {**chat, **extra, "tools": tools, "tool_choice": choice_of_tool})
+        for choice in reply["choices"]:
+            calls = choice["message"].get("tool_calls")
+            assert choice["finish_reason"] == "tool_calls" and calls, choice
+            assert all(c["function"]["name"] == "add" and json.loads(c["function"]["arguments"]).keys()
+                       == ITEM["properties"].keys() for c in calls)
+
+
+@pytest.mark.parametrize("params, needle", [
+    ({"regex": "[a-"}, "sampling_params.regex: invalid regular expression"),
+    ({"json_schema": "{not json"}, "sampling_params.json_schema is not valid JSON"),
+    ({"ebnf": "root ::= nowhere"}, "sampling_params.ebnf"),
+    ({"structural_tag": '{"triggers": []}'}, "sampling_params.structural_tag must be"),
+    ({"regex": "a", "ebnf": 'root ::= "a"'}, "give at most one of"),
+])
+def test_a_bad_grammar_is_a_400_naming_it_and_the_engine_keeps_serving(engine, params, needle):
+    with pytest.raises(EngineError) as err:
+        call(engine, "generate", {"input_ids": PROMPT, "stream": True, "sampling_params": params})
+    assert err.value.status == 400 and needle in str(err.value) and "Traceback" not in str(err.value)
+    assert call(engine, "generate", greedy(1))["meta_info"]["completion_tokens"] == 1
+    assert call(engine, "health_generate")
+
+
+def _post(engine, path: str, payload: dict) -> dict:
+    import httpx
+
+    reply = httpx.post(engine.url + path, json=payload, timeout=60, headers={"Authorization": f"Bearer {API_KEY}"})
+    assert reply.status_code == 200, reply.text
+    return reply.json()
+
+
+def _token_ids(engine, text: str) -> list[int]:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(engine.model_dir).encode(text, add_special_tokens=False)

@@ -5,7 +5,9 @@ loop) with `rows` (a row's input, state and result), `batch` (the running batch'
 bookkeeping) and `prefill` (a group's prefill), `static_cache` (the slot cache and CUDA
 graphs), `scheduler` (request queue -> batches on one decode thread), `weights` (engine side of
 the distributed weight update), `engine` (all of it around one model), `protocol` (request
-models, reply builders), `server` (FastAPI app + CLI), `launcher` (child-process launch),
-`tiny_model` (a tiny random Qwen3 for tests and CPU runs). Nothing is imported here, so
+models, reply builders), `server` (FastAPI app + CLI), `streaming` (server-sent events of
+`/generate` and the OpenAI routes), `grammar` (constrained decoding through llguidance),
+`openai_api` + `openai_constraints` (the OpenAI routes), `launcher` (child-process launch),
+`tiny_model` (tiny random Qwen3s for tests and CPU runs). Nothing is imported here, so
 importing the package stays cheap.
 """

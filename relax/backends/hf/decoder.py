@@ -49,6 +49,12 @@ A VL / Omni model's media placeholder tokens (`banned_token_ids`: `<|image_pad|>
 next turn); the reported log-probs stay those of the model's whole distribution at the row's
 temperature (`unbanned_logprobs`), the ones the trainer computes.
 
+Constrained rows (`DecodeRow.grammar`: SGLang's `regex` / `json_schema` / `ebnf` / `structural_tag`,
+grammar.py) have the tokens their grammar forbids set to -inf in `sample`, after the penalizers and
+before the sampler, so they draw from, and report the log-probs of, the constrained distribution;
+the grammar consumes each drawn token (rows.py) and the row ends when it takes an EOS. A streamed
+request's rows carry `on_token`, called from this thread as each token is drawn (streaming.py).
+
 Joining needs plain `DynamicLayer` cache layers; for models whose cache has other layer kinds
 (sliding window, linear attention) `can_join` is False and `admit` is never called: new
 requests then wait for the next batch.
@@ -74,6 +80,7 @@ from transformers import DynamicCache
 
 from relax.algorithms.logprobs import row_response_log_probs
 from relax.backends.hf.batch import DynamicBatch, SlotBatch, cache_supports_join
+from relax.backends.hf.grammar import mask_logits
 from relax.backends.hf.prefill import prefill
 from relax.backends.hf.rows import DecodeRow, DecodeStats, RowResult, RowState
 from relax.backends.hf.sampling import SamplingBatch, apply_penalties, sample_next_tokens
@@ -293,15 +300,25 @@ class BatchDecoder:
 
     def sample(self, logits_BV: torch.Tensor, rows: list[int], states: list[RowState], sampling: SamplingBatch,
                finish: Callable[[int, dict], None]) -> tuple[torch.Tensor, list[int]]:
-        """Draw one token per row, record it, answer finished rows. Returns (tokens_B, kept positions)."""
+        """Draw one token per row, record it, answer finished rows. Returns (tokens_B, kept positions).
+        Constrained rows' forbidden tokens are masked first (grammar.py): they sample, and report the
+        log-probs of, the constrained distribution."""
         self._apply_penalizers(logits_BV, [states[i] for i in rows])
+        constrained = [b for b, i in enumerate(rows) if states[i].row.grammar is not None]
+        if constrained:
+            mask_logits(logits_BV, constrained, [states[rows[b]].row.grammar for b in constrained])
         if self.banned_ids is not None:
             banned_BK = logits_BV[:, self.banned_ids].clone()
             logits_BV[:, self.banned_ids] = float("-inf")
         tokens_B, logprobs_B = sample_next_tokens(logits_BV, sampling, self.shared_generator)
         if self.banned_ids is not None:
             chosen_B = logits_BV.gather(-1, tokens_B[:, None])[:, 0]  # greedy rows: temperature_B is 1
-            logprobs_B = unbanned_logprobs(logprobs_B, chosen_B, banned_BK, sampling.temperature_B)
+            full_B = unbanned_logprobs(logprobs_B, chosen_B, banned_BK, sampling.temperature_B)
+            if constrained:  # a constrained row reports its constrained distribution's log-prob
+                free_B = torch.ones_like(full_B, dtype=torch.bool)
+                free_B[constrained] = False
+                full_B = torch.where(free_B, full_B, logprobs_B)
+            logprobs_B = full_B
         self.stats.generated_tokens += len(rows)
         keep = []
         for b, (i, token, logprob) in enumerate(zip(rows, tokens_B.tolist(), logprobs_B.tolist())):
@@ -330,7 +347,8 @@ class BatchDecoder:
         for b, state in enumerate(states):
             if state.params.has_penalties:
                 apply_penalties(logits_BV[b], state.params, state.row.prompt_ids, state.output_ids)
-            if state.stop_ids and len(state.output_ids) < state.params.min_new_tokens:
+            # (a constrained row's grammar decides when it may end: an EOS ban could leave it no token)
+            if state.stop_ids and len(state.output_ids) < state.params.min_new_tokens and state.row.grammar is None:
                 logits_BV[b, state.stop_ids] = float("-inf")
 
     @staticmethod

@@ -15,11 +15,12 @@ import asyncio
 import logging
 import threading
 import time
-from typing import Any
+from typing import Any, AsyncIterator
 
 import torch
 
 from relax.backends.hf.decoder import BatchDecoder
+from relax.backends.hf.grammar import GrammarCompiler
 from relax.backends.hf.protocol import GenerateItem
 from relax.backends.hf.rows import DecodeRow, RowResult
 from relax.backends.hf.sampling import warm_up_sampler
@@ -104,6 +105,8 @@ class HFEngine:
         self.max_context_len = max_context_len or int(getattr(text_config, "max_position_embeddings", 4096))
         self.step_lock = threading.Lock()
         pad = self.tokenizer.pad_token_id
+        # regex / json_schema / ebnf / structural_tag (grammar.py): llguidance over this tokenizer
+        self.grammars = GrammarCompiler(self.tokenizer, self.vocab_size, eos_token_ids(self.model, self.tokenizer))
         self.decoder = BatchDecoder(self.model, self.tokenizer, device=self.device,
                                     eos_token_ids=eos_token_ids(self.model, self.tokenizer),
                                     max_context_len=self.max_context_len, pad_token_id=pad if pad is not None else 0,
@@ -147,16 +150,71 @@ class HFEngine:
     # ---- generation ------------------------------------------------------------------
     async def generate(self, items: list[GenerateItem]) -> list[RowResult]:
         """Run every item through the scheduler (they batch with whatever else is queued)."""
+        rows, media = await self.prepare(items)
+        results = list(await asyncio.gather(*(self.scheduler.generate(item.rid, row)
+                                              for item, row in zip(items, rows))))
+        await self.score_inputs(items, results, media)
+        return results
+
+    async def stream(self, items: list[GenerateItem], rows: list[DecodeRow], media: list
+                     ) -> AsyncIterator[tuple[int, int, float | RowResult]]:
+        """Run prepared items (`prepare`, which raises a bad request's error before anything starts)
+        as `generate` does, yielding `(i, token, logprob)` as item i draws each token and
+        `(i, -1, result)` when it finishes (after its tokens). Closing the iterator early (the client
+        went away) aborts the items still running."""
+        loop, events = asyncio.get_running_loop(), asyncio.Queue()
+        for i, row in enumerate(rows):
+            row.on_token = lambda token, logprob, i=i: loop.call_soon_threadsafe(events.put_nowait, (i, token, logprob))
+
+        async def one(i: int) -> None:
+            try:
+                result = await self.scheduler.generate(items[i].rid, rows[i])
+                await self.score_inputs([items[i]], [result], [media[i]])
+            except Exception as exc:  # noqa: BLE001 - a failed decode fails the stream, in order
+                events.put_nowait((i, -2, exc))
+                return
+            events.put_nowait((i, -1, result))
+
+        tasks = [asyncio.ensure_future(one(i)) for i in range(len(items))]
+        try:
+            finished = 0
+            while finished < len(items):
+                i, token, value = await events.get()
+                if token == -2:
+                    raise value
+                finished += token == -1
+                yield i, token, value
+        finally:
+            for task in tasks:
+                task.cancel()
+
+    async def prepare(self, items: list[GenerateItem]) -> tuple[list[DecodeRow], list[dict | None]]:
+        """Check the items against the engine's state and mode, compile their grammars; their rows
+        and media tensors. ValueError (a 400) names the bad input; EngineUnavailable is a 503."""
         if self.rl_on_policy_target and any(item.params.has_penalties for item in items):
             raise ValueError("sampling penalties and logit_bias change the sampled distribution, which the "
                              "trainer cannot reproduce (--rl-on-policy-target): send them neutral")
+        constrained = [item.params.constraint for item in items if item.params.constraint is not None]
+        if self.rl_on_policy_target and constrained:
+            raise ValueError(f"{constrained[0].field} constrains the sampled distribution, which the trainer "
+                             "cannot reproduce (--rl-on-policy-target / --true-on-policy-mode): send no constraint, "
+                             "or run without true on-policy mode (docs/true-on-policy.md)")
         if self.released_tags:
             raise EngineUnavailable(f"engine memory is released (tags {sorted(self.released_tags)}); "
                                     "call /resume_memory_occupation before generating")
+        grammars = await asyncio.to_thread(self.row_grammars, items) if constrained else [None] * len(items)
         media = await asyncio.to_thread(self.batch_media, items)
-        results = list(await asyncio.gather(*(
-            self.scheduler.generate(item.rid, DecodeRow(item.input_ids, item.params, media=m))
-            for item, m in zip(items, media))))
+        rows = [DecodeRow(item.input_ids, item.params, media=m, grammar=g)
+                for item, m, g in zip(items, media, grammars)]
+        return rows, media
+
+    def row_grammars(self, items: list[GenerateItem]) -> list[Any]:
+        """Each item's grammar matcher (None: unconstrained); ValueError names a bad grammar."""
+        return [None if item.params.constraint is None else self.grammars.row_grammar(item.params.constraint)
+                for item in items]
+
+    async def score_inputs(self, items: list[GenerateItem], results: list[RowResult], media: list) -> None:
+        """Input-token log-probs of the items that asked (`logprob_start_len`) and were not aborted."""
         scored = [i for i, item in enumerate(items)
                   if item.logprob_start_len is not None and results[i].finish_reason.get("type") != "abort"]
         if scored:  # input-token logprobs: one cache-free forward per chunk, off the event loop
@@ -165,7 +223,6 @@ class HFEngine:
                 temperatures=[1.0 if items[i].params.is_greedy else items[i].params.temperature for i in scored])
             for i, lp in zip(scored, logprobs):
                 results[i].input_logprobs = lp
-        return results
 
     def batch_media(self, items: list[GenerateItem]) -> list[dict[str, torch.Tensor] | None]:
         """Each item's encoder tensors (None: text); items with the same media share one object, so

@@ -211,8 +211,6 @@ def check_prompt(i: int, ids: list[int], params: SamplingParams, vocab_size: int
 def normalize_generate(req: GenerateRequest, tokenizer: Any, *, vocab_size: int, max_context_len: int
                        ) -> tuple[list[GenerateItem], bool]:
     """Expand a /generate request into items; raises ValueError with a message for a 400."""
-    if req.stream:
-        raise ValueError("stream=true is not supported by the hf engine; send stream=false")
     top = req.top_logprobs_num if isinstance(req.top_logprobs_num, list) else [req.top_logprobs_num]
     if any(v not in (None, 0) for v in top):
         raise ValueError("top_logprobs_num is not supported by the hf engine (output- and input-token logprobs are)")

@@ -6,17 +6,19 @@ A row finishes on the first of: an EOS or `stop_token_ids` token, a `stop` strin
 its last tokens, a `stop_regex` match in the text of its last `REGEX_WINDOW` tokens (these three
 only from `min_new_tokens` output tokens on), its length (`max_new_tokens`, cut to the context
 length). Its result's text drops a matched stop token or string unless `no_stop_trim`; its
-output ids and log-probs keep every sampled token.
+output ids and log-probs keep every sampled token. A constrained row (`DecodeRow.grammar`) also
+ends when its grammar takes an EOS token (finish_reason stop, matched = that token).
 """
 
 from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
+from relax.backends.hf.grammar import RowGrammar
 from relax.backends.hf.sampling import SamplingParams
 
 ABORT_MESSAGE = "request aborted"
@@ -32,6 +34,9 @@ class DecodeRow:
     abort_event: threading.Event = field(default_factory=threading.Event)
     abort_message: str = ABORT_MESSAGE
     media: dict[str, torch.Tensor] | None = None  # encoder tensors of a multimodal prompt (pixel_values, ...)
+    grammar: RowGrammar | None = None  # the row's constraint matcher (grammar.py); None: unconstrained
+    # Called from the decode thread with (token, logprob) as each token is drawn (streaming).
+    on_token: Callable[[int, float], None] | None = None
 
 
 @dataclass
@@ -93,6 +98,13 @@ class RowState:
         """Record one token; return the finish reason if the row is done."""
         self.output_ids.append(token)
         self.logprobs.append(logprob)
+        if self.row.on_token is not None:
+            self.row.on_token(token, logprob)
+        grammar = self.row.grammar
+        if grammar is not None:
+            grammar.accept(token)
+            if grammar.terminated:  # the grammar took an EOS: done, whatever ignore_eos says (as SGLang)
+                return {"type": "stop", "matched": token}
         if len(self.output_ids) >= self.params.min_new_tokens:
             if token in self.eos_ids or token in self.params.stop_token_ids:
                 return {"type": "stop", "matched": token}

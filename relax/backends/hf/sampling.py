@@ -21,7 +21,10 @@ logit bias), applied by the decoder before sampling.
 Log-prob convention (shared with the trainer): the returned log-prob of a sampled token is
 `log_softmax(logits / temperature)[token]` for temperature > 0 and `log_softmax(logits)[token]`
 for greedy; top-k/top-p/min-p filtering does not change it. This is what SGLang returns by
-default (its sampler scales logits by temperature before computing log-probs).
+default (its sampler scales logits by temperature before computing log-probs). A constrained row
+(`regex`, `json_schema`, `ebnf`, `structural_tag`: grammar.py) has the tokens its grammar forbids
+set to -inf by the decoder before this sampler runs, so its token and log-prob are those of the
+constrained distribution.
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 import torch
+
+from relax.backends.hf.grammar import Constraint, parse_constraint
 
 GREEDY_EPS = 1e-6  # SGLang's _SAMPLING_EPS: temperatures below this mean greedy
 
@@ -56,14 +61,15 @@ _SUPPORTED_DEFAULTS: dict[str, Any] = {
     "logit_bias": None,
     "stop_regex": None,
     "n": 1,
-}
-MAX_N = 256  # samples per prompt in one request
-# Keys SGLang accepts that this engine only accepts at their neutral value.
-_NEUTRAL_ONLY: dict[str, Any] = {
+    # Constrained decoding (grammar.py): at most one of these.
     "regex": None,
     "json_schema": None,
     "ebnf": None,
     "structural_tag": None,
+}
+MAX_N = 256  # samples per prompt in one request
+# Keys SGLang accepts that this engine only accepts at their neutral value.
+_NEUTRAL_ONLY: dict[str, Any] = {
     "custom_params": None,
     "stream_interval": None,
 }
@@ -91,6 +97,7 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit)
     stop_regex: tuple[re.Pattern, ...] = ()  # a match in the output text stops the row
     n: int = 1  # samples of the prompt (the request expands into n rows)
+    constraint: Constraint | None = None  # regex / json_schema / ebnf / structural_tag (grammar.py)
 
     @property
     def has_penalties(self) -> bool:
@@ -227,6 +234,7 @@ def parse_sampling_params(params: dict[str, Any] | None) -> SamplingParams:
         no_stop_trim=_flag(params, "no_stop_trim"), sampling_seed=seed,
         frequency_penalty=frequency, presence_penalty=presence, repetition_penalty=repetition,
         logit_bias=_logit_bias(params.get("logit_bias")), stop_regex=_stop_regex(params.get("stop_regex")), n=n,
+        constraint=parse_constraint(params),
     )
 
 

@@ -3,9 +3,11 @@
 Run: `python -m relax.backends.hf.server --model-path DIR [--host 127.0.0.1] [--port 30000]
 [--api-key KEY] [--device cpu|cuda[:i]] [--dtype auto|float32|bfloat16] [--max-running-requests 256]
 [--max-context-len L] [--served-model-name NAME] [--batch-wait-ms 20] [--num-threads N]
-[--rl-on-policy-target fsdp] [--log-level info]`.
+[--rl-on-policy-target fsdp] [--incremental-streaming-output] [--log-level info]`.
 
-Endpoints (field names as SGLang's): POST /generate; GET /health, /health_generate,
+Endpoints (field names as SGLang's): POST /generate (`"stream": true`: server-sent events, streaming.py;
+`sampling_params.regex` / `json_schema` / `ebnf` / `structural_tag`: constrained decoding, grammar.py);
+GET /health, /health_generate,
 /get_model_info (/model_info), /get_weight_version, /get_server_info (/server_info: SGLang's
 fields, see `server_info`); /flush_cache; POST /pause_generation,
 /continue_generation, /abort_request, /init_weights_update_group,
@@ -32,10 +34,11 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from relax.backends.hf.engine import DTYPE_CHOICES, LOAD_FORMATS, EngineUnavailable, HFEngine
 from relax.backends.hf.openai_api import add_openai_routes
+from relax.backends.hf.streaming import generate_events
 from relax.backends.hf.protocol import (
     AbortRequest, GenerateRequest, GroupNameRequest, InitWeightsUpdateGroupRequest, MemoryRequest,
     PauseGenerationRequest, UpdateWeightsFromDistributedRequest, UpdateWeightsFromTensorRequest,
@@ -99,6 +102,11 @@ def add_generate_routes(app: FastAPI, engine: HFEngine, launch: dict[str, Any] |
         try:
             items, batched = normalize_generate(req, engine.tokenizer, vocab_size=engine.vocab_size,
                                                 max_context_len=engine.max_context_len)
+            if req.stream:  # server-sent events (streaming.py); a bad request is still a plain 400
+                events = generate_events(engine, items, await engine.prepare(items), batched=batched,
+                                         incremental=bool((launch or {}).get("incremental_streaming_output")),
+                                         text_in_logprobs=req.return_text_in_logprobs)
+                return StreamingResponse(events, media_type="text/event-stream")
             results = await engine.generate(items)
         except ValueError as exc:
             return error_response(400, str(exc))
@@ -377,6 +385,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rl-on-policy-target", default=None, choices=["fsdp"],
                         help="true on-policy: report log-probs recomputed exactly as the fsdp trainer computes them "
                              "(one unpadded row, float32; SGLang's option of the same name)")
+    parser.add_argument("--incremental-streaming-output", action="store_true",
+                        help="streamed /generate events carry only the new text and output_ids (SGLang's option; "
+                             "default: the reply so far, as SGLang)")
     parser.add_argument("--log-level", default="info")
     return parser.parse_args(argv)
 
@@ -407,7 +418,7 @@ def main(argv: list[str] | None = None) -> None:
                       cuda_graphs=not args.disable_cuda_graph, cuda_graph_max_bs=args.cuda_graph_max_bs)
     holder: dict[str, Any] = {}
     launch = {"host": args.host, "port": args.port, "random_seed": args.random_seed, "log_level": args.log_level,
-              "startup_time": time.time()}
+              "startup_time": time.time(), "incremental_streaming_output": args.incremental_streaming_output}
     app = create_app(engine, api_key=args.api_key, launch=launch,
                      on_started=lambda: _announce_when_bound(holder["server"], args.host, args.port))
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level.lower(),

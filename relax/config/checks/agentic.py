@@ -6,8 +6,10 @@ act (docs/agentic.md).
 to know when an observation no longer fits, so `--rollout-max-context-len` defaults to the model's
 `max_position_embeddings` (the engines' own limit, so nothing else changes). The episode flags
 (`--max-turns`, `--env-timeout`, `--multi-turn-stop`, `--multi-turn-max-tokens`, `--turn-reward`,
-`--log-multi-turn`) need a multi-turn rollout: an environment, or a custom generate function (one
-that runs `relax.engine.agentic.generate`, as the seeds' rollout.py does).
+`--log-multi-turn`, `--multi-turn-constrain-tool-calls`) need a multi-turn rollout: an environment, or a
+custom generate function (one that runs `relax.engine.agentic.generate`, as the seeds' rollout.py does).
+`--multi-turn-constrain-tool-calls` is refused with `--true-on-policy-mode` (the trainer cannot score
+a constrained distribution).
 
 `--agent-function-path` (a black-box agent, docs/agents.md) must name an `async def run_episode(base_url,
 api_key, sample, **kwargs)`; it excludes the other two ways of generating (a custom generate function,
@@ -45,6 +47,9 @@ def check_agentic(cfg: RelaxConfig) -> RelaxConfig | None:
     if not a.agent_function_path and _changed(a, only=AGENT_FLAGS):
         raise ConfigError(f"{' '.join(_changed(a, only=AGENT_FLAGS))} configure(s) the black-box agent gateway, and "
                           "this run has no agent: set --agent-function-path (docs/agents.md)")
+    if a.multi_turn_constrain_tool_calls and cfg.cluster.true_on_policy_mode:
+        raise ConfigError("--multi-turn-constrain-tool-calls constrains what the engine samples, which the trainer "
+                          "cannot reproduce under --true-on-policy-mode: drop one of them (docs/true-on-policy.md)")
     if a.multi_turn_stop is not None and not all(isinstance(s, str) and s for s in a.multi_turn_stop):
         raise ConfigError(f"--multi-turn-stop takes non-empty strings, got {a.multi_turn_stop!r}")
     if (a.rollout_interaction_env_path or a.agent_function_path) and cfg.rollout.rollout_max_context_len is None:

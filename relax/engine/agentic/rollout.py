@@ -27,6 +27,7 @@ versions or a push landed before the rescoring: those log-probs are the behaviou
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -34,6 +35,7 @@ from typing import Any, Callable
 from relax.engine.agentic import episode as episodes
 from relax.engine.agentic.episode import STATUS, Episode
 from relax.engine.agentic.observation import ObservationEncoder
+from relax.engine.agentic.tool_calls import tool_call_tag
 from relax.engine.rollout.sglang_rollout import bound_generator, parse_weight_version
 from relax.engine.specs import AgenticSpec
 from relax.types import Sample
@@ -112,6 +114,8 @@ class EpisodeContext:
             return "length" if generated else "no_room"
         if rooms:
             turn["max_new_tokens"] = min(rooms)
+        if self.spec.constrain_tool_calls:  # the turn's tool calls parse (tool_calls.tool_call_tag)
+            turn["structural_tag"] = tool_call_tag(sample.metadata.get("tools"))
         media = episode.media.request() if episode.media is not None else {}
         out = await post(self.url, {"input_ids": list(sample.tokens), "sampling_params": turn,
                                     "return_logprob": True, **media}, timeout=self.http_timeout)
@@ -187,10 +191,14 @@ def append_turn(sample: Sample, out: dict[str, Any]) -> str:
 
 
 async def multi_turn_generate(args: Any, sample: Sample, sampling_params: dict[str, Any], evaluation: bool = False,
-                              *, env_path: str | None = None) -> Sample:
+                              *, env_path: str | None = None, constrain_tool_calls: bool | None = None) -> Sample:
     """The multi-turn rollout of `sample` with the run's generator (`args` as the rollout hands it
-    to plugins); `env_path`: the environment module when the run configures none."""
+    to plugins); `env_path`: the environment module when the run configures none;
+    `constrain_tool_calls`: ask the engine to make every turn's tool calls parse (None: the run's
+    --multi-turn-constrain-tool-calls)."""
     ctx = EpisodeContext.of(bound_generator(args), args, env_path)
+    if constrain_tool_calls is not None:
+        ctx.spec = dataclasses.replace(ctx.spec, constrain_tool_calls=constrain_tool_calls)
     return await episodes.run(ctx, sample, sampling_params, evaluation)
 
 

@@ -10,6 +10,12 @@ A turn may hold several calls, each in its own tags. `parse_tool_calls` returns 
 a malformed one (not JSON, no name, arguments not an object) kept with its `error` so the
 environment can tell the model; `arguments` given as a JSON string (OpenAI style) is decoded.
 Only closed tags count: a turn cut inside a call has no call.
+
+`tool_call_tag(tools)` is the constraint that makes a policy's calls parse (`--multi-turn-constrain-
+tool-calls`): SGLang's `structural_tag` sampling param, under which a turn is free text and every
+`<tool_call>` the policy starts continues as `\n{"name": <a tool>, "arguments": <its parameters
+schema>}\n</tool_call>` (engine-side grammar: the hf engine's llguidance, or SGLang's xgrammar).
+Without tools (none in the sample's metadata) a call is any name with an arguments object.
 """
 
 from __future__ import annotations
@@ -63,3 +69,25 @@ def parse_call(text: str) -> dict[str, Any] | None:
     except json.JSONDecodeError:
         return {}
     return call if isinstance(call, dict) else {}
+
+
+TRIGGER = "<tool_call>"
+ANY_CALL = {"type": "object", "properties": {"name": {"type": "string", "minLength": 1},
+                                             "arguments": {"type": "object"}}, "required": ["name", "arguments"]}
+
+
+def tool_call_tag(tools: list[dict[str, Any]] | None) -> str:
+    """SGLang's `structural_tag` (JSON text) for Qwen's tool calls to `tools` (OpenAI's form:
+    `{"type": "function", "function": {"name", "parameters"}}`); module doc."""
+    structures = []
+    for tool in tools or []:
+        function = tool.get("function", tool) if isinstance(tool, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise ValueError(f'a tool is {{"type": "function", "function": {{"name": ..., "parameters": ...}}}}, '
+                             f"got {str(tool)[:200]}")
+        begin = f'{TRIGGER}\n{{"name": {json.dumps(function["name"])}, "arguments": '
+        structures.append({"begin": begin, "schema": function.get("parameters") or {"type": "object"},
+                           "end": "}\n</tool_call>"})
+    if not structures:
+        structures.append({"begin": TRIGGER + "\n", "schema": ANY_CALL, "end": "\n</tool_call>"})
+    return json.dumps({"type": "structural_tag", "structures": structures, "triggers": [TRIGGER]})

@@ -42,6 +42,9 @@ def test_the_seeds_yaml_keys_set_the_multi_turn_flags(base, env_module, tmp_path
     (["--rollout-interaction-env-path", "bad_env"], "build_env(sample=..., args=...)"),
     (["--rollout-interaction-env-path", "my_env", "--max-turns", "0"], "--max-turns"),
     (["--rollout-interaction-env-path", "my_env", "--turn-reward", "mean"], "--turn-reward"),
+    (["--multi-turn-constrain-tool-calls", "true"], "--multi-turn-constrain-tool-calls shape(s) multi-turn"),
+    (["--rollout-interaction-env-path", "my_env", "--multi-turn-constrain-tool-calls", "true",
+      "--true-on-policy-mode"], "cannot reproduce under --true-on-policy-mode"),
 ])
 def test_bad_multi_turn_flags_fail_naming_the_flag(base, env_module, extra, needle):
     with pytest.raises((ConfigError, SystemExit)) as err:
