@@ -176,6 +176,7 @@ class TrainBatch:
     values_RT: list[list[float]] | None = None
     returns_RT: list[list[float]] | None = None
     multimodal_train_inputs_RB: list[bytes] | None = None
+    entropy_RT: list[list[float]] | None = None  # --use-rollout-entropy: per-token entropy of the old policy
 
     def __len__(self) -> int:
         return len(self.tokens_RL)

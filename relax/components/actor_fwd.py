@@ -24,6 +24,7 @@ from typing import Any, Awaitable, Callable
 from relax.components.setup_context import SetupContext
 from relax.components.step_advantages import jagged
 from relax.components.training import make_trainer_group, read_rows, score_rows
+from relax.config.layouts import scorer_config
 from relax.config.plan import RolePlan
 from relax.config.role_plans import StepPart
 from relax.config.schema import RelaxConfig
@@ -68,7 +69,8 @@ class ActorFwd:
     async def start(self) -> None:
         model_path = self.cfg.ckpt.ref_load or self.cfg.ckpt.hf_checkpoint
         overrides = self.cfg.cluster.ref_actor_config or {}
-        self.group = make_trainer_group(self.cfg, self.plan, model_path, trainable=False,
+        # --ref-actor-config: their own layout and token budget (relax.config.layouts.scorer_config)
+        self.group = make_trainer_group(scorer_config(self.cfg), self.plan, model_path, trainable=False,
                                         threads=overrides.get("threads"))
         await self.group.ready()  # weight_receivers() hands out these ranks: they must be the final ones
 

@@ -25,6 +25,7 @@ from relax.config.schema import OptimizerConfig, RelaxConfig
 from relax.distributed import transfer_queue as tq
 from relax.types import MEDIA_COLUMN, TrainBatch
 from relax.utils import checkpoints
+from relax.utils.seqlen_balance import balanced_partitions
 
 logger = logging.getLogger(__name__)
 
@@ -142,21 +143,45 @@ def shard_rows(num_rows: int, num_steps: int, world_size: int) -> list[list[int]
             for r in range(world_size)]
 
 
-def step_plan(loss_masks_RT: list[list[int]], global_batch_size: int,
-              world_size: int) -> tuple[int, list[list[int]], list[int]]:
-    """How a step's rows train: (optimizer steps, row indices per rank, loss tokens per step)."""
+def balanced_shard_rows(seq_lens: list[int], num_steps: int, world_size: int) -> list[list[int]]:
+    """`shard_rows`' rows (the same ones in each optimizer step), but within each step split so
+    that every rank's token count is about equal (`--balance-data`; Karmarkar-Karp, equal row
+    counts). Groups stay in their step; only which rank trains a row changes."""
+    per_step = len(seq_lens) // num_steps
+    used = per_step // world_size * world_size
+    shards: list[list[int]] = [[] for _ in range(world_size)]
+    for s in range(num_steps):
+        rows = list(range(s * per_step, s * per_step + used))
+        for rank, part in enumerate(balanced_partitions([seq_lens[i] for i in rows], world_size)):
+            shards[rank] += [rows[i] for i in part]
+    return shards
+
+
+def step_plan(loss_masks_RT: list[list[int]], global_batch_size: int, world_size: int,
+              seq_lens: list[int] | None = None) -> tuple[int, list[list[int]], list[int]]:
+    """How a step's rows train: (optimizer steps, row indices per rank, loss tokens per step).
+    `seq_lens` (`--balance-data`): each row's token count, to balance the ranks' tokens by."""
     n_rows = len(loss_masks_RT)
     num_steps = max(1, n_rows // global_batch_size)
     per_step = n_rows // num_steps
     tokens_per_step = [int(sum(sum(loss_masks_RT[i]) for i in range(s * per_step, (s + 1) * per_step)))
                        for s in range(num_steps)]
-    return num_steps, shard_rows(n_rows, num_steps, world_size), tokens_per_step
+    shards = (shard_rows(n_rows, num_steps, world_size) if seq_lens is None else
+              balanced_shard_rows(seq_lens, num_steps, world_size))
+    return num_steps, shards, tokens_per_step
 
 
-async def train_on_rows(group: TrainerGroup, batch: TrainBatch, global_batch_size: int) -> list[dict[str, float]]:
+def balance_lengths(cfg: RelaxConfig, batch: TrainBatch) -> list[int] | None:
+    """`--balance-data`: the rows' token counts, which `step_plan` balances the ranks by (None: off)."""
+    return [len(t) for t in batch.tokens_RL] if cfg.batch.balance_data else None
+
+
+async def train_on_rows(group: TrainerGroup, batch: TrainBatch, global_batch_size: int,
+                        seq_lens: list[int] | None = None) -> list[dict[str, float]]:
     """`len(batch) / global_batch_size` optimizer steps of `group` over `batch`, sharded over its
-    ranks; returns each shard's metrics."""
-    num_steps, shards_idx, tokens_per_step = step_plan(batch.loss_masks_RT, global_batch_size, group.dp_size)
+    ranks (balanced by `seq_lens` when given); returns each shard's metrics."""
+    num_steps, shards_idx, tokens_per_step = step_plan(batch.loss_masks_RT, global_batch_size, group.dp_size,
+                                                       seq_lens)
     return await group.train([batch.rows(idx) for idx in shards_idx], num_steps, tokens_per_step)
 
 

@@ -5,7 +5,8 @@ Before every push the coordinator's topology is read; when its version changed, 
 one weight group per lane (cadence) of receivers (`relax.distributed.checkpoint_service`): the
 engines and ActorFwd's ranks take every push, the Reference every `--ref-update-interval`-th. A
 push goes to the lanes due at that version. In fully-async mode a push overlaps the next step
-(the plan says; the first never does). With --use-fault-tolerance a push that a receiver failed
+(the plan says; the first never does). --update-weights-interval N: the engines take every N-th
+version (colocate). With --use-fault-tolerance a push that a receiver failed
 (an engine that died) is tried again once the coordinator lists its replacement; a replacement
 engine gets the weights the ranks hold now (`restore`) before it is routed to.
 """
@@ -23,6 +24,16 @@ from relax.distributed.weights.protocol import WeightSyncError
 from relax.utils.poll import Backoff
 
 logger = logging.getLogger(__name__)
+
+
+def due_lanes(lanes: list[int], version: int, engine_every: int, *, first: bool) -> list[int]:
+    """The lanes (by cadence) that take `version`: each lane's own cadence, and the engines' lane
+    (cadence 1; in colocate mode only the engines) only every `engine_every`-th version
+    (--update-weights-interval) after the first push, which always goes (resumed weights)."""
+    due = [every for every in lanes if lane_due(every, version)]
+    if first or engine_every == 1 or version % engine_every == 0:
+        return due
+    return [every for every in due if every != 1]
 
 
 class WeightPublisher:
@@ -65,7 +76,8 @@ class WeightPublisher:
             return stats
         # Overlapped pushes: the Rollout's staleness gate and evaluation wait for the engines'
         # version, not for this call. The first push never overlaps.
-        lanes = [lane.every for lane in topology.lanes if lane_due(lane.every, version)]
+        lanes = due_lanes([lane.every for lane in topology.lanes], version, self.plan.engine_push_every,
+                          first=not self.pushed)
         if not lanes:  # only a lane of another cadence (the Reference's), not due at this version
             return stats
         background, self.pushed = self.plan.overlap_weight_push and self.pushed, True

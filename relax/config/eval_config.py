@@ -28,6 +28,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from relax.config.choices import parse_rm_type
+
 
 @dataclass(frozen=True)
 class EvalDataset:
@@ -139,6 +141,11 @@ def _check(dataset: EvalDataset, where: str) -> EvalDataset:
         value = getattr(dataset, key)
         if value is not None and int(value) < 1:
             raise ValueError(f"{where} ({dataset.name}): {key} must be >= 1, got {value}")
+    if dataset.rm_type is not None:  # the same names as --rm-type, checked before anything starts
+        try:
+            parse_rm_type(dataset.rm_type)
+        except ValueError as exc:
+            raise ValueError(f"{where} ({dataset.name}): rm_type: {exc}") from None
     return dataset
 
 

@@ -13,6 +13,8 @@ import types
 import typing
 from typing import Any, Callable, Literal
 
+from relax.config.choices import suggest
+
 _MISSING = dataclasses.MISSING
 
 
@@ -168,5 +170,6 @@ def coerce(f: dataclasses.Field, hint: Any, value: Any) -> Any:
 
 def _checked(value: Any, choices: tuple[Any, ...] | None) -> Any:
     if choices is not None and value not in choices:
-        raise FlagValueError(f"invalid choice {value!r} (choose from {', '.join(map(str, choices))})")
+        raise FlagValueError(f"invalid choice {value!r} (choose from {', '.join(map(str, choices))})"
+                             f"{suggest(str(value), map(str, choices))}")
     return value

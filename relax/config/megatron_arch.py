@@ -11,6 +11,12 @@ from relax.config.fields import opt
 # Why a flag is accepted with no effect (`opt(ignored=...)`): under --train-backend megatron each
 # of these acts or is an error (relax.config.checks.megatron.check_megatron, docs/backends/megatron.md).
 MEGATRON_ONLY = "applies to the megatron training backend (docs/backends/megatron.md); the fsdp backend ignores it"
+# Megatron-only flags the megatron backend does not read yet either (it builds the model from the HF
+# config): noted under both backends, "not built" in docs/configuration.md (relax.config.status).
+MEGATRON_UNREAD = ("swiglu", "group_query_attention", "use_rotary_position_embeddings", "disable_bias_linear",
+                   "accumulate_allreduce_grads_in_fp32", "attention_softmax_in_fp32", "model_name")
+UNREAD_REASON = ("the megatron backend builds the model from the HF config.json and does not read it yet; "
+                 "accepted with no effect")
 
 
 @dataclass(frozen=True)

@@ -4,9 +4,10 @@
 `parse_flags(argv)` turns a command line (and the `--custom-config-path` YAML it names) into a
 `RelaxConfig`, each value coerced to its field's type; the cross-flag checks and derived values are
 `relax.config.checks`, and `relax.config.load.parse_config` runs both. Options the parser does
-not know are kept when they are `--sglang-<option>` (SGLang ServerArgs passthrough) and
-otherwise recorded as Megatron flags, which only the megatron backend accepts (the checks
-reject them with fsdp).
+not know are kept when they are `--sglang-<option>` (SGLang ServerArgs passthrough); any other
+is recorded (`RelaxConfig.megatron_extra`) and rejected first by the checks with the closest
+known flag (`checks.flags.check_unknown_flags`). Every boolean takes `--flag`, `--flag true` and
+`--flag false`; `--help` is grouped (`relax.config.help`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any, Sequence
 
 from relax.config.errors import ConfigError
 from relax.config.fields import base_type, choices_of, coerce, field_default, flag_name
+from relax.config.help import USAGE, HelpAction, HelpAllAction, group_title
 from relax.config.schema import FIELD_GROUP, GROUPS, RelaxConfig
 
 
@@ -44,10 +46,14 @@ def _add_field(group: argparse._ArgumentGroup, f: dataclasses.Field, hints: dict
     help_text = meta.get("help", "")
     if not meta.get("supported", True):
         help_text += " [accepted for compatibility; not implemented in this build]"
-    if base_type(hint) is bool and meta.get("type") is None:
-        # `bool | None` (None: decided by the mode) also takes --no-<flag> to turn it off.
-        action = argparse.BooleanOptionalAction if default is None else "store_true"
-        group.add_argument(*names, dest=f.name, action=action, default=default, help=help_text)
+    if base_type(hint) is bool:
+        # One style for every boolean, as the seeds' scripts write them: `--flag`, `--flag true`,
+        # `--flag false`; `bool | None` (None: decided by the mode) also takes --no-<flag>.
+        group.add_argument(*names, dest=f.name, nargs="?", const=True, default=default, type=_cli_type(f, hint),
+                           metavar="true|false", help=f"{help_text} (default: {default!r})")
+        if default is None:
+            group.add_argument("--no-" + names[0][2:], dest=f.name, action="store_const", const=False,
+                               help=f"same as {names[0]} false")
         return
     kwargs: dict[str, Any] = {"dest": f.name, "default": default, "help": f"{help_text} (default: {default!r})",
                               "type": _cli_type(f, hint)}
@@ -65,13 +71,15 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
-        prog="relax-train",
+        prog="relax-train", usage=USAGE,
         description="Relax: asynchronous RL post-training. Flags follow docs/configuration.md; "
         "SGLang server options pass through as --sglang-<option>.",
-        allow_abbrev=False,
+        allow_abbrev=False, add_help=False,
     )
+    parser.add_argument("-h", "--help", action=HelpAction)
+    parser.add_argument("--help-all", action=HelpAllAction)
     for group_name, cls in GROUPS.items():
-        group = parser.add_argument_group(group_name, (cls.__doc__ or "").strip().split("\n")[0] or None)
+        group = parser.add_argument_group(group_name, group_title(group_name))
         hints = typing.get_type_hints(cls)
         for f in dataclasses.fields(cls):
             _add_field(group, f, hints)

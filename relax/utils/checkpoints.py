@@ -93,6 +93,26 @@ def prune(directory: str | Path, keep: int | None, *, protect: int) -> None:
             shutil.rmtree(iter_dir(directory, step), ignore_errors=True)
 
 
+def rotation_keeps(steps: list[int], interval: int, keep: int | None) -> set[int]:
+    """`--rotate-ckpt` (Relax's rotation): a checkpoint every step, of which the newest stays (the
+    rolling one to resume from) with the `--save-interval` ones, the newest `keep` of those
+    (`--max-actor-ckpt-to-keep`; all when unset). Step s is an interval one when (s + 1) % interval
+    == 0 (the steps a run without rotation saves)."""
+    if not steps:
+        return set()
+    aligned = sorted((s for s in steps if (s + 1) % interval == 0), reverse=True)
+    return {max(steps), *(aligned if keep is None else aligned[:keep])}
+
+
+def prune_rotated(directory: str | Path, interval: int, keep: int | None, *, protect: int) -> None:
+    """Delete the step directories under `directory` that `rotation_keeps` does not keep (never `protect`)."""
+    steps = _iter_ids(Path(directory))
+    kept = rotation_keeps(steps, interval, keep) | {protect}
+    for step in steps:
+        if step not in kept:
+            shutil.rmtree(iter_dir(directory, step), ignore_errors=True)
+
+
 def _relative(path: str, root: Path) -> str:
     p = Path(path).resolve()
     try:

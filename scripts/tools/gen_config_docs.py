@@ -15,6 +15,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 from relax.config.fields import base_type, choices_of, field_default, flag_name  # noqa: E402
 from relax.config.schema import GROUPS  # noqa: E402
+from relax.config.status import status_text  # noqa: E402
 
 OUT = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "configuration.md")
 
@@ -28,13 +29,19 @@ Every flag keeps the name and default of the Relax/slime configuration reference
 - SGLang server options pass through as `--sglang-<option>` and are kept for the sglang backend; the `hf`
   engine takes the ones it has (`max_running_requests`, `context_length`, `dtype`, `random_seed`, ...) and logs
   the rest as unused.
-- Megatron flags not listed here are accepted only with `--train-backend megatron`; with `fsdp` the
-  HF `config.json` is the source of truth and a contradicting architecture flag is an error.
+- A flag not listed here is unknown to both training backends: it is an error at startup, naming
+  the closest listed flag. The Megatron flags listed act with `--train-backend megatron`; with
+  either backend the HF `config.json` is the source of truth and a contradicting architecture flag
+  is an error.
 
-Every flag acts, or says why not. Flags marked *not implemented* are accepted so existing launch
-scripts parse, but setting them to a non-default value fails at startup with a message. Flags
-marked *accepted and ignored* have no effect in this build for the reason given; setting one logs
-that reason when the run starts, and `relax-train --dry-run` prints it. Nothing is silently ignored.
+Every flag acts, or says why not (the Status column, `relax/config/status.py`): *acts*; *megatron*:
+acts with `--train-backend megatron` (the fsdp backend notes it as ignored); *needs*: a value needs
+hardware or a dependency this build excludes (named); *no effect*: accepted, and setting it logs
+the reason when the run starts (`relax-train --dry-run` prints it); *not built*: accepted so
+existing launch scripts parse, but setting it fails at startup with a message. Nothing is silently
+ignored; a flag that acts only with another one (`--tis-clip` without `--use-tis`) gets a note
+naming it (`relax/config/inert.py`). tests/unit/config/test_reference_flags.py walks every flag of
+the seeds' configuration reference against this table.
 `--custom-config-path FILE.yaml` sets any flag by name (values are checked exactly as on the command
 line), and any other key as an extra `args.<key>` for plugins.
 """
@@ -55,7 +62,7 @@ def render() -> str:
     for group_name, cls in GROUPS.items():
         doc = (cls.__doc__ or "").strip().split("\n")[0]
         lines += [f"\n## {group_name}\n", f"{doc}\n" if doc and not doc.startswith(cls.__name__) else "",
-                  "| Flag | Type | Default | Description |", "|---|---|---|---|"]
+                  "| Flag | Type | Default | Status | Description |", "|---|---|---|---|---|"]
         hints = typing.get_type_hints(cls)
         for f in dataclasses.fields(cls):
             meta = dict(f.metadata)
@@ -63,11 +70,8 @@ def render() -> str:
             desc = meta.get("help", "")
             if choices_of(hints[f.name]):
                 desc += f" Choices: {', '.join(map(str, choices_of(hints[f.name])))}."
-            if not meta.get("supported", True):
-                desc += " *Not implemented in this build.*"
-            if meta.get("ignored"):
-                desc += f" *Accepted and ignored (logged when set): {meta['ignored']}.*"
-            lines.append(f"| `{flag_name(f)}` | {type_name(hints[f.name], meta)} | `{default!r}` | {desc} |")
+            lines.append(f"| `{flag_name(f)}` | {type_name(hints[f.name], meta)} | `{default!r}` | {status_text(f)} | "
+                         f"{desc} |")
     return "\n".join(lines) + "\n"
 
 

@@ -37,6 +37,24 @@ def check_algorithm(cfg: RelaxConfig) -> None:
                               "--use-kl-loss or --kl-coef; add one of them or drop --ref-update-interval")
     check_critic(cfg)
     check_opd(cfg)
+    check_no_advantages(cfg)
+
+
+def check_no_advantages(cfg: RelaxConfig) -> None:
+    """--disable-compute-advantages-and-returns (SFT or a custom loss): the Actor trains on rows
+    without advantages, so the loss must not need them, and nothing else may."""
+    a = cfg.algo
+    if not a.disable_compute_advantages_and_returns:
+        return
+    needs = [why for why, on in (
+        ("--loss-type policy_loss weighs every token by its advantage (use --loss-type custom_loss)",
+         a.loss_type != "custom_loss"),
+        ("--advantage-estimator ppo trains its critic on the returns", a.advantage_estimator == "ppo"),
+        ("--fully-async computes advantages in the Advantages role (use --colocate)", cfg.cluster.fully_async),
+        ("--kl-coef shapes the rewards that advantages are computed from", a.kl_coef != 0),
+        ("--use-opd adds its penalty to the advantages", a.use_opd)) if on]
+    if needs:
+        raise ConfigError(f"--disable-compute-advantages-and-returns: {needs[0]}")
 
 
 # Critic flags, which only mean something when a critic is deployed (--advantage-estimator ppo).

@@ -122,14 +122,25 @@ def check_backends(cfg: RelaxConfig, engine_check: EngineCheck | None = None) ->
     if cfg.cluster.train_backend == "fsdp":
         check_fsdp(cfg)
     check_model_flags(cfg, hf)
+    check_update_interval(cfg)
     return cfg
+
+
+def check_update_interval(cfg: RelaxConfig) -> None:
+    """--update-weights-interval N >= 1; with N > 1 the engines keep their weights between pushes,
+    which SGLang's colocate memory release does not (it frees them and expects a push after)."""
+    n = cfg.rollout.update_weights_interval
+    if n < 1:
+        raise ConfigError(f"--update-weights-interval must be >= 1 (push every N steps), got {n}")
+    if n > 1 and cfg.cluster.rollout_backend == "sglang" and not cfg.cluster.fully_async and \
+            cfg.cluster.offload_rollout is not False:
+        raise ConfigError(f"--update-weights-interval {n}: SGLang engines free their weights while the trainer runs "
+                          "(colocate offload) and need a push after every step; add --no-offload-rollout to keep "
+                          "them between pushes")
 
 
 def check_fsdp(cfg: RelaxConfig) -> None:
     """--train-backend fsdp: no Megatron flag it would not read, and recomputation it has."""
-    if cfg.megatron_extra:
-        raise ConfigError(f"unknown flag(s) {' '.join(cfg.megatron_extra)}; if these are Megatron flags they only "
-                          "apply with --train-backend megatron (the fsdp backend reads the HF config)")
     if cfg.parallel.recompute_granularity == "selective":
         raise ConfigError("--recompute-granularity selective recomputes Megatron's attention core, which the fsdp "
                           "backend does not have; use --recompute-granularity full (per-layer checkpointing)")
@@ -168,18 +179,3 @@ def check_true_on_policy(cfg: RelaxConfig) -> None:
         raise ConfigError(f"--true-on-policy-mode: --ref-actor-config threads={fwd_threads} differs from "
                           f"--engine-threads {c.engine_threads}; the old-policy/reference log-probs must use the "
                           "engines' thread count: drop the override or make them equal")
-
-
-def check_ref_actor_config(cfg: RelaxConfig) -> None:
-    """--ref-actor-config: the keys the Reference/ActorFwd services read (threads); others would be
-    silently ignored."""
-    overrides = cfg.cluster.ref_actor_config or {}
-    if not isinstance(overrides, dict):
-        raise ConfigError(f"--ref-actor-config must be a JSON object like '{{\"threads\": 2}}', got {overrides!r}")
-    unknown = sorted(set(overrides) - {"threads"})
-    if unknown:
-        raise ConfigError(f"--ref-actor-config: unknown key(s) {unknown}; it takes {{\"threads\": N}} (the Reference "
-                          "and ActorFwd use the actor's parallel layout and flags otherwise)")
-    threads = overrides.get("threads")
-    if threads is not None and (not isinstance(threads, int) or isinstance(threads, bool) or threads < 1):
-        raise ConfigError(f"--ref-actor-config threads must be an integer >= 1, got {threads!r}")

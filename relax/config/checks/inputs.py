@@ -13,6 +13,7 @@ import logging
 import os
 from pathlib import Path
 
+from relax.config.checks.megatron import text_model_config
 from relax.config.checks.plugins import check_plugin
 from relax.config.errors import ConfigError
 from relax.config.eval_config import eval_datasets
@@ -48,6 +49,9 @@ def check_paths(cfg: RelaxConfig) -> None:
     hf_config(cfg.ckpt.hf_checkpoint)
     if cfg.ckpt.save_interval is not None and not cfg.ckpt.save:
         raise ConfigError("--save-interval needs --save (where to write checkpoints)")
+    if cfg.ckpt.rotate_ckpt and not (cfg.ckpt.save and cfg.ckpt.save_interval):
+        raise ConfigError("--rotate-ckpt saves every step and keeps the latest plus the --save-interval ones: it needs "
+                          "--save DIR and --save-interval N")
     if cfg.data.prompt_data is None:
         raise ConfigError("--prompt-data is required (a .jsonl or .parquet file of prompts)")
     for path in _prompt_paths(cfg.data.prompt_data):
@@ -85,6 +89,29 @@ def check_context(cfg: RelaxConfig) -> None:
         if limit is not None and value > int(limit):
             raise ConfigError(f"{flag} {value} exceeds the model's max_position_embeddings {limit} "
                               f"({cfg.ckpt.hf_checkpoint}/config.json); lower it")
+
+
+def default_response_len(cfg: RelaxConfig) -> RelaxConfig:
+    """--rollout-max-response-len is optional, as in the seeds (SGLang's max_tokens unset: generate
+    until the context is full): default = the context length (--rollout-max-context-len, else
+    the model's max_position_embeddings) minus --rollout-max-prompt-len when that is set."""
+    r = cfg.rollout
+    if r.rollout_max_response_len is not None:
+        return cfg
+    hf = hf_config(cfg.ckpt.hf_checkpoint)
+    context = r.rollout_max_context_len or text_model_config(hf).get("max_position_embeddings") or hf.get(
+        "max_position_embeddings")
+    if not context:
+        raise ConfigError("--rollout-max-response-len is unset and the context length is unknown (no "
+                          f"--rollout-max-context-len, no max_position_embeddings in {cfg.ckpt.hf_checkpoint}/"
+                          "config.json): set --rollout-max-response-len N (max new tokens per response)")
+    prompt = r.rollout_max_prompt_len or 0
+    if prompt >= int(context):
+        raise ConfigError(f"--rollout-max-prompt-len {prompt} leaves no room for a response in the context length "
+                          f"{context}; set --rollout-max-response-len N or a longer --rollout-max-context-len")
+    logger.info("--rollout-max-response-len unset: %d (context %s - max prompt %d)", int(context) - prompt, context,
+                prompt)
+    return cfg.replace(rollout_max_response_len=int(context) - prompt)
 
 
 def check_prefetch(cfg: RelaxConfig) -> None:

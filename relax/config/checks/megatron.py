@@ -94,9 +94,6 @@ def megatron_unfit(cfg: RelaxConfig) -> list[str]:
 def check_megatron(cfg: RelaxConfig, hf: dict) -> None:
     """--train-backend megatron: every Megatron flag it accepts acts; the rest are errors here.
     `hf`: the checkpoint's config.json."""
-    if cfg.megatron_extra:
-        raise ConfigError(f"unknown flag(s) {' '.join(cfg.megatron_extra)}: the megatron backend does not read them "
-                          "(docs/backends/megatron.md lists the flags it acts on)")
     for name, (group, default, what) in MEGATRON_NOT_BUILT.items():
         value = getattr(getattr(cfg, group), name)
         if value != default and not (name == "qkv_format" and value == "bshd"):

@@ -28,9 +28,9 @@ def check_mode(cfg: RelaxConfig) -> RelaxConfig:
         raise ConfigError(f"--num-iters-per-train-update must be >= 1, got {c.num_iters_per_train_update}")
     if c.fully_async:
         check_fully_async(cfg)
-    elif c.max_staleness:
+    elif c.max_staleness > 1:  # 0 and 1 both mean on-policy here, as the seeds' colocate scripts write them
         raise ConfigError(f"--max-staleness {c.max_staleness} bounds how far rollout runs ahead of training, "
-                          "which only happens with --fully-async (colocate is always on-policy); "
+                          "which only happens with --fully-async (colocate is always on-policy: 0 or 1); "
                           "add --fully-async or drop it")
     return cfg.replace(colocate=not c.fully_async)
 
@@ -41,6 +41,15 @@ def check_fully_async(cfg: RelaxConfig) -> None:
     if d.debug_train_only or d.load_debug_rollout_data or d.debug_rollout_only:
         raise ConfigError("--fully-async runs rollout and training concurrently; the debug modes (--debug-train-only, "
                           "--load-debug-rollout-data, --debug-rollout-only) run in colocate mode: drop --fully-async")
+    if cfg.rollout.rollout_data_postprocess_path:
+        raise ConfigError("--rollout-data-postprocess-path runs on a whole step's rows before training, and fully "
+                          "async training takes rows as they arrive: use it with --colocate")
+    if cfg.rollout.update_weights_interval != 1:
+        raise ConfigError("--update-weights-interval: in fully async mode --max-staleness bounds how far the engines' "
+                          "weights lag; use it instead (--update-weights-interval is for --colocate)")
+    if cfg.algo.use_rollout_entropy:
+        raise ConfigError("--use-rollout-entropy computes entropies in the Actor's old-log-prob forward, which fully "
+                          "async mode leaves to ActorFwd: use it with --colocate")
     offload = [flag for flag, on in (("--offload", c.offload), ("--offload-train", c.offload_train),
                                      ("--offload-rollout", c.offload_rollout)) if on]
     if offload:
@@ -198,6 +207,4 @@ def check_batches(cfg: RelaxConfig) -> RelaxConfig:
     if r.over_sampling_batch_size is not None and r.over_sampling_batch_size < r.rollout_batch_size:
         raise ConfigError(f"--over-sampling-batch-size {r.over_sampling_batch_size} must be >= --rollout-batch-size "
                           f"{r.rollout_batch_size}")
-    if not r.rollout_max_response_len or r.rollout_max_response_len < 1:
-        raise ConfigError("--rollout-max-response-len is required (max new tokens per response)")
     return cfg

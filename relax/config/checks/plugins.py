@@ -30,6 +30,8 @@ def check_plugins(cfg: RelaxConfig) -> None:
          "filter(args, samples, **kwargs) -> bool | DynamicFilterOutput"),
         (cfg.reward.custom_convert_samples_to_train_data_path, "--custom-convert-samples-to-train-data-path", 2,
          "convert_samples_to_train_data(args, samples) -> dict"),
+        (cfg.rollout.rollout_data_postprocess_path, "--rollout-data-postprocess-path", 3,
+         "fn(args, rollout_id, rollout_data)"),
     ]
     for path, flag, positional, expected in specs:
         if path:

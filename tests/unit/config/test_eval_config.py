@@ -134,3 +134,10 @@ def test_genrm_flags_parse(base, tmp_path):
     cfg = parse_config(base + ["--rm-type", "genrm", "--genrm-model-path", str(tmp_path / "model"),
                                "--genrm-num-gpus", "2", "--genrm-sampling-config", '{"max_response_len": 16}'])
     assert cfg.reward.genrm_sampling_config == {"max_response_len": 16} and cfg.reward.genrm_num_gpus == 2
+
+
+def test_a_dataset_s_rm_type_is_checked_like_the_flag(base, tmp_path):
+    data = tmp_path / "train.jsonl"
+    config = write(tmp_path, f"eval:\n  datasets:\n    - name: a\n      path: {data}\n      rm_type: maths\n")
+    with pytest.raises(ConfigError, match=r"\(a\): rm_type: unknown reward type 'maths'.*did you mean math\?"):
+        parse_config(base + ["--eval-config", config])

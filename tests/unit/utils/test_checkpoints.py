@@ -85,3 +85,31 @@ def test_prune_keeps_the_newest_and_the_one_just_written(tmp_path):
     ck.prune(tmp_path, 2, protect=5)
     assert sorted(p.name for p in tmp_path.glob("iter_*")) == ["iter_0000003", "iter_0000005"]
     assert ck.resume_point(str(tmp_path)).rollout_id == 5
+
+
+# ---- --rotate-ckpt ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("steps, keep, kept", [
+    (list(range(7)), None, {2, 5, 6}),  # interval 3: steps 2 and 5 (3rd and 6th), and the latest
+    (list(range(7)), 1, {5, 6}),  # --max-actor-ckpt-to-keep 1: the newest interval one
+    (list(range(6)), None, {2, 5}),  # the latest is an interval one
+    ([], None, set()),
+])
+def test_rotation_keeps_the_latest_and_the_interval_checkpoints(steps, keep, kept):
+    assert ck.rotation_keeps(steps, 3, keep) == kept
+
+
+def test_prune_rotated_deletes_the_intermediate_steps(tmp_path):
+    for step in range(7):
+        ck.iter_dir(tmp_path, step).mkdir(parents=True)
+    ck.prune_rotated(tmp_path, 3, None, protect=6)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [ck.iter_dir(tmp_path, s).name for s in (2, 5, 6)]
+
+
+def test_rotate_ckpt_needs_save_and_an_interval(base):
+    from relax.config import ConfigError, parse_config
+
+    with pytest.raises(ConfigError, match="--rotate-ckpt saves every step .* needs --save DIR and --save-interval"):
+        parse_config(base + ["--rotate-ckpt", "--save", "/tmp/x"])
+    assert parse_config(base + ["--rotate-ckpt", "--save", "/tmp/x", "--save-interval", "2"]).ckpt.rotate_ckpt

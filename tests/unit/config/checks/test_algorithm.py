@@ -57,3 +57,27 @@ def test_opd_teacher_as_external_engine_or_checkpoint(base, tmp_path):
     cfg = parse_config(base + ["--use-opd", "--opd-type", "megatron", "--opd-teacher-load", str(teacher),
                                "--advantage-estimator", "on_policy_distillation"])
     assert cfg.algo.opd_type == "megatron"
+
+
+def sft_loss(inputs, cfg):
+    """A custom loss that needs no advantages (negative log-likelihood of the response)."""
+    return -(inputs.logp * inputs.mask_BT).sum() / inputs.mask_BT.sum(), {}
+
+
+def test_disabling_advantages_leaves_them_out_of_the_actor_s_step(base):
+    from relax.config.plan import resolve_plan
+
+    custom = ["--loss-type", "custom_loss", "--custom-loss-function-path", f"{__name__}.sft_loss"]
+    plan = resolve_plan(parse_config(base + custom + ["--disable-compute-advantages-and-returns"]))
+    assert "advantages" not in plan.actor.computes
+    assert "advantages" in resolve_plan(parse_config(base + custom)).actor.computes
+
+
+@pytest.mark.parametrize("extra, needle", [
+    ([], "--loss-type policy_loss weighs every token by its advantage"),
+    (["--loss-type", "custom_loss", "--custom-loss-function-path", f"{__name__}.sft_loss", "--fully-async"],
+     "computes advantages in the Advantages role"),
+])
+def test_disabling_advantages_needs_a_loss_and_a_mode_without_them(base, extra, needle):
+    with pytest.raises(ConfigError, match=needle):
+        parse_config(base + ["--disable-compute-advantages-and-returns"] + extra)

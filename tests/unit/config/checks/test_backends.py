@@ -12,10 +12,10 @@ from relax.config import ConfigError, machine, parse_config
 
 
 @pytest.mark.parametrize("extra, needle", [
-    (["--ref-actor-config", '{"tensor_model_parallel_size": 2}'], "unknown key(s) ['tensor_model_parallel_size']"),
+    (["--ref-actor-config", '{"tensor_parallel": 2}'], "unknown key(s) ['tensor_parallel']; it takes threads, "),
     (["--ref-actor-config", '{"threads": 0}'], "threads must be an integer >= 1"),
     (["--num-layers", "4"], "--num-layers 4 contradicts"),
-    (["--some-megatron-flag"], "--train-backend megatron"),
+    (["--some-megatron-flag"], "--some-megatron-flag: not Relax flags, and no training backend reads"),
     (["--recompute-granularity", "selective"], "use --recompute-granularity full"),
     (["--recompute-method", "block"], "need --recompute-granularity full"),
 ])

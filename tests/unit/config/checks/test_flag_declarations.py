@@ -77,7 +77,7 @@ def test_ignored_flags_reach_the_plan_notes(base):
 
 
 @pytest.mark.parametrize("flag, needle", [
-    (["--keep-old-actor"], "not implemented"), (["--update-weights-interval", "2"], "not implemented"),
+    (["--keep-old-actor"], "not implemented"), (["--async-save"], "not implemented"),
     (["--polling-mode", "false"], "--polling-mode is accepted for compatibility"),
 ])
 def test_unimplemented_flags_fail_instead_of_being_ignored(base, flag, needle):
@@ -91,3 +91,12 @@ def test_megatron_only_flags_are_reported_as_ignored_under_fsdp(base):
     assert note.startswith("--tensor-model-parallel-size --optimizer-cpu-offload: accepted and ignored: applies to "
                            "the megatron training backend")
     assert ignored_flag_notes(parse_config(base)) == []
+
+
+def test_megatron_flags_its_backend_does_not_read_are_noted_under_megatron_too(base):
+    pytest.importorskip("megatron.core")
+    cfg = parse_config(base + ["--train-backend", "megatron", "--swiglu", "--model-name", "qwen3",
+                               "--tensor-model-parallel-size", "1"])
+    (note,) = ignored_flag_notes(cfg)
+    assert note.startswith("--model-name --swiglu: accepted and ignored: the megatron backend builds the model from "
+                           "the HF config.json")

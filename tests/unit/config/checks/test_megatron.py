@@ -17,7 +17,7 @@ from relax.config.checks.flags import ignored_flag_notes
     (["--megatron-to-hf-mode", "bridge"], "bridge conversion"),
     (["--attention-dropout", "0.1"], "RL training runs without dropout"),
     (["--num-layers", "4"], "--num-layers 4 contradicts"),
-    (["--some-megatron-flag"], "the megatron backend does not read them"),
+    (["--some-megatron-flag"], "--some-megatron-flag: not Relax flags"),
     (["--multimodal-keys", '{"image": "image"}'],
      "the megatron backend trains the vision-language models qwen2_5_vl, qwen3_vl"),
 ])

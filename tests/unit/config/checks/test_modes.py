@@ -35,9 +35,10 @@ def test_unknown_resource_roles_are_listed_in_role_order(base):
 
 
 @pytest.mark.parametrize("extra, needle", [
-    (["--max-staleness", "1"], "--max-staleness 1 bounds how far rollout runs ahead"),
+    (["--max-staleness", "2"], "--max-staleness 2 bounds how far rollout runs ahead"),
     (["--fully-async", "--offload"], "--offload: in fully-async mode"),
     (["--fully-async", "--offload-rollout"], "--offload-rollout: in fully-async mode"),
+    (["--fully-async", "--use-rollout-entropy"], "--use-rollout-entropy computes entropies in the Actor's"),
 ])
 def test_flags_the_mode_cannot_use_fail_with_the_fix(base, extra, needle):
     with pytest.raises(ConfigError, match=needle):
@@ -76,3 +77,15 @@ def test_fully_async_accepts_ref_update_interval_and_opd(base):
 def test_fully_async_accepts_ppo_with_a_critic(base):
     cfg = parse_config(base + ["--fully-async", "--max-staleness", "1", "--advantage-estimator", "ppo"])
     assert cfg.cluster.fully_async and not cfg.cluster.colocate
+
+
+@pytest.mark.parametrize("value", ["0", "1"])
+def test_colocate_takes_the_seeds_max_staleness_as_on_policy(base, value):
+    """The customization guide's colocate script passes --max-staleness 0, the verl guide's 1
+    ("strict on-policy"): both run on-policy, and 1 says so in the plan."""
+    from relax.config.plan import resolve_plan
+
+    plan = resolve_plan(parse_config(base + ["--colocate", "--max-staleness", value]))
+    assert plan.mode == "colocate" and plan.actor.max_staleness == 0 and plan.rollout.max_staleness == 0
+    noted = [n for n in plan.notes if "--max-staleness 1" in n]
+    assert (noted != []) == (value == "1") and all("on-policy" in n for n in noted)
