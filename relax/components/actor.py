@@ -36,9 +36,10 @@ from relax.backends.trainer.group import ScoreShard, TrainerGroup
 from relax.components.setup_context import SetupContext
 from relax.components.step_advantages import AdvantageSpec, jagged, opd_metrics, step_advantages
 from relax.components.training import (
-    make_trainer_group, mean_over_ranks, optimizer_steps_total, save_checkpoint, step_plan, train_on_rows,
-    trains_actor,
+    balance_lengths, make_trainer_group, mean_over_ranks, optimizer_steps_total, save_checkpoint, step_plan,
+    train_on_rows, trains_actor,
 )
+from relax.components.train_hooks import load_postprocess, postprocess_rows
 from relax.components.weight_publisher import WeightPublisher
 from relax.config.fault import recovery_window_s
 from relax.config.plan import ActorPlan
@@ -64,6 +65,7 @@ class Actor:
         self.weights: WeightPublisher | None = None
         self.advantages = AdvantageSpec.from_config(cfg)
         self._first_pass = {"whole_step": self._whole_step_pass, "streaming": self._streaming_pass}[plan.loader]
+        self.postprocess = load_postprocess(cfg.rollout.rollout_data_postprocess_path)
 
     async def start(self) -> None:
         """Start the ranks (every role starts its processes at once, before the setups)."""
@@ -117,6 +119,12 @@ class Actor:
         async with self._ranks:
             return await self.weights.restore(receivers, devices, self.params_version)
 
+    async def settle_weights(self) -> None:
+        """Elastic scale-in: wait until no weight push is in flight (a synchronous one holds the ranks, a
+        background one is waited for), so an engine that left the topology is not stopped mid-push."""
+        async with self._ranks:
+            await self.group.settle_weight_push()
+
     async def offload(self) -> dict[str, float]:
         """Colocate on shared GPUs: this role's ranks move their state to the host (rollout runs)."""
         return await self.group.move(to_host=True)
@@ -143,10 +151,13 @@ class Actor:
             compute = max((r.pop("compute_seconds") for r in results or []), default=0.0)
             passes = int(results is not None)
             while passes < self.plan.passes:  # --num-iters-per-train-update: PPO epochs over the step
-                results = await train_on_rows(self.group, batch, self.cfg.batch.global_batch_size)
+                results = await train_on_rows(self.group, batch, self.cfg.batch.global_batch_size,
+                                              balance_lengths(self.cfg, batch))
                 compute += max(r.pop("compute_seconds") for r in results)
                 passes += 1
             metrics["train/passes"] = float(passes)
+            if self.cfg.optim.reset_optimizer_states:  # the next step starts from a fresh optimizer state
+                await self.group.reset_optimizer()
             metrics["time/train_step"] = metrics.get("time/train_step", 0.0) + time.perf_counter() - t0
             # Ranks run in parallel: the slowest one's forward/backward/optimizer time is the compute.
             metrics["compute/train_seconds"] = compute
@@ -168,8 +179,11 @@ class Actor:
         keys, batch, metrics = await self._read_batch(rollout_id, self.plan.reads)
         metrics["time/wait_rows"] = time.perf_counter() - start
         t0 = time.perf_counter()
-        if "old_log_probs" in self.plan.computes or self._needs_old_forward(batch):
-            batch.old_log_probs_RT = await self._old_log_probs(batch)
+        needs_old = "old_log_probs" in self.plan.computes or self._needs_old_forward(batch)
+        if needs_old or self.cfg.algo.use_rollout_entropy:  # --use-rollout-entropy: from the same forward
+            old, batch.entropy_RT = await self._old_log_probs(batch)
+            if needs_old:
+                batch.old_log_probs_RT = old
         metrics["time/old_log_probs"] = time.perf_counter() - t0
         if "advantages" in self.plan.computes:
             batch.advantages_RT, returns_RT = step_advantages(
@@ -178,10 +192,13 @@ class Actor:
                 values_RT=batch.values_RT)
             if "returns" in self.plan.computes:
                 batch.returns_RT = returns_RT
+        if self.postprocess is not None:  # --rollout-data-postprocess-path: the step's rows before training
+            postprocess_rows(self.postprocess, self.cfg.args, rollout_id, batch)
         results = None
         if trains:
             t0 = time.perf_counter()
-            results = await train_on_rows(self.group, batch, self.cfg.batch.global_batch_size)
+            results = await train_on_rows(self.group, batch, self.cfg.batch.global_batch_size,
+                                          balance_lengths(self.cfg, batch))
             metrics["time/train_step"] = time.perf_counter() - t0
         return keys, batch, metrics, results
 
@@ -209,7 +226,7 @@ class Actor:
         metrics["time/wait_rows"] = time.perf_counter() - start
         t0 = time.perf_counter()
         num_steps, shards_idx, tokens_per_step = step_plan(batch.loss_masks_RT, self.cfg.batch.global_batch_size,
-                                                           self.group.dp_size)
+                                                           self.group.dp_size, balance_lengths(self.cfg, batch))
         await self.group.train_begin([[len(batch.tokens_RL[i]) for i in idx] for idx in shards_idx],
                                      num_steps, tokens_per_step)
         where = {i: (rank, pos) for rank, idx in enumerate(shards_idx) for pos, i in enumerate(idx)}
@@ -273,18 +290,23 @@ class Actor:
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
             torch.save({"rollout_id": rollout_id, **batch.to_columns()}, path)
 
-    async def _old_log_probs(self, batch: TrainBatch) -> list[list[float]]:
-        """The behaviour policy's log-probs, recomputed on the current weights (sharded as training is)."""
-        _, shards_idx, _ = step_plan(batch.loss_masks_RT, self.cfg.batch.global_batch_size, self.group.dp_size)
+    async def _old_log_probs(self, batch: TrainBatch) -> tuple[list[list[float]], list[list[float]] | None]:
+        """The behaviour policy's log-probs, recomputed on the current weights (sharded as training
+        is), and with --use-rollout-entropy each token's entropy (else None)."""
+        _, shards_idx, _ = step_plan(batch.loss_masks_RT, self.cfg.batch.global_batch_size, self.group.dp_size,
+                                     balance_lengths(self.cfg, batch))
         media = batch.multimodal_train_inputs_RB
-        results = await self.group.score([
-            ScoreShard([batch.tokens_RL[i] for i in idx], [batch.response_lengths_R[i] for i in idx],
-                       None if media is None else [media[i] for i in idx]) for idx in shards_idx])
+        shards = [ScoreShard([batch.tokens_RL[i] for i in idx], [batch.response_lengths_R[i] for i in idx],
+                             None if media is None else [media[i] for i in idx]) for idx in shards_idx]
+        entropy = self.cfg.algo.use_rollout_entropy
+        results = await (self.group.score_with_entropy(shards) if entropy else self.group.score(shards))
         old: list[list[float]] = [[] for _ in batch.tokens_RL]
-        for idx, logps in zip(shards_idx, results):
-            for i, lp in zip(idx, logps):
-                old[i] = lp
-        return old
+        ents: list[list[float]] = [[] for _ in batch.tokens_RL]
+        for idx, result in zip(shards_idx, results):
+            logps, shard_ents = result if entropy else (result, [[] for _ in idx])
+            for i, lp, ent in zip(idx, logps, shard_ents):
+                old[i], ents[i] = lp, ent
+        return old, ents if entropy else None
 
     async def _read_batch(self, rollout_id: int, columns: list[str] | tuple[str, ...]) -> tuple[
             list[str], TrainBatch, dict[str, float]]:
@@ -350,6 +372,9 @@ class UntrainedActor:
     async def restore_weights(self, receivers: list[Any], devices: list[Any] | None = None) -> dict[str, float]:
         """Every engine keeps the weights it started with."""
         return {}
+
+    async def settle_weights(self) -> None:
+        """No weight pushes."""
 
     async def train(self, rollout_id: int) -> dict[str, float]:
         await tq.clear(rollout_id)

@@ -33,6 +33,8 @@ from relax.distributed import transfer_queue as tq
 from relax.distributed.checkpoint_service.coordinator import Receivers
 from relax.engine.agentic import episode_generate
 from relax.engine.agentic.records import log_trajectories, multi_turn_metrics
+from relax.engine.elastic.calls import FleetCall
+from relax.engine.elastic.local_ops import LocalFleetOps
 from relax.engine.fleet import EngineFleet, FleetSpec, NoFleet
 from relax.engine.rewards.executor import RewardExecutor
 from relax.engine.rewards.genrm import judge_spec
@@ -90,6 +92,7 @@ class Rollout:
         self.snapshots: dict[int, dict[str, Any]] = {}
         self.failed: dict[int, BaseException] = {}
         self._busy_mark: dict[str, float] = {}  # engines' busy seconds when the last step reported
+        self._scaling: LocalFleetOps | None = None  # elastic scaling's operations on the fleet (`fleet_call`)
         self.stopping = False
 
     # ---- lifecycle ---------------------------------------------------------------------
@@ -254,10 +257,17 @@ class Rollout:
         """Generate requests sent again after their engine failed, so far."""
         return self.fleet.requests_resent()
 
+    async def fleet_call(self, call: FleetCall) -> Any:
+        """Elastic scaling (relax.core.elastic): one fleet operation, applied here where the fleet lives."""
+        if self._scaling is None:  # GPU clusters: new engines would need GPUs outside the run's placement group
+            room = None if self.gpu_slots is None else lambda: 0
+            self._scaling = LocalFleetOps(self.fleet, partial_rollout=self.cfg.rollout.partial_rollout, capacity=room)
+        return await call.apply(self._scaling)
+
     def weight_receivers(self) -> Receivers:
-        """The engines take every weight push: their URLs, and per engine the GPUs it runs on
-        (empty on CPU: a sender on one of them uses CUDA IPC)."""
-        urls = self.fleet.urls
+        """The engines take every weight push (a draining one no longer): their URLs, and per engine the
+        GPUs it runs on (empty on CPU: a sender on one of them uses CUDA IPC)."""
+        urls = [u for u in self.fleet.urls if u not in self.fleet.draining]
         if self.gpu_slots is None:
             return Receivers(urls)
         # By device, not position: a replacement engine joins the fleet last, on its predecessor's GPUs.

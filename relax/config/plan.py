@@ -28,8 +28,12 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from relax.config.autoscaler import load_autoscaler_config
 from relax.config.checks.flags import ignored_flag_notes
+from relax.config.elastic import serves_scaling_api
 from relax.config.errors import PlanError
+from relax.config.inert import inert_flag_notes
+from relax.config.layouts import check_role_layouts, ref_actor_notes
 from relax.config.placement import GpuAsk, GpuPlacement, PlacementError, place_gpus
 from relax.config.placement import describe as describe_placement
 from relax.config.role_plans import REPLICA_CPUS, Device, RolePlan, StepPart, plan_roles, uses_critic
@@ -61,6 +65,7 @@ class ActorPlan:
     overlap_weight_push: bool  # a push overlaps the next step (fully async)
     pause_mode: Literal["abort", "in_place"]  # what engines do with requests in flight during a push
     max_staleness: int
+    engine_push_every: int = 1  # --update-weights-interval: the engines take every N-th version (colocate)
 
 
 @dataclass(frozen=True)
@@ -176,6 +181,7 @@ def resolve_plan(cfg: RelaxConfig, gpus: float = 0.0) -> RunPlan:
         roles = [dataclasses.replace(r, slots=placement.role_slots(r.name), gpu_fraction=placement.fraction)
                  if placement.role_slots(r.name) else r for r in roles]
     check_resource_roles(cfg, roles)
+    check_role_layouts(cfg, [(r.name, r.workers, r.unit) for r in roles])
     by_name = {r.name: r for r in roles}
     return RunPlan(
         mode="fully_async" if cfg.cluster.fully_async else "colocate", train_backend=cfg.cluster.train_backend,
@@ -201,13 +207,22 @@ def _place(roles: list[RolePlan], fully_async: bool, gpus: float) -> GpuPlacemen
 
 def _actor_plan(cfg: RelaxConfig, role: RolePlan) -> ActorPlan:
     fully_async, critic, old_policy = cfg.cluster.fully_async, uses_critic(cfg), _old_policy(cfg)
-    computes = () if fully_async else (("old_log_probs",) if old_policy == "old_log_probs" else ()) + (
-        ("advantages",) + (("returns",) if critic else ()))
+    advantages = () if cfg.algo.disable_compute_advantages_and_returns else ("advantages",) + (
+        ("returns",) if critic else ())  # (SFT or a custom loss trains without them)
+    computes = () if fully_async else (("old_log_probs",) if old_policy == "old_log_probs" else ()) + advantages
     return ActorPlan(
         role=role, loader="streaming" if fully_async else "whole_step", reads=role.reads,
         computes=computes, writes=("returns",) if critic and not fully_async else (), old_policy=old_policy,
         clears=not critic, passes=cfg.cluster.num_iters_per_train_update, overlap_weight_push=fully_async,
-        pause_mode="abort" if cfg.rollout.partial_rollout else "in_place", max_staleness=cfg.cluster.max_staleness)
+        pause_mode="abort" if cfg.rollout.partial_rollout else "in_place", max_staleness=staleness(cfg),
+        engine_push_every=cfg.rollout.update_weights_interval)
+
+
+def staleness(cfg: RelaxConfig) -> int:
+    """Weight versions a trained row may lag: --max-staleness in fully async mode; colocate is
+    on-policy whatever it says (it accepts 0 and 1, the seeds' two spellings of on-policy), unless
+    --update-weights-interval N leaves the engines up to N - 1 versions behind."""
+    return cfg.cluster.max_staleness if cfg.cluster.fully_async else cfg.rollout.update_weights_interval - 1
 
 
 def _rollout_plan(cfg: RelaxConfig, role: RolePlan) -> RolloutPlan:
@@ -216,7 +231,7 @@ def _rollout_plan(cfg: RelaxConfig, role: RolePlan) -> RolloutPlan:
         cfg.reward.custom_convert_samples_to_train_data_path is None
     return RolloutPlan(role=role, stream_groups=fully_async and streamable, overlapping_steps=fully_async,
                        release_memory=releases_engine_memory(cfg) and not cfg.rollout.rollout_external,
-                       eval_waits_for_version=fully_async, max_staleness=cfg.cluster.max_staleness)
+                       eval_waits_for_version=fully_async, max_staleness=staleness(cfg))
 
 
 def check_resource_roles(cfg: RelaxConfig, roles: list[RolePlan]) -> None:
@@ -262,7 +277,10 @@ def ignored_flags(cfg: RelaxConfig, device: Device) -> list[str]:
     if device == "cpu" and (c.offload or c.offload_train):
         notes.append("--offload/--offload-train: on CPU there is no device memory to free; the ranks keep their "
                      "state (engines still release theirs around training)")
-    notes += ignored_flag_notes(cfg)
+    notes += ignored_flag_notes(cfg) + inert_flag_notes(cfg) + ref_actor_notes(cfg)
+    if not c.fully_async and c.max_staleness == 1:
+        notes.append("--max-staleness 1: colocate mode is on-policy (rollout never runs ahead of training), as the "
+                     "seeds' colocate scripts mean it; the same as 0")
     if device == "cpu" and cfg.optim.bf16:
         notes.append("--bf16: training runs in float32 on CPU")
     return notes
@@ -317,20 +335,38 @@ def format_plan(plan: RunPlan, cfg: RelaxConfig | None = None) -> str:
         lines.append(f"  {col.name:<19}{col.dtype:<9}{col.shape:<7}{flow.producer:<12}{consumers}")
     a = plan.actor
     computed = ", ".join(a.computes) or "nothing (every column arrives from the other roles)"
+    balanced = "; each step's rows balanced by tokens over the ranks" if cfg and cfg.batch.balance_data else ""
     lines += ["", f"actor: {a.loader.replace('_', '-')} loader; computes {computed}; old policy = {a.old_policy}; "
-                  f"{a.passes} pass(es) over each step",
+                  f"{a.passes} pass(es) over each step{balanced}",
               f"partition cleared by: {plan.clearer} (after training the step)",
               f"weights: actor rank 0 -> {_receivers(plan)} through the DCS coordinator"
-              + (", overlapping the next step" if a.overlap_weight_push else ", after every step")]
+              + (", overlapping the next step" if a.overlap_weight_push else
+                 f", after every {a.engine_push_every} steps" if a.engine_push_every > 1 else ", after every step")]
     if plan.placement is not None:
         lines.append(f"GPUs: {describe_placement(plan.placement)}"
                      + ("; training ranks offload to the host during rollout" if plan.offload_train else ""))
     if plan.mode == "fully_async":
         lines.append(f"staleness: rollout runs at most {a.max_staleness} weight version(s) ahead of training")
     if cfg is not None:
-        lines += _generation(cfg) + [f"outputs: {cfg.misc.exp_dir}"]
+        lines += _generation(cfg) + scaling_lines(cfg) + [f"outputs: {cfg.misc.exp_dir}"]
     lines += [f"note: {n}" for n in plan.notes]
     return "\n".join(lines)
+
+
+def scaling_lines(cfg: RelaxConfig) -> list[str]:
+    """Where the scaling REST API is served and what the autoscaler does (docs/elastic-scaling.md)."""
+    e = cfg.elastic
+    if not serves_scaling_api(cfg):
+        return []
+    port = e.scale_api_port or "<free port>"
+    lines = [f"scaling API: http://{e.scale_api_host}:{port} (bearer token in <outputs>/.relax/scale_token; "
+             f"relax-scale --exp-dir {cfg.misc.exp_dir} status)"]
+    if e.autoscaler_config:
+        a = load_autoscaler_config(e.autoscaler_config)
+        lines.append(f"autoscaler: {e.autoscaler_config}: {a.min_engines}-{a.max_engines} engines, {a.target_metric} "
+                     f"> {a.scale_out_threshold:g} grows / < {a.scale_in_threshold:g} shrinks by {a.step_size}, "
+                     f"cooldown {a.cooldown_s:g}s, a decision every {a.interval_s:g}s")
+    return lines
 
 
 def _generation(cfg: RelaxConfig) -> list[str]:

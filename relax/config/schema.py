@@ -4,7 +4,8 @@ reference (`docs/configuration.md`), with the seed's default.
 Internal code takes the group it needs (`cfg.rollout`, `cfg.optim`); the flat `args`
 namespace (`RelaxConfig.args`) exists only for plugins written against Relax/slime.
 Every group is frozen: validation returns a new config with the derived values filled in
-(`RelaxConfig.replace`), nothing is written in place. Choices are `Literal` annotations; the
+(`RelaxConfig.replace`), nothing is written in place. Choices are `Literal` annotations (or a
+registry's names, `relax.config.choices`: the reward types), checked at parse time; the
 command line and `--custom-config-path` YAML go through the same coercion (`fields.coerce`).
 Fields marked `supported=False` are accepted for script compatibility; setting them to a
 non-default value fails validation with a message, so nothing is silently ignored.
@@ -17,8 +18,11 @@ from argparse import Namespace
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
+from relax.config.elastic import ElasticConfig
+from relax.config.choices import REWARD_TYPES, parse_rm_type
 from relax.config.fields import opt, parse_bool, parse_bytes, parse_json
 from relax.config.megatron_arch import MEGATRON_ONLY, MegatronArchConfig
+from relax.config.observability import DebugConfig, LoggingConfig
 
 TrainBackend = Literal["megatron", "fsdp", "auto"]
 RolloutBackend = Literal["sglang", "hf", "auto"]
@@ -56,13 +60,16 @@ class ClusterConfig:
     distributed_timeout_minutes: int = opt(10, "Timeout of training collectives, minutes.")
     num_data_storage_units: int = opt(1, "TransferQueue SimpleStorage units.")
     max_staleness: int = opt(0, "Fully async: rollout step k starts only once the engines hold weight version "
-                                "k - N; every trained row lags at most N versions (0 = on-policy, equals colocate).")
+                                "k - N; every trained row lags at most N versions (0 = on-policy, equals colocate). "
+                                "Colocate takes 0 or 1, both on-policy (the seeds' scripts write 1).")
     polling_mode: bool = opt(True, "Poll TransferQueue metadata instead of blocking (the streaming consumers poll; "
                              "blocking mode is not built).", type=parse_bool, supported=False)
     num_iters_per_train_update: int = opt(1, "Passes over each step's batch (PPO epochs; the old log-probs stay "
                                           "those of the step's first pass), in both modes.")
-    ref_actor_config: dict | None = opt(None, "JSON overrides for the Reference/ActorFwd services; on CPU "
-                                        "{\"threads\": N} sets their torch threads.", type=parse_json)
+    ref_actor_config: dict | None = opt(None, "JSON overrides for the Reference/ActorFwd services: "
+                                        "tensor/pipeline/context_parallel_size, sequence_parallel (megatron), "
+                                        "max_tokens_per_gpu, only_load_weight, threads (CPU torch threads).",
+                                        type=parse_json)
     train_backend: TrainBackend = opt("auto", "Training backend; auto = megatron when megatron-core is installed "
                                       "and a GPU is visible, else fsdp (the choice is logged). megatron also runs "
                                       "on CPU when asked for (gloo, float32; docs/backends/megatron.md).")
@@ -97,7 +104,8 @@ class CheckpointConfig:
     save_hf: str | None = opt(None, "Also export an HF model here (may contain {rollout_id}).")
     async_save: bool = opt(False, "Asynchronous checkpoint saving.", supported=False)
     no_save_optim: bool = opt(False, "Do not save optimizer state.")
-    rotate_ckpt: bool = opt(False, "Rotate checkpoints.", supported=False)
+    rotate_ckpt: bool = opt(False, "Save every step, keeping the latest and the --save-interval ones (at most "
+                            "--max-actor-ckpt-to-keep of those); needs --save and --save-interval.")
     max_actor_ckpt_to_keep: int | None = opt(None, "Keep at most N actor checkpoints (oldest deleted).")
     checkpoint_engine_backend: str = opt("nccl", "Weight-sync transport backend (gloo is used on CPU).")
     critic_load: str | None = opt(None, "Critic checkpoint directory to resume from (ppo); default <--load>/critic. "
@@ -168,7 +176,9 @@ class RolloutConfig:
     rollout_temperature: float = opt(1.0, "Sampling temperature.")
     rollout_top_p: float = opt(1.0, "Top-p.")
     rollout_top_k: int = opt(-1, "Top-k (-1 = off).")
-    rollout_max_response_len: int | None = opt(None, "Max new tokens per response.")
+    rollout_max_response_len: int | None = opt(None, "Max new tokens per response (default: the context length, "
+                                               "--rollout-max-context-len or the model's max_position_embeddings, "
+                                               "minus --rollout-max-prompt-len).")
     rollout_max_prompt_len: int | None = opt(None, "Drop prompts longer than this (tokens).")
     rollout_max_context_len: int | None = opt(None, "Engine context length: prompt + response tokens; a response "
                                               "is cut to fit (<= the model's max_position_embeddings).")
@@ -192,7 +202,8 @@ class RolloutConfig:
                                                   "abort (older weights) get loss_mask 0.")
     update_weight_buffer_size: int = opt(512 << 20, "Weight-sync bucket size in bytes (e.g. 512MB).",
                                          type=parse_bytes)
-    update_weights_interval: int = opt(1, "Push weights to engines every N steps.", supported=False)
+    update_weights_interval: int = opt(1, "Colocate: the engines take the actor's weights every N steps (rows "
+                                       "then lag up to N - 1 versions; the first push always goes).")
     weight_sync_timeout: float = opt(120.0, "Deadline of one weight sync, seconds.")
     keep_old_actor: bool = opt(False, "Keep the rollout model during training.", supported=False)
     rollout_external: bool = opt(False, "Use engines already running elsewhere (SGLang's HTTP API, at "
@@ -207,7 +218,9 @@ class RolloutConfig:
     rollout_function_path: str = opt("relax.engine.rollout.sglang_rollout.generate_rollout",
                                      "Rollout function fn(args, rollout_id, data_source, evaluation=False).")
     custom_generate_function_path: str | None = opt(None, "Generate fn(args, sample, sampling_params[, evaluation]).")
-    rollout_data_postprocess_path: str | None = opt(None, "Rollout postprocess.", supported=False)
+    rollout_data_postprocess_path: str | None = opt(None, "fn(args, rollout_id, rollout_data) run by the Actor on "
+                                                    "each step's columns before training (e.g. to edit loss_masks; "
+                                                    "colocate mode).")
     custom_rollout_log_function_path: str | None = opt(None, "Rollout logging hook.", supported=False)
     custom_eval_rollout_log_function_path: str | None = opt(None, "Eval logging hook.", supported=False)
     engine_startup_timeout: float = opt(300.0, "Seconds to wait for an engine to become healthy.")
@@ -254,6 +267,13 @@ class AgenticConfig:
                                       "calls are still parsed into tool_calls) and the prompt is the messages "
                                       "alone, for a policy trained to know its tools from its system message "
                                       "(docs/agents.md).", type=parse_bool)
+    multi_turn_constrain_tool_calls: bool = opt(
+        False, "Make every model turn's tool calls parse: each turn is sent with a structural_tag constraint under "
+        "which the text stays free and every <tool_call> the policy starts is completed as JSON {\"name\": one "
+        "of the sample's tools (metadata['tools'], --tool-key), \"arguments\": that tool's parameters} (any "
+        "name and object without tools). Applied by the engine's grammar (hf: llguidance; sglang: its grammar "
+        "backend); the log-probs are the constrained distribution's. Not with --true-on-policy-mode "
+        "(docs/agentic.md).", type=parse_bool)
 
 
 @dataclass(frozen=True)
@@ -269,7 +289,8 @@ class BatchConfig:
     log_probs_chunk_size: int = opt(-1, "Tokens per chunk of the output layer in every fsdp forward: log-probs "
                                     "and entropy are computed chunk by chunk from the hidden states, never as "
                                     "[tokens, vocab] logits; -1 sizes a chunk to 1 GiB of float32 logits.")
-    balance_data: bool = opt(False, "Balance tokens across DP ranks.", supported=False)
+    balance_data: bool = opt(False, "Split each optimizer step's rows over the data-parallel ranks so their token "
+                             "counts are about equal (Karmarkar-Karp, equal row counts; groups stay in their step).")
 
 
 @dataclass(frozen=True)
@@ -300,7 +321,10 @@ class OptimizerConfig:
     lr_warmup_iters: int = opt(0, "Linear warm-up steps.")
     lr_decay_style: Literal["constant", "linear", "cosine"] = opt("constant", "LR schedule.")
     lr_decay_iters: int | None = opt(None, "Steps of the decay (default: all steps).")
-    optimizer: Literal["adam", "adamw"] = opt("adam", "Optimizer (AdamW semantics).")
+    optimizer: Literal["adam", "adamw", "sgd"] = opt("adam", "Optimizer of every trained model (fsdp and megatron): "
+                                                     "adam and adamw are AdamW (decoupled weight decay, as "
+                                                     "Megatron's adam); sgd is SGD with momentum 0.9 (Megatron's "
+                                                     "--sgd-momentum default).")
     weight_decay: float = opt(0.0, "Weight decay.")
     adam_beta1: float = opt(0.9, "Adam beta1.")
     adam_beta2: float = opt(0.999, "Adam beta2.")
@@ -315,7 +339,8 @@ class OptimizerConfig:
     overlap_param_gather: bool = opt(False, "Overlap param gather (megatron).", ignored=MEGATRON_ONLY)
     calculate_per_token_loss: bool = opt(False, "Token-sum loss over the global batch's token count.")
     bf16: bool = opt(False, "bf16 training (GPU).")
-    reset_optimizer_states: bool = opt(False, "Reset optimizer state after each rollout.", supported=False)
+    reset_optimizer_states: bool = opt(False, "Drop the actor's optimizer state (Adam moments, SGD momentum) after "
+                                       "each rollout step's training; the LR schedule goes on.")
     only_train_params_name_list: list | None = opt(None, "Regexes of parameters to train.", nargs="+")
     freeze_params_name_list: list | None = opt(None, "Regexes of parameters to freeze.", nargs="+")
 
@@ -326,8 +351,8 @@ class AlgorithmConfig:
     normalize_advantages: bool = opt(False, "Whiten advantages over the batch.")
     disable_grpo_std_normalization: bool = opt(False, "GRPO without dividing by the group std (Dr.GRPO).")
     disable_rewards_normalization: bool = opt(False, "Use raw rewards as advantages (no group baseline).")
-    disable_compute_advantages_and_returns: bool = opt(False, "Skip advantages (SFT / custom loss).",
-                                                       supported=False)
+    disable_compute_advantages_and_returns: bool = opt(False, "The Actor computes no advantages or returns (SFT, "
+                                                       "or a --loss-type custom_loss that needs none; colocate).")
     loss_type: Literal["policy_loss", "custom_loss"] = opt("policy_loss", "Loss.")
     custom_loss_function_path: str | None = opt(None, "With --loss-type custom_loss: fn(inputs: PolicyLossInputs, "
                                                 "cfg: PolicyLossConfig) -> PolicyLossOutput | (loss, metrics).")
@@ -361,7 +386,9 @@ class AlgorithmConfig:
     opsm_delta: float = opt(1e-4, "OPSM threshold.")
     use_routing_replay: bool = opt(False, "Routing replay (MoE).", supported=False)
     use_rollout_routing_replay: bool = opt(False, "Rollout routing replay (MoE).", supported=False)
-    use_rollout_entropy: bool = opt(False, "Entropy during log-prob passes.", supported=False)
+    use_rollout_entropy: bool = opt(False, "The Actor's old-log-prob forward also gives each token's entropy "
+                                    "(rollout_data['entropy'] for --rollout-data-postprocess-path, and the dumps; "
+                                    "colocate mode).")
     get_mismatch_metrics: bool = opt(False, "Mismatch metrics (always on in this build).",
                                      ignored="train/rollout mismatch metrics are always reported")
     use_opd: bool = opt(False, "On-policy distillation: advantages get -opd_kl_coef * (logp_student - "
@@ -406,7 +433,8 @@ class EvalConfig:
 
 @dataclass(frozen=True)
 class RewardConfig:
-    rm_type: str | None = opt(None, "Built-in reward type (math, deepscaler, dapo, f1, ...).")
+    rm_type: str | None = opt(None, "Built-in reward type, checked when the flags are parsed: "
+                              f"{', '.join(REWARD_TYPES)}, or boxed_<type>.", type=parse_rm_type)
     custom_rm_path: str | None = opt(None, "Custom reward fn(args, sample, **kw) (or samples with --group-rm).")
     reward_key: str | None = opt(None, "Key of the score when the reward is a dict.")
     eval_reward_key: str | None = opt(None, "Key of the eval score when the reward is a dict (default --reward-key).")
@@ -430,50 +458,6 @@ class RewardConfig:
                                            type=parse_json)
     genrm_sampling_config: dict | None = opt(None, "GenRM sampling (JSON): temperature (0.1), top_p (1.0), top_k "
                                              "(-1), max_response_len (4096).", type=parse_json)
-
-
-@dataclass(frozen=True)
-class LoggingConfig:
-    use_tensorboard: bool = opt(False, "Write TensorBoard scalars.")
-    tb_project_name: str | None = opt(None, "TensorBoard directory (default $TENSORBOARD_DIR, else <exp-dir>/tb); its "
-                                      "last part is also the W&B / ClearML project (default relax).")
-    tb_experiment_name: str | None = opt(None, "TensorBoard run (a subdirectory); also the W&B run / ClearML task name "
-                                         "(default: the run directory's name).")
-    use_clearml: bool = opt(False, "Log metrics to ClearML (pip install 'relax-rl[clearml]'); offline with "
-                            "CLEARML_OFFLINE_MODE=1 or when no ClearML credentials are found (docs/operations.md).")
-    use_wandb: bool = opt(False, "Log metrics to W&B (pip install 'relax-rl[wandb]'); offline with WANDB_MODE=offline "
-                          "or when no W&B credentials are found (docs/operations.md).")
-    use_metrics_service: bool = opt(False, "Run the metrics sinks in a Serve deployment of their own that every role "
-                                    "reports to (without it the driver writes them; docs/operations.md).")
-    timeline_dump_dir: str | None = opt(None, "Write a Chrome-trace timeline of every role's phases per step here "
-                                        "(timeline.json; open in Perfetto; docs/observability.md).")
-    log_passrate: bool = opt(False, "Log eval pass@k (k = 1, 2, 4, ... <= --n-samples-per-eval-prompt; "
-                             "correct = reward > 0).")
-    log_multi_turn: bool = opt(False, "Log multi-turn trajectories (turns, tool calls, observations, termination) "
-                               "per step to <exp-dir>/multi_turn/ and a few of them as text to the metrics sinks "
-                               "(docs/agentic.md).")
-    log_correct_samples: bool = opt(False, "Log correct samples.", supported=False)
-    log_reward_category: str | None = opt(None, "Reward category key.", supported=False)
-    notify_urls: str | None = opt(None, "Apprise URLs (comma-separated): alerts on run start, failure (with the "
-                                  "error), each recovery (docs/operations.md) and finish, e.g. json://host:port/path "
-                                  "or slack://... (docs/observability.md).")
-    progress_bar: bool = opt(True, "Show a progress bar per rollout.", type=parse_bool)
-
-
-@dataclass(frozen=True)
-class DebugConfig:
-    debug_rollout_only: bool = opt(False, "Rollout only: no training, engines keep their weights.")
-    debug_train_only: bool = opt(False, "Training only, no engines: trains on --load-debug-rollout-data.")
-    load_debug_rollout_data: str | None = opt(None, "Replay saved rollouts ({rollout_id} in the path); implies "
-                                              "--debug-train-only.")
-    load_debug_rollout_data_subsample: float | None = opt(None, "Keep this fraction of replayed groups (seeded).")
-    save_debug_rollout_data: str | None = opt(None, "Save each step's scored groups here ({rollout_id} in the path).")
-    save_debug_train_data: str | None = opt(None, "Save each step's training batch (tokens, masks, advantages, "
-                                            "log-probs) as a torch file ({rollout_id} in the path).")
-    dump_details: str | None = opt(None, "Directory for per-step details: rollout/<step>.jsonl (prompt, response, "
-                                   "label, reward, status, versions) and train/<step>.pt (the training batch).")
-    check_weight_update_equal: bool = opt(False, "Verify engine weights after sync.", supported=False)
-    use_pytorch_profiler: bool = opt(False, "Torch profiler.", supported=False)
 
 
 @dataclass(frozen=True)
@@ -508,6 +492,9 @@ class MiscConfig:
                                default_factory=dict)
     model_name: str | None = opt(None, "Model name for weight conversion.", ignored=MEGATRON_ONLY)
     http_proxy: str | None = opt(None, "HTTP proxy.", supported=False)
+    only_load_weight: bool = opt(False, "The Reference and ActorFwd load the weights only.",
+                                 ignored="the Reference and ActorFwd are frozen scorers: they always load the weights "
+                                 "only (no optimizer state), as this flag asks")
     exp_dir: str | None = opt(None, "Run output directory (default ./outputs/<timestamp>).")
     dry_run: bool = opt(False, "Print the run plan (mode, roles with their resources and placement, which role "
                                "writes and reads each data column, weight-sync receivers) and exit before Ray starts.")
@@ -517,13 +504,14 @@ GROUPS: dict[str, type] = {
     "cluster": ClusterConfig, "ckpt": CheckpointConfig, "data": DataConfig, "rollout": RolloutConfig,
     "batch": BatchConfig, "parallel": ParallelConfig, "optim": OptimizerConfig, "algo": AlgorithmConfig,
     "eval": EvalConfig, "reward": RewardConfig, "agentic": AgenticConfig, "logging": LoggingConfig,
-    "debug": DebugConfig, "fault": FaultConfig, "misc": MiscConfig, "megatron": MegatronArchConfig,
+    "debug": DebugConfig, "fault": FaultConfig, "elastic": ElasticConfig, "misc": MiscConfig,
+    "megatron": MegatronArchConfig,
 }
 
 
 @dataclass(frozen=True)
 class RelaxConfig:
-    """All groups, plus `--sglang-*` passthrough options and unrecognised Megatron flags."""
+    """All groups, plus `--sglang-*` passthrough options and the unknown flags (`megatron_extra`, an error)."""
 
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     ckpt: CheckpointConfig = field(default_factory=CheckpointConfig)
@@ -539,6 +527,7 @@ class RelaxConfig:
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     debug: DebugConfig = field(default_factory=DebugConfig)
     fault: FaultConfig = field(default_factory=FaultConfig)
+    elastic: ElasticConfig = field(default_factory=ElasticConfig)
     misc: MiscConfig = field(default_factory=MiscConfig)
     megatron: MegatronArchConfig = field(default_factory=MegatronArchConfig)
     sglang: dict[str, Any] = field(default_factory=dict)

@@ -37,6 +37,7 @@ from relax.components.setup_context import SetupContext
 from relax.config.plan import RunPlan
 from relax.config.role_plans import StepPart
 from relax.config.schema import RelaxConfig
+from relax.core.elastic import ElasticService
 from relax.core.health import HealthEvents, HealthManager, run_with_restarts
 from relax.core.metrics import DriverMetrics, ServiceMetrics, step_metrics
 from relax.core.service import Runtime
@@ -65,6 +66,12 @@ def due(step: int, interval: int | None) -> bool:
     return bool(interval) and step % interval == 0
 
 
+def checkpoint_due(cfg: RelaxConfig, step: int, last: bool) -> bool:
+    """A checkpoint after `step`: every --save-interval steps and at the end, every step with --rotate-ckpt."""
+    c = cfg.ckpt
+    return bool(c.save) and (c.rotate_ckpt or due(step + 1, c.save_interval) or last)
+
+
 async def watched(call: Any, background: list[asyncio.Future]) -> Any:
     """Await `call`, but raise at once if a background role loop fails (its rows would never come)."""
     task = asyncio.ensure_future(call)
@@ -84,6 +91,7 @@ class Controller:
         self.cfg, self.plan, self.runtime = cfg, plan, runtime
         self.events = events or HealthEvents(cfg.misc.exp_dir)  # recovery events (kept across global restarts)
         self.health: HealthManager | None = None  # set on deploy
+        self.elastic: ElasticService | None = None  # the scaling API and autoscaler (set on deploy)
         self.exp_dir = cfg.misc.exp_dir
         self.metrics: DriverMetrics | ServiceMetrics | None = None  # the metrics sinks (set on deploy)
         self.roles: dict[str, RoleHandle] = {}
@@ -111,7 +119,10 @@ class Controller:
         await self.actor.connect_dcs(dcs.handle)
         await self.actor.update_weights(self.start)  # engines serve the actor's weights from step 0
         await self.move_trainers("offload")  # colocate on shared GPUs: the engines generate first
-        self.health = HealthManager(self.cfg, self.plan, self.roles, self.events, ctx)
+        fleet_lock = asyncio.Lock()  # one change of the engine fleet at a time: recovery or scaling
+        self.health = HealthManager(self.cfg, self.plan, self.roles, self.events, ctx, fleet_lock)
+        self.elastic = ElasticService(self.cfg, self.plan, self.roles, self.timeline, fleet_lock)
+        await self.elastic.start()  # the engines hold the weights now: new ones can get the same
 
     @property
     def actor(self) -> RoleHandle:
@@ -174,6 +185,7 @@ class Controller:
                 t0 = time.perf_counter()
                 with span("wait for rollout", step=step):
                     metrics = await watched(self.rollout.wait_step(step), background)  # generated ahead: no bar
+                metrics["time/trainer_wait"] = time.perf_counter() - t0  # (the autoscaler's signal)
                 with span("train", step=step):
                     metrics |= await watched(self.actor.train(step), background)
                     for trainer in self._with(StepPart.TRAINS_AFTER_ACTOR):
@@ -193,13 +205,14 @@ class Controller:
         if cfg.eval.eval_interval and (due(step + 1, cfg.eval.eval_interval) or last):
             with self.timeline.span("eval", step=step):
                 metrics |= self.record_eval(step + 1, await self.rollout.evaluate(step + 1))
-        if cfg.ckpt.save and (due(step + 1, cfg.ckpt.save_interval) or last):
+        if checkpoint_due(cfg, step, last):
             with self.timeline.span("checkpoint", step=step):
                 await self.checkpoint(step)
         if cfg.ckpt.save_hf and last:
             metrics["export/hf_path"] = await self.actor.export_hf(step)
         metrics["time/step"] = time.perf_counter() - t0
         metrics |= self.health.metrics()  # health/*: failures seen, engines replaced, global restarts
+        metrics |= await self.elastic.step_metrics(step, metrics)  # elastic/*: engines, scaling operations
         await self.metrics.log(step, metrics)
         print(format_step_summary(step, self.num_rollout, metrics), flush=True)
 
@@ -210,9 +223,13 @@ class Controller:
         for role in self._with(StepPart.CHECKPOINTS):
             parts |= await role.save(step)
         checkpoints.commit(self.cfg.ckpt.save, step, parts)
+        c = self.cfg.ckpt
         for name in ("actor", "critic"):
-            if name in parts:
-                checkpoints.prune(os.path.dirname(parts[name]), self.cfg.ckpt.max_actor_ckpt_to_keep, protect=step)
+            if name in parts and c.rotate_ckpt:  # every step saved; the latest and the interval ones stay
+                checkpoints.prune_rotated(os.path.dirname(parts[name]), c.save_interval, c.max_actor_ckpt_to_keep,
+                                          protect=step)
+            elif name in parts:
+                checkpoints.prune(os.path.dirname(parts[name]), c.max_actor_ckpt_to_keep, protect=step)
 
     async def with_progress(self, call: Any, step: int) -> dict[str, float]:
         """Await the rollout while drawing a progress bar from its counters."""
@@ -245,6 +262,8 @@ class Controller:
                 for name, hist in self.eval_history.items()}
 
     async def shutdown(self) -> None:
+        if self.elastic is not None:  # no scaling operation while the roles go
+            await self.elastic.stop()
         # Actor first: it tears down its weight-sync group while the engines still answer.
         order = sorted(self.roles, key=lambda name: name != "actor")
         for role in (self.roles[name] for name in order):

@@ -138,8 +138,10 @@ class EngineSlots:
 
 class HealthManager:
     def __init__(self, cfg: RelaxConfig, plan: RunPlan, roles: dict[str, Any], events: HealthEvents,
-                 ctx: SetupContext) -> None:
-        """`roles`: name -> handle (`await role.method(...)`); `ctx`: what the roles' setups published."""
+                 ctx: SetupContext, fleet_lock: asyncio.Lock | None = None) -> None:
+        """`roles`: name -> handle (`await role.method(...)`); `ctx`: what the roles' setups published;
+        `fleet_lock`: held while engines are replaced (elastic scaling operations hold it too)."""
+        self.fleet_lock = fleet_lock or asyncio.Lock()
         self.fault, self.plan, self.roles, self.events, self.ctx = cfg.fault, plan, roles, events, ctx
         self.enabled = self.fault.use_fault_tolerance or self.fault.use_health_check
         self.replicas: dict[str, str] = {}  # role -> the replica that was set up
@@ -198,7 +200,8 @@ class HealthManager:
             if self.slots.spent(name, url):
                 self._escalate(name, url)
         try:
-            await self._replace_engines(name, urls)
+            async with self.fleet_lock:  # not while a scaling operation changes the fleet
+                await self._replace_engines(name, urls)
         except Exception as exc:
             raise RecoveryError(f"tier 1 failed: replacing {name} engine(s) {urls}: {type(exc).__name__}: {exc}") \
                 from exc

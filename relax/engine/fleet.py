@@ -14,6 +14,12 @@ out, and a fleet-wide call that an engine fails waits for the health manager to 
 instead of failing the step. Launch from the process's long-lived event-loop thread: an
 engine's parent-death signal fires when the launching thread exits.
 
+Elastic scaling (`relax.engine.elastic`) uses the same fleet: `launch` starts engines side by side
+and `register` joins running ones (both tagged by operation, not yet routed: `admit` them once they
+hold the current weights; `abandon` undoes a tag), `drain` stops routing to an engine (fleet-wide
+calls, weight pushes included, skip it from then on), `in_flight_at` / `evict` finish its requests
+and `release` lets it go. The engines the run started with are `protected` from scale-in.
+
 External engines (`--rollout-external`, `FleetSpec.external`) join the same way as an
 `ExternalEngine` handle: health-checked, routed to and sent every fleet-wide call (weights
 included), but never launched or stopped here. The router is the built-in one
@@ -33,6 +39,7 @@ import logging
 import os
 import re
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Mapping
 
@@ -134,6 +141,12 @@ class EngineFleet:
         self._slots: dict[str, tuple[str | None, str]] = {}  # engine URL -> (device, log file name)
         self._calls: dict[str, set[asyncio.Task]] = {}  # engine URL -> fleet calls in flight there
         self.replaced = 0  # engines replaced so far
+        self.protected: set[str] = set()  # the engines the run started with: never scaled in
+        self.draining: set[str] = set()  # engines leaving: no new requests, no fleet-wide calls
+        self.ids: dict[str, str] = {}  # engine URL -> its id in the scaling API ("engine-3", "external-0")
+        self._tags: dict[str, list[EngineHandle]] = {}  # scaling operation -> engines it launched or registered
+        self._abandoned: set[str] = set()  # operations undone (`abandon`): their engines still starting stop
+        self._joined: Counter[str] = Counter()  # engines joined so far, launched / external (their ids)
 
     # ---- lifecycle ---------------------------------------------------------------------
     async def start(self, count: int) -> None:
@@ -147,6 +160,7 @@ class EngineFleet:
             await asyncio.gather(*(asyncio.to_thread(e.wait_ready, s.startup_timeout) for e in engines))
             for engine in engines:
                 self._join(engine)
+            self.protected = set(self.urls)
             self.router = await self._start_router()
         except BaseException:
             for engine in engines:
@@ -222,19 +236,26 @@ class EngineFleet:
             raise RuntimeError(f"{self.spec.name}: {engine.describe()}; Relax cannot restart an engine it did not "
                                "launch: restart it at the same address, or run without --rollout-external")
         device, log_name = self._slots.get(url, (None, f"{self.spec.name}_engine.log"))
+        protected = url in self.protected
         await self.remove(url, wait_s=1.0)  # SIGKILL after 1 s: a stopped (hung) engine ignores SIGTERM
         self.replaced += 1
         stem, _, ext = log_name.rpartition(".")
         stem = re.sub(r"\.restart\d+$", "", stem)  # a replacement's replacement: engine_0.restart2.log
-        return await self.add(route=False, device=device, log_name=f"{stem}.restart{self.replaced}.{ext}")
+        new = await self.add(route=False, device=device, log_name=f"{stem}.restart{self.replaced}.{ext}")
+        if protected:  # a startup engine's replacement takes its place, protection included
+            self.protected.add(new)
+        return new
 
     async def probe(self, timeout: float) -> list[tuple[str, str]]:
         """(url, what is wrong) for every engine that died, or that did not answer GET /health within
         `timeout` seconds (hung, e.g. stopped by SIGSTOP); healthy engines are left out."""
         async def check(engine: EngineHandle) -> str | None:
+            client = self.clients.get(engine.url)
+            if client is None:  # it left the fleet meanwhile (scaled in)
+                return None
             if not engine.alive() and not isinstance(engine, ExternalEngine):
                 return "died"
-            if await self.clients[engine.url].health(timeout=timeout):
+            if await client.health(timeout=timeout):
                 return None
             return f"no answer to GET /health within {timeout:g}s" if engine.alive() else "died"
 
@@ -252,6 +273,9 @@ class EngineFleet:
             await self._route("remove_engine", url)
         self.engines.remove(engine)
         self._slots.pop(url, None)
+        self.draining.discard(url)
+        self.protected.discard(url)
+        self.ids.pop(url, None)
         for task in self._calls.pop(url, set()):
             task.cancel()
         await self.clients.pop(url).close()
@@ -287,6 +311,9 @@ class EngineFleet:
     def _join(self, engine: EngineHandle) -> None:
         self.engines.append(engine)
         self.clients[engine.url] = EngineClient(engine.url, api_key=self.spec.api_key, timeout=60.0)
+        kind = "external" if isinstance(engine, ExternalEngine) else "engine"
+        self.ids[engine.url] = f"{kind}-{self._joined[kind]}"  # never reused within the run
+        self._joined[kind] += 1
 
     # ---- what the roles ask of it ------------------------------------------------------
     @property
@@ -314,6 +341,86 @@ class EngineFleet:
         """The engine at `url`: pid, exited (code) / stopped / silent, its log and the log's end."""
         engine = next((e for e in self.engines if e.url == url), None)
         return engine.describe() if engine is not None else f"{url} is not an engine of the {self.spec.name} fleet"
+
+    # ---- elastic scaling (relax.engine.elastic) -------------------------------------------
+    async def launch(self, count: int, timeout: float, tag: str) -> list[dict[str, str]]:
+        """Launch `count` engines side by side for operation `tag`; per engine {"url"} once it joined
+        the fleet healthy within `timeout` seconds (not routed to: `admit` it), else {"error"} (it
+        was stopped). A bad engine option raises ValueError before any starts."""
+        self._abandoned.discard(tag)
+        engines = [self._launch() for _ in range(count)]
+        self._tags.setdefault(tag, []).extend(engines)
+        return list(await asyncio.gather(*(self._ready(e, timeout, tag) for e in engines)))
+
+    async def register(self, url: str, timeout: float, tag: str) -> dict[str, str]:
+        """Join the running engine at `url` for operation `tag` (never launched or stopped here; not
+        routed to until `admit`); {"url"} or {"error"}."""
+        if url in self.clients:
+            return {"error": f"{url} is already an engine of the {self.spec.name} fleet"}
+        engine = ExternalEngine(url, self.spec.api_key)
+        self._tags.setdefault(tag, []).append(engine)
+        return await self._ready(engine, timeout, tag)
+
+    async def _ready(self, engine: EngineHandle, timeout: float, tag: str) -> dict[str, str]:
+        try:
+            await asyncio.to_thread(engine.wait_ready, timeout)
+        except Exception as exc:  # noqa: BLE001 - one engine's failure is reported, the policy decides
+            engine.terminate(1.0)
+            return {"error": f"{type(exc).__name__}: {exc}".splitlines()[0][:2000]}
+        if tag in self._abandoned:  # the operation was undone while this engine started
+            engine.terminate(1.0)
+            return {"error": "the operation was cancelled while the engine started"}
+        self._join(engine)
+        return {"url": engine.url}
+
+    async def abandon(self, tag: str, wait_s: float = 10.0) -> list[str]:
+        """Undo operation `tag`: every engine it launched is stopped (external ones released); those
+        still starting stop when ready. Returns the URLs that had joined."""
+        self._abandoned.add(tag)
+        engines = self._tags.pop(tag, [])
+        joined = [e.url for e in engines if e.url in self.clients]
+        for url in joined:
+            await self.release(url, wait_s)
+        for engine in engines:  # still starting (its launch was cancelled): stop it now
+            if engine.url not in joined:
+                await asyncio.to_thread(engine.terminate, 1.0)
+        return joined
+
+    def drain(self, url: str) -> None:
+        """Route no new request to `url` (those it runs go on); fleet-wide calls skip it from now on."""
+        if url not in self.clients:
+            raise KeyError(f"{self.spec.name}: no engine at {url}; engines: {self.urls}")
+        if not isinstance(self.router, Router):
+            raise RuntimeError(f"{self.spec.name}: draining an engine needs the built-in router; this fleet routes "
+                               f"through {getattr(self.router, 'url', None)} (--sglang-router-ip or sglang-router)")
+        self.router.drain_engine(url)
+        self.draining.add(url)
+
+    def undrain(self, url: str) -> None:
+        """Route to a drained engine again (a cancelled scale-in)."""
+        if url in self.draining and isinstance(self.router, Router):
+            self.router.undrain_engine(url)
+        self.draining.discard(url)
+
+    def in_flight_at(self, url: str) -> int:
+        return self.router.in_flight_at(url) if isinstance(self.router, Router) else 0
+
+    def evict(self, url: str) -> int:
+        """The requests still running at drained engine `url` go to the other engines (`Router.evict_engine`)."""
+        return self.router.evict_engine(url) if isinstance(self.router, Router) else 0
+
+    async def release(self, url: str, wait_s: float) -> None:
+        """Let the engine at `url` go: out of the router; stopped (SIGTERM, killed after `wait_s`) if the
+        run launched it, left running if external."""
+        await self.remove(url, wait_s=wait_s)
+
+    def table(self) -> list[dict[str, Any]]:
+        """Every engine: id, address, state (active / joining / draining), protected, external."""
+        routed = set(getattr(self.router, "engine_urls", self.urls))
+        return [{"id": self.ids.get(e.url, e.url), "address": e.url, "protected": e.url in self.protected,
+                 "external": isinstance(e, ExternalEngine),
+                 "state": "draining" if e.url in self.draining else "active" if e.url in routed else "joining"}
+                for e in self.engines]
 
     async def _call(self, url: str, call: ClientCall) -> Any:
         try:
@@ -357,7 +464,7 @@ class EngineFleet:
 
     async def each_by_engine(self, call: ClientCall) -> dict[str, Any]:
         """`each`, keyed by engine URL."""
-        urls = list(self.clients)
+        urls = [u for u in self.clients if u not in self.draining]  # a draining engine is leaving
         if not self.spec.hold_s:
             return dict(zip(urls, await asyncio.gather(*(self._call(u, call) for u in urls))))
         results = await asyncio.gather(*(self._tolerant_call(u, call) for u in urls), return_exceptions=True)
@@ -394,6 +501,7 @@ class NoFleet:
 
     urls: list[str] = []
     router_url: str | None = None
+    draining: frozenset[str] = frozenset()
 
     async def stop(self) -> None:
         """Nothing was started."""

@@ -58,6 +58,12 @@ class TrainerGroup:
         return await self.ranks.on_shards(lambda w, s: w.compute_log_probs.remote(s.tokens, s.lengths, s.media),
                                           shards)
 
+    async def score_with_entropy(self, shards: Sequence[ScoreShard]
+                                 ) -> list[tuple[list[list[float]], list[list[float]]]]:
+        """Per shard: (response log-probs, per-token entropies) of each row (--use-rollout-entropy)."""
+        return await self.ranks.on_shards(
+            lambda w, s: w.compute_log_probs.remote(s.tokens, s.lengths, s.media, True), shards)
+
     async def pop_compute_seconds(self) -> float:
         """The slowest rank's forward/backward/optimizer seconds since the last call."""
         return max(await self.ranks.on_all(lambda w: w.pop_compute_seconds.remote()))
@@ -79,6 +85,10 @@ class TrainerGroup:
         """Every rank's metrics of the pass."""
         return await self.ranks.on_all(lambda w: w.train_end.remote())
 
+    async def reset_optimizer(self) -> None:
+        """`--reset-optimizer-states`: every rank drops its optimizer state."""
+        await self.ranks.on_all(lambda w: w.reset_optimizer.remote())
+
     # ---- weights
     async def connect_receivers(self, endpoints: list[Any], api_key: str | None, pause_mode: str,
                                 devices: list[Any] | None, lane: int = 1) -> str:
@@ -89,6 +99,10 @@ class TrainerGroup:
     async def push_weights(self, version: int, background: bool = False,
                            lanes: list[int] | None = None) -> dict[str, float]:
         return (await self.ranks.on_all(lambda w: w.push_weights.remote(version, background, lanes)))[0]
+
+    async def settle_weight_push(self) -> None:
+        """Wait for rank 0's background weight push in flight, if any."""
+        await self.ranks.on_rank0(lambda w: w.settle_weight_push.remote())
 
     async def weight_version(self) -> int | None:
         """The last complete version rank 0 received (ActorFwd, the Reference)."""

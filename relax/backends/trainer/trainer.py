@@ -41,7 +41,7 @@ from relax.backends.registry import TRAIN_BACKENDS
 from relax.backends.trainer import passes
 from relax.backends.trainer.losses import MicroLoss
 from relax.backends.trainer.offload import HostStash
-from relax.backends.trainer.optim import build_optimizer, optimizer_state_tensors
+from relax.backends.trainer.optim import build_optimizer, optimizer_state_tensors, reset_optimizer_state
 from relax.backends.trainer.runner_kit import rng_state, set_rng_state
 from relax.backends.trainer.weights_out import WeightPush
 from relax.distributed.store import pin_gloo_interface, tcp_store
@@ -102,36 +102,44 @@ class Trainer:
 
     # ---- scoring -----------------------------------------------------------------------
     @torch.no_grad()
-    def compute_log_probs(self, tokens: list[list[int]], lengths: list[int],
-                          media: list[bytes] | None = None) -> list[list[float]]:
+    def compute_log_probs(self, tokens: list[list[int]], lengths: list[int], media: list[bytes] | None = None,
+                          entropy: bool = False) -> Any:
         """Per-row response log-probs under the current weights (old policy, reference, teacher);
-        `media`: a multimodal run's encoder tensors per row (TransferQueue's bytes)."""
+        `media`: a multimodal run's encoder tensors per row (TransferQueue's bytes). `entropy`
+        (--use-rollout-entropy): (log-probs, per-token entropies) from the same forward."""
         if self.spec.head != "lm":
             raise RuntimeError(f"{self.spec.name}: compute_log_probs needs a language-model head; this model "
                                "has a value head (compute_values)")
-        return self._score(tokens, lengths, media)
+        out, entropies = self._score(tokens, lengths, media, entropy)
+        return (out, entropies) if entropy else out
 
     @torch.no_grad()
     def compute_values(self, tokens: list[list[int]], lengths: list[int]) -> list[list[float]]:
         """A value head's per-row response values under the current weights."""
         if self.spec.head != "value":
             raise RuntimeError(f"{self.spec.name}: compute_values needs a value head (a critic)")
-        return self._score(tokens, lengths, None)
+        return self._score(tokens, lengths, None)[0]
 
-    def _score(self, tokens: list[list[int]], lengths: list[int], media: list[bytes] | None) -> list[list[float]]:
+    def _score(self, tokens: list[list[int]], lengths: list[int], media: list[bytes] | None,
+               entropy: bool = False) -> tuple[list[list[float]], list[list[float]]]:
+        """Per-row response scores, and (`entropy`) per-token entropies (else empty rows)."""
         self.runner.model.eval()
         start = time.perf_counter()
         b = self.spec.batch
         micro = passes.micro_batches([len(t) for t in tokens], b, b.log_probs_max_tokens_per_gpu or
                                      b.max_tokens_per_gpu, self.layout, self.device)
-        scores = self.runner.run([passes.scoring_rows(idx, tokens, lengths, media) for idx in micro], None)
+        scores = self.runner.run([passes.scoring_rows(idx, tokens, lengths, media) for idx in micro], None,
+                                 entropy=entropy)
         out: list[list[float]] = [[] for _ in tokens]
+        entropies: list[list[float]] = [[] for _ in tokens]
         for idx, s in zip(micro, scores):  # the answering ranks' (a pipeline's other stages return none)
             for row, i in enumerate(idx):
                 out[i] = s.values_BT[row, : lengths[i]].cpu().tolist()
+                if entropy:
+                    entropies[i] = s.entropy_BT[row, : lengths[i]].cpu().tolist()
         self.runner.end_scoring(len(tokens))
         self.compute_seconds += time.perf_counter() - start
-        return out
+        return out, entropies
 
     def pop_compute_seconds(self) -> float:
         """Seconds spent in forward/backward/optimizer since the last call (for overhead accounting)."""
@@ -207,6 +215,11 @@ class Trainer:
         self.scheduler.step()
         self.step += 1
         return {**sums, "grad_norm": grad_norm, "lr": self.scheduler.get_last_lr()[0]}
+
+    def reset_optimizer(self) -> int:
+        """`--reset-optimizer-states`: this rank's optimizer state dropped (`optim.reset_optimizer_state`)."""
+        with self._resident():
+            return reset_optimizer_state(self.optimizer) if self.optimizer is not None else 0
 
     def train_end(self) -> dict[str, float]:
         """Finish the pass: every optimizer step must have run. Metrics averaged over steps."""
@@ -295,6 +308,11 @@ class Trainer:
             return {}
         return self.weights.push(state, version, sorted(self.weights.senders) if lanes is None else lanes,
                                  background)
+
+    def settle_weight_push(self) -> None:
+        """Wait for a background weight push in flight (rank 0); its metrics stay for the next push."""
+        if self.rank == 0:
+            self.weights.settle()
 
     def gpu_identity(self) -> str | None:
         """This rank's GPU as weight receivers are described to the sender (None on CPU)."""

@@ -12,6 +12,7 @@ shutdown waits for it first (and raises its error).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import threading
 from typing import Any
@@ -52,6 +53,12 @@ class WeightPush:
         """Wait for a background push (raising its error); its metrics, or {} if none was running."""
         pending, self._pending = self._pending, None
         return pending.result() if pending is not None else {}
+
+    def settle(self) -> None:
+        """Wait for a background push in flight to end; its metrics (or error) stay for the next push
+        (elastic scale-in: an engine leaving the topology is stopped only once no push includes it)."""
+        if self._pending is not None:
+            concurrent.futures.wait([self._pending])
 
     def connect(self, lane: int, endpoints: list[Any], api_key: str | None, pause_mode: str,
                 devices: list[Any] | None, mine: str | None) -> str:

@@ -6,14 +6,15 @@ that derives a value (the mode, the default --resource, the global batch size, t
 backends, the run directory) returns a new config, so derived values are filled in here once
 and no other module re-derives them. The checks live by what they judge:
 
-- `flags`: flags declared not built (an error) or without effect here (a note);
+- `flags`: unknown flags (with did-you-mean), flags declared not built (an error) or without effect
+  here (a note);
 - `ranges`: numeric flags in their ranges;
 - `modes`: the mode, debug modes, external engines, `--resource`, batch sizes;
 - `algorithm`: KL reference, critic, OPD teacher, GenRM judge;
 - `inputs`: the model, data and eval files, context limits, prefetching, multimodal keys;
 - `backends` (+ `megatron`): backend resolution and each backend's flags, true-on-policy mode;
 - `plugins`, `agentic` (the environment module, multi-turn flags), `outputs` (run directory,
-  notifications, metrics sinks), `fault`.
+  notifications, metrics sinks), `fault`, `elastic` (scaling flags, the autoscaler YAML).
 """
 
 from __future__ import annotations
@@ -22,16 +23,20 @@ from typing import Callable
 
 from relax.config.checks.agentic import check_agentic
 from relax.config.checks.algorithm import check_algorithm, check_genrm
-from relax.config.checks.backends import EngineCheck, check_backends, check_ref_actor_config, check_true_on_policy
+from relax.config.checks.backends import EngineCheck, check_backends, check_true_on_policy
+from relax.config.checks.elastic import check_elastic
 from relax.config.checks.fault import check_fault_flags
-from relax.config.checks.flags import check_unsupported
-from relax.config.checks.inputs import check_context, check_eval, check_multimodal, check_paths, check_prefetch
+from relax.config.checks.flags import check_unknown_flags, check_unsupported
+from relax.config.checks.inputs import (
+    check_context, check_eval, check_multimodal, check_paths, check_prefetch, default_response_len,
+)
 from relax.config.checks.modes import (
     check_batches, check_debug, check_external, check_mode, check_partial_rollout, check_resource,
 )
 from relax.config.checks.outputs import check_exp_dir, check_metrics_sinks, check_notify
 from relax.config.checks.plugins import check_plugins
 from relax.config.checks.ranges import check_ranges
+from relax.config.layouts import check_ref_actor_config
 from relax.config.schema import RelaxConfig
 
 Check = Callable[[RelaxConfig], "RelaxConfig | None"]
@@ -39,10 +44,11 @@ Check = Callable[[RelaxConfig], "RelaxConfig | None"]
 
 # In order: a check may rely on what the ones before derived (the mode, the resource, the batch).
 CHECKS: tuple[Check, ...] = (
-    check_unsupported, check_ranges, check_mode, check_partial_rollout, check_debug, check_external, check_resource,
-    check_batches, check_algorithm, check_paths, check_agentic, check_eval, check_context, check_prefetch,
-    check_genrm, check_ref_actor_config, check_multimodal, check_true_on_policy, check_backends, check_plugins,
-    check_exp_dir, check_notify, check_metrics_sinks, check_fault_flags,
+    check_unknown_flags, check_unsupported, check_ranges, check_mode, check_partial_rollout, check_debug,
+    check_external, check_resource, check_batches, check_algorithm, check_paths, default_response_len, check_agentic,
+    check_eval, check_context, check_prefetch, check_genrm, check_ref_actor_config, check_multimodal,
+    check_true_on_policy, check_backends, check_plugins,
+    check_exp_dir, check_notify, check_metrics_sinks, check_fault_flags, check_elastic,
 )
 
 

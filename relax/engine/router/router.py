@@ -14,6 +14,11 @@ goes to another engine; while no engine is left (the last one is being replaced)
 to `hold_s` for one to join. Nothing came back from the failed engine, so each request still gets
 exactly one reply. A request that failed on `MAX_ENGINE_FAILURES` engines (one that kills every
 engine it reaches) fails instead of taking down the whole fleet.
+
+Drain (elastic scale-in, `relax.engine.elastic`): a drained engine gets no new request
+(`drain_engine`) while those it runs finish (`in_flight_at`); `evict_engine` then cancels what is
+left there and sends each request again to another engine (nothing came back from the drained
+one: still exactly one reply), counted in `drain_resent`.
 """
 
 from __future__ import annotations
@@ -45,6 +50,9 @@ class Router:
             raise ValueError("Router needs at least one engine URL")
         self.hold_s = hold_s
         self.resent = 0  # requests sent again after their engine failed (fault tolerance), each counted once
+        self.drain_resent = 0  # requests sent again because their engine was drained and evicted
+        self.draining: set[str] = set()  # engines that get no new request (elastic scale-in)
+        self._evicted: set[asyncio.Task] = set()  # forwards cancelled by `evict_engine` (sent again)
         self._running: dict[str, set[asyncio.Task]] = {}  # engine -> requests in flight there
         self._joined: asyncio.Event | None = None  # set when an engine joins (created in the loop)
         self.engine_urls = list(engine_urls)
@@ -75,13 +83,44 @@ class Router:
     def remove_engine(self, url: str) -> int:
         """Stop routing to `url`. Without fault tolerance requests already sent there finish or fail
         on their own; with it they are sent again to another engine. Returns how many were re-sent."""
-        if url in self.in_flight and len(self.engine_urls) == 1 and not self.hold_s:
+        if self.engine_urls == [url] and not self.hold_s:
             raise ValueError(f"cannot remove {url}: it is the router's last engine")
         if url in self.in_flight:
-            self.engine_urls.remove(url)
+            if url in self.engine_urls:
+                self.engine_urls.remove(url)
             del self.in_flight[url]
+        self.draining.discard(url)
         running = self._running.pop(url, set())
         for task in running:
+            task.cancel(EngineGone.__name__)
+        return len(running)
+
+    def drain_engine(self, url: str) -> None:
+        """Send `url` no new request; those it runs go on (`in_flight_at`) until evicted or done."""
+        if url not in self.in_flight:
+            raise KeyError(f"router: no engine {url}; engines: {self.engine_urls}")
+        if self.engine_urls == [url]:
+            raise ValueError(f"cannot drain {url}: it is the router's last engine taking requests")
+        if url in self.engine_urls:
+            self.engine_urls.remove(url)
+        self.draining.add(url)
+
+    def undrain_engine(self, url: str) -> None:
+        """Send `url` requests again (a scale-in cancelled while it drained)."""
+        if url in self.draining:
+            self.draining.discard(url)
+            self.engine_urls.append(url)
+
+    def in_flight_at(self, url: str) -> int:
+        """Requests running at `url` now (0 for an engine the router does not know)."""
+        return self.in_flight.get(url, 0)
+
+    def evict_engine(self, url: str) -> int:
+        """Cancel the requests still running at drained engine `url`; each goes to another engine.
+        Returns how many."""
+        running = list(self._running.get(url, set()))
+        for task in running:
+            self._evicted.add(task)
             task.cancel(EngineGone.__name__)
         return len(running)
 
@@ -122,14 +161,15 @@ class Router:
         if self.hold_s:
             return await self._generate_tolerant(payload)
         failed: set[str] = set()
-        for attempt in range(ROUTE_ATTEMPTS):
+        attempt = 0
+        while attempt < ROUTE_ATTEMPTS:
             url = self.pick(avoid=failed)
-            self.in_flight[url] += 1
+            task, _ = await self._forward_tracked(url, payload)
+            if task.cancelled():  # evicted from a drained engine: nothing came back, send it again
+                continue
             try:
-                assert self._session is not None
-                async with self._session.post(f"{url}/generate", json=payload, headers=self._headers) as resp:
-                    body = await resp.read()
-                    return web.Response(body=body, status=resp.status, content_type="application/json")
+                status, body = task.result()
+                return web.Response(body=body, status=status, content_type="application/json")
             except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
                 timed_out = isinstance(exc, asyncio.TimeoutError)
                 # The connection broke before a reply (a dropped keep-alive connection, an engine that
@@ -137,6 +177,7 @@ class Router:
                 if (attempt + 1 < ROUTE_ATTEMPTS and not timed_out
                         and isinstance(exc, aiohttp.ClientConnectionError)):
                     failed.add(url)
+                    attempt += 1
                     log = logger.debug if url in self._dropped else logger.warning  # once per engine
                     self._dropped.add(url)
                     log("engine %s dropped a request (%s); sending it again", url, exc)
@@ -148,10 +189,28 @@ class Router:
                     logger.warning("engine %s %s: %r%s", url, what, exc, details)
                 return web.json_response({"error": f"engine {url} {what}: {type(exc).__name__}: {exc}{details}"},
                                          status=504 if timed_out else 502)
-            finally:
-                if url in self.in_flight:  # (the engine may have left the fleet meanwhile)
-                    self.in_flight[url] -= 1
         raise AssertionError("unreachable")
+
+    async def _forward_tracked(self, url: str, payload: Any) -> tuple[asyncio.Task, bool]:
+        """Forward `payload` to `url` as a task `evict_engine` (or `remove_engine`) can cancel; the
+        finished task, and whether it was evicted from a drained engine (counted in `drain_resent`)."""
+        self.in_flight[url] += 1
+        task = asyncio.ensure_future(self._forward(url, payload))
+        self._running.setdefault(url, set()).add(task)
+        try:
+            await asyncio.wait([task])
+        except asyncio.CancelledError:  # the client went away: so does the request
+            task.cancel()
+            raise
+        finally:
+            self._running.get(url, set()).discard(task)
+            if url in self.in_flight:  # (the engine may have left the fleet meanwhile)
+                self.in_flight[url] -= 1
+        evicted = task in self._evicted
+        if evicted:
+            self._evicted.discard(task)
+            self.drain_resent += 1
+        return task, evicted
 
     async def _generate_tolerant(self, payload: Any) -> web.StreamResponse:
         """Fault tolerance: send the request on until an engine replies (see the module doc)."""
@@ -162,18 +221,9 @@ class Router:
             if url is None:
                 return web.json_response({"error": f"no engine could take the request for {self.hold_s:.0f}s (every "
                                                    "engine failed or was being replaced)"}, status=503)
-            self.in_flight[url] += 1
-            task = asyncio.ensure_future(self._forward(url, payload))
-            self._running.setdefault(url, set()).add(task)
-            try:
-                await asyncio.wait([task])
-            except asyncio.CancelledError:  # the client went away: so does the request
-                task.cancel()
-                raise
-            finally:
-                self._running.get(url, set()).discard(task)
-                if url in self.in_flight:
-                    self.in_flight[url] -= 1
+            task, evicted = await self._forward_tracked(url, payload)
+            if evicted:  # its engine was drained, not failed: send it again elsewhere
+                continue
             exc = None if task.cancelled() else task.exception()
             if task.cancelled() or isinstance(exc, aiohttp.ClientConnectionError):
                 # Taken out by the health manager, or the connection broke: no reply came, send it again.

@@ -193,3 +193,17 @@ def test_fault_tolerance_holds_requests_while_the_last_engine_is_replaced():
         return results
 
     assert asyncio.run(scenario()) == [(200, {"text": "fresh"})] * 2
+
+
+def test_a_drained_engine_gets_no_new_request_and_comes_back_when_undrained():
+    r = Router(["http://a", "http://b"])
+    r.drain_engine("http://a")
+    assert {r.pick() for _ in range(4)} == {"http://b"} and r.draining == {"http://a"}
+    with pytest.raises(ValueError, match="last engine taking requests"):
+        r.drain_engine("http://b")
+    with pytest.raises(ValueError, match="last engine"):
+        r.remove_engine("http://b")
+    r.undrain_engine("http://a")
+    assert {r.pick() for _ in range(4)} == {"http://a", "http://b"} and not r.draining
+    r.drain_engine("http://a")
+    assert r.remove_engine("http://a") == 0 and r.engine_urls == ["http://b"] and not r.draining

@@ -1,0 +1,101 @@
+"""`FleetOps` over an `EngineFleet` in this process: what the Rollout role exposes to the scaler, and
+what unit tests and benches drive directly.
+
+Weights: `sync(urls)` is given by the owner (the run pushes the Actor's weights through the DCS
+coordinator: `relax.core.elastic`); without one the new engines keep the weights they loaded, and
+`sync` checks they report the version the others hold. Eviction of a drained engine's last requests:
+with --partial-rollout the engine aborts them (each comes back with the tokens generated so far and is
+resumed on another engine, tokens kept); otherwise the router cancels them and sends each whole to
+another engine.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Awaitable, Callable
+
+from relax.engine.fleet import EngineFleet
+from relax.engine.rollout.generator import parse_weight_version
+from relax.utils.poll import Backoff
+
+CPU_OVERSUBSCRIPTION = 4  # engine threads per core a CPU host takes (decoding waits on memory, not ALUs)
+
+Sync = Callable[[list[str]], Awaitable["int | None"]]
+
+
+def cpu_room(cores: int, threads_per_engine: int, engines: int) -> int:
+    """More CPU engines this host has room for: `CPU_OVERSUBSCRIPTION` engine threads per core."""
+    return max(0, cores * CPU_OVERSUBSCRIPTION // max(1, threads_per_engine) - engines)
+
+
+class LocalFleetOps:
+    def __init__(self, fleet: EngineFleet, sync: Sync | None = None, *, partial_rollout: bool = False,
+                 capacity: Callable[[], "int | None"] | None = None) -> None:
+        self.fleet, self._sync, self.partial_rollout = fleet, sync, partial_rollout
+        self._capacity = capacity or (lambda: cpu_room(os.cpu_count() or 1, fleet.spec.threads, len(fleet.engines)))
+
+    async def engines(self) -> list[dict[str, Any]]:
+        return self.fleet.table()
+
+    async def capacity(self) -> int | None:
+        return self._capacity()
+
+    async def launch(self, count: int, timeout: float, tag: str) -> list[dict[str, str]]:
+        return await self.fleet.launch(count, timeout, tag)
+
+    async def register(self, address: str, timeout: float, tag: str) -> dict[str, str]:
+        return await self.fleet.register(address, timeout, tag)
+
+    async def sync(self, urls: list[str]) -> int | None:
+        """The current weights to `urls` (the owner's `sync`), then `verify`."""
+        return await self.verify(urls, await self._sync(urls) if self._sync is not None else None)
+
+    async def verify(self, urls: list[str], version: int | None) -> int:
+        """Check each of `urls` holds weight version `version` (None: the oldest the serving engines
+        hold); RuntimeError naming the engine otherwise. Returns the version checked."""
+        others = [u for u in self.fleet.urls if u not in urls and u not in self.fleet.draining]
+        want = version if version is not None else min(
+            [parse_weight_version(await self.fleet.clients[u].get_weight_version()) for u in others], default=0)
+        for url in urls:
+            held = parse_weight_version(await self.fleet.clients[url].get_weight_version())
+            if held < want:
+                raise RuntimeError(f"new engine {url} holds weight version {held}, the fleet {want}: it would "
+                                   "serve stale weights, so it does not join")
+        return want
+
+    async def load(self) -> dict[str, dict[str, float]]:
+        """Per serving engine: requests in flight at the router and seconds spent decoding so far."""
+        busy = await self.fleet.busy_seconds()
+        return {url: {"in_flight": float(self.fleet.in_flight_at(url)), "busy_seconds": busy.get(url, 0.0)}
+                for url in self.fleet.urls if url not in self.fleet.draining}
+
+    async def admit(self, url: str) -> None:
+        await self.fleet.admit(url)
+
+    async def abandon(self, tag: str) -> list[str]:
+        return await self.fleet.abandon(tag)
+
+    async def drain(self, url: str) -> None:
+        self.fleet.drain(url)
+
+    async def undrain(self, url: str) -> None:
+        self.fleet.undrain(url)
+
+    async def in_flight(self, url: str) -> int:
+        return self.fleet.in_flight_at(url)
+
+    async def evict(self, url: str) -> int:
+        """The requests still running on drained `url` go to the other engines (module doc); how many."""
+        running = self.fleet.in_flight_at(url)
+        if self.partial_rollout and running:
+            await self.fleet.clients[url].abort_request(abort_all=True)  # replies come back with their tokens
+            backoff = Backoff(max_s=0.1)
+            for _ in range(30):
+                if not self.fleet.in_flight_at(url):
+                    return running
+                await backoff.wait()
+        self.fleet.evict(url)
+        return running
+
+    async def release(self, url: str, timeout: float) -> None:
+        await self.fleet.release(url, timeout)

@@ -1,0 +1,107 @@
+"""Drive a running run's scaling API from a thread beside it (the run itself runs in the test's main
+thread), at moments the run makes certain: a reward that waits while its step's gate file exists holds
+that step, so engines join and leave while a step is under way and before the run can end."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from relax.engine.elastic.discovery import find
+from tests.integration.digit_reward import reward_func
+
+
+def gate(gates: Path, step: int) -> Path:
+    return gates / f"step_{step}"
+
+
+def gated_reward(args, sample, **kwargs):
+    """The digit reward, once the gate file of the sample's step is gone (`elastic_gates` of
+    --custom-config-path; a step's samples are indices [step * batch, (step + 1) * batch))."""
+    held = gate(Path(args.elastic_gates), sample.index // args.elastic_batch)
+    while held.exists():
+        time.sleep(0.05)
+    return reward_func(args, sample)
+
+
+def rows(run_dir: Path) -> list[dict]:
+    try:
+        return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    except FileNotFoundError:
+        return []
+
+
+def wait_until(check, timeout: float, poll_s: float = 0.2):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(poll_s)
+    return None
+
+
+class ScaleDriver(threading.Thread):
+    """1 -> 3 engines while step 0 is held; once step `last` is logged (it ran on three), -> 1 while step
+    `last + 1` is held."""
+
+    def __init__(self, run_dir: Path, gates: Path, last: int, grow: list[dict]) -> None:
+        """`grow`: the POST /scale_out bodies that take the fleet to three engines, one after the other."""
+        super().__init__(daemon=True)
+        self.run_dir, self.gates, self.last, self.grow = run_dir, gates, last, grow
+        gates.mkdir(parents=True, exist_ok=True)
+        for step in (0, last + 1):
+            gate(gates, step).touch()
+        self.seen: dict[str, Any] = {}
+        self.error: BaseException | None = None
+
+    def open_gates(self) -> None:
+        for step in (0, self.last + 1):
+            gate(self.gates, step).unlink(missing_ok=True)
+
+    def run(self) -> None:
+        try:
+            self._drive()
+        except BaseException as exc:  # noqa: BLE001 - the test reads it
+            self.error = exc
+            self.open_gates()  # let the run end
+
+    def _drive(self) -> None:
+        found = wait_until(lambda: _try_find(self.run_dir), timeout=300)
+        assert found, "the run never published its scaling API"
+        url, token = found
+        with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=60,
+                          trust_env=False) as client:
+            self.seen["unauthenticated"] = httpx.get(url + "/fleet", trust_env=False).status_code
+            self.seen["up"] = [self._operation(client, "/scale_out", body) for body in self.grow]
+            self.seen["at_3"] = client.get("/fleet").json()
+            gate(self.gates, 0).unlink()  # step 0 goes on, then the next ones on three engines
+            assert wait_until(lambda: any(r.get("step") == self.last for r in rows(self.run_dir)), 300), \
+                f"step {self.last} never ended"
+            self.seen["down"] = self._operation(client, "/scale_in", {"target_engines": 1})
+            self.seen["at_1"] = client.get("/fleet").json()
+            gate(self.gates, self.last + 1).unlink()  # the rest runs on one engine
+
+    def _operation(self, client: httpx.Client, path: str, body: dict) -> dict:
+        resp = client.post(path, json=body)
+        assert resp.status_code == 202, resp.text
+        op = resp.json()["operation"]
+        again = client.post(path, json=body) if "idempotency_key" in body else None
+        if again is not None:  # the same key: the same operation, not a second one
+            assert again.status_code == 200 and again.json()["operation"]["id"] == op["id"], again.text
+        done = wait_until(lambda: (o := client.get(f"/operations/{op['id']}").json()["operation"])["status"]
+                          not in ("pending", "running") and o, timeout=300)
+        assert done and done["status"] == "succeeded", done
+        return done
+
+
+def _try_find(run_dir: Path):
+    try:
+        return find(str(run_dir))
+    except FileNotFoundError:
+        return None
