@@ -19,6 +19,17 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         compileall.compile_dir(str(root / package), quiet=1)
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the group into the test's id
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (`-n 2 --dist loadgroup`: pyproject's addopts) the integration tests all go
+    to one worker, in their order: they share one Ray cluster and the session's runs (fixtures in
+    tests/integration/conftest.py). The other tests spread over both workers, on the CPU the runs
+    leave idle while they wait on processes starting, on Ray and on each other."""
+    for item in items:
+        if item.nodeid.startswith("tests/integration/"):
+            item.add_marker(pytest.mark.xdist_group("integration"))
+
+
 @pytest.fixture(autouse=True)
 def _relax_logging_propagates():
     """Components call `setup_logging()`, which stops the `relax` logger propagating (its own
