@@ -21,12 +21,14 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the group into the test's id
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (`-n 2 --dist loadgroup`: pyproject's addopts) the integration tests all go
-    to one worker, in their order: they share one Ray cluster and the session's runs (fixtures in
-    tests/integration/conftest.py). The other tests spread over both workers, on the CPU the runs
-    leave idle while they wait on processes starting, on Ray and on each other."""
+    """Under pytest-xdist (`-n 2 --dist loadgroup`: pyproject's addopts) the integration tests that
+    read the session's shared runs (reference_run, plugin_run, the interrupted runs:
+    tests/integration/conftest.py) all go to one worker, in their order, group `integration`. The
+    integration files whose runs are their own say so (`xdist_group("integration-own-runs")`):
+    they go together to a worker that starts its own session cluster, and the unit and contract
+    tests fill both workers."""
     for item in items:
-        if item.nodeid.startswith("tests/integration/"):
+        if item.nodeid.startswith("tests/integration/") and item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group("integration"))
 
 

@@ -64,7 +64,7 @@ ACTS_WITHOUT_TEST = frozenset("""
 --calculate-per-token-loss --disable-rewards-normalization --sapo-tau-pos --only-train-params-name-list
 --eval-input-key --eval-label-key --eval-tool-key --eval-top-k --eval-max-prompt-len --eval-min-new-tokens
 --custom-reward-post-process-path --rollout-health-check-first-wait --train-env-vars --log-probs-chunk-size
---debug-train-only --load-debug-rollout-data-subsample
+--load-debug-rollout-data-subsample
 """.split())
 
 
