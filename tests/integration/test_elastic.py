@@ -23,7 +23,7 @@ from run_helpers import check_trained, reference_args, run_relax, step_rows
 
 from relax.backends.hf.launcher import launch_hf_engine
 
-pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("integration-own-runs")]  # tests/conftest.py
+pytestmark = pytest.mark.integration
 
 BATCH = 16  # --rollout-batch-size 4 x --n-samples-per-prompt 4
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from run_helpers import read_metrics, run_relax, step_rows
 
-pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("integration-own-runs")]  # tests/conftest.py
+pytestmark = pytest.mark.integration
 
 
 def build_yes_judge(model_dir: Path, out_dir: Path) -> Path:

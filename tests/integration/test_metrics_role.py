@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("integration-own-runs")]  # tests/conftest.py
+pytestmark = pytest.mark.integration
 
 
 def test_reports_from_roles_and_the_controller_reach_the_service_sinks(ray_cluster, tiny_setup, tmp_path):

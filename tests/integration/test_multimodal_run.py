@@ -12,7 +12,7 @@ import random
 import pytest
 from run_helpers import check_trained, read_metrics, run_relax, step_rows
 
-pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("integration-own-runs")]  # tests/conftest.py
+pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")

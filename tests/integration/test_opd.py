@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from run_helpers import step_rows, run_relax
 
-pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("integration-own-runs")]  # tests/conftest.py
+pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")

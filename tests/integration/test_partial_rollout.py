@@ -22,7 +22,7 @@ from run_helpers import check_trained, step_rows
 from relax.engine.rollout.replay import load_rollout
 from relax.types import Sample
 
-pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("integration-own-runs")]  # tests/conftest.py
+pytestmark = pytest.mark.integration
 
 STEPS = 4
 MAX_RESPONSE = 512

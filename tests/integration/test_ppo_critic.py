@@ -13,7 +13,7 @@ from run_helpers import run_relax, step_rows
 
 from relax.utils import checkpoints
 
-pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("integration-own-runs")]  # tests/conftest.py
+pytestmark = pytest.mark.integration
 
 
 def ppo_args(root, exp_dir, *extra: str) -> list[str]:

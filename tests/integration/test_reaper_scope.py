@@ -15,7 +15,7 @@ import pytest
 
 from relax.core.reaper import run_processes, sessions_started_by
 
-pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("integration-own-runs")]  # tests/conftest.py
+pytestmark = pytest.mark.integration
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("integration-own-runs")]  # tests/conftest.py
+pytestmark = pytest.mark.integration
 
 
 def test_a_role_that_cannot_start_raises_its_error_and_teardown_deletes_every_app(ray_cluster, tiny_setup):
