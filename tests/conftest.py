@@ -23,13 +23,12 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under pytest-xdist (`-n 2 --dist loadgroup`: pyproject's addopts) the integration tests that
     read the session's shared runs (reference_run, plugin_run, the interrupted runs:
-    tests/integration/conftest.py) all go to one worker, in their order, group `integration`; the
-    unit and contract tests fill both workers. An integration test that neither reads those runs
-    nor uses the session's cluster (a subprocess run with its own Ray) may name a group of its own
-    and run beside them. Two groups of Ray runs at once were tried: on 2 cores the recovery tests'
-    deadlines then failed, and the suite took longer (17 min 45 s against 15 min 46 s)."""
+    tests/integration/conftest.py) go to one worker, in their order: group `integration`, all of
+    tests/integration. The unit and contract tests fill both workers. Splitting the integration
+    tests over two workers was tried: two Ray runs at once on 2 cores made the recovery tests miss
+    their deadlines, and the suite took longer (17 min 45 s against 15 min 46 s from a fresh clone)."""
     for item in items:
-        if item.nodeid.startswith("tests/integration/") and item.get_closest_marker("xdist_group") is None:
+        if item.nodeid.startswith("tests/integration/"):
             item.add_marker(pytest.mark.xdist_group("integration"))
 
 

@@ -13,7 +13,6 @@ from subprocess_runs import Run, wait_until_gone
 pytestmark = pytest.mark.integration
 
 
-@pytest.mark.xdist_group("integration-own-run")  # a subprocess with its own Ray: the other worker (tests/conftest.py)
 def test_colocate_grpo_learns_versions_advance_and_the_run_exits_clean(tiny_setup, tmp_path, alert_endpoint):
     root = tiny_setup
     alert_url, alerts = alert_endpoint
