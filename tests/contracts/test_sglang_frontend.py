@@ -30,28 +30,27 @@ API_KEY = "frontend-key"
 QUESTION = "what is one plus one"
 
 
-@pytest.fixture(scope="module")
-def backend(tmp_path_factory):
-    model_dir = build_tiny_qwen3(tmp_path_factory.mktemp("frontend-model"), seed=0)
+def _endpoint(tmp_path_factory, build, name: str):
+    """An `hf` engine on a tiny model that `build` writes, as SGLang's client sees it."""
+    model_dir = build(tmp_path_factory.mktemp(f"frontend-{name}"), seed=0)
     engine = launch_hf_engine(str(model_dir), api_key=API_KEY, num_threads=1,
-                              log_path=str(tmp_path_factory.mktemp("frontend-logs") / "engine.log"))
+                              log_path=str(tmp_path_factory.mktemp("frontend-logs") / f"{name}.log"))
     try:
         engine.wait_ready(120)
         yield sgl.RuntimeEndpoint(engine.url, api_key=API_KEY)
     finally:
         engine.terminate()
+
+
+@pytest.fixture(scope="module")
+def backend(tmp_path_factory):
+    yield from _endpoint(tmp_path_factory, build_tiny_qwen3, "model")
 
 
 @pytest.fixture(scope="module")
 def bpe_backend(tmp_path_factory):
-    model_dir = build_tiny_bpe_qwen3(tmp_path_factory.mktemp("frontend-bpe-model"), seed=0)
-    engine = launch_hf_engine(str(model_dir), api_key=API_KEY, num_threads=1,
-                              log_path=str(tmp_path_factory.mktemp("frontend-logs") / "bpe-engine.log"))
-    try:
-        engine.wait_ready(120)
-        yield sgl.RuntimeEndpoint(engine.url, api_key=API_KEY)
-    finally:
-        engine.terminate()
+    """A byte-level BPE model: a grammar needs tokens that spell any string."""
+    yield from _endpoint(tmp_path_factory, build_tiny_bpe_qwen3, "bpe-model")
 
 
 @sgl.function

@@ -14,6 +14,12 @@ import httpx
 
 from relax.engine.elastic.discovery import find
 from tests.integration.digit_reward import reward_func
+from tests.integration.fault_injection import wait_until as poll_until
+
+
+def wait_until(check, timeout: float):
+    """`check()`'s first truthy value within `timeout` seconds (polled every 0.2 s), or None."""
+    return poll_until(check, timeout, poll_s=0.2)
 
 
 def gate(gates: Path, step: int) -> Path:
@@ -36,14 +42,6 @@ def rows(run_dir: Path) -> list[dict]:
         return []
 
 
-def wait_until(check, timeout: float, poll_s: float = 0.2):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(poll_s)
-    return None
 
 
 class ScaleDriver(threading.Thread):
