@@ -273,8 +273,13 @@ def unpack_bits(bits_GW: torch.Tensor, vocab: int, device: torch.device) -> torc
 
         bytes_GB = bits_GW.numpy().view(np.uint8)  # little-endian words: bit t is byte t // 8, bit t % 8
         return torch.from_numpy(np.unpackbits(bytes_GB, axis=1, bitorder="little")[:, :vocab].view(np.bool_))
-    bits_GW = bits_GW.to(device, non_blocking=True)
-    shifts_32 = torch.arange(32, dtype=torch.int32, device=device)
+    return unpack_bits_by_shifts(bits_GW.to(device, non_blocking=True), vocab)
+
+
+def unpack_bits_by_shifts(bits_GW: torch.Tensor, vocab: int) -> torch.Tensor:
+    """`unpack_bits` on the bits' own device, by torch shifts (the GPU's way; tested on the CPU
+    against numpy's). Bit 31 of a negative int32 word survives the arithmetic shift's `& 1`."""
+    shifts_32 = torch.arange(32, dtype=torch.int32, device=bits_GW.device)
     return ((bits_GW[:, :, None] >> shifts_32) & 1).reshape(bits_GW.shape[0], -1)[:, :vocab].bool()
 
 

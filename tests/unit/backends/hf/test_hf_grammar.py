@@ -10,7 +10,9 @@ import pytest
 import torch
 
 from relax.backends.hf.decoder import BatchDecoder
-from relax.backends.hf.grammar import GrammarCompiler, allowed_tokens, parse_constraint
+from relax.backends.hf.grammar import (
+    GrammarCompiler, allowed_tokens, parse_constraint, unpack_bits, unpack_bits_by_shifts,
+)
 from relax.backends.hf.rows import DecodeRow
 from relax.backends.hf.sampling import parse_sampling_params
 from relax.backends.hf.tiny_model import build_tiny_bpe_qwen3
@@ -116,3 +118,13 @@ def test_unconstrained_rows_in_the_same_batch_are_untouched(bpe_model, compiler)
     mixed = _decode(bpe_model, compiler, [{**free, "regex": EMAIL}, free])[1]
     assert mixed.output_ids == alone.output_ids
     assert mixed.output_logprobs == pytest.approx(alone.output_logprobs, abs=1e-5)
+
+
+def test_the_gpus_bit_unpacking_equals_the_cpus():
+    """The GPU path unpacks masks by torch shifts, the CPU path by numpy: the same bits, every
+    word's sign bit included, for a vocabulary that ends mid-word."""
+    bits_GW = torch.randint(-2**31, 2**31 - 1, (3, 5), dtype=torch.int32)
+    bits_GW[0, 0] = -1  # all 32 bits
+    expected = unpack_bits(bits_GW, 150, torch.device("cpu"))
+    assert expected.shape == (3, 150) and expected[0, :32].all()
+    assert torch.equal(unpack_bits_by_shifts(bits_GW, 150), expected)
