@@ -20,6 +20,7 @@ Log-ratios are computed in float32 at least, so bf16 log-probs do not round rati
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -37,25 +38,32 @@ def _check_same_shape(**tensors: torch.Tensor) -> None:
         raise ValueError(f"shape mismatch: {shapes}; all inputs must have the same [B, T] shape")
 
 
+@dataclass(frozen=True)
+class ClipRange:
+    """PPO's clip: ratios outside [1 - eps_clip, 1 + eps_clip_high] stop the gradient; with
+    ``eps_clip_c`` (> 1) a negative advantage's loss is also capped at ``-A eps_clip_c``."""
+
+    eps_clip: float
+    eps_clip_high: float | None = None  # None: eps_clip (symmetric)
+    eps_clip_c: float | None = None  # None: no dual clip
+
+    def __post_init__(self) -> None:
+        if self.eps_clip_c is not None and not self.eps_clip_c > 1.0:
+            raise ValueError(f"--eps-clip-c must be > 1.0 for dual-clip PPO, got {self.eps_clip_c}")
+
+
 def clipped_surrogate(
-    log_ratio: torch.Tensor,
-    advantages: torch.Tensor,
-    *,
-    eps_clip: float,
-    eps_clip_high: float | None = None,
-    eps_clip_c: float | None = None,
+    log_ratio: torch.Tensor, advantages: torch.Tensor, clip: ClipRange
 ) -> tuple[torch.Tensor, StatsDict]:
     """PPO's clipped objective given log importance ratios; shared by :func:`ppo_clip` and :func:`gspo`."""
-    eps_high = eps_clip if eps_clip_high is None else eps_clip_high
+    eps_high = clip.eps_clip if clip.eps_clip_high is None else clip.eps_clip_high
     ratio = torch.exp(log_ratio)
     unclipped = -advantages * ratio
-    clipped = -advantages * ratio.clamp(1.0 - eps_clip, 1.0 + eps_high)
+    clipped = -advantages * ratio.clamp(1.0 - clip.eps_clip, 1.0 + eps_high)
     loss = torch.maximum(unclipped, clipped)
     stats = {"clipfrac": (clipped > unclipped).float(), "ratio": ratio.detach()}
-    if eps_clip_c is not None:
-        if not eps_clip_c > 1.0:
-            raise ValueError(f"--eps-clip-c must be > 1.0 for dual-clip PPO, got {eps_clip_c}")
-        dual_bound = -advantages * eps_clip_c
+    if clip.eps_clip_c is not None:
+        dual_bound = -advantages * clip.eps_clip_c
         dual = torch.minimum(loss, dual_bound)
         stats["dual_clipfrac"] = ((advantages < 0) & (dual_bound < loss)).float()
         loss = torch.where(advantages < 0, dual, loss)
@@ -74,9 +82,7 @@ def ppo_clip(
     """Per-token clipped PPO loss (``--eps-clip``, ``--eps-clip-high``, ``--eps-clip-c``)."""
     _check_same_shape(logp=logp, old_logp=old_logp, advantages=advantages)
     log_ratio = _float(logp) - _float(old_logp)
-    return clipped_surrogate(
-        log_ratio, advantages, eps_clip=eps_clip, eps_clip_high=eps_clip_high, eps_clip_c=eps_clip_c
-    )
+    return clipped_surrogate(log_ratio, advantages, ClipRange(eps_clip, eps_clip_high, eps_clip_c))
 
 
 def sequence_log_ratio(logp_BT: torch.Tensor, old_logp_BT: torch.Tensor, mask_BT: torch.Tensor) -> torch.Tensor:
@@ -105,7 +111,7 @@ def gspo(
     seq_log_ratio_B = sequence_log_ratio(logp_BT, old_logp_BT, mask_BT).detach()
     logp32_BT = _float(logp_BT)
     log_ratio_BT = logp32_BT - logp32_BT.detach() + seq_log_ratio_B.unsqueeze(-1)
-    return clipped_surrogate(log_ratio_BT, advantages_BT, eps_clip=eps_clip, eps_clip_high=eps_clip_high)
+    return clipped_surrogate(log_ratio_BT, advantages_BT, ClipRange(eps_clip, eps_clip_high))
 
 
 def sapo(

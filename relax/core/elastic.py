@@ -30,8 +30,8 @@ from relax.config.schema import RelaxConfig
 from relax.engine.elastic import discovery
 from relax.engine.elastic.api import ScalingApi
 from relax.engine.elastic.autoscaler import Autoscaler, Signals, step_signals
-from relax.engine.elastic.calls import (Abandon, Admit, Capacity, Drain, Engines, Evict, InFlight, Launch, Load,
-                                        Register, Release, Undrain, Verify)
+from relax.engine.elastic.calls import Abandon, Capacity, Engines, Launch, Load, OnEngine, Register, Release, Verify
+from relax.engine.elastic.local_ops import LocalFleetOps
 from relax.engine.elastic.operations import Operation
 from relax.engine.elastic.scaler import FleetScaler, ScalerSettings
 from relax.utils.timeline import Timeline
@@ -68,7 +68,7 @@ class RoleFleetOps:
         return await self.rollout.fleet_call(Verify(tuple(urls), None if version is None else int(version)))
 
     async def admit(self, url: str) -> None:
-        await self.rollout.fleet_call(Admit(url))
+        await self.rollout.fleet_call(OnEngine(LocalFleetOps.admit, url))
 
     async def abandon(self, tag: str) -> list[str]:
         gone = await self.rollout.fleet_call(Abandon(tag))
@@ -76,18 +76,18 @@ class RoleFleetOps:
         return gone
 
     async def drain(self, url: str) -> None:
-        await self.rollout.fleet_call(Drain(url))
+        await self.rollout.fleet_call(OnEngine(LocalFleetOps.drain, url))
         await self._register()  # out of the topology: no push waits on it
 
     async def undrain(self, url: str) -> None:
-        await self.rollout.fleet_call(Undrain(url))
+        await self.rollout.fleet_call(OnEngine(LocalFleetOps.undrain, url))
         await self._register()
 
     async def in_flight(self, url: str) -> int:
-        return await self.rollout.fleet_call(InFlight(url))
+        return await self.rollout.fleet_call(OnEngine(LocalFleetOps.in_flight, url))
 
     async def evict(self, url: str) -> int:
-        return await self.rollout.fleet_call(Evict(url))
+        return await self.rollout.fleet_call(OnEngine(LocalFleetOps.evict, url))
 
     async def release(self, url: str, timeout: float) -> None:
         await self.actor.settle_weights()  # no push that still includes it is in flight when it stops

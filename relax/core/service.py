@@ -29,6 +29,7 @@ from relax.core import reaper
 from relax.core.registry import component_path
 from relax.distributed.ray.local import (bind_serve_grpc, keep_sigterm_handler, ray_temp_dir, session_dir,
                                         start_local_ray)
+from relax.distributed.ray.names import named_actor_running
 from relax.utils.logging import TOKEN_FILE_ENV, new_run_token, remove_token_file, write_token_file
 from relax.utils.metrics import METRICS_APP_ENV
 from relax.utils.plugins import import_object
@@ -181,13 +182,7 @@ class SigtermStop:
 
 
 def serve_running() -> bool:
-    import ray
-
-    try:
-        ray.get_actor("SERVE_CONTROLLER_ACTOR", namespace="serve")
-    except ValueError:
-        return False
-    return True
+    return named_actor_running("SERVE_CONTROLLER_ACTOR", "serve")
 
 
 class Runtime:

@@ -21,6 +21,7 @@ from typing import Any, Awaitable, Callable, Sequence
 
 import torch
 
+from relax.distributed.ray.names import named_actor_running
 from relax.types import Sample
 from relax.utils.logging import setup_logging
 from relax.utils.metrics import METRICS_APP_ENV, MetricsReporter
@@ -84,13 +85,7 @@ def steps_partition() -> str:
 
 def running() -> bool:
     """A TransferQueue controller is up on this Ray cluster (e.g. a test session's)."""
-    import ray
-
-    try:
-        ray.get_actor("TransferQueueController", namespace="transfer_queue")
-    except ValueError:
-        return False
-    return True
+    return named_actor_running("TransferQueueController", "transfer_queue")
 
 
 def init_data_system(num_storage_units: int = 1) -> bool:

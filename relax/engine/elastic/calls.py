@@ -9,10 +9,13 @@ a method per operation.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from relax.engine.elastic.local_ops import LocalFleetOps
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -59,14 +62,6 @@ class Verify:
 
 
 @dataclass(frozen=True)
-class Admit:
-    url: str
-
-    async def apply(self, ops: LocalFleetOps) -> None:
-        await ops.admit(self.url)
-
-
-@dataclass(frozen=True)
 class Abandon:
     tag: str
 
@@ -75,35 +70,15 @@ class Abandon:
 
 
 @dataclass(frozen=True)
-class Drain:
+class OnEngine(Generic[T]):
+    """One engine's operation: `op` (a LocalFleetOps method taking the engine's url, such as
+    `LocalFleetOps.drain`) applied to `url`."""
+
+    op: Callable[[LocalFleetOps, str], Awaitable[T]]
     url: str
 
-    async def apply(self, ops: LocalFleetOps) -> None:
-        await ops.drain(self.url)
-
-
-@dataclass(frozen=True)
-class Undrain:
-    url: str
-
-    async def apply(self, ops: LocalFleetOps) -> None:
-        await ops.undrain(self.url)
-
-
-@dataclass(frozen=True)
-class InFlight:
-    url: str
-
-    async def apply(self, ops: LocalFleetOps) -> int:
-        return await ops.in_flight(self.url)
-
-
-@dataclass(frozen=True)
-class Evict:
-    url: str
-
-    async def apply(self, ops: LocalFleetOps) -> int:
-        return await ops.evict(self.url)
+    async def apply(self, ops: LocalFleetOps) -> T:
+        return await self.op(ops, self.url)
 
 
 @dataclass(frozen=True)
@@ -123,5 +98,4 @@ class Load:
         return await ops.load()
 
 
-FleetCall = (Engines | Capacity | Launch | Register | Verify | Admit | Abandon | Drain | Undrain | InFlight | Evict
-             | Release | Load)
+FleetCall = Engines | Capacity | Launch | Register | Verify | Abandon | OnEngine | Release | Load
