@@ -270,6 +270,7 @@ def add_weight_session_routes(app: FastAPI, engine: HFEngine) -> None:
             return _result(False, "a weight-update session is already open; call end_weight_update() first")
         engine.weight_session_open = True
         engine.next_bucket = 0  # a pipelined push numbers its buckets from 0
+        engine.receiver.open_session()
         return _result(True, "Success")
 
     @app.post("/end_weight_update")
@@ -278,6 +279,7 @@ def add_weight_session_routes(app: FastAPI, engine: HFEngine) -> None:
             return _result(False, "no weight-update session is open; call begin_weight_update() first")
         engine.weight_session_open = False
         engine.receiver.held = None  # the sender may free its flat-bucket buffer now
+        await asyncio.to_thread(engine.receiver.close_session)  # (waits for deferred buckets on a GPU)
         return _result(True, "Success")
 
     @app.post("/update_weight_version")
@@ -311,8 +313,10 @@ def add_weight_update_routes(app: FastAPI, engine: HFEngine) -> None:
                                        "destroy it and init a new one)")
         async with _weight_update(engine, req.abort_all_requests, req.bucket_index):
             try:
+                # A flat bucket that is not the push's last is only queued on the GPU (receiver.py).
+                deferred = flat and engine.weight_session_open and req.weight_version is None and not req.flush_cache
                 success, message = await run_in_daemon_thread(receiver.receive_and_load, specs, req.group_name,
-                                                               flat=flat)
+                                                               flat=flat, deferred=deferred)
             except RuntimeError as exc:  # the broadcast failed (peer gone, timeout)
                 success, message = False, f"receiving the broadcast failed: {exc}"
         return _result(*receiver.take_version(success, message, req.weight_version))

@@ -108,6 +108,7 @@ class WeightReceiver:
         self.held: torch.Tensor | None = None
         self.groups: dict[str, WeightGroup] = {}
         self._walk: dict[str, torch.Tensor] | None = None  # _targets() of the bucket in hand (_one_walk)
+        self._session_walk: dict[str, torch.Tensor] | None = None  # ... of every bucket of a session (open_session)
         # Groups out of step after a request we refused before receiving: the sender may have
         # pushed bytes we never read, so receiving on them again could misparse (and gloo aborts
         # the process on a size mismatch). Kept referenced, never used, until destroyed.
@@ -157,11 +158,25 @@ class WeightReceiver:
 
     @contextlib.contextmanager
     def _one_walk(self) -> Iterator[None]:
-        self._walk = self._targets()
+        self._walk = self._session_walk if self._session_walk is not None else self._targets()
         try:
             yield
         finally:
             self._walk = None
+
+    def open_session(self) -> None:
+        """`/begin_weight_update`: the model's tensors are walked once for every bucket of the push
+        (not once per bucket), since nothing reallocates them while a session is open."""
+        self._session_walk = self._targets()
+
+    def close_session(self) -> None:
+        """`/end_weight_update`: wait for buckets still loading (`deferred`), forget the walk."""
+        self._session_walk = None
+        self.synchronize()
+
+    def synchronize(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()
 
     def problems(self, specs: list[TensorSpec]) -> list[str]:
         """Names the model does not have and shapes that do not match it."""
@@ -253,29 +268,42 @@ class WeightReceiver:
             direct.append(t if ok else None)
         return direct
 
-    def receive_and_load(self, specs: list[TensorSpec], group_name: str, *, flat: bool = False) -> tuple[bool, str]:
+    def receive_and_load(self, specs: list[TensorSpec], group_name: str, *, flat: bool = False,
+                         deferred: bool = False) -> tuple[bool, str]:
         """Blocking; returns SGLang's (success, message). A bucket sent tensor by tensor that fits
         the model is received under the step lock straight into the model's tensors where their
         layout allows (no scratch copy). A subclass whose `load` transforms (shards) receives into
         scratch and loads after. A `flat` bucket is one broadcast into one buffer, then loaded
-        from views into it (one copy, ~1 ms per GB on a GPU, against ~0.15 ms saved per tensor)."""
+        from views into it (one copy, ~1 ms per GB on a GPU, against ~0.15 ms saved per tensor).
+        `deferred` (a flat bucket that is not a push's last, on a GPU): the receive and the copies
+        are queued on the device and the call returns without waiting for them, so the next
+        bucket's receive is queued while this one is on the wire; the last bucket of the push
+        (and the session's end) waits for all of them."""
         with self._one_walk():
-            return self._receive_and_load(specs, self.group(group_name), flat)
+            return self._receive_and_load(specs, self.group(group_name), flat, deferred and flat)
 
-    def receive_flat(self, specs: list[TensorSpec], group: WeightGroup) -> list[torch.Tensor]:
-        """Blocking: receive a flat bucket (one broadcast of its bytes) and return its tensors as views."""
+    def receive_flat(self, specs: list[TensorSpec], group: WeightGroup, *, wait: bool = True) -> list[torch.Tensor]:
+        """Receive a flat bucket (one broadcast of its bytes) and return its tensors as views;
+        `wait=False` only queues the receive on a GPU (later work on the stream is ordered after it)."""
         flat = torch.empty(flat_layout([spec_bytes(s) for s in specs])[1], dtype=torch.uint8, device=group.device)
         group.broadcast(flat, src=0)
-        group.synchronize()
+        if wait:
+            group.synchronize()
         return flat_views(flat, specs)
 
-    def _receive_and_load(self, specs: list[TensorSpec], group: WeightGroup, flat: bool) -> tuple[bool, str]:
+    def _receive_and_load(self, specs: list[TensorSpec], group: WeightGroup, flat: bool,
+                          deferred: bool) -> tuple[bool, str]:
         problems = self.problems(specs)
         receive = self.receive_flat if flat else self.receive
         if problems:
             receive(specs, group)  # the sender is blocked in the broadcast: take the bytes, load nothing
             return False, f"rejected the bucket of {len(specs)} tensors, nothing loaded: " + "; ".join(problems)
-        if flat or type(self).load is not WeightReceiver.load:
+        if flat:
+            tensors = self.receive_flat(specs, group, wait=not deferred)
+            self.load(specs, tensors)
+            if not deferred:
+                self.synchronize()  # this bucket's copies, and every deferred bucket's before it
+        elif type(self).load is not WeightReceiver.load:
             tensors = receive(specs, group)
             self.load(specs, tensors)
         else:

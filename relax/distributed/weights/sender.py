@@ -49,7 +49,7 @@ from relax.distributed.weights.protocol import (
 logger = logging.getLogger(__name__)
 
 DEFAULT_PIPELINE_DEPTH = 4  # buckets in flight at once, where every receiver takes them in order
-FLAT_DEPTH = 2  # flat buckets in flight at once: each holds a copy of its bytes until it lands
+FLAT_DEPTH = 3  # flat buckets in flight at once: each holds a copy of its bytes until it lands
 
 
 @dataclass
