@@ -236,6 +236,7 @@ async def push_timeline(url: str, named, mib: int, backend: str, device, extensi
     pack = sender_module.pack_flat
     sender_module.pack_flat = timed("pack (sender)", pack)
     sender._broadcast = timed("broadcast (sender thread)", sender._broadcast)
+    sender._queue_flat = timed("pack + broadcast (sender thread)", sender._queue_flat)
     try:
         await sender.connect()
         await sender.push(named, version=10_000)

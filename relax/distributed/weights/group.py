@@ -41,9 +41,15 @@ class WeightGroup:
 
     def broadcast(self, tensor: torch.Tensor, src: int = 0) -> None:
         """Blocking broadcast of `tensor` (in place on receivers) from rank `src`."""
+        self.broadcast_queued(tensor, src).wait()
+
+    def broadcast_queued(self, tensor: torch.Tensor, src: int = 0) -> Any:
+        """Start a broadcast and return its work handle. On NCCL it runs after what the current
+        stream has queued, and nothing waits for it until the handle's `wait()` (which makes the
+        then-current stream wait)."""
         opts = dist.BroadcastOptions()
         opts.rootRank = src
-        self._pg.broadcast([tensor], opts).wait()
+        return self._pg.broadcast([tensor], opts)
 
     def synchronize(self) -> None:
         if self.device.type == "cuda":

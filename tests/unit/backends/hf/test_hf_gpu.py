@@ -71,7 +71,8 @@ def test_nccl_push_from_another_gpu_changes_generations(engine, other_tiny_model
         torch.cuda.set_device(0)
         sender = WeightSender([engine.url], backend="nccl", bucket_bytes=16 * 1024, timeout_s=120)
         await sender.connect()
-        try:
+        try:  # two pushes: the second's buckets queue behind the first's on the same streams
+            await sender.push(state.items(), version=2)
             stats = await sender.push(state.items(), version=3)
         finally:
             await sender.close()
