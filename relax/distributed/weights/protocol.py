@@ -154,6 +154,10 @@ def pack_flat(tensors: Sequence[torch.Tensor], device: Any) -> torch.Tensor:
     sizes = [tensor_bytes(t) for t in tensors]
     offsets, total = flat_layout(sizes)
     flat = torch.empty(total, dtype=torch.uint8, device=device)
+    if all(size % FLAT_ALIGN == 0 for size in sizes[:-1]) and all(t.device == flat.device for t in tensors):
+        # back to back with no padding (weight matrices, most vectors): one copy kernel, not one per tensor
+        torch.cat([t.reshape(-1).view(torch.uint8) for t in tensors], out=flat)
+        return flat
     for tensor, offset, size in zip(tensors, offsets, sizes):
         flat[offset:offset + size].view(tensor.dtype).view(tensor.shape).copy_(tensor)
     return flat

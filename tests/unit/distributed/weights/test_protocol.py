@@ -24,3 +24,17 @@ def test_dtype_names_round_trip_and_bad_requests_name_the_problem():
         parse_specs(["a", "b"], ["float32"], [[1]])
     with pytest.raises(ValueError, match="negative dimension"):
         parse_specs(["a"], ["float32"], [[-1]])
+
+
+def test_a_flat_bucket_reads_back_whether_packed_in_one_copy_or_tensor_by_tensor():
+    """pack_flat copies back-to-back tensors (every size a multiple of the alignment) in one
+    kernel and pads the others tensor by tensor; flat_views reads both back exactly."""
+    from relax.distributed.weights.protocol import FLAT_ALIGN, TensorSpec, flat_views, pack_flat
+
+    aligned = [torch.randn(8, 16), torch.randn(128).to(torch.bfloat16), torch.arange(7)]  # last may be any size
+    ragged = [torch.randn(3), torch.randn(5, 2).to(torch.bfloat16), torch.randint(0, 9, (4,), dtype=torch.int32)]
+    for tensors in (aligned, ragged, [t.t() for t in aligned[:1]]):  # (a transposed view: not contiguous)
+        flat = pack_flat(tensors, "cpu")
+        specs = [TensorSpec(f"t{i}", t.dtype, tuple(t.shape)) for i, t in enumerate(tensors)]
+        assert all(torch.equal(a, b) for a, b in zip(flat_views(flat, specs), tensors))
+    assert all(t.numel() * t.element_size() % FLAT_ALIGN == 0 for t in aligned[:-1])
