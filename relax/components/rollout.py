@@ -226,6 +226,8 @@ class Rollout:
         await self.fleet.stop()
         if self.gpu_slots is not None:
             self.gpu_slots.release()
+        if self._scaling is not None and self._scaling.gpus is not None:
+            self._scaling.gpus.release_all()
         if hasattr(self, "rewards"):
             self.rewards.close()
         if getattr(self, "generator", None) is not None:
@@ -259,9 +261,11 @@ class Rollout:
 
     async def fleet_call(self, call: FleetCall) -> Any:
         """Elastic scaling (relax.core.elastic): one fleet operation, applied here where the fleet lives."""
-        if self._scaling is None:  # GPU clusters: new engines would need GPUs outside the run's placement group
-            room = None if self.gpu_slots is None else lambda: 0
-            self._scaling = LocalFleetOps(self.fleet, partial_rollout=self.cfg.rollout.partial_rollout, capacity=room)
+        if self._scaling is None:  # on GPUs an added engine holds whole GPUs outside the run's placement group
+            from relax.distributed.ray.elastic_gpus import ElasticGpus
+
+            gpus = None if self.gpu_slots is None else ElasticGpus(len(self.plan.role.slots[0]))
+            self._scaling = LocalFleetOps(self.fleet, partial_rollout=self.cfg.rollout.partial_rollout, gpus=gpus)
         return await call.apply(self._scaling)
 
     def weight_receivers(self) -> Receivers:
@@ -272,6 +276,8 @@ class Rollout:
             return Receivers(urls)
         # By device, not position: a replacement engine joins the fleet last, on its predecessor's GPUs.
         identity = dict(zip(self.gpu_slots.devices, self.gpu_slots.identities))
+        if self._scaling is not None and self._scaling.gpus is not None:  # engines a scale-out added
+            identity.update(self._scaling.gpus.identities())
         return Receivers(urls, [identity.get(self.fleet.device_of(url), ()) for url in urls])
 
     # ---- fully async ---------------------------------------------------------------------

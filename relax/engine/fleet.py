@@ -343,12 +343,14 @@ class EngineFleet:
         return engine.describe() if engine is not None else f"{url} is not an engine of the {self.spec.name} fleet"
 
     # ---- elastic scaling (relax.engine.elastic) -------------------------------------------
-    async def launch(self, count: int, timeout: float, tag: str) -> list[dict[str, str]]:
-        """Launch `count` engines side by side for operation `tag`; per engine {"url"} once it joined
-        the fleet healthy within `timeout` seconds (not routed to: `admit` it), else {"error"} (it
-        was stopped). A bad engine option raises ValueError before any starts."""
+    async def launch(self, count: int, timeout: float, tag: str,
+                     devices: list[str] | None = None) -> list[dict[str, str]]:
+        """Launch `count` engines side by side for operation `tag` (on `devices`, one per engine, where
+        given); per engine {"url"} once it joined the fleet healthy within `timeout` seconds (not
+        routed to: `admit` it), else {"error"} (it was stopped). A bad engine option raises
+        ValueError before any starts."""
         self._abandoned.discard(tag)
-        engines = [self._launch() for _ in range(count)]
+        engines = [self._launch(device=devices[i] if devices else None) for i in range(count)]
         self._tags.setdefault(tag, []).extend(engines)
         return list(await asyncio.gather(*(self._ready(e, timeout, tag) for e in engines)))
 

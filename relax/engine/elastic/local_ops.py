@@ -11,8 +11,9 @@ another engine.
 
 from __future__ import annotations
 
+import asyncio
 import os
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Protocol
 
 from relax.engine.fleet import EngineFleet
 from relax.engine.rollout.generator import parse_weight_version
@@ -28,11 +29,26 @@ def cpu_room(cores: int, threads_per_engine: int, engines: int) -> int:
     return max(0, cores * CPU_OVERSUBSCRIPTION // max(1, threads_per_engine) - engines)
 
 
+class Gpus(Protocol):
+    """Where added engines get their GPUs on a GPU cluster (`relax.distributed.ray.elastic_gpus.ElasticGpus`)."""
+
+    def room(self) -> int: ...
+    def acquire(self, timeout_s: float) -> str: ...
+    def release(self, device: str | None) -> None: ...
+    def release_all(self) -> None: ...
+    def identities(self) -> dict[str, tuple[str, ...]]: ...
+
+
 class LocalFleetOps:
+    """`gpus`: on a GPU cluster, where added engines get their GPUs (and give them back when they
+    leave or their operation is undone); None on CPU, where an engine is threads of this host."""
+
     def __init__(self, fleet: EngineFleet, sync: Sync | None = None, *, partial_rollout: bool = False,
-                 capacity: Callable[[], "int | None"] | None = None) -> None:
-        self.fleet, self._sync, self.partial_rollout = fleet, sync, partial_rollout
-        self._capacity = capacity or (lambda: cpu_room(os.cpu_count() or 1, fleet.spec.threads, len(fleet.engines)))
+                 capacity: Callable[[], "int | None"] | None = None, gpus: Gpus | None = None) -> None:
+        self.fleet, self._sync, self.partial_rollout, self.gpus = fleet, sync, partial_rollout, gpus
+        self._capacity = capacity or (gpus.room if gpus is not None else (
+            lambda: cpu_room(os.cpu_count() or 1, fleet.spec.threads, len(fleet.engines))))
+        self._devices: dict[str, list[str]] = {}  # operation tag -> GPUs held for the engines it launched
 
     async def engines(self) -> list[dict[str, Any]]:
         return self.fleet.table()
@@ -41,7 +57,22 @@ class LocalFleetOps:
         return self._capacity()
 
     async def launch(self, count: int, timeout: float, tag: str) -> list[dict[str, str]]:
-        return await self.fleet.launch(count, timeout, tag)
+        if self.gpus is None:
+            return await self.fleet.launch(count, timeout, tag)
+        devices: list[str] = []
+        try:
+            for _ in range(count):
+                devices.append(await asyncio.to_thread(self.gpus.acquire, timeout))
+        except RuntimeError as exc:  # fewer GPUs than asked: those engines fail, the policy decides
+            failed = [{"error": str(exc)}] * (count - len(devices))
+        else:
+            failed = []
+        self._devices.setdefault(tag, []).extend(devices)
+        results = await self.fleet.launch(len(devices), timeout, tag, devices=devices) if devices else []
+        for device, result in zip(devices, results):
+            if "error" in result:
+                self.gpus.release(device)
+        return list(results) + failed
 
     async def register(self, address: str, timeout: float, tag: str) -> dict[str, str]:
         return await self.fleet.register(address, timeout, tag)
@@ -73,7 +104,10 @@ class LocalFleetOps:
         await self.fleet.admit(url)
 
     async def abandon(self, tag: str) -> list[str]:
-        return await self.fleet.abandon(tag)
+        joined = await self.fleet.abandon(tag)
+        for device in self._devices.pop(tag, []) if self.gpus is not None else []:
+            self.gpus.release(device)
+        return joined
 
     async def drain(self, url: str) -> None:
         self.fleet.drain(url)
@@ -98,4 +132,7 @@ class LocalFleetOps:
         return running
 
     async def release(self, url: str, timeout: float) -> None:
+        device = self.fleet.device_of(url)
         await self.fleet.release(url, timeout)
+        if self.gpus is not None:
+            self.gpus.release(device)  # (a startup engine's GPUs are the run's: not held here, kept)

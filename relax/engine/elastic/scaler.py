@@ -129,10 +129,10 @@ class FleetScaler:
         count = scale_out_count(request, await self.ops.engines())
         room = await self.ops.capacity()
         if room is not None and count > room:
-            raise ScalingError(400, f"scale_out of {count} engine(s): the cluster has room for {room} more (CPU "
-                               "engine threads on a CPU cluster; on a GPU cluster ray_native scale-out is not built "
-                               "yet: register running engines with 'addresses'); ask for fewer or free resources",
-                               field="num_engines")
+            raise ScalingError(400, f"scale_out of {count} engine(s): the cluster has room for {room} more (free "
+                               "GPUs on the Rollout replica's node over the GPUs an engine takes; on a CPU host, "
+                               "engine threads per core); ask for fewer, free resources, or register running "
+                               "engines with 'addresses'", field="num_engines")
         return count
 
     # ---- scale-out -----------------------------------------------------------------------------

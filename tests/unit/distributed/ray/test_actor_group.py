@@ -40,16 +40,6 @@ class FailingWorker:
         pass
 
 
-@pytest.fixture(scope="module")
-def ray_local():
-    started_here = not ray.is_initialized()  # a whole-suite run has the integration cluster up
-    if started_here:
-        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
-    yield
-    if started_here:
-        ray.shutdown()
-
-
 def test_taken_port_restarts_group_on_a_new_port(ray_local, monkeypatch):
     holder = socket.socket()
     holder.bind(("127.0.0.1", 0))

@@ -1,0 +1,17 @@
+"""One local Ray for the tests of relax.distributed.ray, with two logical GPUs (Ray counts them;
+no test here touches a device) so the GPU bookkeeping runs on a CPU machine."""
+
+from __future__ import annotations
+
+import pytest
+import ray
+
+
+@pytest.fixture(scope="session")
+def ray_local():
+    started_here = not ray.is_initialized()  # a one-process run of the suite has the integration cluster up
+    if started_here:
+        ray.init(num_cpus=4, num_gpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    if started_here:
+        ray.shutdown()
