@@ -22,6 +22,9 @@ class Sample:
     loss_mask: one entry per response token (1 = trained on, 0 = e.g. a tool observation).
     rollout_log_probs: one log-prob per response token, from the inference engine.
     weight_versions: the engine weight version(s) the response was generated with.
+    rollout_routed_experts: with --use-rollout-routing-replay (MoE), the experts the engine routed
+      each token to: a numpy array [positions, layers, top_k] (uint8 ids; int16 past 256 experts) for
+      positions [0, positions) of `tokens`, at most len(tokens) - 1 (`relax.utils.routing`).
     """
 
     class Status(Enum):
@@ -45,7 +48,7 @@ class Sample:
     loss_mask: list[int] | None = None
     weight_versions: list[int] = field(default_factory=list)
     rollout_log_probs: list[float] | None = None
-    rollout_routed_experts: list[list[int]] | None = None
+    rollout_routed_experts: Any = None  # numpy [positions, layers, top_k] (see above)
     remove_sample: bool = False
     abort_count: int = 0
     teacher_log_probs: list[float] | None = None
@@ -147,9 +150,13 @@ COLUMNS: dict[str, Column] = {c.name: c for c in (
     Column("returns", "float32", "RT", "GAE returns the critic is fitted to"),
     Column("multimodal_train_inputs", "uint8", "RB", "a multimodal row's encoder tensors (pixel_values, "
            "image_grid_thw, ...) as safetensors bytes; empty for a text row"),
+    Column("rollout_routed_experts", "uint8", "RB", "the engine's top-k expert ids per token and MoE layer "
+           "[positions, layers, top_k] as bytes: one per id, two past 256 experts (R3, relax.utils.routing)"),
 )}
 # Written by Rollout only in multimodal runs (--multimodal-keys).
 MEDIA_COLUMN = "multimodal_train_inputs"
+# Written by Rollout only with --use-rollout-routing-replay (an MoE model).
+ROUTING_COLUMN = "rollout_routed_experts"
 
 # What Rollout writes for every sample, in this order.
 ROLLOUT_COLUMNS = ("tokens", "loss_masks", "rollout_log_probs", "response_lengths", "rewards", "group_indices",
@@ -176,6 +183,7 @@ class TrainBatch:
     values_RT: list[list[float]] | None = None
     returns_RT: list[list[float]] | None = None
     multimodal_train_inputs_RB: list[bytes] | None = None
+    rollout_routed_experts_RB: list[bytes] | None = None  # R3: each row's routing record (relax.utils.routing)
     entropy_RT: list[list[float]] | None = None  # --use-rollout-entropy: per-token entropy of the old policy
 
     def __len__(self) -> int:

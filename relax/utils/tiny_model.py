@@ -17,7 +17,7 @@ import os
 from typing import TYPE_CHECKING, Iterable
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
-    from transformers import PreTrainedTokenizerFast, Qwen3ForCausalLM
+    from transformers import PreTrainedTokenizerFast, Qwen3ForCausalLM, Qwen3MoeForCausalLM
 
 PAD_TOKEN = "<|endoftext|>"
 IM_START = "<|im_start|>"
@@ -159,6 +159,45 @@ def build_tiny_qwen3(
     with gen:
         torch.manual_seed(seed)
         model = Qwen3ForCausalLM(config)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.bos_token_id = None
+    return model
+
+
+def build_tiny_qwen3_moe(
+    tokenizer: "PreTrainedTokenizerFast",
+    *,
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    num_experts: int = 8,
+    top_k: int = 2,
+    init_std: float = 0.1,
+    max_position_embeddings: int = 256,
+    seed: int = 0,
+) -> "Qwen3MoeForCausalLM":
+    """A randomly initialised Qwen3MoeForCausalLM for CPU (routing replay, docs/moe.md): every
+    layer MoE with normalised top-k gating (Qwen3-30B-A3B's layout, which megatron converts too).
+
+    `init_std` 0.1 (Qwen3's own is 0.02): with weights that small a random model's experts add
+    almost nothing to the residual stream and which experts a token takes barely moves its
+    log-probs; at 0.1 routing matters as in a trained model, so a routing flip shows.
+    """
+    import torch
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    config = Qwen3MoeConfig(
+        vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=4 * hidden_size,
+        moe_intermediate_size=hidden_size, num_experts=num_experts, num_experts_per_tok=top_k,
+        norm_topk_prob=True, num_hidden_layers=num_layers, num_attention_heads=num_heads,
+        num_key_value_heads=num_heads, head_dim=hidden_size // num_heads,
+        max_position_embeddings=max_position_embeddings, tie_word_embeddings=True, initializer_range=init_std,
+        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, bos_token_id=None, use_cache=True,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen3MoeForCausalLM(config)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.bos_token_id = None

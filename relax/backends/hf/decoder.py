@@ -59,6 +59,10 @@ Joining needs plain `DynamicLayer` cache layers; for models whose cache has othe
 (sliding window, linear attention) `can_join` is False and `admit` is never called: new
 requests then wait for the next batch.
 
+MoE routing (`--enable-return-routed-experts`, routing.py): each forward's expert ids are taken
+under the step lock and kept per row, the prefill's for every prompt position, a decode step's for
+the token each row fed.
+
 Parts: `rows` (a row's input, state, finish checks and result; the stats), `batch` (the running
 batch and its KV cache bookkeeping), `prefill` (a group's prefill, text and media); this module
 is the decode loop: admitting, aborting, the decode step and sampling.
@@ -82,6 +86,7 @@ from relax.algorithms.logprobs import row_response_log_probs
 from relax.backends.hf.batch import DynamicBatch, SlotBatch, cache_supports_join
 from relax.backends.hf.grammar import mask_logits
 from relax.backends.hf.prefill import prefill
+from relax.backends.hf.routing import engine_tap, keep_decode
 from relax.backends.hf.rows import DecodeRow, DecodeStats, RowResult, RowState
 from relax.backends.hf.sampling import SamplingBatch, apply_penalties, sample_next_tokens
 from relax.backends.hf.static_cache import GraphRunner, SlotCache, kv_shape, static_decode_supported
@@ -107,8 +112,11 @@ class BatchDecoder:
                  step_lock: threading.Lock | None = None, seed: int | None = None, true_on_policy: bool = False,
                  max_running_requests: int = 256, max_total_tokens: int | None = None, cuda_graphs: bool = True,
                  cuda_graph_max_bs: int | None = None, static_cache: bool = True,
-                 banned_token_ids: Sequence[int] = ()):
+                 banned_token_ids: Sequence[int] = (), routed_experts: bool = False):
         self.model, self.tokenizer = model, tokenizer
+        # --enable-return-routed-experts: every forward's expert ids kept per row (routing.py)
+        self.routing = engine_tap(model, routed_experts)
+        self.last_routing: torch.Tensor | None = None  # the last forward's ids, [B * S, layers, top_k]
         self.banned_ids = torch.tensor(sorted(set(banned_token_ids)), dtype=torch.long, device=device) \
             if banned_token_ids else None
         self.true_on_policy = true_on_policy
@@ -127,6 +135,8 @@ class BatchDecoder:
         # The slot cache + CUDA graphs path (static_cache.py) for the models it knows; the rest
         # decode through transformers' DynamicCache (`DynamicBatch`).
         why_not = static_decode_supported(model) if static_cache else "turned off"
+        if why_not is None and self.routing is not None:  # (MoE models never take the slot cache anyway)
+            why_not = "--enable-return-routed-experts records routing on the DynamicCache path"
         self.slot_cache: SlotCache | None = None
         self.runner: GraphRunner | None = None
         if why_not is None:
@@ -275,8 +285,13 @@ class BatchDecoder:
                 cache: DynamicCache, **media: torch.Tensor) -> torch.Tensor:
         """One cached forward under `step_lock`; the last position's logits `[B, V]`."""
         with self.step_lock:
+            if self.routing is not None:
+                self.routing.arm(record=True)
             out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions,
                              past_key_values=cache, use_cache=True, logits_to_keep=1, **media)
+            if self.routing is not None:  # taken under the lock: no other thread's forward in between
+                self.last_routing = self.routing.take()
+                self.routing.arm()  # (a rescoring or input-log-prob forward records nothing)
         self.stats.forward_calls += 1
         return out.logits[:, -1]
 
@@ -294,6 +309,8 @@ class BatchDecoder:
             return batch.select(keep)
         mask_BT = torch.cat([batch.mask_BT, batch.mask_BT.new_ones((len(batch.rows), 1))], dim=1)
         logits_BV = self.forward(batch.next_ids_B[:, None], mask_BT, batch.next_pos_B[:, None], batch.cache)
+        if self.routing is not None:
+            keep_decode(states, batch.rows, self.last_routing, self.routing.shape)
         tokens_B, keep = self.sample(logits_BV, batch.rows, states, batch.sampling, finish)
         batch.mask_BT, batch.next_ids_B, batch.next_pos_B = mask_BT, tokens_B, batch.next_pos_B + 1
         return batch.select(keep)

@@ -26,10 +26,12 @@ import torch
 from transformers import DynamicCache
 
 from relax.backends.hf.batch import DynamicBatch, SlotBatch, left_pad, shared_prefill
+from relax.backends.hf.routing import keep_prefill
 from relax.backends.hf.rows import DecodeStats, RowState
 from relax.backends.hf.sampling import SamplingBatch
 from relax.backends.hf.static_cache import SlotCache, write_prefill
 from relax.utils.multimodal.tensors import collate
+from relax.utils.routing_replay import RouterTap
 
 
 class DecoderCore(Protocol):
@@ -41,6 +43,8 @@ class DecoderCore(Protocol):
     can_join: bool
     slot_cache: SlotCache | None
     stats: DecodeStats
+    routing: RouterTap | None  # --enable-return-routed-experts (routing.py)
+    last_routing: torch.Tensor | None
 
     def forward(self, input_ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor,
                 cache: DynamicCache, **media: torch.Tensor) -> torch.Tensor: ...
@@ -80,6 +84,7 @@ def prefill(dec: DecoderCore, rows: list[int], states: list[RowState], finish: C
     sampling = SamplingBatch.build([states[i].params for i in rows], dec.device)
     cache = DynamicCache(config=dec.model.config)
     logits_UV = dec.forward(input_ids_UL, mask_UL, position_ids_UL, cache)
+    _keep_routing(dec, rows, states, index, [len(p) for p in firsts])
     if dec.slot_cache is not None:
         return _to_slots(dec, rows, states, finish, cache, logits_UV, mask_UL, index, sampling), waiting
     if len(firsts) < len(rows):
@@ -114,6 +119,7 @@ def _prefill_media(dec: DecoderCore, rows: list[int], states: list[RowState], fi
     positions_3UL = inputs.pop("position_ids")
     cache = DynamicCache(config=dec.model.config)
     logits_UV = dec.forward(ids_UL, mask_UL, positions_3UL, cache, **inputs)
+    _keep_routing(dec, rows, states, index, [len(states[i].row.prompt_ids) for i in firsts])
     next_pos_U = positions_3UL.amax(dim=(0, 2)) + 1  # the position after each prompt
     if dec.slot_cache is not None:
         sampling = SamplingBatch.build([states[i].params for i in rows], dec.device)
@@ -131,6 +137,14 @@ def _prefill_media(dec: DecoderCore, rows: list[int], states: list[RowState], fi
     sampling = SamplingBatch.build([states[i].params for i in rows], dec.device)
     tokens_B, keep = dec.sample(logits_UV, rows, states, sampling, finish)
     return DynamicBatch(rows, cache, mask_UL, tokens_B, next_pos_U, sampling).select(keep), waiting
+
+
+def _keep_routing(dec: DecoderCore, rows: list[int], states: list[RowState], index: list[int],
+                  prompt_lengths: list[int]) -> None:
+    """The prefill's routed experts into its rows' records, before their first tokens are sampled
+    (a row may finish at its first token)."""
+    if dec.routing is not None:
+        keep_prefill(states, rows, index, prompt_lengths, dec.last_routing, dec.routing.shape)
 
 
 def _fit_slots(dec: DecoderCore, rows: list[int], states: list[RowState], finish: Callable[[int, dict], None],

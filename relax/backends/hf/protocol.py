@@ -25,6 +25,10 @@ path, URL or `data:audio/wav;base64,` URI, each audio's `<|audio_pad|>` tokens i
 PyAV and sampled per the default video flags) or `{"frames": [frame items], "fps": <rate>}`, frames
 already sampled and sized (the rollout's form: the video flags were applied), each video's
 `<|video_pad|>` tokens in the ids. A modality the model has no encoder for is a 400.
+
+Routed experts (MoE, an engine started with `--enable-return-routed-experts`): `return_routed_experts`
+adds `meta_info.routed_experts`, base64 of int32 `[n, layers, top_k]` for positions
+`[routed_experts_start_len, prompt + output - 1)` (SGLang's fields; `relax.utils.routing`).
 """
 
 from __future__ import annotations
@@ -34,10 +38,12 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
 from relax.backends.hf.rows import RowResult
 from relax.backends.hf.sampling import SamplingParams, parse_sampling_params
+from relax.utils.routing import encode_reply
 
 MAX_BATCH_ITEMS = 4096
 
@@ -57,6 +63,8 @@ class GenerateRequest(BaseModel):
     image_data: Any = None
     video_data: Any = None
     audio_data: Any = None
+    return_routed_experts: StrictBool | list[StrictBool] | None = None
+    routed_experts_start_len: StrictInt | list[StrictInt] | None = None
 
 
 class InitWeightsUpdateGroupRequest(BaseModel):
@@ -125,6 +133,7 @@ class GenerateItem:
     return_logprob: bool
     logprob_start_len: int | None = None  # input-token logprobs from this position (None: none)
     media: dict[str, list[str]] | None = None  # {"image": [items]} (SGLang's image_data, ...)
+    routed_experts_start: int | None = None  # return_routed_experts from this position (None: not asked)
 
 
 def _per_item(value: Any, n: int, field: str, default: Any) -> list[Any]:
@@ -231,8 +240,9 @@ def normalize_generate(req: GenerateRequest, tokenizer: Any, *, vocab_size: int,
     for i, (ids, p) in enumerate(zip(prompts, params)):
         check_prompt(i, ids, p, vocab_size, max_context_len)
     media = _media(req, n, batched)
-    items = [GenerateItem(r, ids, p, lp, k, m)
-             for r, ids, p, lp, k, m in zip(rids, prompts, params, logprob, starts, media)]
+    routed = _routed_starts(req, prompts)
+    items = [GenerateItem(r, ids, p, lp, k, m, e)
+             for r, ids, p, lp, k, m, e in zip(rids, prompts, params, logprob, starts, media, routed)]
     if any(p.n > 1 for p in params):  # parallel sampling: n rows per prompt, prompt-major, a list reply
         items = expand_samples(items)
         if len(items) > MAX_BATCH_ITEMS:
@@ -255,6 +265,19 @@ def _copies(item: GenerateItem) -> list[GenerateItem]:
     return [dataclasses.replace(item, rid=f"{item.rid}_{j}", params=dataclasses.replace(
         item.params, n=1, sampling_seed=None if item.params.sampling_seed is None else item.params.sampling_seed + j))
         for j in range(n)]
+
+
+def _routed_starts(req: GenerateRequest, prompts: list[list[int]]) -> list[int | None]:
+    """Per prompt, where its routed experts are returned from (`routed_experts_start_len`, SGLang's
+    rule: within [0, prompt tokens]); None where `return_routed_experts` is off."""
+    n = len(prompts)
+    asked = _per_item(req.return_routed_experts, n, "return_routed_experts", False)
+    starts = _per_item(req.routed_experts_start_len, n, "routed_experts_start_len", 0)
+    for i, (on, start, ids) in enumerate(zip(asked, starts, prompts)):
+        if on and not 0 <= start <= len(ids):
+            raise ValueError(f"prompt {i}: routed_experts_start_len must be in [0, {len(ids)}] (the prompt's "
+                             f"tokens), got {start}")
+    return [start if on else None for on, start in zip(asked, starts)]
 
 
 def _logprob_start(i: int, value: int | None, prompt_len: int) -> int | None:
@@ -286,4 +309,8 @@ def build_output(item: GenerateItem, result: RowResult, *, weight_version: str, 
                 [lp, tok, tokenizer.decode([tok]) if tokenizer is not None else None]
                 for lp, tok in zip(result.input_logprobs[start:], item.input_ids[start:])
             ]
+    if item.routed_experts_start is not None:  # SGLang's positions [start, prompt + output - 1)
+        recorded = result.routed_experts
+        meta["routed_experts"] = encode_reply(
+            recorded[item.routed_experts_start:] if recorded is not None else np.zeros((0,), dtype=np.int32))
     return {"text": result.text, "output_ids": list(result.output_ids), "meta_info": meta}

@@ -19,6 +19,7 @@ from typing import Any, Callable
 import torch
 
 from relax.backends.hf.grammar import RowGrammar
+from relax.backends.hf.routing import record_of
 from relax.backends.hf.sampling import SamplingParams
 
 ABORT_MESSAGE = "request aborted"
@@ -48,6 +49,9 @@ class RowResult:
     finish_reason: dict[str, Any]
     text: str
     input_logprobs: list[float | None] | None = None  # per prompt token (None at position 0), when asked
+    # --enable-return-routed-experts: the top-k expert ids of every position the row ran through the
+    # model, [prompt + output - 1, layers, top_k] (routing.py); None when nothing ran
+    routed_experts: Any = None
 
 
 @dataclass
@@ -93,6 +97,7 @@ class RowState:
         self.stop_window = max((len(s) for s in row.params.stop), default=0) + 2
         self.output_ids: list[int] = []
         self.logprobs: list[float] = []
+        self.routing: list[Any] = []  # routed-expert chunks, one per forward the row was in (routing.py)
 
     def append(self, token: int, logprob: float) -> dict[str, Any] | None:
         """Record one token; return the finish reason if the row is done."""
@@ -131,4 +136,5 @@ class RowState:
         text = self.tokenizer.decode(ids, skip_special_tokens=self.params.skip_special_tokens)
         if trim and isinstance(matched, str) and matched in text:
             text = text[:text.index(matched)]
-        return RowResult(list(self.output_ids), list(self.logprobs), finish_reason, text)
+        return RowResult(list(self.output_ids), list(self.logprobs), finish_reason, text,
+                         routed_experts=record_of(self.routing))

@@ -35,6 +35,7 @@ class MicroBatch:
         self.ids_BL, self.position_BL, self.causal_11LL, self.mask_BT = ids_BL, position_BL, causal_11LL, mask_BT
         self.rows, self.head, self.entropy = rows, head, entropy
         self.embed: Any = None  # model -> the decoder's input (a VL micro-batch with media)
+        self.take_routing: Any = None  # () -> each row's routing in this forward (a recording one, routing.py)
         self.autocast = torch.autocast(ids_BL.device.type, dtype=torch.bfloat16, enabled=bf16)
 
     def __enter__(self) -> "MicroBatch":
@@ -60,7 +61,8 @@ class MicroBatch:
         out_BTK, mask_BT = out_BTK[:self.rows], self.mask_BT[:self.rows]
         if isinstance(self.head, MegatronValueHead):
             return Scores(out_BTK[..., 0].float() * mask_BT, mask_BT)
-        return Scores(out_BTK[..., 0].float(), mask_BT, out_BTK[..., 1].float() if self.entropy else None)
+        return Scores(out_BTK[..., 0].float(), mask_BT, out_BTK[..., 1].float() if self.entropy else None,
+                      routing=self.take_routing() if self.take_routing is not None else None)
 
 
 def forward(r: MegatronRank, rows: Rows, entropy: bool = False, entropy_grad: bool = False) -> Scores:
@@ -95,6 +97,10 @@ def build(r: MegatronRank, rows: Rows, *, entropy: bool, entropy_grad: bool) -> 
     head = _head(r, head_index_BT, head_mask_BT, targets_BT, entropy=entropy, entropy_grad=entropy_grad)
     autocast = r.spec.optim.bf16 and not r.main  # a scoring rank's float32 weights under --bf16
     run = MicroBatch(ids_BL, position_BL, causal_11LL, mask_BT, len(tokens), head, entropy, autocast)
+    if r.routing is not None:  # routing replay (MoE): every forward arms (or disarms) the routers
+        r.routing.arm(r, rows.routing, rows.record_routing, b, length)
+        if rows.record_routing:
+            run.take_routing = lambda: r.routing.recorded(r, [len(t) for t in tokens], b)
     if r.vision is not None:
         _with_media(r, run, tokens, rows.media, position_BL)
     return run

@@ -19,6 +19,7 @@ from relax.backends.base import TrainerSpec
 from relax.backends.megatron import compile_shim, cpu_shim
 from relax.backends.megatron.convert import Layout, expert_range, hf_to_megatron, shard_state, stage_layers
 from relax.backends.megatron.model import build_gpt, check_arch_flags, read_hf_state, rope_theta, transformer_config
+from relax.backends.megatron.routing import MegatronRouting
 from relax.backends.megatron.vision import TOWER_PREFIXES, VisionSide, check_supported, split_state
 from relax.backends.trainer.runner_kit import apply_freezing
 
@@ -34,6 +35,9 @@ class MegatronRank:
         cpu_shim.seed_model_parallel(spec.optim.seed + self.dp_rank)
         self.pad_to = (0, 0)  # (rows, length) every micro-batch is padded to (a pipeline schedule's)
         self.model = self._build(spec.model_path)
+        # Routing replay (MoE, routing.py): the routers' top-k replayable; None for a dense model
+        self.routing = MegatronRouting(self) if spec.routing_replay and spec.head == "lm" and \
+            self.arch.num_experts else None
 
     # ---- setup -------------------------------------------------------------------------
     def _setup_parallel(self) -> None:

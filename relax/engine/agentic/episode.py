@@ -94,6 +94,7 @@ async def start(ctx: Any, sample: Sample, evaluation: bool) -> Episode:
     ids, _ = await ctx.encoder.encode(sample)
     sample.tokens, sample.response, sample.response_length = list(ids), "", 0
     sample.loss_mask, sample.rollout_log_probs, sample.weight_versions = [], [], []
+    sample.rollout_routed_experts = None  # R3: the episode's routing record starts with its first turn
     episode = Episode(env=None, media=ctx.media_context(sample), prompt_length=len(ids),
                       trajectory=[] if ctx.spec.log_trajectories else None)
     timeout = ctx.spec.env_timeout

@@ -36,10 +36,12 @@ from relax.engine.agentic import episode as episodes
 from relax.engine.agentic.episode import STATUS, Episode
 from relax.engine.agentic.observation import ObservationEncoder
 from relax.engine.agentic.tool_calls import tool_call_tag
+from relax.engine.rollout.routing import keep_routing, request_fields
 from relax.engine.rollout.sglang_rollout import bound_generator, parse_weight_version
 from relax.engine.specs import AgenticSpec
 from relax.types import Sample
 from relax.utils.http_utils import post
+from relax.utils.routing import RoutingShape
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +62,7 @@ class EpisodeContext:
     max_context_len: int | None
     skip_special_tokens: bool
     observations: ObservationEncoder
+    routing: RoutingShape | None = None  # R3: each turn asks for the routed experts of what it adds
 
     @classmethod
     def of(cls, generator: Any, args: Any, env_path: str | None = None) -> EpisodeContext:
@@ -74,7 +77,8 @@ class EpisodeContext:
                    processor=generator.processor, pipelines=generator.pipelines, url=generator.router_url,
                    http_timeout=generator.spec.http_timeout, max_context_len=sampling.max_context_len,
                    skip_special_tokens=sampling.skip_special_tokens,
-                   observations=ObservationEncoder(generator.tokenizer, dict(spec.template_kwargs)))
+                   observations=ObservationEncoder(generator.tokenizer, dict(spec.template_kwargs)),
+                   routing=generator.spec.routing)
 
     # ---- what the episode loop calls ---------------------------------------------------
     def media_context(self, sample: Sample) -> Any:
@@ -117,9 +121,13 @@ class EpisodeContext:
         if self.spec.constrain_tool_calls:  # the turn's tool calls parse (tool_calls.tool_call_tag)
             turn["structural_tag"] = tool_call_tag(sample.metadata.get("tools"))
         media = episode.media.request() if episode.media is not None else {}
+        # R3: the turn's input is the trajectory so far; the engine reports the routing of what the
+        # record lacks (the previous turn's last token, the observation) and of this turn's tokens
+        routing = request_fields(sample, self.routing, len(sample.tokens))
         out = await post(self.url, {"input_ids": list(sample.tokens), "sampling_params": turn,
-                                    "return_logprob": True, **media}, timeout=self.http_timeout)
+                                    "return_logprob": True, **media, **routing}, timeout=self.http_timeout)
         episode.requests += 1
+        keep_routing(sample, out["meta_info"], routing.get("routed_experts_start_len", 0), self.routing)
         return append_turn(sample, out)
 
     async def finish(self, sample: Sample, episode: Episode, termination: str, params: dict[str, Any]) -> Sample:
