@@ -22,6 +22,11 @@ INFERENCE_BACKENDS: dict[str, str] = {
     "sglang": "relax.backends.sglang.launcher.launch_sglang_engine",
 }
 
+# Inference backends whose engines load a LoRA adapter from disk by name (SGLang's /load_lora_adapter):
+# a --lora-rank run pushes the adapter as peft files and every generate request names it (`lora_path`,
+# added by the rollout's router). The others (the hf engine) take adapter tensors by broadcast.
+ADAPTER_FILE_ENGINES: frozenset[str] = frozenset({"sglang"})
+
 # An inference backend's check of its engines' options, `check(cfg)`: ValueError naming the flag
 # for a wrong option, ImportError when the backend's own option parser does not import here.
 # A backend without one takes any option (the hf engine keeps those it knows: ENGINE_OPTIONS).

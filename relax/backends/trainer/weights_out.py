@@ -3,7 +3,8 @@
 A lane is a set of receivers that take weights at one cadence (`every` N versions): the
 engines and ActorFwd's ranks take every push (lane 1), the Reference takes every
 `--ref-update-interval`-th. Each lane has its own `WeightSender` (one broadcast group, or CUDA IPC
-handles for receivers on this rank's GPU), rebuilt when the coordinator's topology changes.
+handles for receivers on this rank's GPU), rebuilt when the coordinator's topology changes; a LoRA
+run whose engines load adapters from disk (SGLang) has an `AdapterFileSender` instead.
 Pushes run on a thread of their own with its event loop; a background push (fully async) sends
 a snapshot there while the rank trains the next step, and the next push, a topology change or
 shutdown waits for it first (and raises its error).
@@ -19,6 +20,7 @@ from typing import Any
 
 import torch
 
+from relax.distributed.weights.adapter_files import AdapterFileSender
 from relax.distributed.weights.sender import WeightSender
 
 logger = logging.getLogger(__name__)
@@ -33,9 +35,13 @@ def sync_metrics(stats: Any, prefix: str = "weight_sync") -> dict[str, float]:
 class WeightPush:
     """The senders of rank 0 (one per lane) and the thread their pushes run on."""
 
-    def __init__(self, *, device: torch.device, backend: str, bucket_bytes: int, timeout_s: float) -> None:
+    def __init__(self, *, device: torch.device, backend: str, bucket_bytes: int, timeout_s: float,
+                 adapter_files: tuple[str, dict[str, Any]] | None = None) -> None:
+        """`adapter_files`: (directory, adapter_config.json) when the receivers are SGLang engines that
+        load a LoRA adapter from disk (`AdapterFileSender`); None: tensors by broadcast (`WeightSender`)."""
         self.device, self.backend, self.bucket_bytes, self.timeout_s = device, backend, bucket_bytes, timeout_s
-        self.senders: dict[int, WeightSender] = {}
+        self.adapter_files = adapter_files
+        self.senders: dict[int, WeightSender | AdapterFileSender] = {}
         self._pending: Any = None  # a background push in flight
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -68,6 +74,13 @@ class WeightPush:
         self.finish_pending()
         if lane in self.senders:
             self._run(self.senders.pop(lane).close())
+        if self.adapter_files is not None:
+            directory, config = self.adapter_files
+            files = AdapterFileSender(endpoints, adapter_dir=directory, config=config, api_key=api_key,
+                                      timeout_s=self.timeout_s, pause_mode=pause_mode)
+            self._run(files.connect())
+            self.senders[lane] = files
+            return files.backend
         ipc_ranks = [len(gpus) if mine is not None and mine in (gpus or ()) else 0
                      for gpus in (devices or [()] * len(endpoints))]
         sender = WeightSender(endpoints, api_key=api_key, backend=self.backend, bucket_bytes=self.bucket_bytes,
