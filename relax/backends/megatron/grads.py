@@ -8,7 +8,8 @@ norms' partial gradients are summed over the tensor group. Under context paralle
 gradient is its chunks' share of the same loss: summed over the context-parallel ranks too
 (megatron's data-parallel-with-CP group, which the expert-data-parallel group also spans), still
 divided by the data-parallel size only. The norm counts every weight once across tensor and
-expert shards and pipeline stages.
+expert shards and pipeline stages. With --overlap-grad-reduce the plain data-parallel means
+(`dense_mean`) were reduced during backward already (`grad_overlap.py`); `reduce` skips them.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from relax.backends.megatron.convert import is_expert
+from relax.backends.megatron.vision import TOWER_PREFIXES
 
 if TYPE_CHECKING:
     from relax.backends.megatron.rank import MegatronRank
@@ -34,18 +36,34 @@ def tied_copy(r: MegatronRank) -> torch.nn.Parameter | None:
     return r.model.output_layer.weight if r.last_stage else None
 
 
-def reduce(r: MegatronRank) -> None:
-    """Average gradients over the data-parallel ranks (see the module doc)."""
+def partial_over_tensor_group(r: MegatronRank, name: str, p: torch.nn.Parameter) -> bool:
+    """A weight each tensor rank holds whole but sees part of the tokens or heads for: the norms
+    under --sequence-parallel, the q/k norms (shared by heads split over the group)."""
+    return (r.config.sequence_parallel and getattr(p, "sequence_parallel", False)) or \
+        (r.tp_size > 1 and ("q_layernorm" in name or "k_layernorm" in name))
+
+
+def dense_mean(r: MegatronRank, name: str, p: torch.nn.Parameter) -> bool:
+    """The weight's gradient is a plain mean over the data-parallel (with context-parallel) group:
+    what --overlap-grad-reduce may reduce during backward (`grad_overlap.py`). Not an expert, a
+    tied embedding across stages, a partial norm, or an encoder (one rank's rows may not reach it)."""
+    return not (is_expert(name) or p is tied_copy(r) or partial_over_tensor_group(r, name, p)
+                or name.startswith(TOWER_PREFIXES))
+
+
+def reduce(r: MegatronRank, skip: set[int] = frozenset()) -> None:
+    """Average gradients over the data-parallel ranks (see the module doc); `skip`: the ids of
+    gradient holders --overlap-grad-reduce averaged already."""
     ps = r.ps
     dp_group = ps.get_data_parallel_group(with_context_parallel=True)
     align_missing(r, dp_group)
     tied = tied_copy(r)
     for name, p, grad in r.grads():
+        if id(r.main.get(name, p)) in skip:
+            continue
         if p is tied:  # first and last stage hold the tied embedding
             dist.all_reduce(grad, group=ps.get_embedding_group())
-        partial = (r.config.sequence_parallel and getattr(p, "sequence_parallel", False)) or \
-            (r.tp_size > 1 and ("q_layernorm" in name or "k_layernorm" in name))
-        if partial:  # q/k norms are shared by the heads, which are split over the tensor group
+        if partial_over_tensor_group(r, name, p):
             dist.all_reduce(grad, group=ps.get_tensor_model_parallel_group())
         if is_expert(name):  # its expert-data-parallel copies (data and, under TP, tensor ranks) saw other tokens
             if ps.get_expert_data_parallel_world_size() > 1:

@@ -16,6 +16,9 @@ losses and optimizer steps as for fsdp. The parts:
     export.py       weights out: shards gathered into full tensors, HF names (push and export)
     checkpoint.py   per-rank checkpoints and the layout they need
     weights.py      weights in (ActorFwd, the Reference): pushed HF tensors into this rank's shards
+    routing.py      MoE routing replay: recorded experts replayed by the routers' top-k
+    grad_overlap.py --overlap-grad-reduce: gradient buckets all-reduced during the last backward
+    param_gather.py --overlap-param-gather: ZeRO-1's weight broadcast waited for by the next forward
 
 On a CPU (gloo, float32) `cpu_shim` covers megatron-core's CUDA-only spots; torch's AdamW is the
 optimizer on both (megatron's is CUDA-only), sharded over data-parallel ranks with
@@ -29,6 +32,7 @@ media under pipeline or context parallelism.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -36,10 +40,15 @@ import torch
 
 from relax.backends.base import LossFn, RankLayout, Rows, TrainerSpec
 from relax.backends.megatron import checkpoint, export, grads, pipeline
+from relax.backends.megatron.grad_overlap import GradOverlap
 from relax.backends.megatron.micro_batch import forward
+from relax.backends.megatron.param_gather import ParamGather
 from relax.backends.megatron.rank import MegatronRank
 from relax.backends.megatron.weights import MegatronWeightReceiver
 from relax.backends.trainer.runner_kit import sequential_run
+
+logger = logging.getLogger(__name__)
+
 
 class MegatronRunner:
     """One megatron rank's model (see the module doc); implements `relax.backends.base.ModelRunner`
@@ -56,6 +65,23 @@ class MegatronRunner:
             dp_rank=r.dp_rank, dp_size=r.dp_size, answers=r.tp_rank == 0 and r.cp_rank == 0 and r.last_stage,
             lockstep=r.ps.get_expert_model_parallel_group() if r.ep_size > 1 else None, token_scale=r.cp_size)
         self.whole_step = r.pp_size > 1  # a pipeline schedule runs a whole step's micro-batches
+        self.grad_overlap = self._grad_overlap()  # --overlap-grad-reduce (grad_overlap.py), or None
+        self.param_gather: ParamGather | None = None  # --overlap-param-gather (attach_optimizer)
+
+    def _grad_overlap(self) -> GradOverlap | None:
+        """--overlap-grad-reduce: the data-parallel means reduced bucket by bucket during the step's
+        last backward; None without the flag or without data-parallel peers (logged)."""
+        r = self.r
+        if not (self.spec.optim.overlap_grad_reduce and self.spec.trainable):
+            return None
+        if r.dp_size * r.cp_size == 1:
+            logger.info("--overlap-grad-reduce: one data-parallel rank, no gradient to reduce")
+            return None
+        entries = [(p, r.main.get(name, p)) for name, p in self.model.named_parameters()
+                   if p.requires_grad and grads.dense_mean(r, name, p)]
+        overlap = GradOverlap(entries, r.ps.get_data_parallel_group(with_context_parallel=True), r.dp_size)
+        self.model.config.no_sync_func = overlap.no_sync  # the pipeline schedule's backwards before the last
+        return overlap
 
     # ---- forward and backward ----------------------------------------------------------
     def run(self, micro: list[Rows], loss: LossFn | None, *, entropy: bool = False, entropy_grad: bool = False,
@@ -64,7 +90,11 @@ class MegatronRunner:
         if self.r.pp_size > 1:
             return pipeline.run(self.r, micro, loss, entropy=entropy, entropy_grad=entropy_grad)
         return sequential_run(lambda rows, e, g: forward(self.r, rows, e, g), micro, loss, entropy=entropy,
-                              entropy_grad=entropy_grad, ends_step=ends_step)
+                              entropy_grad=entropy_grad, ends_step=ends_step, grad_sync=self._grad_sync)
+
+    def _grad_sync(self, last_micro_batch: bool) -> None:
+        if self.grad_overlap is not None:  # reduce during the step's last backward only
+            self.grad_overlap.arm(last_micro_batch)
 
     def end_scoring(self, num_rows: int) -> None:
         """Scoring passes are in step already (the expert group's micro-batch counts)."""
@@ -80,15 +110,34 @@ class MegatronRunner:
             return None
         return self.r.ps.get_data_parallel_group()
 
+    def attach_optimizer(self, optimizer: Any) -> None:
+        """--overlap-param-gather: ZeRO-1's broadcast of the updated weights is left in flight after
+        each step and waited for by the next forward, layer by layer (param_gather.py)."""
+        if not self.spec.optim.overlap_param_gather:
+            return
+        if self.optimizer_group() is None:
+            logger.info("--overlap-param-gather: one data-parallel rank (or no --use-distributed-optimizer), no "
+                        "parameter broadcast to overlap")
+            return
+        self.param_gather = ParamGather(optimizer, self.model, self.r.main)
+
+    def _settle(self) -> None:
+        """Every weight broadcast of the last step in place, before something reads the weights."""
+        if self.param_gather is not None:
+            self.param_gather.settle_all()
+
     def reduce_grads(self) -> None:
-        grads.reduce(self.r)
+        self._settle()  # the next step must not write weights still being broadcast
+        grads.reduce(self.r, skip=self.grad_overlap.finish() if self.grad_overlap else frozenset())
 
     def clip_grad_norm(self, clip: float) -> float:
         return grads.clip_norm(self.r, clip)
 
     def after_optimizer_step(self) -> None:
         """--bf16: the stepped main weights cast back into the model's bfloat16 weights."""
-        if self.r.main:
+        if self.r.main and self.param_gather is not None:  # cast as each weight is waited for
+            self.param_gather.defer_casts([p for name, p in self.model.named_parameters() if name in self.r.main])
+        elif self.r.main:
             with torch.no_grad():
                 for name, p in self.model.named_parameters():
                     if name in self.r.main:
@@ -96,11 +145,13 @@ class MegatronRunner:
 
     # ---- state -------------------------------------------------------------------------
     def offload_tensors(self) -> Iterator[torch.Tensor]:
+        self._settle()
         yield from self.model.parameters()
         yield from self.model.buffers()
         yield from self.r.main.values()  # --bf16: the float32 main weights
 
     def hf_state(self, dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor, bool]]:
+        self._settle()
         return export.hf_state(self.r, dtype)
 
     def weight_receiver(self) -> MegatronWeightReceiver:
@@ -109,15 +160,19 @@ class MegatronRunner:
                                       vision=r.vision)
 
     def save_state(self, path: Path, optimizer: Any, save_optim: bool, rng: dict[str, Any]) -> dict[str, Any]:
+        self._settle()
         return checkpoint.save(self.r, path, optimizer, save_optim, rng)
 
     def load_state(self, path: Path, meta: dict[str, Any], optimizer: Any) -> dict[str, Any]:
+        self._settle()
         return checkpoint.load(self.r, path, meta, optimizer)
 
     def load_weights(self, path: Path) -> None:
+        self._settle()
         checkpoint.load_weights(self.r, path)
 
     def export_hf(self, out_dir: str, tokenizer_path: str) -> None:
+        self._settle()
         export.export_hf(self.r, out_dir, tokenizer_path)
 
     def shutdown(self) -> None:

@@ -25,6 +25,9 @@ from relax.config.schema import BatchConfig, OptimizerConfig
 from relax.types import TrainBatch
 
 
+OPTIMIZER_FLAGS = {f.name for f in dataclasses.fields(OptimizerConfig)}
+
+
 def make_models(root: str) -> dict[str, str]:
     from transformers import Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
@@ -55,13 +58,15 @@ def run(rank: int, world_size: int, ports: list[int], cases: list, out: str, bf1
 
     results = []
     for i, (backend, model_path, parallel) in enumerate(cases):
+        # A case's optimizer flags (--optimizer-cpu-offload, --overlap-grad-reduce, ...) beside its layout.
         # adam_eps 1e-6: Adam's first step moves a weight by lr * g / (|g| + eps), which for a gradient
         # element near eps amplifies float32 rounding (a tensor-parallel partial sum, ~1e-9) by lr / eps;
         # at the default 1e-8 one such element of the odd-vocabulary model differed by 1.6e-4 at TP=2.
-        optim = OptimizerConfig(lr=1e-2, clip_grad=1.0, bf16=bf16, adam_eps=1e-6)
+        flags = {k: v for k, v in parallel.items() if k in OPTIMIZER_FLAGS}
+        optim = OptimizerConfig(lr=1e-2, clip_grad=1.0, bf16=bf16, adam_eps=1e-6, **flags)
         spec = TrainerSpec(model_path=model_path, optim=optim,
                            batch=BatchConfig(micro_batch_size=2), loss=PolicyLossConfig(), threads=1,
-                           model_parallel=ModelParallelSpec(**parallel))
+                           model_parallel=ModelParallelSpec(**{k: v for k, v in parallel.items() if k not in flags}))
         worker = Trainer(rank, world_size, "127.0.0.1", ports[i], dataclasses.replace(spec, backend=backend))
         info = worker.parallel_info()
         b = batch()
@@ -71,15 +76,28 @@ def run(rank: int, world_size: int, ports: list[int], cases: list, out: str, bf1
         mine.old_log_probs_RT = before
         metrics = worker.train(mine, 1, tokens)
         after = worker.compute_log_probs(mine.tokens_RL, mine.response_lengths_R)
+        acted = flag_effects(worker)
         hf = {name: t.float().tolist() for name, t, _ in worker.runner.hf_state()}
         if backend == "megatron":  # scripts/tools/convert_megatron_to_hf.py reads it back
             worker.save(f"{out}-ckpt{i}", 0)
         worker.shutdown()
         results.append({"info": info, "rows": shards[info["dp_rank"]], "before": before, "after": after,
                         "metrics": {k: v for k, v in metrics.items() if isinstance(v, float)},
-                        "hf": hf if rank == 0 else {}})
+                        "hf": hf if rank == 0 else {}, "acted": acted})
     with open(f"{out}.{rank}.json", "w") as f:
         json.dump(results, f)
+
+
+def flag_effects(worker) -> dict:
+    """What the optimizer flags did on this rank: a host optimizer (--optimizer-cpu-offload), the
+    gradient buckets launched during backward of all (--overlap-grad-reduce), the weight broadcasts
+    the last step left to the next forward (--overlap-param-gather)."""
+    from relax.backends.trainer.host_optimizer import host_optimizers
+
+    overlap, gather = getattr(worker.runner, "grad_overlap", None), getattr(worker.runner, "param_gather", None)
+    return {"host_optimizer": bool(host_optimizers(worker.optimizer)),
+            "grad_buckets": list(overlap.last_step) if overlap else None,
+            "param_broadcasts": gather.last_launch if gather else None}
 
 
 def run_on_gpu(rank: int, world_size: int, ports: list[int], cases: list, out: str) -> None:

@@ -2,7 +2,8 @@
 
 On a tiny Qwen3 (tied embeddings) and a tiny Qwen3-MoE (untied, 4 experts, top-2): per-token
 log-probs before and after one optimizer step, the gradient norm and the loss, for megatron with
-TP=1, TP=2, TP=2 with sequence parallelism, DP=2 (also with the distributed optimizer), PP=2,
+TP=1, TP=2, TP=2 with sequence parallelism, DP=2 (also with the distributed optimizer under the
+optimizer offload and overlap flags, `OVERLAPPED`), PP=2,
 EP=2, CP=2 (context parallelism: each row split into 4 chunks, 2 per rank), TP=2 x PP=2 and
 DP=2 x PP=2 (MoE) against fsdp on one rank. Layouts of two or four ranks run in spawned processes
 (`parity_cases.run`), which also report the HF-named weights each pushes."""
@@ -23,6 +24,12 @@ import parity_cases  # noqa: E402
 from relax.utils.net import free_ports  # noqa: E402
 
 ATOL_LOGP, ATOL_NORM = 1e-5, 1e-4
+# The seeds' optimizer flags on the DP=2 ZeRO-1 case: each rank offloads its shard to the host and steps it
+# there (chunked copies), gradients are all-reduced during the last backward, the weight broadcast is waited
+# for by the next forward. The DP=2 x PP=2 MoE case reduces its dense gradients during backward too (the
+# pipeline schedule's no_sync_func).
+OVERLAPPED = dict(optimizer_cpu_offload=True, overlap_cpu_optimizer_d2h_h2d=True, overlap_grad_reduce=True,
+                  overlap_param_gather=True)
 
 
 @pytest.fixture(scope="module")
@@ -35,9 +42,11 @@ def runs(tmp_path_factory):
            ("megatron", paths["moe"], {"ep": 2}), ("megatron", paths["dense"], {"pp": 2}),
            ("megatron", paths["moe"], {"pp": 2}), ("megatron", paths["dense"], {"tp": 2, "sequence_parallel": True}),
            ("megatron", paths["moe"], {"tp": 2, "sequence_parallel": True}),
-           ("megatron", paths["dense"], {"distributed_optimizer": True}), ("megatron", paths["dense"], {"cp": 2})]
+           ("megatron", paths["dense"], {"distributed_optimizer": True, **OVERLAPPED}),
+           ("megatron", paths["dense"], {"cp": 2})]
     # Four ranks: pipeline stages beside tensor or data-parallel ranks (stage leaders send the weights).
-    four = [("megatron", paths["dense"], {"tp": 2, "pp": 2}), ("megatron", paths["moe"], {"pp": 2})]
+    four = [("megatron", paths["dense"], {"tp": 2, "pp": 2}),
+            ("megatron", paths["moe"], {"pp": 2, "overlap_grad_reduce": True})]
     # Case i of a group uses its ports[i] (parity_cases.run), every port distinct.
     ports = free_ports(len(two) + len(four) + len(one))
     port, port4, port1 = ports[:len(two)], ports[len(two):len(two) + len(four)], ports[len(two) + len(four):]
@@ -81,6 +90,22 @@ def test_megatron_matches_fsdp(runs, layout, model):
     assert len(answering) == dp  # one rank answers per data-parallel shard
     loss = sum(r["metrics"]["pg_loss"] for r in answering) / dp  # each shard's share of the global mean
     assert loss == pytest.approx(ref["metrics"]["pg_loss"], abs=ATOL_NORM)
+
+
+def test_the_optimizer_flags_acted_in_their_cases(runs):
+    """dp2zero: each rank stepped its shard on the host, reduced every gradient bucket during the
+    last backward and left its weight broadcasts to the next forward; dp2pp2: each stage reduced its
+    dense buckets in the last backward of the pipeline schedule; the plain DP=2 case did neither."""
+    for res in runs["dp2zero"]["dense"]:
+        acted = res["acted"]
+        assert acted["host_optimizer"] and acted["param_broadcasts"] > 0
+        launched, buckets = acted["grad_buckets"]
+        assert launched == buckets >= 1
+    for res in runs["dp2pp2"]["moe"]:
+        launched, buckets = res["acted"]["grad_buckets"]
+        assert launched == buckets >= 1 and not res["acted"]["host_optimizer"]
+    for res in runs["dp2"]["dense"]:
+        assert res["acted"] == {"host_optimizer": False, "grad_buckets": None, "param_broadcasts": None}
 
 
 @pytest.mark.parametrize("layout,model", [("tp1", "dense"), ("tp2", "dense"), ("pp2", "dense"), ("cp2", "dense"),

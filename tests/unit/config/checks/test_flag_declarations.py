@@ -78,7 +78,7 @@ def test_ignored_flags_reach_the_plan_notes(base):
 
 @pytest.mark.parametrize("flag, needle", [
     (["--keep-old-actor"], "not implemented"), (["--async-save"], "not implemented"),
-    (["--polling-mode", "false"], "--polling-mode is accepted for compatibility"),
+    (["--polling-mode", "false"], "--polling-mode false asks for TransferQueue's blocking fetch"),
 ])
 def test_unimplemented_flags_fail_instead_of_being_ignored(base, flag, needle):
     with pytest.raises(ConfigError, match=needle):
@@ -86,9 +86,9 @@ def test_unimplemented_flags_fail_instead_of_being_ignored(base, flag, needle):
 
 
 def test_megatron_only_flags_are_reported_as_ignored_under_fsdp(base):
-    cfg = parse_config(base + ["--tensor-model-parallel-size", "2", "--optimizer-cpu-offload"])
+    cfg = parse_config(base + ["--tensor-model-parallel-size", "2", "--use-distributed-optimizer"])
     (note,) = ignored_flag_notes(cfg)
-    assert note.startswith("--tensor-model-parallel-size --optimizer-cpu-offload: accepted and ignored: applies to "
+    assert note.startswith("--tensor-model-parallel-size --use-distributed-optimizer: accepted and ignored: applies to "
                            "the megatron training backend")
     assert ignored_flag_notes(parse_config(base)) == []
 

@@ -13,7 +13,7 @@ from relax.config.checks.flags import ignored_flag_notes
     (["--context-parallel-size", "2", "--pipeline-model-parallel-size", "2"],
      "--context-parallel-size 2 with --pipeline-model-parallel-size 2"),
     (["--advantage-estimator", "ppo", "--pipeline-model-parallel-size", "2"], "the critic (PPO) does not run with"),
-    (["--overlap-grad-reduce"], "--overlap-grad-reduce True"),
+    (["--expert-tensor-parallel-size", "2"], "--expert-tensor-parallel-size 2: the megatron backend does not build"),
     (["--megatron-to-hf-mode", "bridge"], "bridge conversion"),
     (["--attention-dropout", "0.1"], "RL training runs without dropout"),
     (["--num-layers", "4"], "--num-layers 4 contradicts"),
