@@ -28,8 +28,12 @@ class LoggingConfig:
     log_multi_turn: bool = opt(False, "Log multi-turn trajectories (turns, tool calls, observations, termination) "
                                "per step to <exp-dir>/multi_turn/ and a few of them as text to the metrics sinks "
                                "(docs/agentic.md).")
-    log_correct_samples: bool = opt(False, "Log correct samples.", supported=False)
-    log_reward_category: str | None = opt(None, "Reward category key.", supported=False)
+    log_correct_samples: bool = opt(False, "Log the correct samples (reward > 0) of each step: their text to "
+                                    "<exp-dir>/correct_samples/rollout_<step>.jsonl, a few to the metrics sinks, and "
+                                    "their count, share and mean length as metrics (docs/observability.md).")
+    log_reward_category: str | None = opt(None, "Key of dict rewards that names each sample's category (e.g. why "
+                                          "it failed): per category its count, share and mean reward as metrics "
+                                          "(<prefix>/reward_category/<value>/...). Needs --reward-key.")
     notify_urls: str | None = opt(None, "Apprise URLs (comma-separated): alerts on run start, failure (with the "
                                   "error), each recovery (docs/operations.md) and finish, e.g. json://host:port/path "
                                   "or slack://... (docs/observability.md).")

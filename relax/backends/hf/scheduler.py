@@ -18,6 +18,9 @@ requests (finish_reason `abort`) and waits for the decode thread to go idle; `in
 `retract` stop decoding at the next step boundary and keep the requests (this engine does not
 free their KV cache, so both behave like `in_place`). While paused, new requests queue and
 start after `/continue_generation`.
+
+`step_hook(step)` (the profiler's, profiler.py) runs on the decode thread before each step (True)
+and after each batch (False); `on_decode_thread(fn)` runs `fn` there, at once when idle.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Callable
 
 from relax.backends.hf.decoder import BatchDecoder
 from relax.backends.hf.rows import DecodeRow, RowResult
@@ -70,6 +74,7 @@ class Scheduler:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hf-decode")
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task | None = None
+        self.step_hook: Callable[[bool], None] | None = None  # decode thread: before each step, after a batch
 
     # ---- lifecycle -------------------------------------------------------------------
     def start(self) -> None:
@@ -134,6 +139,10 @@ class Scheduler:
 
     async def wait_idle(self) -> None:
         await self._idle.wait()
+
+    def on_decode_thread(self, fn: Callable[[], None]) -> None:
+        """Run `fn` on the decode thread: at once when idle, after the running batch otherwise."""
+        asyncio.get_running_loop().run_in_executor(self._executor, fn)
 
     def info(self) -> dict:
         stats = self.decoder.stats
@@ -204,6 +213,8 @@ class Scheduler:
             return [p.row for p in taken]
 
         def before_step() -> None:  # in-place pause: hold here until continue or abort
+            if self.step_hook is not None:
+                self.step_hook(True)
             while not self._unpaused.is_set():
                 with self._lock:
                     running = list(self._running)
@@ -212,6 +223,8 @@ class Scheduler:
                 self._unpaused.wait(0.05)
 
         self.decoder.run([p.row for p in admitted], on_finish=on_finish, before_step=before_step, admit=admit)
+        if self.step_hook is not None:
+            self.step_hook(False)
 
 
 def _resolve(future: asyncio.Future, result: RowResult) -> None:

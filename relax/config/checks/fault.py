@@ -32,10 +32,13 @@ def check_fault_flags(cfg: RelaxConfig) -> None:
                                "--use-health-check, which is off: add --use-health-check or drop the flag")
     timing = [name for name in ("rollout_health_check_interval", "rollout_health_check_timeout",
                                 "rollout_health_check_first_wait") if getattr(f, name) != getattr(default, name)]
+    if cfg.router.use_slime_router:  # the SlimeRouter's own health checks read the interval and the timeout
+        timing = [name for name in timing if name == "rollout_health_check_first_wait"]
     if timing and not (f.use_fault_tolerance or f.use_health_check):
         raise ConfigError(f"{', '.join('--' + n.replace('_', '-') for n in timing)}: the engine health checks "
-                               "run only with --use-fault-tolerance (replace a failed engine) or --use-health-check "
-                               "(restart the run from its last checkpoint): add one or drop the flag")
+                               "run only with --use-fault-tolerance (replace a failed engine), --use-health-check "
+                               "(restart the run from its last checkpoint) or --use-slime-router (interval and "
+                               "timeout): add one or drop the flag")
     if f.use_fault_tolerance and (cfg.debug.debug_train_only or cfg.debug.load_debug_rollout_data):
         raise ConfigError("--use-fault-tolerance watches the rollout engines, and --debug-train-only / "
                                "--load-debug-rollout-data start none: drop --use-fault-tolerance")

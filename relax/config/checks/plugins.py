@@ -10,6 +10,9 @@ from __future__ import annotations
 from relax.config.errors import ConfigError
 from relax.config.schema import RelaxConfig
 
+ROLLOUT_LOG_SIGNATURE = "custom_rollout_log_function(rollout_id, args, samples, rollout_extra_metrics, rollout_time)"
+EVAL_LOG_SIGNATURE = "custom_eval_rollout_log_function(rollout_id, args, data, extra_metrics)"
+
 
 def check_plugins(cfg: RelaxConfig) -> None:
     """Every plugin flag that is set: (path, flag, positional arguments, the call Relax makes)."""
@@ -32,6 +35,10 @@ def check_plugins(cfg: RelaxConfig) -> None:
          "convert_samples_to_train_data(args, samples) -> dict"),
         (cfg.rollout.rollout_data_postprocess_path, "--rollout-data-postprocess-path", 3,
          "fn(args, rollout_id, rollout_data)"),
+        (cfg.rollout.custom_rollout_log_function_path, "--custom-rollout-log-function-path", 5,
+         ROLLOUT_LOG_SIGNATURE),
+        (cfg.rollout.custom_eval_rollout_log_function_path, "--custom-eval-rollout-log-function-path", 4,
+         EVAL_LOG_SIGNATURE),
     ]
     for path, flag, positional, expected in specs:
         if path:

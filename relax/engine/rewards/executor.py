@@ -153,8 +153,8 @@ class RewardExecutor:
             self._counters["reward/inline"] += 1
             return decided
         if resolve(rm_type).is_async:
-            coro = full_grade(rm_type, sample.response, sample.label, metadata,
-                              prompt=sample.prompt, url=self.rm_url, judge=self.judge, timeout=self.timeout)
+            coro = full_grade(rm_type, sample.response, sample.label, metadata, prompt=sample.prompt,
+                              url=self.rm_url, judge=self.judge, timeout=self.timeout, proxy=self.spec.http_proxy)
             return await asyncio.wait_for(coro, self.timeout)
         self._counters["reward/pool"] += 1
         task = ("builtin", rm_type, sample.response, sample.label, metadata)

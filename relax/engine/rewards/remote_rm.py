@@ -5,6 +5,7 @@ body must be a number or an object with a numeric `"score"`; the reward is that 
 float. Connection errors, timeouts, HTTP 429 and 5xx are retried with exponential backoff
 (`backoff`, 2x `backoff`, 4x ...) up to `max_retries` times; any other 4xx fails at once.
 `timeout` is the budget in seconds for all attempts together (each attempt gets what is left).
+`proxy` (`--http-proxy`): the requests go through that HTTP(S) proxy (the service is outside the run).
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ def _json_body(reply: httpx.Response, url: str) -> Any:
 
 async def score(response: str, label: Any, metadata: dict | None = None, *, prompt: Any = "",
                 url: str | None = None, timeout: float = 60.0, max_retries: int = 3,
-                backoff: float = 0.5) -> float:
+                backoff: float = 0.5, proxy: str | None = None) -> float:
     """The score the service at `url` gives this response."""
     if not url:
         raise ValueError("remote_rm: no URL; pass --rm-url http://host:port/path")
@@ -60,7 +61,7 @@ async def score(response: str, label: Any, metadata: dict | None = None, *, prom
 
     payload = {"prompt": prompt, "response": response, "label": label, "metadata": metadata or {}}
     deadline = time.monotonic() + timeout
-    async with httpx.AsyncClient(verify=_ssl_context()) as client:
+    async with httpx.AsyncClient(verify=_ssl_context(), proxy=proxy) as client:
         for attempt in range(max_retries + 1):
             left = deadline - time.monotonic()
             try:

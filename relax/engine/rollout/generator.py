@@ -16,7 +16,8 @@ custom generate function, the built-in multi-turn rollout generates instead
 `--agent-function-path`, a black-box agent's episode through the agent gateway does (the caller
 hands those in: `Generator(..., episodes=relax.engine.agentic.episode_generate)`). With
 `--partial-rollout`, a sample a weight update aborted is resubmitted until it completes,
-continuing from its partial response (`partial_rollout.py`).
+continuing from its partial response (`partial_rollout.py`). With --use-rollout-routing-replay
+every request also asks for the routed experts of what it adds to the sample (`routing.py`).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from relax.engine.agentic.records import add_turn_rewards
 from relax.engine.filters.dynamic_sampling_filters import as_filter_output
 from relax.engine.rollout.partial_rollout import is_resuming, resume_request, resume_until_done
 from relax.engine.rollout.prompt_encoding import PromptEncoder
+from relax.engine.rollout.routing import batch_fields, keep_routing, request_fields
 from relax.engine.specs import RolloutSpec
 from relax.types import FINISH_REASON_STATUS, Sample
 from relax.utils.http_utils import post
@@ -172,14 +174,18 @@ class Generator:
         from its partial response with the budget it has left."""
         ids, media = await self.encoder.encode(sample)
         resuming = is_resuming(sample)
+        if not resuming:  # a fresh response: a fresh routing record (R3)
+            sample.rollout_routed_experts = None
         input_ids, params = resume_request(sample, ids, params)
         if params is not None:
             params = fit_to_context(params, len(input_ids), self.spec.sampling.max_context_len)
         if params is None:
             return out_of_budget(sample, ids)
-        payload = {"input_ids": input_ids, "sampling_params": params, "return_logprob": True, **media}
+        routing = request_fields(sample, self.spec.routing, len(input_ids))
+        payload = {"input_ids": input_ids, "sampling_params": params, "return_logprob": True, **media, **routing}
         out = await post(self.router_url, payload, timeout=self.spec.http_timeout)
         sample = apply_output(sample, ids, out)
+        keep_routing(sample, out["meta_info"], routing.get("routed_experts_start_len", 0), self.spec.routing)
         if resuming:  # decoded whole: segment texts may split a multi-byte character
             sample.response = self.tokenizer.decode(sample.tokens[len(sample.tokens) - sample.response_length:],
                                                     skip_special_tokens=self.spec.sampling.skip_special_tokens)
@@ -221,9 +227,13 @@ class Generator:
             step.done += len(group)
             return [no_room(s, ids) for s in group]
         payload = {"input_ids": [ids] * len(group), "sampling_params": [self._seeded(s, base) for s in group],
-                   "return_logprob": True, **{k: [v] * len(group) for k, v in media.items()}}
+                   "return_logprob": True, **{k: [v] * len(group) for k, v in media.items()},
+                   **batch_fields(self.spec.routing)}
         outs = await post(self.router_url, payload, timeout=self.spec.http_timeout)
         group = [apply_output(s, list(ids), out) for s, out in zip(group, outs)]
+        for s, out in zip(group, outs):  # R3: fresh samples, records from position 0
+            s.rollout_routed_experts = None
+            keep_routing(s, out["meta_info"], 0, self.spec.routing)
 
         async def resume(s: Sample) -> Sample:
             return await self.generate(s, self._seeded(s, train_params))

@@ -19,14 +19,22 @@ Drain (elastic scale-in, `relax.engine.elastic`): a drained engine gets no new r
 (`drain_engine`) while those it runs finish (`in_flight_at`); `evict_engine` then cancels what is
 left there and sends each request again to another engine (nothing came back from the drained
 one: still exactly one reply), counted in `drain_resent`.
+
+SlimeRouter mode (`--use-slime-router`, `relax.engine.router.slime_router` builds it): user
+middlewares wrap every route (`middlewares`), every other path is forwarded as it came to the least
+busy engine (`proxy_all`: text prompts, /v1/chat/completions, ...), at most `max_connections` are
+open to the engines, and a health watch (`background`) takes an engine that keeps failing its health
+checks out of the pick (`mark_unhealthy`) until the fleet admits it again. A middleware may hand the
+handlers a changed body as `request[JSON_BODY]`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import logging
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable, Sequence
 
 import aiohttp
 from aiohttp import web
@@ -34,6 +42,8 @@ from aiohttp import web
 logger = logging.getLogger(__name__)
 ROUTE_ATTEMPTS = 3  # a generate request whose connection broke before any reply is sent again
 MAX_ENGINE_FAILURES = 4  # fault tolerance: engines a request may see fail before it fails itself
+FORWARDED_HEADERS = ("content-type", "accept")  # what the proxy passes on of a client's headers
+JSON_BODY = web.RequestKey("relax_json_body", object)  # a middleware's replacement of the request body (SlimeRouter)
 
 
 class EngineGone(Exception):
@@ -43,9 +53,20 @@ class EngineGone(Exception):
 class Router:
     def __init__(self, engine_urls: list[str], *, api_key: str | None = None, host: str = "127.0.0.1",
                  timeout_s: float = 600.0, describe: Callable[[str], str] | None = None,
-                 hold_s: float = 0.0) -> None:
+                 hold_s: float = 0.0, defaults: dict[str, Any] | None = None,
+                 middlewares: Sequence[Callable[[web.Application], Any]] = (), max_connections: int | None = None,
+                 proxy_all: bool = False, background: Sequence[Callable[[Router], Awaitable[None]]] = ()) -> None:
         """`describe(url)`: what is known of an engine's process, added to a failed request's error.
-        `hold_s` > 0: fault tolerance (see the module doc); requests wait that long for an engine."""
+        `hold_s` > 0: fault tolerance (see the module doc); requests wait that long for an engine.
+        `defaults`: fields every forwarded request gets unless it sets them (`lora_path` of a LoRA run
+        on SGLang engines, which serve an adapter only to requests that name it).
+        SlimeRouter mode (module doc): `middlewares` (factories `make(app)` of aiohttp middlewares,
+        outermost first), `max_connections` to the engines (None: no limit), `proxy_all`, and
+        `background` coroutines `run(router)` that run while the router serves."""
+        self.defaults = dict(defaults or {})
+        self.middlewares, self.max_connections, self.proxy_all = list(middlewares), max_connections, proxy_all
+        self.background, self._tasks = list(background), []
+        self.unhealthy: set[str] = set()  # engines out of the pick after failed health checks (SlimeRouter)
         if not engine_urls:
             raise ValueError("Router needs at least one engine URL")
         self.hold_s = hold_s
@@ -77,6 +98,9 @@ class Router:
         if url not in self.in_flight:
             self.engine_urls.append(url)
             self.in_flight[url] = 0
+        elif url in self.unhealthy:  # admitted again (e.g. it holds the current weights after a restart)
+            self.unhealthy.discard(url)
+            self.engine_urls.append(url)
         if self._joined is not None:
             self._joined.set()
 
@@ -90,6 +114,7 @@ class Router:
                 self.engine_urls.remove(url)
             del self.in_flight[url]
         self.draining.discard(url)
+        self.unhealthy.discard(url)
         running = self._running.pop(url, set())
         for task in running:
             task.cancel(EngineGone.__name__)
@@ -110,6 +135,13 @@ class Router:
         if url in self.draining:
             self.draining.discard(url)
             self.engine_urls.append(url)
+
+    def mark_unhealthy(self, url: str) -> None:
+        """Send `url` no new requests (its health checks kept failing) until `add_engine` admits it again;
+        those it runs finish or fail on their own."""
+        if url in self.engine_urls:
+            self.engine_urls.remove(url)
+            self.unhealthy.add(url)
 
     def in_flight_at(self, url: str) -> int:
         """Requests running at `url` now (0 for an engine the router does not know)."""
@@ -134,19 +166,25 @@ class Router:
 
     async def start(self) -> None:
         app = web.Application(client_max_size=64 << 20)
+        app.middlewares.extend(make(app) for make in self.middlewares)
         app.router.add_post("/generate", self._generate)
         app.router.add_get("/health", self._health)
         app.router.add_get("/list_workers", self._list_workers)
-        self._session = aiohttp.ClientSession(timeout=self._timeout,
-                                              connector=aiohttp.TCPConnector(limit=0, limit_per_host=0))
+        if self.proxy_all:
+            app.router.add_route("*", "/{path:.*}", self._proxy)
+        self._session = aiohttp.ClientSession(timeout=self._timeout, connector=aiohttp.TCPConnector(
+            limit=self.max_connections or 0, limit_per_host=0))
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, 0)
         await site.start()
         self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         logger.info("router on %s over %d engine(s)", self.url, len(self.engine_urls))
+        self._tasks = [asyncio.ensure_future(run(self)) for run in self.background]
 
     async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
         if self._runner is not None:
             await self._runner.cleanup()
         if self._session is not None:
@@ -154,9 +192,13 @@ class Router:
 
     async def _generate(self, request: web.Request) -> web.StreamResponse:
         try:
-            payload: Any = await request.json()
+            payload: Any = request[JSON_BODY] if JSON_BODY in request else await request.json()
         except ValueError:
             return web.json_response({"error": "request body is not valid JSON"}, status=400)
+        if not self.engine_urls and not self.hold_s:
+            return web.json_response({"error": "no healthy engine to route to"}, status=503)
+        if self.defaults and isinstance(payload, dict):
+            payload = {**self.defaults, **payload}
         self.served += 1
         if self.hold_s:
             return await self._generate_tolerant(payload)
@@ -270,6 +312,27 @@ class Router:
         assert self._session is not None
         async with self._session.post(f"{url}/generate", json=payload, headers=self._headers) as resp:
             return resp.status, await resp.read()
+
+    async def _proxy(self, request: web.Request) -> web.StreamResponse:
+        """SlimeRouter: any other path, sent as it came (method, path, query, body; the run's key
+        added) to the least busy engine, and its reply returned as it is."""
+        if not self.engine_urls:
+            return web.json_response({"error": "no healthy engine to route to"}, status=503)
+        body = json.dumps(request[JSON_BODY]).encode() if JSON_BODY in request else await request.read()
+        headers = {k: v for k, v in request.headers.items() if k.lower() in FORWARDED_HEADERS} | self._headers
+        url = self.pick()
+        self.in_flight[url] += 1
+        assert self._session is not None
+        try:
+            async with self._session.request(request.method, url + request.path_qs, data=body, headers=headers) as resp:
+                return web.Response(body=await resp.read(), status=resp.status, content_type=resp.content_type)
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            what = "did not reply in time" if isinstance(exc, asyncio.TimeoutError) else "unreachable"
+            return web.json_response({"error": f"engine {url} {what}: {type(exc).__name__}: {exc}"},
+                                     status=504 if isinstance(exc, asyncio.TimeoutError) else 502)
+        finally:
+            if url in self.in_flight:
+                self.in_flight[url] -= 1
 
     async def _health(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "ok", "engines": len(self.engine_urls)})
