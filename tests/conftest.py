@@ -24,12 +24,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Under pytest-xdist (`-n 2 --dist loadgroup`: pyproject's addopts) the integration tests that
     read the session's shared runs (reference_run, plugin_run, the interrupted runs:
     tests/integration/conftest.py) go to one worker, in their order: group `integration`, all of
-    tests/integration. The unit and contract tests fill both workers. Splitting the integration
+    tests/integration. The two-node tests (tests/multinode: a cluster of their own, not the session's)
+are group `multinode`, so they run on the other worker beside them. The unit and contract tests
+fill both workers. Splitting the integration
     tests over two workers was tried: two Ray runs at once on 2 cores made the recovery tests miss
     their deadlines, and the suite took longer (17 min 45 s against 15 min 46 s from a fresh clone)."""
     for item in items:
         if item.nodeid.startswith("tests/integration/"):
             item.add_marker(pytest.mark.xdist_group("integration"))
+        elif item.nodeid.startswith("tests/multinode/"):  # two Ray nodes of their own: the other worker
+            item.add_marker(pytest.mark.xdist_group("multinode"))
 
 
 @pytest.fixture(autouse=True)

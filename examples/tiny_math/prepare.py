@@ -1,12 +1,16 @@
 """Prepare the CPU quickstart: data, tokenizer, tiny Qwen3 and its SFT warm start.
 
-    python -m examples.tiny_math.prepare --out-dir DIR [--seed 1234] [--sft-steps N] [--force]
+    python -m examples.tiny_math.prepare --out-dir DIR [--seed 1234] [--sft-steps N] [--force] [--plan-only]
 
 writes
 
     DIR/data/train.jsonl, DIR/data/eval.jsonl        Relax rows (prompt messages + label)
     DIR/models/tiny-qwen3-sft/                        HF checkpoint (safetensors, tokenizer)
     DIR/models/tiny-qwen3-sft/prepare.json            settings, SFT loss, eval, timings
+
+`--plan-only` (for `run-tiny-cpu.sh --dry-run`) writes the data and only the model's config.json,
+under DIR/models/tiny-qwen3-plan/, in seconds: what a dry run reads, with no tokenizer training,
+no weights and no SFT.
 
 Everything is deterministic for a given seed (single-threaded torch, seeded RNGs). When
 prepare.json already records the same settings the run is skipped (use --force to redo).
@@ -23,6 +27,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
 MODEL_SUBDIR = os.path.join("models", "tiny-qwen3-sft")
+PLAN_SUBDIR = os.path.join("models", "tiny-qwen3-plan")  # --plan-only: config.json alone
 
 
 @dataclass(frozen=True)
@@ -44,16 +49,38 @@ class PrepareSettings:
     vocab_size: int = 512
 
 
-def parse_args(argv: list[str] | None = None) -> tuple[str, PrepareSettings, bool]:
+def parse_args(argv: list[str] | None = None) -> tuple[str, PrepareSettings, bool, bool]:
     defaults = PrepareSettings()
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out-dir", required=True, help="where data/ and models/ are written")
     parser.add_argument("--force", action="store_true", help="redo even if outputs with these settings exist")
+    parser.add_argument("--plan-only", action="store_true", help="data and the model's config.json only "
+                        f"(in <out-dir>/{PLAN_SUBDIR}), for a dry run")
     for name, value in asdict(defaults).items():
         parser.add_argument("--" + name.replace("_", "-"), type=type(value), default=value)
     args = vars(parser.parse_args(argv))
-    out_dir, force = args.pop("out_dir"), args.pop("force")
-    return out_dir, PrepareSettings(**args), force
+    out_dir, force, plan_only = args.pop("out_dir"), args.pop("force"), args.pop("plan_only")
+    return out_dir, PrepareSettings(**args), force, plan_only
+
+
+def prepare_plan_only(out_dir: str, settings: PrepareSettings) -> str:
+    """The task data and a config.json of the model's shape (no tokenizer, no weights, no SFT): what
+    `relax-train --dry-run` reads. Returns the model directory."""
+    from transformers import Qwen3Config
+
+    from examples.tiny_math.task import make_row, make_splits
+
+    train_lists, eval_lists = make_splits(n_train=settings.n_train, n_eval=settings.n_eval, seed=settings.seed)
+    write_jsonl(os.path.join(out_dir, "data", "train.jsonl"), [make_row(n) for n in train_lists])
+    write_jsonl(os.path.join(out_dir, "data", "eval.jsonl"), [make_row(n) for n in eval_lists])
+    h = settings.hidden_size
+    config = Qwen3Config(vocab_size=settings.vocab_size, hidden_size=h, intermediate_size=4 * h,
+                         num_hidden_layers=settings.num_layers, num_attention_heads=settings.num_heads,
+                         num_key_value_heads=settings.num_heads, head_dim=h // settings.num_heads,
+                         max_position_embeddings=256, tie_word_embeddings=True)
+    model_dir = os.path.join(out_dir, PLAN_SUBDIR)
+    config.save_pretrained(model_dir)
+    return model_dir
 
 
 def write_jsonl(path: str, rows: list[dict[str, Any]]) -> None:
@@ -155,7 +182,10 @@ def prepare(out_dir: str, settings: PrepareSettings, *, force: bool = False) -> 
 
 
 def main(argv: list[str] | None = None) -> None:
-    out_dir, settings, force = parse_args(argv)
+    out_dir, settings, force, plan_only = parse_args(argv)
+    if plan_only:
+        print(f"tiny_math plan-only (data and config.json, no weights): {prepare_plan_only(out_dir, settings)}")
+        return
     summary = prepare(out_dir, settings, force=force)
     verb = "already prepared (same settings; --force to redo)" if summary["skipped"] else "prepared"
     print(f"tiny_math {verb}: {out_dir}")

@@ -265,17 +265,32 @@ class Controller:
         if self.elastic is not None:  # no scaling operation while the roles go
             await self.elastic.stop()
         # Actor first: it tears down its weight-sync group while the engines still answer.
-        order = sorted(self.roles, key=lambda name: name != "actor")
-        for role in (self.roles[name] for name in order):
-            if role.app_name not in self.runtime.failed_apps:  # no replica to ask
+        for name in sorted(self.roles, key=lambda name: name != "actor"):
+            if self.roles[name].app_name not in self.runtime.failed_apps:  # no replica to ask
                 try:
-                    await asyncio.wait_for(asyncio.ensure_future(role.shutdown()), timeout=60)
+                    await self._shut_down_role(name)
                 except Exception as err:  # noqa: BLE001 - shut down the other roles regardless
-                    logger.warning("role shutdown failed: %s", err)
+                    logger.warning("role %s: shutdown failed: %r", name, err)
         if self.metrics is not None:
             await self.metrics.close()
         if self.timeline.enabled:
             logger.info("timeline: %s (open in https://ui.perfetto.dev)", merge_traces(self.timeline.directory))
+
+    async def _shut_down_role(self, name: str, timeout_s: float = 60.0) -> None:
+        """`shutdown()` of one role, given up after `timeout_s`, or as soon as the role's node has left
+        the cluster (its replica will never answer: relax.distributed.ray.nodes)."""
+        call = asyncio.ensure_future(self.roles[name].shutdown())
+        deadline = time.monotonic() + timeout_s
+        while not call.done():
+            await asyncio.wait([call], timeout=2.0)
+            if call.done():
+                break
+            if name in self.runtime.lost_roles() or time.monotonic() > deadline:
+                call.cancel()
+                logger.warning("role %s: no shutdown (%s)", name, "its node left the cluster"
+                               if name in self.runtime.lost_roles() else f"no reply within {timeout_s:.0f}s")
+                return
+        call.result()
 
 
 async def _run(cfg: RelaxConfig, runtime: Runtime, events: HealthEvents | None = None) -> dict[str, Any]:
@@ -291,7 +306,13 @@ async def _run(cfg: RelaxConfig, runtime: Runtime, events: HealthEvents | None =
 def attempt(cfg: RelaxConfig, events: HealthEvents) -> dict[str, Any]:
     """Start the runtime, deploy, train, tear everything down (one attempt of the run)."""
     with Runtime(cfg) as runtime:
-        return runtime.run(_run(cfg, runtime, events))  # SIGTERM stops it as Ctrl-C does (SigtermStop)
+        try:
+            return runtime.run(_run(cfg, runtime, events))  # SIGTERM stops it as Ctrl-C does (SigtermStop)
+        except Exception as exc:  # a node that left the cluster is named, with the roles it held
+            lost = runtime.lost_node_error(exc)
+            if lost is None:
+                raise
+            raise lost from exc
 
 
 def run(cfg: RelaxConfig) -> int:

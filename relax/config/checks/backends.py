@@ -40,19 +40,23 @@ NEEDS_MET = {"sglang": "sglang is installed and a GPU is visible",
              "megatron": "megatron-core is installed and a GPU is visible"}  # what `auto` logs when it picks one
 
 
-def backend_needs(backend: str) -> list[str]:
-    """What `backend` needs that this machine lacks (empty: it can run here). megatron runs on a CPU
-    too (gloo, float32) when chosen explicitly; `auto` picks it only with a GPU."""
+def backend_needs(backend: str, where: machine.Target | None = None) -> list[str]:
+    """What `backend` needs that the target (this machine, or the `--cluster` described) lacks (empty:
+    it can run there). megatron runs on a CPU too (gloo, float32) when chosen explicitly; `auto` picks
+    it only with a GPU."""
+    where = where or machine.target()
     if backend == "megatron":
-        if not machine.megatron_installed():
+        if not where.megatron:
             return ["megatron-core is not installed: pip install 'relax-rl[megatron]'"]
         return []
     if backend != "sglang":
         return []
     missing = []
-    if not machine.sglang_installed():
+    if not where.sglang:
         missing.append("sglang is not installed: pip install 'sglang[all]' in the environment the run starts from")
-    if machine.local_gpus() == 0:
+    if where.described and where.gpus == 0:
+        missing.append("--cluster has no GPU (gpus_per_node 0): SGLang needs one; use --rollout-backend hf on CPU")
+    elif not where.described and where.gpus == 0:
         gpus = machine.NVIDIA_GPUS
         listed = len(os.listdir(gpus)) if os.path.isdir(gpus) else 0
         visible = os.environ.get("CUDA_VISIBLE_DEVICES", "<unset>")
@@ -63,14 +67,16 @@ def backend_needs(backend: str) -> list[str]:
 
 
 def resolve_backend(requested: str, preference: tuple[str, ...], implemented: tuple[str, ...], flag: str,
-                    unfit: dict[str, list[str]] | None = None) -> str:
-    """`auto` -> the first implemented backend in `preference` order that can run here, logged with
-    why the ones before it cannot; an explicit choice that is not built or cannot run here fails."""
+                    unfit: dict[str, list[str]] | None = None, where: machine.Target | None = None) -> str:
+    """`auto` -> the first implemented backend in `preference` order that can run on the target (this
+    machine or the `--cluster` described), logged with why the ones before it cannot; an explicit choice
+    that is not built or cannot run there fails."""
+    where = where or machine.target()
     if requested == "auto":
         skipped: dict[str, str] = {}
         for backend in preference:
-            missing = ["not built in this build"] if backend not in implemented else backend_needs(backend)
-            if backend == "megatron" and not missing and machine.local_gpus() == 0:
+            missing = ["not built in this build"] if backend not in implemented else backend_needs(backend, where)
+            if backend == "megatron" and not missing and where.gpus == 0:
                 missing = ["no GPU is visible (--train-backend megatron runs on CPU when asked for explicitly)"]
             missing = missing or (unfit or {}).get(backend, [])  # this run needs what the backend does not build
             if not missing:
@@ -83,7 +89,7 @@ def resolve_backend(requested: str, preference: tuple[str, ...], implemented: tu
     if requested not in implemented:
         raise ConfigError(f"{flag} {requested}: this build implements {', '.join(implemented)}; "
                           f"use {flag} auto or {implemented[0]}")
-    missing = backend_needs(requested)
+    missing = backend_needs(requested, where)
     if missing:
         raise ConfigError(f"{flag} {requested} cannot run here: {'; '.join(missing)}")
     return requested
@@ -91,12 +97,17 @@ def resolve_backend(requested: str, preference: tuple[str, ...], implemented: tu
 
 def engine_options_checked(cfg: RelaxConfig, rollout: str, engine_check: EngineCheck | None) -> str:
     """The rollout backend once its engines' options passed `engine_check`: `rollout`, or hf when
-    `auto` picked a backend whose option parser does not import here (installed, with a GPU)."""
+    `auto` picked a backend whose option parser does not import here (installed, with a GPU). For a
+    `--cluster` plan a parser that does not import here leaves the options to the cluster (logged)."""
     if engine_check is None or rollout == "hf":
         return rollout
     try:
         engine_check(rollout, cfg)
     except ImportError as exc:  # installed, with a GPU, but its parser does not import: say so (auto: use hf)
+        if cfg.cluster.cluster is not None:
+            logger.info("--cluster: the --sglang-* options are not checked here (%s); the engines check them "
+                        "on the cluster", exc)
+            return rollout
         if cfg.cluster.rollout_backend != "auto":
             raise ConfigError(f"--rollout-backend {rollout} cannot run here: {exc}") from exc
         logger.info("--rollout-backend auto -> hf (%s: %s)", rollout, exc)
@@ -109,11 +120,13 @@ def engine_options_checked(cfg: RelaxConfig, rollout: str, engine_check: EngineC
 def check_backends(cfg: RelaxConfig, engine_check: EngineCheck | None = None) -> RelaxConfig:
     """Both backends resolved (`auto` -> a name), then the flags each one reads."""
     c = cfg.cluster
+    where = machine.target(c.cluster)  # this machine, or the cluster --cluster describes
     train = resolve_backend(c.train_backend, ("megatron", "fsdp"), IMPLEMENTED_TRAIN_BACKENDS, "--train-backend",
-                            unfit={"megatron": megatron_unfit(cfg)})
+                            unfit={"megatron": megatron_unfit(cfg)}, where=where)
     # --true-on-policy-mode is built for the hf engine (check_true_on_policy refused an explicit sglang).
     preference = ("hf",) if c.true_on_policy_mode else ("sglang", "hf")
-    rollout = resolve_backend(c.rollout_backend, preference, IMPLEMENTED_ROLLOUT_BACKENDS, "--rollout-backend")
+    rollout = resolve_backend(c.rollout_backend, preference, IMPLEMENTED_ROLLOUT_BACKENDS, "--rollout-backend",
+                              where=where)
     rollout = engine_options_checked(cfg, rollout, engine_check)
     cfg = cfg.replace(train_backend=train, rollout_backend=rollout)
     hf = hf_config(cfg.ckpt.hf_checkpoint)
