@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Literal, Protocol
 
 from relax.algorithms.policy_loss import PolicyLossConfig
+from relax.config.lora import LoraSpec
 from relax.config.schema import BatchConfig, OptimizerConfig
 
 if TYPE_CHECKING:
@@ -85,6 +86,16 @@ class TrainerSpec:
     pg_loss_reducer_path: str | None = None
     tis_path: str | None = None
     model_parallel: ModelParallelSpec = field(default_factory=ModelParallelSpec)
+    # --use-routing-replay (implied by --use-rollout-routing-replay): an MoE "lm" model's forwards
+    # replay recorded routing (`relax.backends.trainer.routing`; docs/moe.md).
+    routing_replay: bool = False
+    # --lora-rank > 0: the model carries LoRA adapters (`relax.backends.lora`); only they train, are
+    # checkpointed and pushed (a frozen scorer with it takes the actor's pushed adapters).
+    lora: LoraSpec | None = None
+    # Where rank 0 writes each pushed adapter as peft files for engines that load adapters from disk
+    # (SGLang's /load_lora_adapter, `relax.distributed.weights.adapter_files`); None: adapter tensors
+    # travel by broadcast like any weights (the hf engine, training ranks).
+    adapter_dir: str | None = None
 
     @property
     def policy(self) -> bool:
@@ -115,6 +126,11 @@ class Rows:
     tokens: list[list[int]]
     response_lengths: list[int]
     media: list[bytes] | None = None
+    # Routing replay (MoE, `relax.backends.trainer.routing`): per row the expert ids to replay,
+    # [positions, layers, top_k] from position 0 (None: the row routes freely), and whether the
+    # forward returns the routing it used (`Scores.routing`). A dense model's rows carry neither.
+    routing: list[Any] | None = None
+    record_routing: bool = False
 
 
 @dataclass
@@ -125,6 +141,7 @@ class Scores:
     values_BT: torch.Tensor
     mask_BT: torch.Tensor
     entropy_BT: torch.Tensor | None = None
+    routing: list[Any] | None = None  # per row [len - 1, layers, top_k] when the rows asked (record_routing)
 
 
 # The loss of micro-batch k of a schedule from its forward's scores; its `.loss` goes backward.
@@ -161,6 +178,10 @@ class ModelRunner(Protocol):
     def optimized_parameters(self) -> list[torch.nn.Parameter]: ...
     def optimizer_group(self) -> Any:
         """The data-parallel group to shard optimizer state over (ZeRO-1), or None."""
+        ...
+    def attach_optimizer(self, optimizer: Any) -> None:
+        """The optimizer the Trainer built over `optimized_parameters()` (megatron: --overlap-param-gather
+        leaves ZeRO-1's weight broadcast in flight for the next forward to wait for)."""
         ...
     def reduce_grads(self) -> None: ...
     def clip_grad_norm(self, clip: float) -> float: ...

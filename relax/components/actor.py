@@ -45,7 +45,7 @@ from relax.config.fault import recovery_window_s
 from relax.config.plan import ActorPlan
 from relax.config.schema import RelaxConfig
 from relax.distributed import transfer_queue as tq
-from relax.types import COLUMNS, MEDIA_COLUMN, ROLLOUT_COLUMNS, TrainBatch
+from relax.types import COLUMNS, ROLLOUT_COLUMNS, TrainBatch
 from relax.utils import checkpoints
 from relax.utils.logging import run_token
 from relax.utils.poll import Backoff
@@ -71,7 +71,7 @@ class Actor:
         """Start the ranks (every role starts its processes at once, before the setups)."""
         model_path = self.cfg.ckpt.ref_load or self.cfg.ckpt.hf_checkpoint
         self.group = make_trainer_group(self.cfg, self.plan.role, model_path,
-                                        total_steps=optimizer_steps_total(self.cfg))
+                                        total_steps=optimizer_steps_total(self.cfg), adapters=True)
         await self.group.ready()
         window = recovery_window_s(self.cfg) if self.cfg.fault.use_fault_tolerance else None
         self.weights = WeightPublisher(self.group, self.plan, self.token, retry_window_s=window)
@@ -158,6 +158,8 @@ class Actor:
             metrics["train/passes"] = float(passes)
             if self.cfg.optim.reset_optimizer_states:  # the next step starts from a fresh optimizer state
                 await self.group.reset_optimizer()
+            if self.cfg.algo.use_routing_replay:  # the routing this step's first forward recorded (R2) is done
+                await self.group.forget_routing()
             metrics["time/train_step"] = metrics.get("time/train_step", 0.0) + time.perf_counter() - t0
             # Ranks run in parallel: the slowest one's forward/backward/optimizer time is the compute.
             metrics["compute/train_seconds"] = compute
@@ -185,6 +187,10 @@ class Actor:
             if needs_old:
                 batch.old_log_probs_RT = old
         metrics["time/old_log_probs"] = time.perf_counter() - t0
+        if "ref_log_probs" in self.plan.computes:  # --lora-rank: the base model, the adapter off
+            t0 = time.perf_counter()
+            batch.ref_log_probs_RT = await self._ref_log_probs(batch)
+            metrics["time/ref_log_probs"] = time.perf_counter() - t0
         if "advantages" in self.plan.computes:
             batch.advantages_RT, returns_RT = step_advantages(
                 self.advantages, batch.rewards_R, batch.loss_masks_RT, old_log_probs_RT=batch.old_log_probs_RT,
@@ -293,11 +299,7 @@ class Actor:
     async def _old_log_probs(self, batch: TrainBatch) -> tuple[list[list[float]], list[list[float]] | None]:
         """The behaviour policy's log-probs, recomputed on the current weights (sharded as training
         is), and with --use-rollout-entropy each token's entropy (else None)."""
-        _, shards_idx, _ = step_plan(batch.loss_masks_RT, self.cfg.batch.global_batch_size, self.group.dp_size,
-                                     balance_lengths(self.cfg, batch))
-        media = batch.multimodal_train_inputs_RB
-        shards = [ScoreShard([batch.tokens_RL[i] for i in idx], [batch.response_lengths_R[i] for i in idx],
-                             None if media is None else [media[i] for i in idx]) for idx in shards_idx]
+        shards_idx, shards = self._score_shards(batch)
         entropy = self.cfg.algo.use_rollout_entropy
         results = await (self.group.score_with_entropy(shards) if entropy else self.group.score(shards))
         old: list[list[float]] = [[] for _ in batch.tokens_RL]
@@ -307,6 +309,25 @@ class Actor:
             for i, lp, ent in zip(idx, logps, shard_ents):
                 old[i], ents[i] = lp, ent
         return old, ents if entropy else None
+
+    def _score_shards(self, batch: TrainBatch) -> tuple[list[list[int]], list[ScoreShard]]:
+        """The step's rows over the ranks as training shards them: row indices and scoring shards."""
+        _, shards_idx, _ = step_plan(batch.loss_masks_RT, self.cfg.batch.global_batch_size, self.group.dp_size,
+                                     balance_lengths(self.cfg, batch))
+        media, routing = batch.multimodal_train_inputs_RB, batch.rollout_routed_experts_RB
+        return shards_idx, [ScoreShard([batch.tokens_RL[i] for i in idx], [batch.response_lengths_R[i] for i in idx],
+                                       None if media is None else [media[i] for i in idx],
+                                       None if routing is None else [routing[i] for i in idx]) for idx in shards_idx]
+
+    async def _ref_log_probs(self, batch: TrainBatch) -> list[list[float]]:
+        """The Reference of a LoRA run: the base model's log-probs (every adapter off) on the actor's
+        own ranks, sharded as training is."""
+        shards_idx, shards = self._score_shards(batch)
+        out: list[list[float]] = [[] for _ in batch.tokens_RL]
+        for idx, logps in zip(shards_idx, await self.group.score_base(shards)):
+            for i, lp in zip(idx, logps):
+                out[i] = lp
+        return out
 
     async def _read_batch(self, rollout_id: int, columns: list[str] | tuple[str, ...]) -> tuple[
             list[str], TrainBatch, dict[str, float]]:
@@ -396,8 +417,8 @@ def _as_list(value: Any) -> Any:
 
 
 def _cells(name: str, values: Any) -> list[Any]:
-    """A fetched column as Python data per row (the media column as bytes)."""
-    if name == MEDIA_COLUMN:
+    """A fetched column as Python data per row (the bytes columns, media and routing, as bytes)."""
+    if COLUMNS[name].shape == "RB":
         return tq.media_bytes(values)
     return [_as_list(v) for v in values] if COLUMNS[name].ragged else values.tolist()
 

@@ -23,7 +23,7 @@ from typing import Any, Awaitable, Callable
 
 from relax.components.setup_context import SetupContext
 from relax.components.step_advantages import jagged
-from relax.components.training import make_trainer_group, read_rows, score_rows
+from relax.components.training import make_trainer_group, read_routing, read_rows, score_rows
 from relax.config.layouts import scorer_config
 from relax.config.plan import RolePlan
 from relax.config.role_plans import StepPart
@@ -31,7 +31,7 @@ from relax.config.schema import RelaxConfig
 from relax.distributed import transfer_queue as tq
 from relax.distributed.checkpoint_service.coordinator import Receivers, lane_due
 from relax.distributed.weights.endpoints import RayEndpoint
-from relax.types import MEDIA_COLUMN
+from relax.types import MEDIA_COLUMN, ROUTING_COLUMN
 from relax.utils.poll import Backoff
 
 logger = logging.getLogger(__name__)
@@ -70,8 +70,9 @@ class ActorFwd:
         model_path = self.cfg.ckpt.ref_load or self.cfg.ckpt.hf_checkpoint
         overrides = self.cfg.cluster.ref_actor_config or {}
         # --ref-actor-config: their own layout and token budget (relax.config.layouts.scorer_config)
+        # ActorFwd takes the actor's weights: with --lora-rank its model carries the pushed adapters.
         self.group = make_trainer_group(scorer_config(self.cfg), self.plan, model_path, trainable=False,
-                                        threads=overrides.get("threads"))
+                                        threads=overrides.get("threads"), adapters=self.per_row)
         await self.group.ready()  # weight_receivers() hands out these ranks: they must be the final ones
 
     async def offload(self) -> dict[str, float]:
@@ -95,9 +96,9 @@ class ActorFwd:
         """The Reference scores step `step` on the actor's weights of version `step`."""
         return self.refresh_every > 0 and lane_due(self.refresh_every, step)
 
-    async def _log_probs(self, tokens: list[list[int]], lengths: list[int], media: list[bytes] | None = None
-                         ) -> list[list[float]]:
-        logps, compute = await score_rows(self.group, tokens, lengths, media)
+    async def _log_probs(self, tokens: list[list[int]], lengths: list[int], media: list[bytes] | None = None,
+                         routing: list[bytes] | None = None) -> list[list[float]]:
+        logps, compute = await score_rows(self.group, tokens, lengths, media, routing)
         self.compute_seconds += compute
         return logps
 
@@ -108,7 +109,8 @@ class ActorFwd:
             await self._wait_weights(rollout_id)
             metrics["reference/updated"] = 1.0
         keys, tokens, lengths, media = await read_rows(rollout_id, media=MEDIA_COLUMN in self.plan.reads)
-        logps, compute = await score_rows(self.group, tokens, lengths, media)
+        routing = await read_routing(rollout_id, keys) if ROUTING_COLUMN in self.plan.reads else None  # R3
+        logps, compute = await score_rows(self.group, tokens, lengths, media, routing)
         await tq.put_columns(rollout_id, keys, {self.column: jagged(logps)})
         return metrics | {f"time/{self.role}": time.perf_counter() - start, f"compute/{self.role}_seconds": compute}
 
@@ -120,7 +122,8 @@ class ActorFwd:
                 await self._wait_weights(max(int(v) for v in cols["weight_versions"]))
             logps = await self._log_probs([t.tolist() for t in cols["tokens"]],
                                           [int(x) for x in cols["response_lengths"]],
-                                          tq.media_bytes(cols.get(MEDIA_COLUMN)))
+                                          tq.media_bytes(cols.get(MEDIA_COLUMN)),
+                                          tq.media_bytes(cols.get(ROUTING_COLUMN)))  # R3: the engines' routing
             await tq.put_columns(step, keys, {self.column: tq.sequence_column(logps)})
 
         alive = lambda: not self.stopping and self.group is not None  # noqa: E731

@@ -19,7 +19,6 @@ import copy
 import inspect
 import logging
 import os
-import statistics
 import time
 from argparse import Namespace
 from typing import TYPE_CHECKING, Any
@@ -27,12 +26,12 @@ from typing import TYPE_CHECKING, Any
 from relax.components.setup_context import SetupContext
 from relax.config.eval_config import EvalDataset, eval_datasets
 from relax.config.fault import recovery_window_s
+from relax.config.lora import ADAPTER_NAME, engine_lora_options, lora_spec
 from relax.config.plan import RolloutPlan
 from relax.config.schema import RelaxConfig
 from relax.distributed import transfer_queue as tq
 from relax.distributed.checkpoint_service.coordinator import Receivers
 from relax.engine.agentic import episode_generate
-from relax.engine.agentic.records import log_trajectories, multi_turn_metrics
 from relax.engine.elastic.calls import FleetCall
 from relax.engine.elastic.local_ops import LocalFleetOps
 from relax.engine.fleet import EngineFleet, FleetSpec, NoFleet
@@ -42,13 +41,15 @@ from relax.engine.rollout import sglang_rollout
 from relax.engine.rollout.evaluation import EVAL_FUNCTION_SIGNATURE, EvalDataSource, eval_args, eval_groups
 from relax.engine.rollout.generator import Generator, StepState
 from relax.engine.rollout.partial_rollout import partial_metrics
+from relax.engine.rollout.profiling import EngineProfiler, ProfileSpec
 from relax.engine.rollout.prompt_encoding import PromptEncoder
 from relax.engine.rollout.replay import dump_rollout_details, save_rollout
+from relax.engine.rollout.step_logs import EvalSet, LogSpec, StepLogger
+from relax.engine.router.slime_router import SlimeRouterSpec
 from relax.engine.specs import RewardSpec, RolloutSpec
 from relax.types import MEDIA_COLUMN, Sample
 from relax.utils import checkpoints
 from relax.utils.http_utils import close_sessions
-from relax.utils.metrics import pass_rates
 from relax.utils.logging import run_token
 from relax.utils.plugins import call_maybe_async, import_object, load_plugin
 
@@ -123,7 +124,9 @@ class Rollout:
         self.args = plugin_args(cfg, self.fleet.router_url)
         judge = await asyncio.to_thread(judge_spec, ctx.genrm_url, cfg.reward.genrm_model_path,
                                         cfg.reward.genrm_sampling_config, cfg.custom.get("genrm_prompt_template"))
-        self.rewards = RewardExecutor(RewardSpec.from_config(cfg.reward, judge), self.args)
+        self.rewards = RewardExecutor(RewardSpec.from_config(cfg.reward, judge, cfg.router.http_proxy), self.args)
+        self.step_logs = StepLogger(LogSpec.from_config(cfg), self.args)  # metrics, sample logs, logging hooks
+        self.profiler = EngineProfiler(ProfileSpec.from_config(cfg), self.fleet)  # --sglang-profile
         tokenizer = await asyncio.to_thread(self._tokenizer)
         processor = pipelines = encoder = None
         if cfg.data.multimodal_keys:  # placeholders -> the model's media tokens, media -> encoder tensors
@@ -181,7 +184,8 @@ class Rollout:
             # On a GPU cluster: the GPUs the engine's slots hold in the run's placement group.
             devices=tuple(self.gpu_slots.devices) if self.gpu_slots is not None else ("cpu",) * n,
             external=external, router=f"http://{host}:{r.sglang_router_port}" if host else None,
-            hold_s=recovery_window_s(cfg) if cfg.fault.use_fault_tolerance else 0.0)
+            hold_s=recovery_window_s(cfg) if cfg.fault.use_fault_tolerance else 0.0,
+            generate_defaults=generate_defaults(cfg), slime_router=SlimeRouterSpec.from_config(cfg))
 
     def _rollout_function(self) -> Any:
         """`async fn(step, rollout_id)`: the Generator for the default rollout function, else the
@@ -369,18 +373,21 @@ class Rollout:
         marked done."""
         start = time.perf_counter()
         step = self.current = state or StepState()
+        profiled = await self.profiler.start(rollout_id)
         busy_before = {} if self.plan.overlapping_steps else await self._engine_busy_seconds()
         streamed: set[int] = set()
         media = MEDIA_COLUMN in self.plan.role.writes  # a multimodal run: rows carry encoder tensors
+        routing = self.generator.spec.routing  # R3: rows carry the engines' routing records
         # A reward post-process or a custom train-data conversion needs the whole step: the plan does not stream.
         if self.plan.stream_groups:
             async def sink(group: list[Sample]) -> None:
                 await tq.put_samples(rollout_id, group, [self.rewards.reward_value(s) for s in group],
-                                     started_at=started_at, media=media)
+                                     started_at=started_at, media=media, routing=routing)
                 streamed.update(s.index for s in group)
             step.group_sink = sink
         groups = await self.rollout_fn(step, rollout_id)
         step.group_sink = None
+        profiled |= await self.profiler.stop(rollout_id)
         busy_after = await self._engine_busy_seconds()
         if self.plan.overlapping_steps:  # steps overlap: each reports the engine time since the last report
             # (read at the end: a step that started before the previous one ended must not count its time again)
@@ -401,26 +408,20 @@ class Rollout:
             train_data = await call_maybe_async(self.convert_samples, self.args, samples)
         rest = [i for i, s in enumerate(samples) if s.index not in streamed]
         if train_data is not None:
-            await tq.put_samples(rollout_id, samples, rewards, train_data, started_at=started_at, media=media)
+            await tq.put_samples(rollout_id, samples, rewards, train_data, started_at=started_at, media=media,
+                                 routing=routing)
         elif rest:
             await tq.put_samples(rollout_id, [samples[i] for i in rest], [rewards[i] for i in rest],
-                                 started_at=started_at, media=media)
+                                 started_at=started_at, media=media, routing=routing)
         await tq.mark_step_done(rollout_id, len(samples))
         if self.cfg.debug.dump_details:
             await asyncio.to_thread(dump_rollout_details, self.cfg.debug.dump_details, rollout_id, groups, rewards)
         filter_stats = {k: float(v) for k, v in step.filter_stats.items()}
         if self.cfg.rollout.partial_rollout:  # aborted by a weight push, resumed on the new weights
             filter_stats |= partial_metrics(step.partial_stats)
-        return rollout_metrics(samples, rewards, prefix="rollout") | await self._log_multi_turn(
-            f"rollout_{rollout_id}", samples, "rollout") | {
-            "time/rollout": time.perf_counter() - start, "compute/generate_seconds": max(busy, default=0.0),
-            **self.rewards.stats(reset=True), **filter_stats}
-
-    async def _log_multi_turn(self, name: str, samples: list[Sample], prefix: str) -> dict[str, Any]:
-        """--log-multi-turn: the samples' trajectories to <exp-dir>/multi_turn/<name>.jsonl, a few as text."""
-        if not self.cfg.logging.log_multi_turn:
-            return {}
-        return await asyncio.to_thread(log_trajectories, self.cfg.misc.exp_dir or ".", name, samples, prefix)
+        extra = {"compute/generate_seconds": max(busy, default=0.0), **self.rewards.stats(reset=True), **filter_stats,
+                 **profiled}
+        return await self.step_logs.rollout(rollout_id, samples, rewards, extra, time.perf_counter() - start)
 
     async def _engine_busy_seconds(self) -> dict[str, float]:
         """Per engine URL: seconds spent in batched decoding so far (0 when the backend does not say)."""
@@ -434,24 +435,18 @@ class Rollout:
 
         Evaluation at step s runs on weights of version s: when a push may still be in flight
         (the plan overlaps pushes), wait for the engines to hold it."""
-        metrics: dict[str, float] = {}
+        times: dict[str, float] = {}
+        sets: dict[str, EvalSet] = {}
         if self.plan.eval_waits_for_version:
             await self._wait_engine_version(rollout_id)
         for name, (dataset, prompts) in self.eval_sets.items():
             start = time.perf_counter()
-            groups = eval_groups(prompts, dataset)
-            done = await self._evaluate_set(dataset, rollout_id, groups)
-            samples = [s for g in done for s in g]
-            if not samples:
+            done = await self._evaluate_set(dataset, rollout_id, eval_groups(prompts, dataset))
+            if not any(done):
                 raise RuntimeError(f"eval {name}: the eval function returned no samples")
-            rewards = [s.get_reward_value(dataset.reward_key) for s in samples]
-            metrics.update(rollout_metrics(samples, rewards, prefix=f"eval/{name}"))
-            metrics.update(await self._log_multi_turn(f"eval_{name}_{rollout_id}", samples, f"eval/{name}"))
-            if self.cfg.logging.log_passrate:  # a sample counts as correct when its reward is > 0
-                correct = [[s.get_reward_value(dataset.reward_key) > 0 for s in g] for g in done]
-                metrics.update(pass_rates(correct, prefix=f"eval/{name}"))
-            metrics[f"eval/{name}/time"] = time.perf_counter() - start
-        return metrics
+            sets[name] = EvalSet(done, [[s.get_reward_value(dataset.reward_key) for s in g] for g in done])
+            times[f"eval/{name}/time"] = time.perf_counter() - start
+        return await self.step_logs.evaluation(rollout_id, sets, times)  # statistics, pass rates, the eval hook
 
     def _evaluator(self, dataset: EvalDataset, num_prompts: int) -> tuple[Any, Generator]:
         """(plugin args, generator) for an eval set, built once: the dataset's sampling, reward
@@ -518,6 +513,15 @@ def memory_metrics(values: dict[str, list[Any]]) -> dict[str, float]:
             for key, per_engine in values.items() if any(v is not None for v in per_engine)}
 
 
+def generate_defaults(cfg: RelaxConfig) -> dict[str, Any] | None:
+    """--lora-rank on engines that serve adapters by name (SGLang): every request names the adapter."""
+    from relax.backends.registry import ADAPTER_FILE_ENGINES
+
+    if lora_spec(cfg) is None or cfg.cluster.rollout_backend not in ADAPTER_FILE_ENGINES:
+        return None
+    return {"lora_path": ADAPTER_NAME}
+
+
 def engine_options(cfg: RelaxConfig, context_len: int | None) -> dict[str, Any] | None:
     """Launch options of the rollout engines (SGLang `ServerArgs` names; see ENGINE_OPTIONS).
     sglang gets every --sglang-* option (checked by SGLang's parser at config time), its
@@ -532,7 +536,9 @@ def engine_options(cfg: RelaxConfig, context_len: int | None) -> dict[str, Any] 
             options["context_length"] = context_len
         if releases_engine_memory(cfg):
             options.setdefault("enable_memory_saver", True)
-        return options
+        if cfg.algo.use_rollout_routing_replay:  # R3: SGLang >= 0.5.8 (checked by the launcher)
+            options["enable_return_routed_experts"] = True
+        return options | engine_lora_options(cfg, alpha=False)  # SGLang reads alpha from adapter_config.json
     # --sglang-<option> passthrough: what this backend understands goes to the engines.
     from relax.backends.registry import engine_options as backend_engine_options
 
@@ -546,6 +552,9 @@ def engine_options(cfg: RelaxConfig, context_len: int | None) -> dict[str, Any] 
     if cfg.cluster.true_on_policy_mode:
         # Report log-probs with the fsdp trainer's numerics, on the trainer's float32 weights.
         options.update(rl_on_policy_target="fsdp", dtype="float32")
+    options.update(engine_lora_options(cfg, alpha=True))  # --lora-rank: adapters the pushes fill
+    if cfg.algo.use_rollout_routing_replay:  # R3: the engines record every token's experts (docs/moe.md)
+        options["enable_return_routed_experts"] = True
     return options or None
 
 
@@ -556,15 +565,3 @@ def engine_context_len(rollout_limit: int | None, datasets: list[EvalDataset]) -
     if rollout_limit is None:  # training requests are unlimited: the engine keeps the model's limit
         return None
     return max(v for v in limits if v is not None)
-
-
-def rollout_metrics(samples: list[Sample], rewards: list[float], *, prefix: str) -> dict[str, float]:
-    lengths = [s.response_length for s in samples]
-    versions = [v for s in samples for v in s.weight_versions]
-    return multi_turn_metrics(samples, prefix) | {
-        f"{prefix}/reward_mean": statistics.fmean(rewards),
-        f"{prefix}/response_len_mean": statistics.fmean(lengths),
-        f"{prefix}/truncated_frac": sum(s.status == Sample.Status.TRUNCATED for s in samples) / len(samples),
-        f"{prefix}/num_samples": float(len(samples)),
-        f"{prefix}/weight_version_min": float(min(versions)) if versions else -1.0,
-    }

@@ -20,10 +20,12 @@ from relax.algorithms.policy_loss import PolicyLossConfig
 from relax.backends.base import ModelParallelSpec, TrainerSpec
 from relax.backends.trainer.group import ScoreShard, TrainerGroup
 from relax.config import roles
+from relax.config.lora import lora_spec
 from relax.config.plan import RolePlan, reuses_training_log_probs
 from relax.config.schema import OptimizerConfig, RelaxConfig
 from relax.distributed import transfer_queue as tq
-from relax.types import MEDIA_COLUMN, TrainBatch
+from relax.distributed.ray.nodes import same_node_options
+from relax.types import MEDIA_COLUMN, ROUTING_COLUMN, TrainBatch
 from relax.utils import checkpoints
 from relax.utils.seqlen_balance import balanced_partitions
 
@@ -92,12 +94,25 @@ def model_parallel_spec(cfg: RelaxConfig) -> ModelParallelSpec:
         arch_flags={f.name: getattr(cfg.megatron, f.name) for f in dataclasses.fields(cfg.megatron)})
 
 
+def adapter_dir(cfg: RelaxConfig) -> str | None:
+    """Where a LoRA push writes adapter files, for engines that load them from disk (SGLang); None:
+    adapter tensors travel by broadcast (the hf engine)."""
+    from relax.backends.registry import ADAPTER_FILE_ENGINES
+
+    if cfg.cluster.rollout_backend not in ADAPTER_FILE_ENGINES:
+        return None
+    return os.path.join(os.path.abspath(cfg.misc.exp_dir or "."), "lora_adapters")
+
+
 def make_trainer_group(cfg: RelaxConfig, role: RolePlan, model_path: str, *, head: Literal["lm", "value"] = "lm",
                        trainable: bool = True, total_steps: int = 1, threads: int | None = None,
-                       optim: OptimizerConfig | None = None) -> TrainerGroup:
+                       optim: OptimizerConfig | None = None, adapters: bool = False) -> TrainerGroup:
     """`role.workers` ranks of the training backend: a policy (an "lm" head that trains), a critic
-    (a "value" head), or a frozen scorer (the Reference, ActorFwd, a training-backend OPD teacher)."""
+    (a "value" head), or a frozen scorer (the Reference, ActorFwd, a training-backend OPD teacher).
+    `adapters`: the model carries the run's LoRA adapters, if --lora-rank sets any (the policy, and
+    ActorFwd, which takes its pushed adapters)."""
     policy = head == "lm" and trainable
+    lora = lora_spec(cfg) if adapters else None
     spec = TrainerSpec(
         model_path=model_path, backend=cfg.cluster.train_backend, head=head, trainable=trainable, name=role.name,
         optim=optim or cfg.optim, batch=cfg.batch, value_clip=cfg.algo.value_clip,
@@ -111,6 +126,8 @@ def make_trainer_group(cfg: RelaxConfig, role: RolePlan, model_path: str, *, hea
         true_on_policy=cfg.cluster.true_on_policy_mode, recompute_layers=recompute_layers(cfg),
         old_logp_from_training=policy and reuses_training_log_probs(cfg),
         compile_layers=cfg.parallel.use_torch_compile, model_parallel=model_parallel_spec(cfg),
+        lora=lora, adapter_dir=adapter_dir(cfg) if lora else None,
+        routing_replay=cfg.algo.use_routing_replay and head == "lm",  # MoE routing replay (docs/moe.md)
     )
     placed = None
     if role.slots:  # a GPU cluster: each rank on its bundle of the run's placement group
@@ -118,6 +135,8 @@ def make_trainer_group(cfg: RelaxConfig, role: RolePlan, model_path: str, *, hea
 
         pg = run_gpu_group()
         placed = [on_bundle(pg, slot[0], role.gpu_fraction) for slot in role.slots]
+    elif (pinned := same_node_options()) is not None:  # a CPU run over several nodes: the role's node
+        placed = [pinned] * role.workers
     return TrainerGroup(spec, role.workers, name=role.name, rank_options=placed,
                         env_vars={k: str(v) for k, v in cfg.misc.train_env_vars.items()})
 
@@ -193,14 +212,16 @@ def score_shards(num_rows: int, world_size: int) -> list[list[int]]:
 
 
 async def score_rows(group: TrainerGroup, tokens_RL: list[list[int]], lengths_R: list[int],
-                     media_R: list[bytes] | None = None) -> tuple[list[list[float]], float]:
+                     media_R: list[bytes] | None = None, routing_R: list[bytes] | None = None
+                     ) -> tuple[list[list[float]], float]:
     """Every rank's forward-only pass on its share of the rows (`media_R`: a multimodal run's
-    encoder tensors per row): log-probs, or a value head's values. Returns per-row
-    response-aligned results in row order and the slowest rank's compute seconds."""
+    encoder tensors per row; `routing_R`: R3's routing records): log-probs, or a value head's
+    values. Returns per-row response-aligned results in row order and the slowest rank's compute
+    seconds."""
     shards_idx = score_shards(len(tokens_RL), group.dp_size)
+    pick = lambda column, idx: None if column is None else [column[i] for i in idx]  # noqa: E731
     results = await group.score([ScoreShard([tokens_RL[i] for i in idx], [lengths_R[i] for i in idx],
-                                            None if media_R is None else [media_R[i] for i in idx])
-                                 for idx in shards_idx])
+                                            pick(media_R, idx), pick(routing_R, idx)) for idx in shards_idx])
     compute = await group.pop_compute_seconds()
     out: list[list[float]] = [[] for _ in tokens_RL]
     for idx, res in zip(shards_idx, results):
@@ -218,6 +239,12 @@ async def read_rows(rollout_id: int, media: bool = False
     cols = await tq.get_columns(rollout_id, keys, fields)
     return (keys, [t.tolist() for t in cols["tokens"]], cols["response_lengths"].tolist(),
             tq.media_bytes(cols.get(MEDIA_COLUMN)))
+
+
+async def read_routing(rollout_id: int, keys: list[str]) -> list[bytes]:
+    """R3: the rows' routing records (the Rollout's `rollout_routed_experts` bytes), in `keys` order."""
+    cols = await tq.get_columns(rollout_id, keys, [ROUTING_COLUMN])
+    return tq.media_bytes(cols[ROUTING_COLUMN])
 
 
 def mean_over_ranks(results: list[dict[str, float]], *, prefix: str) -> dict[str, float]:

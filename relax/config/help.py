@@ -43,6 +43,11 @@ GROUP_TITLES: dict[str, tuple[str, tuple[str, ...]]] = {
     "elastic": ("Elastic scaling of the rollout engines", ("--autoscaler-config", "--scale-api")),
     "misc": ("Run directory, dry run, plugins", ("--exp-dir", "--dry-run", "--custom-config-path")),
     "megatron": ("Megatron architecture flags (checked against the HF config)", ("--num-layers", "--hidden-size")),
+    "router": ("Rollout HTTP: the SlimeRouter and its middlewares, proxies", ("--use-slime-router",
+                                                                            "--slime-router-middleware-paths")),
+    "engine_profile": ("Profiling the inference engines per rollout step", ("--sglang-profile",
+                                                                           "--sglang-profile-steps")),
+    "lora": ("LoRA adapters (docs/lora.md)", ("--lora-rank", "--lora-alpha", "--lora-target-modules")),
 }
 
 USAGE = "relax-train [--flag VALUE ...]"

@@ -69,6 +69,7 @@ INERT: dict[str, tuple[str, Enabled]] = {
     "use_unbiased_kl": ("--use-kl-loss", lambda cfg: cfg.algo.use_kl_loss),
     "lr_decay_iters": ("--lr-decay-style linear or cosine", _decay),
     "min_lr": ("--lr-decay-style linear or cosine", _decay),
+    "overlap_cpu_optimizer_d2h_h2d": ("--optimizer-cpu-offload", lambda cfg: cfg.optim.optimizer_cpu_offload),
     "streaming_buffer_size": ("--use-streaming-dataset", lambda cfg: cfg.data.use_streaming_dataset),
     "prefetch_chunk_size": ("--use-streaming-dataset with --multimodal-keys", _prefetch),
     "prefetch_max_cached": ("--use-streaming-dataset with --multimodal-keys", _prefetch),
@@ -84,10 +85,19 @@ INERT: dict[str, tuple[str, Enabled]] = {
     "log_probs_max_tokens_per_gpu": DYNAMIC,
     "micro_batch_size": ("no --use-dynamic-batch-size (dynamic batches pack by --max-tokens-per-gpu instead)",
                          lambda cfg: not cfg.batch.use_dynamic_batch_size),
+    **{name: ("--lora-rank > 0", lambda cfg: cfg.lora.lora_rank > 0)
+       for name in ("lora_alpha", "lora_target_modules", "lora_dropout")},
     "genrm_num_gpus": ("--genrm-model-path", lambda cfg: bool(cfg.reward.genrm_model_path)),
     "genrm_num_gpus_per_engine": ("--genrm-model-path", lambda cfg: bool(cfg.reward.genrm_model_path)),
     "genrm_engine_config": ("--genrm-model-path", lambda cfg: bool(cfg.reward.genrm_model_path)),
     "genrm_sampling_config": ("--genrm-model-path", lambda cfg: bool(cfg.reward.genrm_model_path)),
+    **{name: ("--use-slime-router", lambda cfg: cfg.router.use_slime_router)
+       for name in ("slime_router_middleware_paths", "slime_router_timeout", "slime_router_max_connections",
+                    "slime_router_health_check_failure_threshold")},
+    **{name: ("--sglang-profile", lambda cfg: cfg.engine_profile.sglang_profile)
+       for name in ("sglang_profile_steps", "sglang_profile_step_start", "sglang_profile_step_end",
+                    "sglang_profile_output_dir", "sglang_profile_num_steps", "sglang_profile_activities",
+                    "sglang_profile_by_stage", "sglang_profile_with_stack", "sglang_profile_record_shapes")},
     **{name: EVAL for name in ("eval_interval", "eval_function_path", "eval_input_key", "eval_label_key",
                                "eval_tool_key", "n_samples_per_eval_prompt", "eval_temperature", "eval_top_p",
                                "eval_top_k", "eval_max_response_len", "eval_max_prompt_len", "eval_min_new_tokens",

@@ -30,13 +30,18 @@ from typing import Any, Literal
 
 from relax.config.autoscaler import load_autoscaler_config
 from relax.config.checks.flags import ignored_flag_notes
+from relax.config.checks.routing import routing_summary
 from relax.config.elastic import serves_scaling_api
 from relax.config.errors import PlanError
 from relax.config.inert import inert_flag_notes
+from relax.config.checks.optimizer import optimizer_notes
 from relax.config.layouts import check_role_layouts, ref_actor_notes
+from relax.config.lora import lora_summary
 from relax.config.placement import GpuAsk, GpuPlacement, PlacementError, place_gpus
 from relax.config.placement import describe as describe_placement
-from relax.config.role_plans import REPLICA_CPUS, Device, RolePlan, StepPart, plan_roles, uses_critic
+from relax.config.role_plans import (
+    REPLICA_CPUS, Device, RolePlan, StepPart, plan_roles, reference_in_actor, uses_critic,
+)
 from relax.config.roles import Role
 from relax.config.schema import RelaxConfig
 from relax.types import COLUMNS
@@ -209,7 +214,9 @@ def _actor_plan(cfg: RelaxConfig, role: RolePlan) -> ActorPlan:
     fully_async, critic, old_policy = cfg.cluster.fully_async, uses_critic(cfg), _old_policy(cfg)
     advantages = () if cfg.algo.disable_compute_advantages_and_returns else ("advantages",) + (
         ("returns",) if critic else ())  # (SFT or a custom loss trains without them)
-    computes = () if fully_async else (("old_log_probs",) if old_policy == "old_log_probs" else ()) + advantages
+    reference = ("ref_log_probs",) if reference_in_actor(cfg) else ()  # --lora-rank: the adapter switched off
+    computes = () if fully_async else (("old_log_probs",) if old_policy == "old_log_probs" else ()) + reference + \
+        advantages
     return ActorPlan(
         role=role, loader="streaming" if fully_async else "whole_step", reads=role.reads,
         computes=computes, writes=("returns",) if critic and not fully_async else (), old_policy=old_policy,
@@ -277,7 +284,7 @@ def ignored_flags(cfg: RelaxConfig, device: Device) -> list[str]:
     if device == "cpu" and (c.offload or c.offload_train):
         notes.append("--offload/--offload-train: on CPU there is no device memory to free; the ranks keep their "
                      "state (engines still release theirs around training)")
-    notes += ignored_flag_notes(cfg) + inert_flag_notes(cfg) + ref_actor_notes(cfg)
+    notes += ignored_flag_notes(cfg) + inert_flag_notes(cfg) + ref_actor_notes(cfg) + optimizer_notes(cfg, device)
     if not c.fully_async and c.max_staleness == 1:
         notes.append("--max-staleness 1: colocate mode is on-policy (rollout never runs ahead of training), as the "
                      "seeds' colocate scripts mean it; the same as 0")
@@ -327,12 +334,13 @@ def format_plan(plan: RunPlan, cfg: RelaxConfig | None = None) -> str:
             workers += f" (tp {r.gpus_each})"
         lines.append(f"  {r.name:<11}{workers:<22}{r.cpus:>9.1f}{r.gpus:>6g}  {_part(plan, r)}")
     lines += [f"  {'TransferQueue':<33}{plan.data_plane_cpus:>9.1f}{0:>6}  data plane (controller + storage)",
-              f"  {'total':<33}{plan.cpus:>9.1f}{plan.gpus:>6g}", "", "columns of partition train_{step}:",
-              f"  {'column':<19}{'dtype':<9}{'shape':<7}{'written by':<12}read by"]
+              f"  {'total':<33}{plan.cpus:>9.1f}{plan.gpus:>6g}", "", "columns of partition train_{step}:"]
+    width = max([19] + [len(flow.name) + 2 for flow in plan.columns])
+    lines.append(f"  {'column':<{width}}{'dtype':<9}{'shape':<7}{'written by':<12}read by")
     for flow in plan.columns:
         col = COLUMNS[flow.name]
         consumers = ", ".join(flow.consumers) or "-"
-        lines.append(f"  {col.name:<19}{col.dtype:<9}{col.shape:<7}{flow.producer:<12}{consumers}")
+        lines.append(f"  {col.name:<{width}}{col.dtype:<9}{col.shape:<7}{flow.producer:<12}{consumers}")
     a = plan.actor
     computed = ", ".join(a.computes) or "nothing (every column arrives from the other roles)"
     balanced = "; each step's rows balanced by tokens over the ranks" if cfg and cfg.batch.balance_data else ""
@@ -348,7 +356,8 @@ def format_plan(plan: RunPlan, cfg: RelaxConfig | None = None) -> str:
     if plan.mode == "fully_async":
         lines.append(f"staleness: rollout runs at most {a.max_staleness} weight version(s) ahead of training")
     if cfg is not None:
-        lines += _generation(cfg) + scaling_lines(cfg) + [f"outputs: {cfg.misc.exp_dir}"]
+        lines += _generation(cfg) + lora_summary(cfg) + routing_summary(cfg) + scaling_lines(cfg) + \
+            [f"outputs: {cfg.misc.exp_dir}"]
     lines += [f"note: {n}" for n in plan.notes]
     return "\n".join(lines)
 

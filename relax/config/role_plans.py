@@ -18,7 +18,7 @@ from typing import Callable, Literal
 from relax.config.errors import PlanError
 from relax.config.roles import Role
 from relax.config.schema import RelaxConfig
-from relax.types import MEDIA_COLUMN, ROLLOUT_COLUMNS
+from relax.types import MEDIA_COLUMN, ROLLOUT_COLUMNS, ROUTING_COLUMN
 
 Device = Literal["cpu", "gpu"]
 REPLICA_CPUS = 0.1  # each role's Serve replica
@@ -71,6 +71,12 @@ def needs_reference(cfg: RelaxConfig) -> bool:
     return cfg.algo.use_kl_loss or cfg.algo.kl_coef != 0
 
 
+def reference_in_actor(cfg: RelaxConfig) -> bool:
+    """--lora-rank: the reference is the actor's base model with the adapter off, scored by the
+    actor's own ranks (no Reference role, no second copy of the weights; docs/lora.md)."""
+    return needs_reference(cfg) and cfg.lora.lora_rank > 0
+
+
 def uses_critic(cfg: RelaxConfig) -> bool:
     """A critic (value model) gives GAE advantages."""
     return cfg.algo.advantage_estimator == "ppo"
@@ -121,6 +127,12 @@ def _media(cfg: RelaxConfig) -> tuple[str, ...]:
     return (MEDIA_COLUMN,) if cfg.data.multimodal_keys else ()
 
 
+def _routing(cfg: RelaxConfig) -> tuple[str, ...]:
+    """R3: rows carry the engines' routing records to every forward of the policy's model (the
+    Actor's, ActorFwd's, the Reference's; not a critic's or a teacher's, other models)."""
+    return (ROUTING_COLUMN,) if cfg.algo.use_rollout_routing_replay else ()
+
+
 def _scorer_reads(cfg: RelaxConfig) -> tuple[str, ...]:
     """Streaming readers key rows by their sample index; whole-step readers list the partition's keys."""
     return ("tokens", "response_lengths") + _media(cfg) + (("sample_indices",) if cfg.cluster.fully_async else ())
@@ -134,8 +146,8 @@ def _scoring(cfg: RelaxConfig) -> StepPart:
 def _actor_reads(cfg: RelaxConfig) -> tuple[str, ...]:
     fully_async = cfg.cluster.fully_async
     reads = ["tokens", "response_lengths", "loss_masks", "rollout_log_probs", "rewards", "weight_versions",
-             *_media(cfg)]
-    if needs_reference(cfg):
+             *_media(cfg), *_routing(cfg)]
+    if needs_reference(cfg) and not reference_in_actor(cfg):
         reads.append("ref_log_probs")
     if needs_teacher(cfg):
         reads.append("teacher_log_probs")
@@ -183,18 +195,20 @@ def plan_rollout(cfg: RelaxConfig, device: Device) -> RolePlan:
     parts = StepPart.CHECKPOINTS | (StepPart.STREAMS if cfg.cluster.fully_async else StepPart(0)) | (
         StepPart(0) if debug_train else StepPart.RECEIVES_WEIGHTS)
     return RolePlan(Role.ROLLOUT, 0 if debug_train else engines, unit, gpus_each=tp,
-                    writes=ROLLOUT_COLUMNS + _media(cfg), parts=parts, reward_workers=cfg.reward.reward_num_workers)
+                    writes=ROLLOUT_COLUMNS + _media(cfg) + _routing(cfg), parts=parts,
+                    reward_workers=cfg.reward.reward_num_workers)
 
 
 def plan_reference(cfg: RelaxConfig, device: Device) -> RolePlan | None:
     """--ref-update-interval N: it takes every N-th of the actor's weight versions (pushed as to
     ActorFwd, a lane of its own at the DCS coordinator)."""
-    if not needs_reference(cfg):
+    if not needs_reference(cfg) or reference_in_actor(cfg):
         return None
     every = cfg.algo.ref_update_interval or 0
     refreshed = StepPart.RECEIVES_WEIGHTS if every else StepPart(0)
     return RolePlan(Role.REFERENCE, _ranks(cfg, Role.REFERENCE), "rank", writes=("ref_log_probs",),
-                    reads=_scorer_reads(cfg), parts=_scoring(cfg) | refreshed, weights_every=max(every, 1))
+                    reads=_scorer_reads(cfg) + _routing(cfg), parts=_scoring(cfg) | refreshed,
+                    weights_every=max(every, 1))
 
 
 def plan_teacher(cfg: RelaxConfig, device: Device) -> RolePlan | None:
@@ -219,7 +233,7 @@ def plan_actor_fwd(cfg: RelaxConfig, device: Device) -> RolePlan | None:
     if not needs_actor_fwd(cfg):
         return None
     return RolePlan(Role.ACTOR_FWD, _ranks(cfg, Role.ACTOR_FWD), "rank", writes=("old_log_probs",),
-                    reads=_scorer_reads(cfg) + ("weight_versions",),
+                    reads=_scorer_reads(cfg) + _routing(cfg) + ("weight_versions",),
                     parts=StepPart.STREAMS | StepPart.RECEIVES_WEIGHTS)
 
 

@@ -19,10 +19,13 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
 from relax.config.elastic import ElasticConfig
+from relax.config.engine_profile import EngineProfileConfig
+from relax.config.lora import LoraConfig
 from relax.config.choices import REWARD_TYPES, parse_rm_type
 from relax.config.fields import opt, parse_bool, parse_bytes, parse_json
 from relax.config.megatron_arch import MEGATRON_ONLY, MegatronArchConfig
 from relax.config.observability import DebugConfig, LoggingConfig
+from relax.config.router import RouterConfig
 
 TrainBackend = Literal["megatron", "fsdp", "auto"]
 RolloutBackend = Literal["sglang", "hf", "auto"]
@@ -62,8 +65,10 @@ class ClusterConfig:
     max_staleness: int = opt(0, "Fully async: rollout step k starts only once the engines hold weight version "
                                 "k - N; every trained row lags at most N versions (0 = on-policy, equals colocate). "
                                 "Colocate takes 0 or 1, both on-policy (the seeds' scripts write 1).")
-    polling_mode: bool = opt(True, "Poll TransferQueue metadata instead of blocking (the streaming consumers poll; "
-                             "blocking mode is not built).", type=parse_bool, supported=False)
+    polling_mode: bool = opt(True, "Poll TransferQueue metadata: a consumer asking for more ready rows than exist "
+                             "gets none at once and asks again (every consumer here streams this way). false, "
+                             "TransferQueue's blocking fetch, is refused (checks/rollout_tools.py says why).",
+                             type=parse_bool)
     num_iters_per_train_update: int = opt(1, "Passes over each step's batch (PPO epochs; the old log-probs stay "
                                           "those of the step's first pass), in both modes.")
     ref_actor_config: dict | None = opt(None, "JSON overrides for the Reference/ActorFwd services: "
@@ -85,6 +90,10 @@ class ClusterConfig:
                                     "extra forward per response (docs/true-on-policy.md).")
     ray_address: str | None = opt(None, "Ray cluster to join (default: $RAY_ADDRESS, else start a local one).")
     ray_num_cpus: int | None = opt(None, "Logical CPUs for a locally started Ray (default: max(8, cores)).")
+    cluster: dict | None = opt(None, "With --dry-run: plan for a cluster this machine is not part of, as JSON "
+                               "{\"nodes\": N, \"gpus_per_node\": G, \"cpus_per_node\": C}: backends as there "
+                               "(GPU packages assumed installed), per-node placement and the same fit checks "
+                               "(docs/launch.md).", type=parse_json)
     engine_threads: int = opt(1, "Torch threads per CPU engine process, and per training rank in fully async mode "
                               "(CPU runs only); in colocate mode the training-backend ranks (actor, reference, "
                               "critic) split every core between them while they run, since the engines wait "
@@ -221,8 +230,12 @@ class RolloutConfig:
     rollout_data_postprocess_path: str | None = opt(None, "fn(args, rollout_id, rollout_data) run by the Actor on "
                                                     "each step's columns before training (e.g. to edit loss_masks; "
                                                     "colocate mode).")
-    custom_rollout_log_function_path: str | None = opt(None, "Rollout logging hook.", supported=False)
-    custom_eval_rollout_log_function_path: str | None = opt(None, "Eval logging hook.", supported=False)
+    custom_rollout_log_function_path: str | None = opt(
+        None, "fn(rollout_id, args, samples, rollout_extra_metrics, rollout_time) -> bool, called with each step's "
+        "samples; True skips the default sample statistics (a dict: logged instead of them; docs/observability.md).")
+    custom_eval_rollout_log_function_path: str | None = opt(
+        None, "fn(rollout_id, args, data, extra_metrics) -> bool, called after each evaluation with data = {set: "
+        "{rewards, truncated, samples}}; True skips the default eval statistics (a dict: logged instead of them).")
     engine_startup_timeout: float = opt(300.0, "Seconds to wait for an engine to become healthy.")
     http_timeout: float = opt(600.0, "Timeout of one generate request, seconds.")
 
@@ -331,12 +344,25 @@ class OptimizerConfig:
     adam_eps: float = opt(1e-8, "Adam epsilon.")
     clip_grad: float = opt(1.0, "Gradient clipping by global norm (0 = off).")
     seed: int = opt(1234, "Random seed.")
-    optimizer_cpu_offload: bool = opt(False, "Optimizer state on CPU (megatron).", ignored=MEGATRON_ONLY)
-    overlap_cpu_optimizer_d2h_h2d: bool = opt(False, "Overlap optimizer D2H/H2D (megatron).", ignored=MEGATRON_ONLY)
-    use_precision_aware_optimizer: bool = opt(False, "Precision-aware optimizer (megatron).", ignored=MEGATRON_ONLY)
+    optimizer_cpu_offload: bool = opt(False, "Keep the optimizer's state (pinned float32 copies of the optimized "
+                                      "weights, Adam's moments) on the host and step it there: gradients go device->"
+                                      "host and updated weights back every step (megatron's HybridDeviceOptimizer; "
+                                      "both backends; with --use-distributed-optimizer each rank offloads its shard).")
+    overlap_cpu_optimizer_d2h_h2d: bool = opt(False, "With --optimizer-cpu-offload: copy gradients down and weights "
+                                              "up chunk by chunk on side CUDA streams, so a chunk's CPU step overlaps "
+                                              "the next chunk's copies (on a CPU the copies are plain copies).")
+    use_precision_aware_optimizer: bool = opt(False, "Adam's moments stored in bfloat16, computed in float32 over "
+                                              "float32 weights: 4 bytes per weight saved (optimizer/moments_saved_gib; "
+                                              "megatron's precision-aware optimizer with bf16 moments; both backends; "
+                                              "adam/adamw).")
     use_distributed_optimizer: bool = opt(False, "ZeRO-1 optimizer (megatron).", ignored=MEGATRON_ONLY)
-    overlap_grad_reduce: bool = opt(False, "Overlap grad reduce (megatron).", ignored=MEGATRON_ONLY)
-    overlap_param_gather: bool = opt(False, "Overlap param gather (megatron).", ignored=MEGATRON_ONLY)
+    overlap_grad_reduce: bool = opt(False, "megatron: all-reduce gradient buckets over the data-parallel ranks "
+                                    "during the step's last backward, not after it (megatron-core DDP's overlap); "
+                                    "fsdp: a plan note (FSDP2 reduce-scatters during backward always).")
+    overlap_param_gather: bool = opt(False, "megatron (with --use-distributed-optimizer): the next forward waits for "
+                                     "ZeRO-1's broadcast of the updated weights layer by layer instead of the step "
+                                     "waiting for all; requires --overlap-grad-reduce; fsdp: a plan note (FSDP2 "
+                                     "prefetches parameter all-gathers always).")
     calculate_per_token_loss: bool = opt(False, "Token-sum loss over the global batch's token count.")
     bf16: bool = opt(False, "bf16 training (GPU).")
     reset_optimizer_states: bool = opt(False, "Drop the actor's optimizer state (Adam moments, SGD momentum) after "
@@ -384,8 +410,13 @@ class AlgorithmConfig:
                                                            "-> fn(values_BT) -> scalar.")
     use_opsm: bool = opt(False, "Off-policy sequence masking.")
     opsm_delta: float = opt(1e-4, "OPSM threshold.")
-    use_routing_replay: bool = opt(False, "Routing replay (MoE).", supported=False)
-    use_rollout_routing_replay: bool = opt(False, "Rollout routing replay (MoE).", supported=False)
+    use_routing_replay: bool = opt(False, "Routing replay (MoE): the first forward over a step's rows (the old "
+                                   "log-probs, else the first training pass) records each token's experts and "
+                                   "every later pass over those rows replays them (docs/moe.md).")
+    use_rollout_routing_replay: bool = opt(False, "Rollout routing replay, R3 (MoE): the engines return the experts "
+                                           "they routed every token to and every trainer forward of the row (old "
+                                           "log-probs, training, reference) replays them; gate weights still come "
+                                           "from the router. Implies --use-routing-replay (docs/moe.md).")
     use_rollout_entropy: bool = opt(False, "The Actor's old-log-prob forward also gives each token's entropy "
                                     "(rollout_data['entropy'] for --rollout-data-postprocess-path, and the dumps; "
                                     "colocate mode).")
@@ -491,7 +522,6 @@ class MiscConfig:
     train_env_vars: dict = opt(None, "Extra env vars for training processes (JSON).", type=parse_json,
                                default_factory=dict)
     model_name: str | None = opt(None, "Model name for weight conversion.", ignored=MEGATRON_ONLY)
-    http_proxy: str | None = opt(None, "HTTP proxy.", supported=False)
     only_load_weight: bool = opt(False, "The Reference and ActorFwd load the weights only.",
                                  ignored="the Reference and ActorFwd are frozen scorers: they always load the weights "
                                  "only (no optimizer state), as this flag asks")
@@ -505,7 +535,7 @@ GROUPS: dict[str, type] = {
     "batch": BatchConfig, "parallel": ParallelConfig, "optim": OptimizerConfig, "algo": AlgorithmConfig,
     "eval": EvalConfig, "reward": RewardConfig, "agentic": AgenticConfig, "logging": LoggingConfig,
     "debug": DebugConfig, "fault": FaultConfig, "elastic": ElasticConfig, "misc": MiscConfig,
-    "megatron": MegatronArchConfig,
+    "megatron": MegatronArchConfig, "lora": LoraConfig, "router": RouterConfig, "engine_profile": EngineProfileConfig,
 }
 
 
@@ -530,6 +560,9 @@ class RelaxConfig:
     elastic: ElasticConfig = field(default_factory=ElasticConfig)
     misc: MiscConfig = field(default_factory=MiscConfig)
     megatron: MegatronArchConfig = field(default_factory=MegatronArchConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    router: RouterConfig = field(default_factory=RouterConfig)
+    engine_profile: EngineProfileConfig = field(default_factory=EngineProfileConfig)
     sglang: dict[str, Any] = field(default_factory=dict)
     megatron_extra: list[str] = field(default_factory=list)
     custom: dict[str, Any] = field(default_factory=dict)

@@ -2,7 +2,8 @@
 
 `Runtime` joins an existing Ray cluster (`--ray-address`, `$RAY_ADDRESS`, i.e. under
 `ray job submit`) or starts a private local one, resolves the run plan for that cluster and
-checks it fits, starts Serve with no HTTP proxy (roles are reached through handles, nothing
+checks it fits (node by node on a cluster of several nodes, where each role is pinned to its
+node: relax.distributed.ray.nodes), starts Serve with no HTTP proxy (roles are reached through handles, nothing
 listens on a public port) and TransferQueue (or attaches to a running one). Leaving it tears
 down exactly what it started: Serve apps of this run always, TransferQueue and Ray only when it
 started them. `deploy_role` turns a component class into a one-replica Serve deployment.
@@ -204,6 +205,8 @@ class Runtime:
         self.apps: list[str] = []
         self.failed_apps: set[str] = set()  # apps whose replica could not start (wait_running)
         self.plan: RunPlan | None = None  # resolved for this cluster on entering
+        self.nodes: list[Any] = []  # the cluster's live nodes at the start (relax.distributed.ray.nodes)
+        self.role_ips: dict[str, str] = {}  # role -> the address of its node (clusters of several nodes)
         self._gpu_group: Any = None  # the run's GPUs (a Ray placement group), on GPU clusters
 
     def __enter__(self) -> Runtime:
@@ -234,7 +237,9 @@ class Runtime:
         # in a thread, while Serve starts and the roles deploy. Its controller is up before any
         # role may attach, and `wait_running` waits for the whole data system.
         pool = ThreadPoolExecutor(1, thread_name_prefix="tq-init")
-        self._tq = pool.submit(tq.init_data_system, self.cfg.cluster.num_data_storage_units)
+        head = f"node:{self.nodes[0].ip}" if self.role_ips else None  # several nodes: the data on the driver's
+        self._tq = pool.submit(tq.init_data_system, self.cfg.cluster.num_data_storage_units, head,
+                               polling_mode=self.cfg.cluster.polling_mode)
         pool.shutdown(wait=False)  # the thread ends with its one task
         tq.wait_for_controller(self._tq)
         self.started_serve = not serve_running()
@@ -275,6 +280,7 @@ class Runtime:
         resources = ray.cluster_resources()
         plan = resolve_plan(self.cfg, float(resources.get("GPU", 0.0)))
         check_cluster(plan, resources)
+        self._place_on_nodes(plan)
         for note in plan.notes:
             logger.warning("%s", note)
         if plan.placement is not None:
@@ -283,6 +289,48 @@ class Runtime:
             logger.info("GPUs: %s%s", describe(plan.placement),
                         "; training ranks offload to the host during rollout" if plan.offload_train else "")
         return plan
+
+    def _place_on_nodes(self, plan: RunPlan) -> None:
+        """On a cluster of several nodes: which node every role runs on, checked per node, logged and
+        written to <exp-dir>/placement.json (relax.config.nodes, relax.distributed.ray.nodes)."""
+        from relax.config.nodes import format_nodes, place_nodes
+        from relax.distributed.ray import nodes as ray_nodes
+
+        self.nodes = ray_nodes.alive_nodes()
+        placed = None
+        if ray_nodes.pinnable(self.nodes):
+            placed = place_nodes(plan, ray_nodes.as_plan_nodes(self.nodes))
+            logger.info("roles per node:\n%s", "\n".join(format_nodes(placed)[2:]))
+        elif len(self.nodes) > 1:
+            logger.warning("%d Ray nodes share an address: roles are placed by Ray, not pinned", len(self.nodes))
+        if len(self.nodes) > 1:
+            self.role_ips = ray_nodes.write_placement(self.cfg.misc.exp_dir, self.nodes, placed)
+
+    def _role_ip(self, role: RolePlan) -> str | None:
+        """The node address `role` is pinned to (None: one node): on GPUs the node of its first GPU
+        bundle as Ray placed the group, else the plan's node."""
+        if not self.role_ips:
+            return None
+        if self._gpu_group is not None and role.slots:
+            from ray.util.placement_group import placement_group_table
+
+            node_id = placement_group_table(self._gpu_group)["bundles_to_node_id"][role.slots[0][0]]
+            return next((n.ip for n in self.nodes if n.node_id == node_id), None)
+        return self.role_ips.get(role.name)
+
+    def lost_roles(self) -> set[str]:
+        """The roles placed on a node that has left the cluster since the run started."""
+        from relax.distributed.ray import nodes as ray_nodes
+
+        lost = {n.ip for n in ray_nodes.lost_nodes(self.nodes)} if len(self.nodes) > 1 else set()
+        return {role for role, ip in self.role_ips.items() if ip in lost}
+
+    def lost_node_error(self, error: BaseException) -> BaseException | None:
+        """`NodeLost` naming the nodes of the run that left the cluster and their roles (None: none left)."""
+        from relax.distributed.ray import nodes as ray_nodes
+
+        lost = ray_nodes.lost_nodes(self.nodes) if len(self.nodes) > 1 else []
+        return ray_nodes.node_lost(lost, self.role_ips, error) if lost else None
 
     def app_name(self, role: str) -> str:
         """The Serve app of `role` in this run."""
@@ -294,8 +342,12 @@ class Runtime:
         `wait_running()` (their processes start side by side instead of one after another)."""
         from ray import serve
 
+        from relax.distributed.ray.nodes import NODE_ENV, pin_options
+
         cls = import_object(component_path(role), flag=f"role {role.name}")
         app_name = self.app_name(role.name)
+        ip = self._role_ip(role)  # several nodes: the replica (and its ranks, engines) on the role's node
+        env = {**self.env, NODE_ENV: ip} if ip else self.env
         deployment = serve.deployment(
             # The roles shut down first (Controller.shutdown); the replica then has nothing in flight,
             # so deletion need not poll for ongoing requests on Serve's 2 s default period.
@@ -307,7 +359,8 @@ class Runtime:
             health_check_timeout_s=600, logging_config={"enable_access_log": False},
             # No GPU for the replica itself: its ranks and engines hold their GPU shares in the
             # run's placement group (relax.distributed.ray.placement).
-            ray_actor_options={"num_cpus": REPLICA_CPUS, "runtime_env": {"env_vars": self.env}},
+            ray_actor_options={"num_cpus": REPLICA_CPUS, "runtime_env": {"env_vars": env},
+                               **(pin_options(ip) if ip else {})},
         )
         target = serve.RunTarget(deployment.bind(*init_args), name=app_name, route_prefix=None)
         handle = serve.run_many([target], wait_for_applications_running=wait)[0]

@@ -23,6 +23,8 @@ import torch
 
 from relax.distributed.ray.names import named_actor_running
 from relax.types import Sample
+from relax.utils.routing import RoutingShape
+from relax.utils.routing import to_bytes as routing_to_bytes
 from relax.utils.logging import setup_logging
 from relax.utils.metrics import METRICS_APP_ENV, MetricsReporter
 from relax.utils.poll import Backoff
@@ -44,6 +46,7 @@ ROLLOUT_COLUMNS: dict[str, tuple[torch.dtype, bool]] = {
     "truncated": (torch.int64, False),
 }
 MEDIA_COLUMN = ("multimodal_train_inputs", torch.uint8)  # rows' encoder tensors (multimodal runs only)
+ROUTING_COLUMN = "rollout_routed_experts"  # rows' routing records (R3 only), uint8 bytes as the media column
 
 
 def _package() -> Any:
@@ -88,20 +91,26 @@ def running() -> bool:
     return named_actor_running("TransferQueueController", "transfer_queue")
 
 
-def init_data_system(num_storage_units: int = 1) -> bool:
+def init_data_system(num_storage_units: int = 1, node_resource: str | None = None, *,
+                     polling_mode: bool = True) -> bool:
     """Start TransferQueue's controller and storage, or attach to the one already running (its
     leftover rows are cleared). Returns True when this call started it (and so owns closing it).
+    `node_resource` ("node:<address>"): the storage units go on the node that has it (a run over
+    several nodes keeps its data on the driver's node, which it does not lose), else round the nodes.
 
-    Polling mode: a consumer asking for more ready rows than exist gets an empty answer at
-    once instead of blocking the controller (streaming consumers poll)."""
+    Polling mode (--polling-mode; the config refuses false, TransferQueue's blocking fetch): a consumer
+    asking for more ready rows than exist gets an empty answer at once instead of blocking the
+    controller (streaming consumers poll)."""
     tq = _package()
     from omegaconf import OmegaConf
 
     if running():
         tq.init()
         return False
-    tq.init(OmegaConf.create({"controller": {"polling_mode": True},
-                              "backend": {"SimpleStorage": {"num_data_storage_units": num_storage_units}}}))
+    storage: dict[str, Any] = {"num_data_storage_units": num_storage_units}
+    if node_resource:
+        storage["required_node_resource"] = node_resource
+    tq.init(OmegaConf.create({"controller": {"polling_mode": polling_mode}, "backend": {"SimpleStorage": storage}}))
     return True
 
 
@@ -182,15 +191,30 @@ def media_column(samples: Sequence[Sample]) -> torch.Tensor:
                                        else torch.zeros(0, dtype=MEDIA_COLUMN[1]) for b in rows], layout=torch.jagged)
 
 
+def routing_column(samples: Sequence[Sample], shape: RoutingShape) -> torch.Tensor:
+    """R3: the samples' routing records (`relax.utils.routing`) as bytes per row. ValueError for a
+    sample with a response but no record (a custom generate function must ask for it:
+    `relax.engine.rollout.routing`)."""
+    for s in samples:
+        if s.response_length and s.rollout_routed_experts is None:
+            raise ValueError(f"sample {s.index}: --use-rollout-routing-replay is on but the sample has no "
+                             "rollout_routed_experts; a custom generate function must send request_fields() and "
+                             "keep_routing() of relax.engine.rollout.routing around its /generate calls")
+    rows = [routing_to_bytes(s.rollout_routed_experts, shape) for s in samples]
+    return torch.nested.nested_tensor([torch.frombuffer(bytearray(b), dtype=torch.uint8) if b
+                                       else torch.zeros(0, dtype=torch.uint8) for b in rows], layout=torch.jagged)
+
+
 def media_bytes(values: Sequence[Any] | None) -> list[bytes] | None:
-    """The media column read back (uint8 tensors) as one bytes object per row."""
+    """A bytes column read back (uint8 tensors: the media and routing columns) as one bytes object per row."""
     return None if values is None else [v.numpy().tobytes() if hasattr(v, "numpy") else bytes(v) for v in values]
 
 
 def samples_to_columns(samples: Sequence[Sample], reward_values: Sequence[float], *,
-                       started_at: int | None = None, media: bool = False) -> dict[str, torch.Tensor]:
+                       started_at: int | None = None, media: bool = False,
+                       routing: RoutingShape | None = None) -> dict[str, torch.Tensor]:
     """Rollout rows: one entry per sample, response-aligned sequences for masks/log-probs;
-    `media`: also the multimodal column (a multimodal run)."""
+    `media`: also the multimodal column (a multimodal run); `routing`: also the routing records (R3)."""
     columns = {
         "tokens": [s.tokens for s in samples],
         "loss_masks": [s.loss_mask if s.loss_mask is not None else [1] * s.response_length for s in samples],
@@ -210,11 +234,14 @@ def samples_to_columns(samples: Sequence[Sample], reward_values: Sequence[float]
     out = {name: _column(columns[name], *ROLLOUT_COLUMNS[name]) for name in ROLLOUT_COLUMNS}
     if media:
         out[MEDIA_COLUMN[0]] = media_column(samples)
+    if routing is not None:
+        out[ROUTING_COLUMN] = routing_column(samples, routing)
     return out
 
 
 def train_data_to_columns(data: Any, samples: Sequence[Sample], reward_values: Sequence[float], *,
-                          started_at: int | None = None, media: bool = False) -> dict[str, torch.Tensor]:
+                          started_at: int | None = None, media: bool = False,
+                          routing: RoutingShape | None = None) -> dict[str, torch.Tensor]:
     """Rows from a `--custom-convert-samples-to-train-data-path` result: its per-sample lists
     (slime's train-data keys: tokens, response_lengths, rewards, loss_masks, rollout_log_probs,
     truncated, sample_indices, ...) replace the default conversion's columns; keys it leaves
@@ -230,7 +257,7 @@ def train_data_to_columns(data: Any, samples: Sequence[Sample], reward_values: S
         if len(values) != len(samples):
             raise ValueError(f"{flag}: '{name}' has {len(values)} entries for {len(samples)} samples; return one "
                              "entry per sample, in the samples' order")
-    out = samples_to_columns(samples, reward_values, started_at=started_at, media=media)
+    out = samples_to_columns(samples, reward_values, started_at=started_at, media=media, routing=routing)
     out.update({name: _column(values, *ROLLOUT_COLUMNS[name]) for name, values in columns.items()})
     lengths = out["response_lengths"].tolist()
     for i, n in enumerate(lengths):
@@ -258,17 +285,19 @@ def sequence_column(values: Sequence[Sequence[float]], dtype: torch.dtype = torc
 
 async def put_samples(step: int, samples: Sequence[Sample], reward_values: Sequence[float],
                       train_data: dict[str, Any] | None = None, *, started_at: int | None = None,
-                      media: bool = False) -> list[str]:
+                      media: bool = False, routing: RoutingShape | None = None) -> list[str]:
     """One row per sample (key = Sample.index); `train_data` is a custom conversion's result;
     `started_at`: the engine version the step started at (fully async, see `row_version`);
-    `media`: write the multimodal column too (a multimodal run's Rollout)."""
+    `media`: write the multimodal column too (a multimodal run's Rollout); `routing`: the routing
+    records too (R3, the model's `RoutingShape`)."""
     keys = [str(s.index) for s in samples]
     if len(set(keys)) != len(keys):
         raise ValueError(f"step {step}: duplicate sample indices; every sample needs a unique Sample.index")
     if train_data is None:
-        columns = samples_to_columns(samples, reward_values, started_at=started_at, media=media)
+        columns = samples_to_columns(samples, reward_values, started_at=started_at, media=media, routing=routing)
     else:
-        columns = train_data_to_columns(train_data, samples, reward_values, started_at=started_at, media=media)
+        columns = train_data_to_columns(train_data, samples, reward_values, started_at=started_at, media=media,
+                                        routing=routing)
     await put_columns(step, keys, columns)
     return keys
 

@@ -51,6 +51,7 @@ from relax.distributed.engine_client import EngineClient, EngineError
 from relax.engine.rollout.generator import parse_weight_version
 from relax.engine.router.remote import RemoteRouter, launch_sglang_router, sglang_router_installed
 from relax.engine.router.router import Router
+from relax.engine.router.slime_router import SlimeRouterSpec, slime_router
 from relax.utils.plugins import import_object
 from relax.utils.poll import Backoff
 
@@ -81,6 +82,11 @@ class FleetSpec:
     # --use-fault-tolerance: how long a request or fleet call waits for a failed engine's replacement
     # (0: fault tolerance off, an engine failure fails the call)
     hold_s: float = 0.0
+    # Fields added to every /generate request the built-in router forwards, unless the request sets them
+    # (a LoRA run on SGLang engines: `lora_path`, the adapter's name).
+    generate_defaults: Mapping[str, Any] | None = None
+    # --use-slime-router: the built-in router in slime's mode (middlewares, every path; router/slime_router.py)
+    slime_router: SlimeRouterSpec | None = None
 
 
 class EngineReplaced(RuntimeError):
@@ -179,8 +185,10 @@ class EngineFleet:
         if s.sglang_router and s.router is None and not sglang_router_installed():
             raise RuntimeError(f"{s.name}: sglang-router is not installed (pip install sglang-router)")
         if s.router is None and not s.sglang_router:
-            router = Router(self.urls, api_key=s.api_key, timeout_s=s.http_timeout, describe=self.describe,
-                            hold_s=s.hold_s)
+            kwargs = dict(api_key=s.api_key, timeout_s=s.http_timeout, describe=self.describe, hold_s=s.hold_s,
+                          defaults=s.generate_defaults)
+            router = Router(self.urls, **kwargs) if s.slime_router is None else slime_router(
+                self.urls, s.slime_router, **kwargs)
             await router.start()
             return router
         if s.router is not None:
@@ -519,6 +527,9 @@ class NoFleet:
 
     async def each(self, call: ClientCall) -> list[Any]:
         return []
+
+    async def each_by_engine(self, call: ClientCall) -> dict[str, Any]:
+        return {}
 
     async def weight_version(self) -> int:
         return 0

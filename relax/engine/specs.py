@@ -4,7 +4,8 @@ The rollout side (generation, rewards, evaluation) takes these, not the flat `ar
 `SamplingSpec` (what goes into SGLang's `sampling_params`, plus the context limit),
 `RewardSpec` (how samples are scored), `PartialRolloutSpec` (what happens to aborted
 requests), `AgenticSpec` (multi-turn episodes: environment, turns, budgets) and `RolloutSpec`
-(a rollout step: batch, group size, filters, seeds). An eval
+(a rollout step: batch, group size, filters, seeds; with --use-rollout-routing-replay the MoE
+`RoutingShape` whose routed experts each request asks for). An eval
 dataset (`relax.config.eval_config.EvalDataset`, already fully resolved) derives its own
 specs with `RolloutSpec.for_eval` / `RewardSpec.for_eval`: nothing is copied and mutated.
 `args` survives only where user plugins are called with the seed's signatures.
@@ -19,6 +20,7 @@ from typing import Any
 
 from relax.config.eval_config import EvalDataset
 from relax.config.schema import RelaxConfig, RewardConfig, RolloutConfig
+from relax.utils.routing import RoutingShape
 
 DATA_FLAGS = ("prompt_data", "hf_checkpoint", "input_key", "label_key", "metadata_key", "tool_key",
               "apply_chat_template", "apply_chat_template_kwargs", "system_prompt", "rollout_max_prompt_len",
@@ -145,12 +147,14 @@ class RewardSpec:
     max_concurrency: int = 64
     failure_value: float = 0.0
     judge: Any = None  # relax.engine.rewards.genrm.JudgeSpec when a GenRM role is deployed
+    http_proxy: str | None = None  # --http-proxy: the way to a remote reward service (remote_rm)
 
     @classmethod
-    def from_config(cls, r: RewardConfig, judge: Any = None) -> RewardSpec:
+    def from_config(cls, r: RewardConfig, judge: Any = None, http_proxy: str | None = None) -> RewardSpec:
         return cls(rm_type=r.rm_type, custom_rm_path=r.custom_rm_path, reward_key=r.reward_key, group_rm=r.group_rm,
                    rm_url=r.rm_url, timeout=r.reward_timeout, num_workers=r.reward_num_workers,
-                   max_concurrency=r.reward_max_concurrency, failure_value=r.reward_failure_value, judge=judge)
+                   max_concurrency=r.reward_max_concurrency, failure_value=r.reward_failure_value, judge=judge,
+                   http_proxy=http_proxy)
 
     def for_eval(self, d: EvalDataset) -> RewardSpec:
         """The dataset's reward key; its rm_type (when set) replaces the run's reward plugin."""
@@ -233,6 +237,7 @@ class RolloutSpec:
     evaluation: bool = False
     partial: PartialRolloutSpec = PartialRolloutSpec()
     agentic: AgenticSpec = AgenticSpec()
+    routing: RoutingShape | None = None  # R3: the model's routing record shape (relax.engine.rollout.routing)
 
     @classmethod
     def from_config(cls, cfg: RelaxConfig) -> RolloutSpec:
@@ -242,7 +247,8 @@ class RolloutSpec:
                    over_sampling_batch_size=r.over_sampling_batch_size,
                    dynamic_filter_path=r.dynamic_sampling_filter_path,
                    custom_generate_path=r.custom_generate_function_path, http_timeout=r.http_timeout,
-                   partial=PartialRolloutSpec.from_config(r), agentic=AgenticSpec.from_config(cfg))
+                   partial=PartialRolloutSpec.from_config(r), agentic=AgenticSpec.from_config(cfg),
+                   routing=rollout_routing(cfg))
 
     def for_eval(self, d: EvalDataset, num_prompts: int) -> RolloutSpec:
         """The whole dataset in one call: its sampling, group size and generate function; no
@@ -250,4 +256,14 @@ class RolloutSpec:
         return dataclasses.replace(
             self, batch_size=num_prompts, n_samples_per_prompt=d.n_samples_per_eval_prompt,
             sampling=SamplingSpec.for_eval(d, self.sampling.skip_special_tokens), over_sampling_batch_size=None,
-            dynamic_filter_path=None, custom_generate_path=d.custom_generate_function_path, evaluation=True)
+            dynamic_filter_path=None, custom_generate_path=d.custom_generate_function_path, evaluation=True,
+            routing=None)
+
+
+def rollout_routing(cfg: RelaxConfig) -> RoutingShape | None:
+    """--use-rollout-routing-replay: the routing shape of --hf-checkpoint (validation made sure it is MoE)."""
+    if not cfg.algo.use_rollout_routing_replay:
+        return None
+    from relax.config.checks.inputs import hf_config
+
+    return RoutingShape.from_config(hf_config(cfg.ckpt.hf_checkpoint))

@@ -72,7 +72,8 @@ def plugin_run(ray_cluster, tiny_setup, tmp_path_factory):
     masked), a dynamic-sampling filter over a reward that makes some groups constant, over-sampling,
     an eval with pass@k through the same generate function, a custom train-data conversion (the
     first response token masked), two passes over each step (--num-iters-per-train-update, PPO
-    epochs in colocate mode), REINFORCE++ advantages. Returns its directory."""
+    epochs in colocate mode), REINFORCE++ advantages; slime's logging hooks and --log-correct-samples
+    (test_rollout_logs). Returns its directory."""
     from run_helpers import run_relax
 
     root, exp = tiny_setup, tmp_path_factory.mktemp("plugins")
@@ -91,6 +92,10 @@ def plugin_run(ray_cluster, tiny_setup, tmp_path_factory):
         "--custom-convert-samples-to-train-data-path", "tests.integration.train_data_plugins.mask_first_token",
         "--save-debug-rollout-data", str(exp / "rollouts" / "step_{rollout_id}.pt"),
         "--save-debug-train-data", str(exp / "train_{rollout_id}.pt"),
+        # test_rollout_logs: slime's logging hooks and the correct samples
+        "--custom-rollout-log-function-path", "tests.integration.run_log_hooks.record_rollout",
+        "--custom-eval-rollout-log-function-path", "tests.integration.run_log_hooks.record_eval",
+        "--log-correct-samples",
     ])
     return exp
 

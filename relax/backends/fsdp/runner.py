@@ -14,10 +14,17 @@ A "value" head builds a value model instead: the same causal-LM body with a scal
 when the checkpoint is a causal LM). Its value for response token t is read at the position
 that predicts t, the same position as that token's log-prob.
 
+With `spec.lora` (`--lora-rank`) the model carries LoRA adapters (`relax.backends.lora`), added before
+FSDP2 shards it: only they train (the optimizer sees only them), `hf_state` yields only them (the
+push), checkpoints hold only them, and the export merges them (docs/lora.md).
+
 Multimodal rows carry their encoder tensors (`pixel_values`, `image_grid_thw`; safetensors bytes
 from TransferQueue): a micro-batch's are concatenated and go into the same forward with the
 M-RoPE position ids of `relax.utils.multimodal.models.rope_positions`, the positions the
 `hf` engine decoded with.
+
+MoE routing replay (docs/moe.md): rows with a routing record (`Rows.routing`) route their tokens to
+the recorded experts through hooks on the HF routers (`relax.utils.routing_replay.PaddedRouting`).
 """
 
 from __future__ import annotations
@@ -36,9 +43,11 @@ from relax.backends.base import LossFn, RankLayout, Rows, Scores, TrainerSpec
 from relax.backends.batching import pad_inputs, response_positions
 from relax.backends.fsdp import checkpoint
 from relax.backends.fsdp.head import ResponseHead
+from relax.backends.lora import adapter_parameters, add_adapters
 from relax.backends.trainer.runner_kit import apply_freezing, sequential_run
 from relax.utils.multimodal.models import decoder_layers, load_model, rope_positions
 from relax.utils.multimodal.tensors import collate, from_bytes
+from relax.utils.routing_replay import PaddedRouting
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +74,7 @@ class FSDPRunner:
         lockstep = dist.group.WORLD if world_size > 1 and not spec.true_on_policy else None
         self.layout = RankLayout(dp_rank=rank, dp_size=world_size, lockstep=lockstep)
         self.model = self._build(spec.model_path)
+        self.routing = PaddedRouting(self.model)  # routing replay (MoE, docs/moe.md); a tap on first use
 
     # ---- setup -------------------------------------------------------------------------
     def _load(self, path: str) -> torch.nn.Module:
@@ -83,6 +93,8 @@ class FSDPRunner:
         model = self._load(path).to(self.device)
         self.hf_config = model.config
         self.pad_id = model.config.get_text_config().pad_token_id or 0
+        if spec.lora is not None:  # --lora-rank: adapters on the frozen base model (before sharding)
+            add_adapters(model, spec.lora)
         if not spec.trainable:
             model.requires_grad_(False)
         if spec.recompute_layers is not None and spec.trainable:
@@ -157,9 +169,12 @@ class FSDPRunner:
                             temperature=self.spec.temperature, chunk=self.spec.batch.log_probs_chunk_size,
                             entropy=entropy, entropy_grad=entropy_grad,
                             fused=self.spec.compile_layers and self.device.type == "cuda")
+        # Routing replay (MoE): the rows' recorded experts replayed, the routing used kept when asked
+        self.routing.arm(rows.routing, rows.record_routing, ids_BL.shape[1], self.device)
         with head:
             out_BTK = self.model(input_ids=ids_BL, attention_mask=attn_BL, use_cache=False, **extra).logits
-        return Scores(out_BTK[..., 0], mask_BT, out_BTK[..., 1] if entropy else None)
+        routing = self.routing.recorded([len(t) for t in tokens]) if rows.record_routing else None
+        return Scores(out_BTK[..., 0], mask_BT, out_BTK[..., 1] if entropy else None, routing=routing)
 
     def _forward_rows(self, rows: Rows, entropy: bool) -> Scores:
         """`_forward` for true on-policy: one unpadded forward per row (the engine's computation),
@@ -206,6 +221,9 @@ class FSDPRunner:
     def optimizer_group(self) -> Any:
         return None
 
+    def attach_optimizer(self, optimizer: Any) -> None:
+        """Nothing to attach: FSDP2 gathers and reduces in its own hooks (--overlap-* are plan notes)."""
+
     def reduce_grads(self) -> None:
         """FSDP reduce-scatters gradients inside the step's last backward."""
 
@@ -224,10 +242,12 @@ class FSDPRunner:
             yield t.to_local() if hasattr(t, "to_local") else t  # FSDP2: this rank's shard
 
     def hf_state(self, dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor, bool]]:
-        """(name, full tensor, fresh) for every parameter; a collective, so every rank iterates.
-        `dtype`: floating tensors are cast first (a sharded one before its gather: half the bytes
-        for bf16); `fresh` says the tensor is a copy, not the parameter's own memory."""
-        for name, p in self.model.named_parameters():
+        """(name, full tensor, fresh) for every parameter (with --lora-rank: every adapter tensor, all
+        that changes); a collective, so every rank iterates. `dtype`: floating tensors are cast first
+        (a sharded one before its gather: half the bytes for bf16); `fresh` says the tensor is a copy,
+        not the parameter's own memory."""
+        params = adapter_parameters(self.model) if self.spec.lora else self.model.named_parameters()
+        for name, p in params:
             t = p.detach()
             if dtype is not None and t.is_floating_point() and t.dtype != dtype:
                 t = t.to(dtype)
@@ -248,7 +268,7 @@ class FSDPRunner:
         return checkpoint.load(self, path, meta, optimizer)
 
     def load_weights(self, path: Path) -> None:
-        checkpoint.load_weights(self.model, path)
+        checkpoint.load_weights(self.model, path, adapters_only=self.spec.lora is not None)
 
     def export_hf(self, out_dir: str, tokenizer_path: str) -> None:
         checkpoint.export_hf(self, out_dir, tokenizer_path)

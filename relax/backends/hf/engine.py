@@ -4,6 +4,10 @@ This is the `hf` engine without HTTP (server.py puts SGLang's endpoints on top o
 also be driven in-process. It owns one model on one device; the model's forwards run in the
 scheduler's decode thread and weight loads take the same step lock.
 
+With `lora` (the server's `--enable-lora`) the model carries LoRA adapters (`relax.backends.lora`),
+zero until a weight push brings the trainer's adapter tensors (`<module>.lora_A.weight`, ...): each
+push replaces them, the base weights never change, so pushes do not accumulate (docs/lora.md).
+
 Memory release (`/release_memory_occupation`, SGLang's colocate offload): on CUDA the weights
 move to CPU and the CUDA cache is emptied; on CPU nothing moves (this engine keeps no KV cache
 between batches). While any tag is released, generation is refused (HTTP 503) until resume.
@@ -25,6 +29,8 @@ from relax.backends.hf.protocol import GenerateItem
 from relax.backends.hf.rows import DecodeRow, RowResult
 from relax.backends.hf.sampling import warm_up_sampler
 from relax.backends.hf.scheduler import Scheduler
+from relax.backends.lora import add_adapters
+from relax.config.lora import LoraSpec
 from relax.distributed.weights.receiver import WeightReceiver
 from relax.utils.multimodal.models import is_multimodal, load_model
 from relax.utils.multimodal.processor import MultimodalProcessor
@@ -81,7 +87,8 @@ class HFEngine:
                  served_model_name: str | None = None, tokenizer_path: str | None = None,
                  seed: int | None = None, weight_sync_timeout_s: float = 600.0, batch_wait_s: float = 0.02,
                  rl_on_policy_target: str | None = None, load_format: str = "auto",
-                 max_total_tokens: int | None = None, cuda_graphs: bool = True, cuda_graph_max_bs: int | None = None):
+                 max_total_tokens: int | None = None, cuda_graphs: bool = True, cuda_graph_max_bs: int | None = None,
+                 lora: LoraSpec | None = None, routed_experts: bool = False):
         from transformers import AutoTokenizer
 
         if dtype not in DTYPE_CHOICES:
@@ -98,6 +105,9 @@ class HFEngine:
         self.tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_path)
         self.load_format = load_format
         self.model = engine_model(model_path, dtype, load_format, self.device)
+        self.lora = lora
+        if lora is not None:  # --enable-lora: adapters at zero (the base model) until a push brings them
+            add_adapters(self.model, lora)
         # VL / Omni checkpoints: image_data (and audio_data) on /generate (relax.utils.multimodal.processor)
         self.processor = MultimodalProcessor(model_path, self.tokenizer) if is_multimodal(self.model.config) else None
         text_config = self.model.config.get_text_config()  # a VL model's language model
@@ -114,7 +124,8 @@ class HFEngine:
                                     true_on_policy=rl_on_policy_target is not None,
                                     max_running_requests=max_running_requests, max_total_tokens=max_total_tokens,
                                     cuda_graphs=cuda_graphs, cuda_graph_max_bs=cuda_graph_max_bs,
-                                    banned_token_ids=self.processor.media_token_ids if self.processor else ())
+                                    banned_token_ids=self.processor.media_token_ids if self.processor else (),
+                                    routed_experts=routed_experts)
         if self.device.type == "cuda":  # compile the GPU sampler now, not in the first rollout
             warm_up_sampler(self.vocab_size, self.device)
         if self.decoder.static_path_note is not None:
@@ -199,6 +210,9 @@ class HFEngine:
             raise ValueError(f"{constrained[0].field} constrains the sampled distribution, which the trainer "
                              "cannot reproduce (--rl-on-policy-target / --true-on-policy-mode): send no constraint, "
                              "or run without true on-policy mode (docs/true-on-policy.md)")
+        if self.decoder.routing is None and any(item.routed_experts_start is not None for item in items):
+            raise ValueError("return_routed_experts: this engine was started without --enable-return-routed-experts "
+                             "(SGLang's server flag; --use-rollout-routing-replay sets it)")
         if self.released_tags:
             raise EngineUnavailable(f"engine memory is released (tags {sorted(self.released_tags)}); "
                                     "call /resume_memory_occupation before generating")
@@ -318,6 +332,7 @@ class HFEngine:
             "served_model_name": self.served_model_name, "max_context_len": self.max_context_len,
             "device": str(self.device), "dtype": str(self.model.dtype).replace("torch.", ""),
             "backend": "hf", "rl_on_policy_target": self.rl_on_policy_target,
+            "enable_return_routed_experts": self.decoder.routing is not None,
             # SGLang's /get_model_info fields that clients read
             "model_type": getattr(self.model.config, "model_type", None),
             "architectures": list(getattr(self.model.config, "architectures", None) or []),

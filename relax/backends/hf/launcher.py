@@ -55,8 +55,13 @@ ENGINE_OPTIONS: dict[str, str] = {
     "rl_on_policy_target": "--rl-on-policy-target", "load_format": "--load-format",
     "max_total_tokens": "--max-total-tokens", "disable_cuda_graph": "--disable-cuda-graph",
     "cuda_graph_max_bs": "--cuda-graph-max-bs",
+    # LoRA (--lora-rank; relax.config.lora.engine_lora_options): SGLang's names, and the hf engine's alpha
+    "enable_lora": "--enable-lora", "max_lora_rank": "--max-lora-rank", "lora_target_modules": "--lora-target-modules",
+    "lora_alpha": "--lora-alpha",
+    "enable_return_routed_experts": "--enable-return-routed-experts",  # R3 (docs/moe.md)
 }
-FLAG_OPTIONS = frozenset({"disable_cuda_graph"})  # store_true server flags: given when true
+# store_true server flags: given when true
+FLAG_OPTIONS = frozenset({"disable_cuda_graph", "enable_lora", "enable_return_routed_experts"})
 # SGLang-only options (parallelism, memory pools) that mean nothing to this engine: accepted so
 # one config serves both backends, and logged as ignored.
 SGLANG_ONLY_OPTIONS = frozenset({"dp_size", "tp_size", "pp_size", "ep_size", "mem_fraction_static",
@@ -76,6 +81,8 @@ def engine_option_args(options: Mapping[str, Any] | None) -> list[str]:
                              f"(SGLang-only options ignored here: {sorted(SGLANG_ONLY_OPTIONS)})")
         if key in FLAG_OPTIONS:
             args += [ENGINE_OPTIONS[key]] if value not in (None, False, "false", "False", 0) else []
+        elif isinstance(value, (list, tuple)):  # a list option (--lora-target-modules q_proj v_proj)
+            args += [ENGINE_OPTIONS[key], *map(str, value)]
         elif value is not None:
             args += [ENGINE_OPTIONS[key], str(value)]
     return args

@@ -3,7 +3,8 @@
 Run: `python -m relax.backends.hf.server --model-path DIR [--host 127.0.0.1] [--port 30000]
 [--api-key KEY] [--device cpu|cuda[:i]] [--dtype auto|float32|bfloat16] [--max-running-requests 256]
 [--max-context-len L] [--served-model-name NAME] [--batch-wait-ms 20] [--num-threads N]
-[--rl-on-policy-target fsdp] [--incremental-streaming-output] [--log-level info]`.
+[--rl-on-policy-target fsdp] [--incremental-streaming-output] [--enable-lora --max-lora-rank R
+[--lora-target-modules all-linear] [--lora-alpha A]] [--enable-return-routed-experts] [--log-level info]`.
 
 Endpoints (field names as SGLang's): POST /generate (`"stream": true`: server-sent events, streaming.py;
 `sampling_params.regex` / `json_schema` / `ebnf` / `structural_tag`: constrained decoding, grammar.py);
@@ -13,7 +14,8 @@ fields, see `server_info`); /flush_cache; POST /pause_generation,
 /continue_generation, /abort_request, /init_weights_update_group,
 /begin_weight_update, /update_weights_from_distributed, /update_weights_from_tensor (CUDA IPC
 from a trainer on the same GPU), /end_weight_update, /destroy_weights_update_group, /update_weight_version;
-/release_memory_occupation, /resume_memory_occupation. See docs/backends/hf.md.
+/release_memory_occupation, /resume_memory_occupation; /start_profile, /stop_profile (profiler.py). See
+docs/backends/hf.md.
 
 Security (ARCHITECTURE.md §9): binds to --host (loopback by default); with --api-key every
 endpoint except GET /health*, /get_*, /model_info and /server_info needs `Authorization: Bearer <key>` (constant-time
@@ -38,6 +40,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from relax.backends.hf.engine import DTYPE_CHOICES, LOAD_FORMATS, EngineUnavailable, HFEngine
 from relax.backends.hf.openai_api import add_openai_routes
+from relax.backends.hf.profiler import EngineProfiler, add_profile_routes
 from relax.backends.hf.streaming import generate_events
 from relax.backends.hf.protocol import (
     AbortRequest, GenerateRequest, GroupNameRequest, InitWeightsUpdateGroupRequest, MemoryRequest,
@@ -45,6 +48,7 @@ from relax.backends.hf.protocol import (
     UpdateWeightVersionRequest, build_output,
     normalize_generate,
 )
+from relax.config.lora import ALL_LINEAR, LoraSpec, parse_targets
 from relax.distributed.weights.group import run_in_daemon_thread
 from relax.distributed.weights.protocol import parse_specs
 from relax.distributed.weights.receiver import load_format_is_flat
@@ -167,6 +171,7 @@ def server_info(engine: HFEngine, launch: dict[str, Any], mark: list) -> dict[st
         "max_req_input_len": context - 1, "skip_tokenizer_init": False, "is_embedding": False,
         "load_format": engine.load_format, "kv_cache_dtype": "auto", "page_size": 1, "trust_remote_code": False,
         "enable_memory_saver": True,  # weights and cache are released on /release_memory_occupation
+        "enable_lora": engine.lora is not None, "max_lora_rank": engine.lora.rank if engine.lora else None,
     }
     return {**engine.info(), **server_args, **sched, "startup_time": launch.get("startup_time"),
             "internal_states": [state], "version": SGLANG_API_VERSION,
@@ -356,6 +361,7 @@ def create_app(engine: HFEngine, *, api_key: str | None = None, on_started: Any 
     add_control_routes(app, engine)
     add_weight_routes(app, engine)
     add_openai_routes(app, engine, error_response)
+    add_profile_routes(app, EngineProfiler(engine.scheduler, engine.device.type), error_response)
     return app
 
 
@@ -392,8 +398,33 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--incremental-streaming-output", action="store_true",
                         help="streamed /generate events carry only the new text and output_ids (SGLang's option; "
                              "default: the reply so far, as SGLang)")
+    add_lora_args(parser)
+    parser.add_argument("--enable-return-routed-experts", action="store_true",
+                        help="MoE models: record every token's top-k experts per layer, returned on /generate with "
+                             "return_routed_experts (SGLang's flag; routing replay, docs/moe.md)")
     parser.add_argument("--log-level", default="info")
     return parser.parse_args(argv)
+
+
+def add_lora_args(parser: argparse.ArgumentParser) -> None:
+    """LoRA adapters (SGLang's option names, plus --lora-alpha, which SGLang reads from adapter_config.json)."""
+    parser.add_argument("--enable-lora", action="store_true",
+                        help="LoRA adapters on the model: zero (the base model) until a weight push brings the "
+                             "trainer's adapter tensors (<module>.lora_A.weight, ...; docs/lora.md)")
+    parser.add_argument("--max-lora-rank", type=int, default=None, help="the adapters' rank r (with --enable-lora)")
+    parser.add_argument("--lora-target-modules", nargs="+", default=[ALL_LINEAR],
+                        help="modules with adapters: names (q_proj v_proj ...) or all-linear")
+    parser.add_argument("--lora-alpha", type=float, default=None, help="adapter scaling alpha / r (default: r)")
+
+
+def lora_from_args(args: argparse.Namespace) -> LoraSpec | None:
+    """The adapters --enable-lora asks for (None without it); ValueError naming a missing or bad flag."""
+    if not args.enable_lora:
+        return None
+    if not args.max_lora_rank or args.max_lora_rank < 1:
+        raise ValueError("--enable-lora needs --max-lora-rank R (the rank of the adapters pushed to this engine)")
+    targets = parse_targets(",".join(args.lora_target_modules))
+    return LoraSpec(args.max_lora_rank, args.lora_alpha or float(args.max_lora_rank), targets)
 
 
 async def _announce_when_bound(server: Any, host: str, port: int) -> None:
@@ -419,7 +450,8 @@ def main(argv: list[str] | None = None) -> None:
                       seed=args.random_seed, weight_sync_timeout_s=args.weight_sync_timeout,
                       batch_wait_s=args.batch_wait_ms / 1000, rl_on_policy_target=args.rl_on_policy_target,
                       load_format=args.load_format, max_total_tokens=args.max_total_tokens,
-                      cuda_graphs=not args.disable_cuda_graph, cuda_graph_max_bs=args.cuda_graph_max_bs)
+                      cuda_graphs=not args.disable_cuda_graph, cuda_graph_max_bs=args.cuda_graph_max_bs,
+                      lora=lora_from_args(args), routed_experts=args.enable_return_routed_experts)
     holder: dict[str, Any] = {}
     launch = {"host": args.host, "port": args.port, "random_seed": args.random_seed, "log_level": args.log_level,
               "startup_time": time.time(), "incremental_streaming_output": args.incremental_streaming_output}

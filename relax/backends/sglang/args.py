@@ -29,6 +29,9 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
+from relax.backends.sglang.routing import installed_version, routed_experts_options
+from relax.config.lora import ALL_LINEAR, engine_lora_options
+
 if TYPE_CHECKING:
     from relax.config.schema import RelaxConfig
 
@@ -73,6 +76,8 @@ def normalize_options(options: Mapping[str, Any] | None) -> dict[str, Any]:
             raise ValueError(f"{relax_flag(option_flag(key))}: Relax sets --{key.replace('_', '-')} per engine "
                              f"({MANAGED[key]}); drop it")
         name = ALIASES.get(key, key)
+        if name == "lora_target_modules":  # peft's all-linear is SGLang's "all"
+            value = ["all" if v == ALL_LINEAR else v for v in ([value] if isinstance(value, str) else value)]
         if name in out and out[name] != value:
             raise ValueError(f"engine options {key}={value!r} and {name}={out[name]!r} name the same SGLang option "
                              f"(--{name.replace('_', '-')}) with different values; keep one")
@@ -126,7 +131,11 @@ def check_engine_options(cfg: RelaxConfig) -> None:
     if options.get("tp_size") is not None and str(options["tp_size"]).strip() != str(tp):
         raise ValueError(f"--sglang-tp-size {options['tp_size']} contradicts --rollout-num-gpus-per-engine {tp}: "
                          "an engine runs tensor parallel over the GPUs it is given; drop --sglang-tp-size")
-    validate_server_argv(server_argv(cfg.ckpt.hf_checkpoint or "model", "127.0.0.1", 30000, {**options, "tp_size": tp}))
+    lora = engine_lora_options(cfg, alpha=False)  # --lora-rank: --enable-lora, --max-lora-rank, --lora-target-modules
+    # R3: --enable-return-routed-experts, from the SGLang release that has it (routing.py)
+    routed = routed_experts_options(installed_version()) if cfg.algo.use_rollout_routing_replay else {}
+    validate_server_argv(server_argv(cfg.ckpt.hf_checkpoint or "model", "127.0.0.1", 30000,
+                                     {**options, "tp_size": tp, **lora, **routed}))
 
 
 def _user_message(error: str, hints: Mapping[str, list[str]], argv: Sequence[str]) -> str:

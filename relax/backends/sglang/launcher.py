@@ -32,6 +32,7 @@ from typing import Any, Mapping, Sequence
 
 
 from relax.backends.sglang.args import sglang_available, server_argv
+from relax.backends.sglang.routing import check_options as check_routed_experts
 from relax.utils.net import free_port
 from relax.utils.proc import PARENT_PID_ENV, ChildServer
 
@@ -112,6 +113,7 @@ def launch_sglang_engine(model_path: str, *, host: str = "127.0.0.1", port: int 
                                      options=options, extra_args=extra_args, env=env, num_threads=num_threads)
     if not sglang_available():
         raise RuntimeError("sglang is not installed: pip install 'sglang[all]' (or use --rollout-backend hf)")
+    check_routed_experts(options or {})  # R3's --enable-return-routed-experts: SGLang >= 0.5.8 (routing.py)
     if log_path is None:
         fd, log_path = tempfile.mkstemp(prefix=f"sglang-engine-{port}-", suffix=".log")
         os.close(fd)

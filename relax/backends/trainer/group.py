@@ -21,11 +21,13 @@ from relax.types import TrainBatch
 
 @dataclass
 class ScoreShard:
-    """One data-parallel shard of a scoring pass: its rows' tokens, response lengths and media."""
+    """One data-parallel shard of a scoring pass: its rows' tokens, response lengths, media and
+    (R3) routing records."""
 
     tokens: list[list[int]]
     lengths: list[int]
     media: list[bytes] | None = None
+    routing: list[bytes] | None = None
 
 
 class TrainerGroup:
@@ -55,14 +57,21 @@ class TrainerGroup:
         """Per shard, per row: response log-probs (an "lm" head) or values (a "value" head)."""
         if self.spec.head == "value":
             return await self.ranks.on_shards(lambda w, s: w.compute_values.remote(s.tokens, s.lengths), shards)
-        return await self.ranks.on_shards(lambda w, s: w.compute_log_probs.remote(s.tokens, s.lengths, s.media),
-                                          shards)
+        return await self.ranks.on_shards(
+            lambda w, s: w.compute_log_probs.remote(s.tokens, s.lengths, s.media, routing=s.routing), shards)
+
+    async def score_base(self, shards: Sequence[ScoreShard]) -> list[list[list[float]]]:
+        """Per shard, per row: response log-probs of the base model, LoRA adapters off (the Reference
+        of a --lora-rank run, scored by the actor's own ranks)."""
+        return await self.ranks.on_shards(
+            lambda w, s: w.compute_log_probs.remote(s.tokens, s.lengths, s.media, False, True, routing=s.routing),
+            shards)
 
     async def score_with_entropy(self, shards: Sequence[ScoreShard]
                                  ) -> list[tuple[list[list[float]], list[list[float]]]]:
         """Per shard: (response log-probs, per-token entropies) of each row (--use-rollout-entropy)."""
         return await self.ranks.on_shards(
-            lambda w, s: w.compute_log_probs.remote(s.tokens, s.lengths, s.media, True), shards)
+            lambda w, s: w.compute_log_probs.remote(s.tokens, s.lengths, s.media, True, routing=s.routing), shards)
 
     async def pop_compute_seconds(self) -> float:
         """The slowest rank's forward/backward/optimizer seconds since the last call."""
@@ -84,6 +93,10 @@ class TrainerGroup:
     async def train_end(self) -> list[dict[str, float]]:
         """Every rank's metrics of the pass."""
         return await self.ranks.on_all(lambda w: w.train_end.remote())
+
+    async def forget_routing(self) -> None:
+        """Routing replay (R2): every rank drops the routing its step's first forward recorded."""
+        await self.ranks.on_all(lambda w: w.forget_routing.remote())
 
     async def reset_optimizer(self) -> None:
         """`--reset-optimizer-states`: every rank drops its optimizer state."""

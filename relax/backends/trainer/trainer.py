@@ -14,6 +14,8 @@ depend on how the model is built or run:
                 reached through a Ray handle (ActorFwd and the Reference take the actor's weights)
     state       offload/onload (colocate on shared GPUs), checkpoints (meta, RNG, LR schedule
                 here; the model and optimizer state in the runner's format), HF export
+    routing     MoE routing replay (`routing.py`): what each forward of a row replays, the
+                engine's record (R3) or the policy's first forward's (R2); the runner applies it
 
 Data parallelism is the runner's business: rows arrive per data-parallel shard (a model-parallel
 group of ranks receives the same rows, `parallel_info`), each rank normalises its loss by the
@@ -37,21 +39,34 @@ import torch
 import torch.distributed as dist
 
 from relax.backends.base import RankLayout, Rows, TrainerSpec
+from relax.backends.lora import adapters_off
 from relax.backends.registry import TRAIN_BACKENDS
 from relax.backends.trainer import passes
 from relax.backends.trainer.losses import MicroLoss
 from relax.backends.trainer.offload import HostStash
-from relax.backends.trainer.optim import build_optimizer, optimizer_state_tensors, reset_optimizer_state
+from relax.backends.trainer.optim import (
+    build_optimizer, optimizer_memory, optimizer_state_tensors, refresh_host_copies, reset_optimizer_state,
+)
+from relax.backends.trainer.routing import RouteBook
 from relax.backends.trainer.runner_kit import rng_state, set_rng_state
 from relax.backends.trainer.weights_out import WeightPush
 from relax.distributed.store import pin_gloo_interface, tcp_store
 from relax.distributed.weights.protocol import parse_dtype
 from relax.types import TrainBatch
+from relax.utils.peft_files import adapter_config
 from relax.utils.plugins import import_object
 
 logger = logging.getLogger(__name__)
 
 GIB = float(1 << 30)
+
+
+def adapter_files(spec: TrainerSpec) -> tuple[str, dict[str, Any]] | None:
+    """Where and how a LoRA adapter is pushed as peft files (engines that load adapters from disk), or None."""
+    lora = spec.lora
+    if lora is None or spec.adapter_dir is None:
+        return None
+    return spec.adapter_dir, adapter_config(lora.rank, lora.alpha, lora.targets, lora.dropout, spec.model_path)
 
 
 def gpu_used_bytes(device: torch.device) -> int:
@@ -80,16 +95,18 @@ class Trainer:
             self.optimizer, self.scheduler = build_optimizer(
                 self.runner.optimized_parameters(), spec.optim, spec.total_steps, self.device,
                 self.runner.optimizer_group())
+            self.runner.attach_optimizer(self.optimizer)
             self.loss = MicroLoss(spec, self.device)
         backend = spec.weight_sync_backend if self.device.type == "cuda" else "gloo"  # NCCL cannot carry CPU tensors
         self.weights = WeightPush(device=self.device, backend=backend, bucket_bytes=spec.bucket_bytes,
-                                  timeout_s=spec.sync_timeout_s)
+                                  timeout_s=spec.sync_timeout_s, adapter_files=adapter_files(spec))
         self._receiver: Any = None
         self.stash = HostStash()  # colocate offload: pinned host copies of the state, reused every step
         self._restash_after_push = False  # a push arrived while offloaded: offload again at its end
         self.step = 0
         self.compute_seconds = 0.0
         self._pass: passes.TrainPass | None = None
+        self.routes = RouteBook(spec)  # routing replay (MoE): what each forward of a row replays
 
     @property
     def layout(self) -> RankLayout:
@@ -103,14 +120,17 @@ class Trainer:
     # ---- scoring -----------------------------------------------------------------------
     @torch.no_grad()
     def compute_log_probs(self, tokens: list[list[int]], lengths: list[int], media: list[bytes] | None = None,
-                          entropy: bool = False) -> Any:
+                          entropy: bool = False, base: bool = False, routing: list[bytes] | None = None) -> Any:
         """Per-row response log-probs under the current weights (old policy, reference, teacher);
         `media`: a multimodal run's encoder tensors per row (TransferQueue's bytes). `entropy`
-        (--use-rollout-entropy): (log-probs, per-token entropies) from the same forward."""
+        (--use-rollout-entropy): (log-probs, per-token entropies) from the same forward. `base`
+        (--lora-rank): the base model's, every adapter switched off (the LoRA Reference). `routing`
+        (R3): each row's engine routing record, replayed (`routing.RouteBook`)."""
         if self.spec.head != "lm":
             raise RuntimeError(f"{self.spec.name}: compute_log_probs needs a language-model head; this model "
                                "has a value head (compute_values)")
-        out, entropies = self._score(tokens, lengths, media, entropy)
+        with adapters_off(self.runner.model) if base else contextlib.nullcontext():
+            out, entropies = self._score(tokens, lengths, media, entropy, routing)
         return (out, entropies) if entropy else out
 
     @torch.no_grad()
@@ -121,15 +141,19 @@ class Trainer:
         return self._score(tokens, lengths, None)[0]
 
     def _score(self, tokens: list[list[int]], lengths: list[int], media: list[bytes] | None,
-               entropy: bool = False) -> tuple[list[list[float]], list[list[float]]]:
+               entropy: bool = False, routing: list[bytes] | None = None
+               ) -> tuple[list[list[float]], list[list[float]]]:
         """Per-row response scores, and (`entropy`) per-token entropies (else empty rows)."""
         self.runner.model.eval()
         start = time.perf_counter()
         b = self.spec.batch
         micro = passes.micro_batches([len(t) for t in tokens], b, b.log_probs_max_tokens_per_gpu or
                                      b.max_tokens_per_gpu, self.layout, self.device)
-        scores = self.runner.run([passes.scoring_rows(idx, tokens, lengths, media) for idx in micro], None,
-                                 entropy=entropy)
+        rows = [self.routes.attach(passes.scoring_rows(idx, tokens, lengths, media),
+                                   None if routing is None or not idx else [routing[i] for i in idx]) for idx in micro]
+        scores = self.runner.run(rows, None, entropy=entropy)
+        for r, s in zip(rows, scores):  # R2: a recording forward's routing, for the passes after it
+            self.routes.keep(r, s)
         out: list[list[float]] = [[] for _ in tokens]
         entropies: list[list[float]] = [[] for _ in tokens]
         for idx, s in zip(micro, scores):  # the answering ranks' (a pipeline's other stages return none)
@@ -192,11 +216,17 @@ class Trainer:
         num_samples, num_tokens = sum(map(len, micro)), p.global_tokens[p.step] / self.layout.dp_size
         value_head = self.spec.head == "value"
         media = None if value_head else batch.multimodal_train_inputs_RB
-        inputs = [Rows([batch.tokens_RL[i] for i in m], [batch.response_lengths_R[i] for i in m],
-                       None if media is None else [media[i] for i in m]) for m in chunk]
+        routing = None if value_head else batch.rollout_routed_experts_RB
+        inputs = [self.routes.attach(Rows([batch.tokens_RL[i] for i in m], [batch.response_lengths_R[i] for i in m],
+                                          None if media is None else [media[i] for i in m]),
+                                     None if routing is None else [routing[i] for i in m]) for m in chunk]
+
+        def loss(k: int, scores: Any) -> Any:
+            self.routes.keep(inputs[k], scores)  # R2: the first pass records what later passes replay
+            return self.loss(batch, chunk[k], scores, num_samples=num_samples, num_tokens=num_tokens)
+
         outputs = self.runner.run(
-            inputs, lambda k, scores: self.loss(batch, chunk[k], scores, num_samples=num_samples,
-                                                num_tokens=num_tokens),
+            inputs, loss,
             entropy=not value_head, entropy_grad=self.loss.entropy_grad, ends_step=p.micro + count == len(micro))
         passes.add_micro_metrics(p.sums, outputs)
         p.micro += count
@@ -216,6 +246,10 @@ class Trainer:
         self.step += 1
         return {**sums, "grad_norm": grad_norm, "lr": self.scheduler.get_last_lr()[0]}
 
+    def forget_routing(self) -> int:
+        """The step is trained: drop the routing its first forward recorded (R2); how many rows had one."""
+        return self.routes.forget()
+
     def reset_optimizer(self) -> int:
         """`--reset-optimizer-states`: this rank's optimizer state dropped (`optim.reset_optimizer_state`)."""
         with self._resident():
@@ -229,6 +263,7 @@ class Trainer:
             raise RuntimeError(f"{self.spec.name} rank {self.rank}: train_end with {missing} row(s) of the pass "
                                "never sent; every row of the shard must arrive through train_rows")
         p.totals["compute_seconds"] = self.pop_compute_seconds()
+        p.totals |= optimizer_memory(self.optimizer)  # where the state lives, what bf16 moments saved
         if self.device.type == "cuda":
             p.totals |= {"memory/train_peak_gib": torch.cuda.max_memory_allocated(self.device) / GIB,
                          "memory/train_gpu_used_gib": gpu_used_bytes(self.device) / GIB}
@@ -372,6 +407,7 @@ class Trainer:
         meta = json.loads((path / "meta.json").read_text())
         with self._resident():
             rng = self.runner.load_state(path, meta, self.optimizer)
+            refresh_host_copies(self.optimizer)  # --optimizer-cpu-offload: its host copies take the loaded weights
         if self.scheduler is not None and meta.get("scheduler"):
             self.scheduler.load_state_dict(meta["scheduler"])
         set_rng_state(rng)
@@ -382,6 +418,7 @@ class Trainer:
         """Only the model weights of a checkpoint written by `save`."""
         with self._resident():
             self.runner.load_weights(Path(ckpt_dir))
+            refresh_host_copies(self.optimizer)
 
     def export_hf(self, out_dir: str, tokenizer_path: str) -> None:
         with self._resident():

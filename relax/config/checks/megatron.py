@@ -54,11 +54,6 @@ def check_model_flags(cfg: RelaxConfig, hf: dict) -> None:
 # Megatron flags the megatron backend does not act on yet: given a non-default value, an error.
 MEGATRON_NOT_BUILT = {
     "expert_tensor_parallel_size": ("parallel", 1, "expert tensor parallelism (experts are whole per rank)"),
-    "optimizer_cpu_offload": ("optim", False, "optimizer CPU offload"),
-    "overlap_cpu_optimizer_d2h_h2d": ("optim", False, "optimizer CPU offload"),
-    "use_precision_aware_optimizer": ("optim", False, "the precision-aware optimizer"),
-    "overlap_grad_reduce": ("optim", False, "overlapped gradient reduction"),
-    "overlap_param_gather": ("optim", False, "overlapped parameter gathers"),
     "megatron_to_hf_mode": ("cluster", "raw", "bridge conversion (megatron-bridge); raw converters only"),
     "qkv_format": ("cluster", "thd", "the packed thd layout is not built; rows are right-padded (bshd)"),
     "attention_backend": ("megatron", None, "attention backends (the local unfused attention runs)"),
@@ -77,6 +72,10 @@ def megatron_unfit(cfg: RelaxConfig) -> list[str]:
                        "backend yet; use 1 or --train-backend fsdp")
     if cfg.cluster.true_on_policy_mode:
         reasons.append("--true-on-policy-mode needs --train-backend fsdp")
+    if cfg.lora.lora_rank > 0:  # megatron-core 0.16 has no LoRA layers (Megatron's LoRA is Megatron-Bridge's)
+        reasons.append(f"--lora-rank {cfg.lora.lora_rank}: LoRA adapters train on the fsdp backend only (megatron-core "
+                       "0.16 builds no LoRA layers; Megatron's LoRA lives in Megatron-Bridge, which this build "
+                       "excludes); use --train-backend fsdp, or --lora-rank 0 to fine-tune every weight")
     if cfg.data.multimodal_keys:
         p = cfg.parallel
         config = Path(cfg.ckpt.hf_checkpoint or "") / "config.json"

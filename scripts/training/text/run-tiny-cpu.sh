@@ -1,5 +1,5 @@
 #!/bin/bash
-# CPU quickstart: GRPO (or another estimator) on a tiny Qwen3 that visibly learns, in about 10 minutes on 2 cores.
+# CPU quickstart: GRPO (or another estimator) on a tiny Qwen3 that visibly learns, in about 5 minutes on 2 cores.
 #
 #   bash scripts/training/text/run-tiny-cpu.sh [EXTRA RELAX FLAGS...]
 #   ESTIMATOR=ppo bash scripts/training/text/run-tiny-cpu.sh     # PPO with a critic instead of GRPO
@@ -35,13 +35,24 @@ SEED="${SEED:-1234}"
 ESTIMATOR="${ESTIMATOR:-grpo}"
 RUN_DIR="${EXP_DIR}/run"
 MODE="${MODE:-colocate}"
+# `--lora-rank N` among the extra flags (docs/lora.md): the actor trains LoRA adapters only, and scores
+# the KL Reference itself (its base model with the adapter off), so no Reference role is deployed.
+LORA_RANK=0
+PREV_ARG=""
+for arg in "$@"; do
+  [ "${PREV_ARG}" = "--lora-rank" ] && LORA_RANK="${arg}"
+  case "${arg}" in --lora-rank=*) LORA_RANK="${arg#*=}" ;; esac
+  PREV_ARG="${arg}"
+done
 
 case "${MODE}" in
   colocate)
     # Phases take turns on both cores: 2 engines generate, then the trainer ranks run.
     MODE_ARGS=(--colocate)
     RESOURCE='{"actor": [1, 1], "rollout": [1, 2], "reference": [1, 1]}'
-    [ "${KL_LOSS_COEF:-0.05}" = "0" ] && RESOURCE='{"actor": [1, 1], "rollout": [1, 2]}' ;;
+    if [ "${KL_LOSS_COEF:-0.05}" = "0" ] || [ "${LORA_RANK}" != "0" ]; then
+      RESOURCE='{"actor": [1, 1], "rollout": [1, 2]}'
+    fi ;;
   async)
     # Roles run at once: 1 engine keeps generating while Actor, ActorFwd, Reference and
     # Advantages train and score behind it, at most MAX_STALENESS steps behind the rollout.
@@ -53,15 +64,24 @@ case "${MODE}" in
   *) echo "MODE must be colocate or async, got '${MODE}'" >&2; exit 2 ;;
 esac
 
+DRY_RUN=0
+for arg in "$@"; do [ "${arg}" = "--dry-run" ] && DRY_RUN=1; done
+MODEL_PATH="${MODEL_DIR}/models/tiny-qwen3-sft"
 # shellcheck disable=SC2086  # PREPARE_ARGS is a list of extra flags for prepare.py
-python3 -m examples.tiny_math.prepare --out-dir "${MODEL_DIR}" --seed "${SEED}" ${PREPARE_ARGS:-}
+if [ "${DRY_RUN}" = "1" ] && [ ! -f "${MODEL_PATH}/prepare.json" ]; then
+  # --dry-run before the model exists: the data and the model's config.json only (seconds, no SFT)
+  python3 -m examples.tiny_math.prepare --out-dir "${MODEL_DIR}" --seed "${SEED}" ${PREPARE_ARGS:-} --plan-only
+  MODEL_PATH="${MODEL_DIR}/models/tiny-qwen3-plan"
+else
+  python3 -m examples.tiny_math.prepare --out-dir "${MODEL_DIR}" --seed "${SEED}" ${PREPARE_ARGS:-}
+fi
 if [ "${DATA_DIR}" != "${MODEL_DIR}" ]; then
   mkdir -p "${DATA_DIR}/data" && cp -n "${MODEL_DIR}"/data/*.jsonl "${DATA_DIR}/data/"
 fi
 
 CKPT_ARGS=(
-  --hf-checkpoint "${MODEL_DIR}/models/tiny-qwen3-sft"
-  --ref-load "${MODEL_DIR}/models/tiny-qwen3-sft"
+  --hf-checkpoint "${MODEL_PATH}"
+  --ref-load "${MODEL_PATH}"
   --save-hf "${EXP_DIR}/hf"
 )
 if [ "${SAVE_INTERVAL}" != "0" ]; then
@@ -159,8 +179,6 @@ python3 relax/entrypoints/train.py \
   "${MODEL_ARGS[@]}" "${CKPT_ARGS[@]}" "${ROLLOUT_ARGS[@]}" "${EVAL_ARGS[@]}" \
   "${ALGO_ARGS[@]}" "${OPTIMIZER_ARGS[@]}" "${PERF_ARGS[@]}" "${LOG_ARGS[@]}" "${FAULT_ARGS[@]}" "$@"
 
-DRY_RUN=0
-for arg in "$@"; do [ "${arg}" = "--dry-run" ] && DRY_RUN=1; done
 if [ "${EVAL_INTERVAL}" != "0" ] && [ "${DRY_RUN}" = "0" ]; then
   python3 - "${RUN_DIR}/summary.json" <<'PY'
 import json, sys
