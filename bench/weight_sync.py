@@ -292,7 +292,7 @@ def bench_shape(shape: str, args: argparse.Namespace) -> dict:
             with sender_device:  # the actor's float32 master weights
                 model = AutoModelForCausalLM.from_config(model_config(shape), dtype=torch.float32)
             engine.wait_ready(timeout=600)
-            actor = types.SimpleNamespace(model=model)  # FSDPRunner.hf_state reads only .model
+            actor = types.SimpleNamespace(model=model, spec=types.SimpleNamespace(lora=None))  # what hf_state reads
             start = time.perf_counter()
             named = [(n, t) for n, t, _ in FSDPRunner.hf_state(actor, torch.bfloat16)]
             if sender_device.type == "cuda":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import socket
 
 
@@ -12,11 +13,38 @@ def free_port(host: str = "127.0.0.1") -> int:
         return sock.getsockname()[1]
 
 
+def ephemeral_range() -> tuple[int, int]:
+    """The OS's range for ports it picks itself (outgoing connections, `bind(0)`); Linux's default."""
+    try:
+        low, high = open("/proc/sys/net/ipv4/ip_local_port_range").read().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
-    """`n` distinct ports the OS says are free on `host` now: all bound at once, so no two are the
-    same, and each wherever the OS put it (not `port + i`, which may be a neighbour's port)."""
+    """`n` distinct ports free on `host` now, for groups that bind them later (one after the other,
+    minutes apart): below the OS's ephemeral range, from 20000 (above Ray's worker ports), where the
+    OS never hands a port to another process's outgoing connection or `bind(0)` meanwhile (ports
+    taken from that range were: EADDRINUSE in the megatron test groups). Falls back to ports the
+    OS picks when that range is too narrow."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sockets = [socket.socket(family) for _ in range(n)]
+    low, high = 20000, ephemeral_range()[0]
+    candidates = list(range(low, high))
+    random.SystemRandom().shuffle(candidates)
+    chosen: list[int] = []
+    for port in candidates:
+        if len(chosen) == n:
+            return chosen
+        with socket.socket(family) as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+        chosen.append(port)
+    if len(chosen) == n:
+        return chosen
+    sockets = [socket.socket(family) for _ in range(n)]  # (the OS's own picks, all bound at once: distinct)
     try:
         for sock in sockets:
             sock.bind((host, 0))

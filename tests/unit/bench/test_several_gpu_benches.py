@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from relax.distributed.weights.sender import FLAT_DEPTH
+
 from bench.long_tail_generate import response_length
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -28,9 +30,10 @@ def test_weight_sync_bench_runs_on_cpu(tmp_path):
     assert re.fullmatch(r"weight_sync_gbps=[\d.]+ nccl_gbps=[\d.]+ ratio=[\d.]+", last), last
     result = json.loads(out.read_text())["results"][0]
     # Each bucket size in plain SGLang (one bucket at a time, per tensor) and with Relax's extensions,
-    # which the hf engine takes (flat buckets, two in flight).
+    # which the hf engine takes (flat buckets, FLAT_DEPTH in flight).
     assert [(p["protocol"], p["bucket_mib"], p["depth"], p["flat"]) for p in result["pushes"]] == [
-        ("sglang", 1, 1, False), ("sglang", 4, 1, False), ("relax", 1, 2, True), ("relax", 4, 2, True)]
+        ("sglang", 1, 1, False), ("sglang", 4, 1, False), ("relax", 1, FLAT_DEPTH, True),
+        ("relax", 4, FLAT_DEPTH, True)]
     # The tiny model's ~3.3 MB in 1 MiB buckets take several buckets, in 4 MiB one.
     assert result["pushes"][0]["buckets"] > 1 and result["pushes"][1]["buckets"] == 1
     assert all(p["bytes"] == result["bytes"] for p in result["pushes"])
