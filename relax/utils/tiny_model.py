@@ -14,7 +14,7 @@ torch / transformers / tokenizers are imported inside the functions so that impo
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from transformers import PreTrainedTokenizerFast, Qwen3ForCausalLM, Qwen3MoeForCausalLM
@@ -131,7 +131,6 @@ def build_tiny_qwen3(
     Embeddings are tied; pad/eos ids come from `tokenizer`. The same `seed` gives the same
     weights on every machine (torch's CPU generator is deterministic).
     """
-    import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     if hidden_size % num_heads:
@@ -155,10 +154,17 @@ def build_tiny_qwen3(
         max_window_layers=num_layers,
         use_cache=True,
     )
-    gen = torch.random.fork_rng(devices=[])
-    with gen:
+    return _seeded_model(Qwen3ForCausalLM, config, tokenizer, seed)
+
+
+def _seeded_model(model_class: Any, config: Any, tokenizer: Any, seed: int) -> Any:
+    """`model_class(config)` initialised from `seed` (the global RNG left as it was), generating
+    with the tokenizer's pad and eos ids and no bos."""
+    import torch
+
+    with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = Qwen3ForCausalLM(config)
+        model = model_class(config)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.bos_token_id = None
@@ -184,7 +190,6 @@ def build_tiny_qwen3_moe(
     almost nothing to the residual stream and which experts a token takes barely moves its
     log-probs; at 0.1 routing matters as in a trained model, so a routing flip shows.
     """
-    import torch
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
     config = Qwen3MoeConfig(
@@ -195,13 +200,7 @@ def build_tiny_qwen3_moe(
         max_position_embeddings=max_position_embeddings, tie_word_embeddings=True, initializer_range=init_std,
         pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, bos_token_id=None, use_cache=True,
     )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = Qwen3MoeForCausalLM(config)
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.generation_config.bos_token_id = None
-    return model
+    return _seeded_model(Qwen3MoeForCausalLM, config, tokenizer, seed)
 
 
 def save_tiny_model(model: "Qwen3ForCausalLM", tokenizer: "PreTrainedTokenizerFast", out_dir: str) -> str:

@@ -38,6 +38,8 @@ from typing import Any, Callable, Iterable, Iterator
 
 import torch
 
+from relax.backends.trainer.lowp_adam import closure_loss
+
 CHUNK_BYTES = 64 << 20  # float32 bytes per chunk under --overlap-cpu-optimizer-d2h-h2d
 
 
@@ -181,10 +183,7 @@ class HostOptimizer(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = closure_loss(closure)
         self.last_schedule = []
         events = []
         for i, chunk in enumerate(self.chunks):  # every chunk's gradients queued at once

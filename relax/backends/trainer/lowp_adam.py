@@ -45,6 +45,15 @@ def adamw_update_(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor
     exp_avg_sq.copy_(v)
 
 
+
+def closure_loss(closure: Any) -> Any:
+    """`Optimizer.step(closure)`'s contract: re-evaluate the loss with gradients on, if given."""
+    if closure is None:
+        return None
+    with torch.enable_grad():
+        return closure()
+
+
 class LowPrecisionAdamW(torch.optim.Optimizer):
     """AdamW (`adamw_update_`) with its moments in `moments_dtype` (bfloat16); the state keeps
     torch's AdamW names (`step`, `exp_avg`, `exp_avg_sq`), so checkpoints look like AdamW's.
@@ -57,10 +66,7 @@ class LowPrecisionAdamW(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = closure_loss(closure)
         for group in self.param_groups:
             beta1, beta2 = group["betas"]
             for p in group["params"]:

@@ -143,3 +143,4 @@ def optimizer_state_tensors(optimizer: Any) -> list[torch.Tensor]:
     if optimizer is None:
         return []
     return [v for state in optimizer.state.values() for v in state.values() if isinstance(v, torch.Tensor)]
+
