@@ -21,7 +21,7 @@ check rejects `--use-routing-replay` alone there; R3 needs no recording).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -30,8 +30,9 @@ from relax.backends.megatron.attention import cp_positions
 from relax.utils.routing import RoutingShape
 from relax.utils.routing_replay import merged_ids, rows_from_batch, targets_for_rows
 
-if TYPE_CHECKING:
-    from relax.backends.megatron.rank import MegatronRank
+# The rank this module serves (relax.backends.megatron.rank.MegatronRank, which builds a
+# MegatronRouting: typed loosely here so the two modules do not import each other).
+MegatronRank = Any
 
 
 class ReplayTopK:
