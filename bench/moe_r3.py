@@ -36,7 +36,6 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")  # CPU: megatron-core would pick a visible GPU
 
 
 def build_models(root: str, hidden: int, layers: int, experts: int, top_k: int) -> dict[str, str]:
@@ -58,7 +57,7 @@ def build_models(root: str, hidden: int, layers: int, experts: int, top_k: int) 
             "dense": save_tiny_model(dense, tokenizer, os.path.join(root, "dense"))}
 
 
-def generate(model_dir: str, routed: bool, rows: int, new_tokens: int, repeats: int = 3) -> dict:
+def generate(model_dir: str, routed: bool, rows: int, new_tokens: int, repeats: int = 3, device: str = "cpu") -> dict:
     """The batch through an in-process hf engine in bfloat16: rows, the engine's log-probs and
     (`routed`) routing records as data-plane bytes, and the generation's seconds (median of `repeats`)."""
     import torch
@@ -72,7 +71,7 @@ def generate(model_dir: str, routed: bool, rows: int, new_tokens: int, repeats: 
     prompts = [torch.randint(5, 290, (int(n),), generator=g).tolist() for n in sizes]
 
     async def run():
-        engine = HFEngine(model_dir, seed=0, routed_experts=routed, dtype="bfloat16")
+        engine = HFEngine(model_dir, seed=0, routed_experts=routed, dtype="bfloat16", device=device)
         await engine.start()
         try:
             req = GenerateRequest(input_ids=prompts, return_logprob=True, return_routed_experts=routed,
@@ -146,9 +145,9 @@ def measure(args: argparse.Namespace) -> dict:
     torch.set_num_threads(1)
     root = tempfile.mkdtemp(prefix="moe_r3_")
     paths = build_models(root, args.hidden, args.layers, args.experts, args.top_k)
-    dense = generate(paths["dense"], False, args.rows, args.new_tokens)
-    plain = generate(paths["moe"], False, args.rows, args.new_tokens)
-    rows = generate(paths["moe"], True, args.rows, args.new_tokens)
+    dense = generate(paths["dense"], False, args.rows, args.new_tokens, device=args.device)
+    plain = generate(paths["moe"], False, args.rows, args.new_tokens, device=args.device)
+    rows = generate(paths["moe"], True, args.rows, args.new_tokens, device=args.device)
     worker = trainer(paths["dense"], args.backend, trainable=False)
     dense_level = mismatch(worker.compute_log_probs(dense["tokens"], dense["lengths"]), dense["logprobs"])
     worker.shutdown()
@@ -165,7 +164,7 @@ def measure(args: argparse.Namespace) -> dict:
     tokens = sum(len(t) - 1 for t in rows["tokens"])
     median = lambda r3, k: statistics.median(t[k] for t in times[r3])  # noqa: E731
     return {
-        "backend": args.backend, "cpus": os.cpu_count(), "torch_threads": 1,
+        "backend": args.backend, "device": args.device, "cpus": os.cpu_count(), "torch_threads": 1,
         "model": {"hidden": args.hidden, "layers": args.layers, "experts": args.experts, "top_k": args.top_k,
                   "init_std": 0.1},
         "rows": args.rows, "new_tokens": args.new_tokens, "engine_dtype": "bfloat16", "trainer_dtype": "float32",
@@ -208,8 +207,12 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--experts", type=int, default=8)
     parser.add_argument("--top-k", type=int, default=2)
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                        help="cuda: engine and trainer on the GPU (time it by wall seconds, not CPU seconds)")
     parser.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "moe_r3_cpu.json"))
     args = parser.parse_args()
+    if args.device == "cpu":
+        os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")  # megatron-core and the trainer would pick a visible GPU
     result = measure(args)
     print(table(result))
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
