@@ -19,7 +19,7 @@ One torch thread everywhere, so a process's CPU time is its compute: on a shared
 times move with the load (the JSON keeps both, and the load average).
 
     python3 bench/moe_r3.py [--backend fsdp|megatron] [--rows 32] [--new-tokens 48] [--steps 10]
-                            [--out bench/results/moe_r3_cpu.json]
+                            [--device cpu|cuda] [--out bench/results/moe_r3_cpu.json]
 """
 
 from __future__ import annotations

@@ -13,8 +13,8 @@ import ray
 def ray_local():
     started_here = not ray.is_initialized()  # a one-process run of the suite has the integration cluster up
     if started_here:
-        # Ray refuses logical GPUs when CUDA_VISIBLE_DEVICES lists none (an earlier test in this
-        # process may have set it empty to hide GPUs): the count given here is the whole truth.
+        # Ray refuses logical GPUs when CUDA_VISIBLE_DEVICES lists none (tests/unit/backends/megatron/conftest.py
+        # sets it empty for the whole process to hide GPUs): the count given here is the whole truth.
         hidden = os.environ.pop("CUDA_VISIBLE_DEVICES", None)
         try:
             ray.init(num_cpus=4, num_gpus=2, include_dashboard=False, log_to_driver=False)
