@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Literal, Protocol
 
 from relax.algorithms.policy_loss import PolicyLossConfig
 from relax.config.lora import LoraSpec
+from relax.config.observability import TrainProfileConfig
 from relax.config.schema import BatchConfig, OptimizerConfig
 
 if TYPE_CHECKING:
@@ -40,6 +41,12 @@ class ModelParallelSpec:
     recompute_method: str | None = None
     recompute_num_layers: int | None = None
     distributed_optimizer: bool = False  # --use-distributed-optimizer: optimizer state sharded over data-parallel ranks
+    etp: int = 1  # --expert-tensor-parallel-size: each expert's weights split over this many ranks
+    qkv_format: str = "thd"  # micro-batches: "thd" packed rows, "bshd" padded (checks.megatron.qkv_layout)
+    allgather_cp: bool = False  # --allgather-cp: each row's C contiguous chunks, not the load-balanced 2C
+    recompute_loss_function: bool = False  # --recompute-loss-function: the vocab-parallel head recomputed in backward
+    model_name: str | None = None  # --model-name: the conversion family (None: the checkpoint's model_type)
+    model_provider: str | None = None  # --custom-model-provider-path
     # The seed's model flags (--num-layers, --hidden-size, ...) as given: checked against config.json.
     arch_flags: dict[str, Any] = field(default_factory=dict)
 
@@ -96,6 +103,18 @@ class TrainerSpec:
     # (SGLang's /load_lora_adapter, `relax.distributed.weights.adapter_files`); None: adapter tensors
     # travel by broadcast like any weights (the hf engine, training ranks).
     adapter_dir: str | None = None
+    # --use-pytorch-profiler, --record-memory-history, --enable-cuda-memory-check and their options
+    # (`relax.backends.trainer.profiling`); `trace_dir`: where the traces go (None: no profiler).
+    profile: TrainProfileConfig = field(default_factory=TrainProfileConfig)
+    trace_dir: str | None = None
+    # --keep-old-actor: weight versions kept on the host to score old log-probs with (0: none;
+    # `relax.backends.trainer.kept_weights`). --disable-weights-backuper: the colocate offload frees
+    # its host buffers after each onload. --train-memory-margin-bytes on a GPU shared with the engines
+    # (0: none; `memory_margin`). --check-weight-update-equal: each push is checked on the engines.
+    keep_weights: int = 0
+    keep_host_buffers: bool = True
+    memory_margin_bytes: int = 0
+    check_weights: bool = False
 
     @property
     def policy(self) -> bool:
@@ -202,6 +221,11 @@ class ModelRunner(Protocol):
     def save_state(self, path: Path, optimizer: Any, save_optim: bool, rng: dict[str, Any]) -> dict[str, Any]:
         """Write this rank's model (and optimizer) state and RNG under checkpoint `path`; returns
         what rank 0 adds to meta.json."""
+        ...
+    def snapshot_state(self, path: Path, optimizer: Any, save_optim: bool,
+                       rng: dict[str, Any]) -> tuple[dict[str, Any], Callable[[], None]]:
+        """--async-save: copy what `save_state` writes to the host now; returns (what rank 0 adds to
+        meta.json, the write of that copy under `path`, which a background thread runs)."""
         ...
     def load_state(self, path: Path, meta: dict[str, Any], optimizer: Any) -> dict[str, Any]:
         """Load what `save_state` wrote; returns the RNG state to restore."""

@@ -8,7 +8,8 @@ contiguous), reject rows whose weight version lags more than `--max-staleness`, 
 data-parallel ranks, then leave `returns` for a critic or clear the partition.
 
 Loaders: the whole-step loader (colocate) reads a complete step and computes old log-probs on
-the current weights and the advantages (`step_advantages`) itself; the streaming loader (fully
+the current weights (--keep-old-actor: on the ranks' copy of the weights the engines generated the
+rows with) and the advantages (`step_advantages`) itself; the streaming loader (fully
 async) plans the pass as soon as Rollout has written the step and feeds each rank its rows as
 ActorFwd, Reference and Advantages complete them, so micro-batches train while later rows are
 still scored. Both compute exactly the same optimizer steps.
@@ -36,8 +37,8 @@ from relax.backends.trainer.group import ScoreShard, TrainerGroup
 from relax.components.setup_context import SetupContext
 from relax.components.step_advantages import AdvantageSpec, jagged, opd_metrics, step_advantages
 from relax.components.training import (
-    balance_lengths, make_trainer_group, mean_over_ranks, optimizer_steps_total, save_checkpoint, step_plan,
-    train_on_rows, trains_actor,
+    CheckpointPart, balance_lengths, initial_model, make_trainer_group, mean_over_ranks, optimizer_steps_total,
+    step_plan, train_on_rows, trains_actor,
 )
 from relax.components.train_hooks import load_postprocess, postprocess_rows
 from relax.components.weight_publisher import WeightPublisher
@@ -60,8 +61,10 @@ class Actor:
         self.token = run_token()
         self.version = 0  # weight version the engines hold (= optimizer updates applied)
         self.params_version = 0  # weight version the ranks hold (ahead of `version` between train and push)
+        self.row_versions: list[int] = []  # the weight versions of the step being trained (`_read_batch`)
         self._ranks = asyncio.Lock()  # one of train / push / restore on the ranks at a time
         self.group: TrainerGroup | None = None  # `start`
+        self.ckpt: CheckpointPart | None = None  # `start`
         self.weights: WeightPublisher | None = None
         self.advantages = AdvantageSpec.from_config(cfg)
         self._first_pass = {"whole_step": self._whole_step_pass, "streaming": self._streaming_pass}[plan.loader]
@@ -69,10 +72,10 @@ class Actor:
 
     async def start(self) -> None:
         """Start the ranks (every role starts its processes at once, before the setups)."""
-        model_path = self.cfg.ckpt.ref_load or self.cfg.ckpt.hf_checkpoint
-        self.group = make_trainer_group(self.cfg, self.plan.role, model_path,
+        self.group = make_trainer_group(self.cfg, self.plan.role, initial_model(self.cfg),
                                         total_steps=optimizer_steps_total(self.cfg), adapters=True)
         await self.group.ready()
+        self.ckpt = CheckpointPart(self.group, background=self.cfg.ckpt.async_save)
         window = recovery_window_s(self.cfg) if self.cfg.fault.use_fault_tolerance else None
         self.weights = WeightPublisher(self.group, self.plan, self.token, retry_window_s=window)
 
@@ -134,7 +137,7 @@ class Actor:
 
     # ---- training ----------------------------------------------------------------------
     async def train(self, rollout_id: int) -> dict[str, float]:
-        async with self._ranks:
+        async with self._ranks, self.group.profiled_step():  # a step of the ranks' profilers (--use-pytorch-profiler)
             metrics = await self._train(rollout_id)
         self.params_version = rollout_id + 1
         return metrics
@@ -300,8 +303,8 @@ class Actor:
         """The behaviour policy's log-probs, recomputed on the current weights (sharded as training
         is), and with --use-rollout-entropy each token's entropy (else None)."""
         shards_idx, shards = self._score_shards(batch)
-        entropy = self.cfg.algo.use_rollout_entropy
-        results = await (self.group.score_with_entropy(shards) if entropy else self.group.score(shards))
+        entropy, kept = self.cfg.algo.use_rollout_entropy, self._kept_version()
+        results = await (self.group.score_with_entropy(shards, kept) if entropy else self.group.score(shards, kept))
         old: list[list[float]] = [[] for _ in batch.tokens_RL]
         ents: list[list[float]] = [[] for _ in batch.tokens_RL]
         for idx, result in zip(shards_idx, results):
@@ -309,6 +312,16 @@ class Actor:
             for i, lp, ent in zip(idx, logps, shard_ents):
                 old[i], ents[i] = lp, ent
         return old, ents if entropy else None
+
+    def _kept_version(self) -> int | None:
+        """--keep-old-actor (colocate, the engines a version or more behind the ranks): the weight version
+        that generated the step's rows, which the ranks kept at its push (None: the ranks hold it)."""
+        if not self.group.spec.keep_weights or self.row_versions == [self.params_version]:
+            return None
+        if len(self.row_versions) != 1:
+            raise RuntimeError(f"--keep-old-actor: the step's rows come from weight versions {self.row_versions}, "
+                               "but the ranks keep only the engines' last one (an engine replaced mid-step?)")
+        return self.row_versions[0]
 
     def _score_shards(self, batch: TrainBatch) -> tuple[list[list[int]], list[ScoreShard]]:
         """The step's rows over the ranks as training shards them: row indices and scoring shards."""
@@ -335,6 +348,7 @@ class Actor:
         keys = await tq.list_keys(rollout_id)
         cols = await tq.get_columns(rollout_id, keys, list(columns))
         lags = [self.version - v for v in cols["weight_versions"].tolist()]
+        self.row_versions = sorted({int(v) for v in cols["weight_versions"].tolist()})  # (--keep-old-actor)
         stale = [i for i, lag in enumerate(lags) if lag > self.plan.max_staleness]
         metrics = {"train/max_version_lag": float(max(lags)), "train/rejected_stale_rows": float(len(stale))}
         if stale:  # the rollout gate makes this impossible; if it ever happens, say so loudly
@@ -347,11 +361,16 @@ class Actor:
         return keys, batch, metrics
 
     async def save(self, rollout_id: int) -> dict[str, str]:
-        """Write this step's actor part (the Controller commits the checkpoint)."""
+        """Write this step's actor part, or with --async-save start writing it (the Controller commits
+        the checkpoint once `finish_save` has returned)."""
         cfg = self.cfg.ckpt
         async with self._ranks:
-            return {"actor": await save_checkpoint(self.group, cfg.save, rollout_id,
-                                                   save_optim=not cfg.no_save_optim)}
+            return {"actor": await self.ckpt.save(cfg.save, rollout_id, save_optim=not cfg.no_save_optim)}
+
+    async def finish_save(self) -> None:
+        """--async-save: wait for the actor part being written and move it into place."""
+        async with self._ranks:
+            await self.ckpt.finish()
 
     async def export_hf(self, rollout_id: int) -> str | None:
         out = self.cfg.ckpt.save_hf.format(rollout_id=rollout_id)
@@ -403,6 +422,9 @@ class UntrainedActor:
 
     async def save(self, rollout_id: int) -> dict[str, str]:
         return {}
+
+    async def finish_save(self) -> None:
+        """Nothing is written."""
 
     async def export_hf(self, rollout_id: int) -> str | None:
         return None

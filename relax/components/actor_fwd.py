@@ -1,6 +1,7 @@
 """ActorFwd / Reference role: forward-only log-probs written back onto the step's rows.
 
-As Reference it loads `--ref-load` (default `--hf-checkpoint`) once and writes
+As Reference it loads `--ref-load` (default `--hf-checkpoint`; with `--ref-ckpt-step N`, step N of
+the checkpoint directory `--ref-load` names, over `--hf-checkpoint`'s model) once and writes
 `ref_log_probs` for every row of partition `train_{step}`, which the Actor reads for the KL
 loss. With `--ref-update-interval N` it takes the actor's weights every N-th version, pushed
 through the DCS coordinator like ActorFwd's (a lane of its own: `weight_receivers`), and scores
@@ -11,8 +12,9 @@ When the plan streams it (fully async), Reference and ActorFwd run `run(start, e
 stream over each step's partition, scoring rows as soon as Rollout has written them. ActorFwd
 writes `old_log_probs` (the old-policy log-probs the Actor's PPO ratio divides by) with the
 actor's weights, which it receives over the same broadcast group as the engines; it scores a
-row only once it holds weights at least as new as the ones that generated the row. Which
-column it writes and whether it receives weights is its part of the plan (`RolePlan`).
+row only once it holds weights at least as new as the ones that generated the row (with
+--keep-old-actor its ranks keep the last --max-staleness + 1 versions and score each row on its
+own). Which column it writes and whether it receives weights is its part of the plan (`RolePlan`).
 """
 
 from __future__ import annotations
@@ -23,7 +25,9 @@ from typing import Any, Awaitable, Callable
 
 from relax.components.setup_context import SetupContext
 from relax.components.step_advantages import jagged
-from relax.components.training import make_trainer_group, read_routing, read_rows, score_rows
+from relax.components.training import (
+    initial_model, make_trainer_group, read_routing, read_rows, reference_step, score_rows,
+)
 from relax.config.layouts import scorer_config
 from relax.config.plan import RolePlan
 from relax.config.role_plans import StepPart
@@ -63,17 +67,22 @@ class ActorFwd:
         receives = StepPart.RECEIVES_WEIGHTS in plan.parts
         self.refresh_every = plan.weights_every if receives and not self.per_row else 0
         self.group = None
+        self.kept_versions = 0  # weight versions the ranks keep (`start`)
         self.stopping = False
         self.compute_seconds = 0.0
 
     async def start(self) -> None:
-        model_path = self.cfg.ckpt.ref_load or self.cfg.ckpt.hf_checkpoint
         overrides = self.cfg.cluster.ref_actor_config or {}
         # --ref-actor-config: their own layout and token budget (relax.config.layouts.scorer_config)
         # ActorFwd takes the actor's weights: with --lora-rank its model carries the pushed adapters.
-        self.group = make_trainer_group(scorer_config(self.cfg), self.plan, model_path, trainable=False,
+        self.group = make_trainer_group(scorer_config(self.cfg), self.plan, initial_model(self.cfg), trainable=False,
                                         threads=overrides.get("threads"), adapters=self.per_row)
         await self.group.ready()  # weight_receivers() hands out these ranks: they must be the final ones
+        self.kept_versions = self.group.spec.keep_weights  # --keep-old-actor: rows on their own version
+        step = None if self.per_row else reference_step(self.cfg)
+        if step is not None:  # --ref-ckpt-step: that step's weights over --hf-checkpoint's model
+            await self.group.load_weights(str(step))
+            logger.info("%s loaded the weights of %s", self.role, step)
 
     async def offload(self) -> dict[str, float]:
         """Colocate on shared GPUs: this role's ranks move their state to the host (rollout runs)."""
@@ -97,10 +106,18 @@ class ActorFwd:
         return self.refresh_every > 0 and lane_due(self.refresh_every, step)
 
     async def _log_probs(self, tokens: list[list[int]], lengths: list[int], media: list[bytes] | None = None,
-                         routing: list[bytes] | None = None) -> list[list[float]]:
-        logps, compute = await score_rows(self.group, tokens, lengths, media, routing)
-        self.compute_seconds += compute
-        return logps
+                         routing: list[bytes] | None = None, versions: list[int] | None = None) -> list[list[float]]:
+        """`versions` (--keep-old-actor): each row scored on the ranks' copy of its own weight version."""
+        out: list[list[float]] = [[] for _ in tokens]
+        for version in sorted(set(versions)) if versions is not None else [None]:
+            idx = [i for i, v in enumerate(versions) if v == version] if versions is not None else range(len(tokens))
+            pick = lambda column: None if column is None else [column[i] for i in idx]  # noqa: E731
+            logps, compute = await score_rows(self.group, pick(tokens), pick(lengths), pick(media), pick(routing),
+                                              weights_version=version)
+            self.compute_seconds += compute
+            for i, lp in zip(idx, logps):
+                out[i] = lp
+        return out
 
     async def forward(self, rollout_id: int) -> dict[str, float]:
         start = time.perf_counter()
@@ -110,7 +127,8 @@ class ActorFwd:
             metrics["reference/updated"] = 1.0
         keys, tokens, lengths, media = await read_rows(rollout_id, media=MEDIA_COLUMN in self.plan.reads)
         routing = await read_routing(rollout_id, keys) if ROUTING_COLUMN in self.plan.reads else None  # R3
-        logps, compute = await score_rows(self.group, tokens, lengths, media, routing)
+        async with self.group.profiled_step():  # a step of the ranks' profilers (--use-pytorch-profiler)
+            logps, compute = await score_rows(self.group, tokens, lengths, media, routing)
         await tq.put_columns(rollout_id, keys, {self.column: jagged(logps)})
         return metrics | {f"time/{self.role}": time.perf_counter() - start, f"compute/{self.role}_seconds": compute}
 
@@ -118,12 +136,14 @@ class ActorFwd:
     async def run(self, start: int, end: int) -> None:
         """Stream over steps `start..end-1`: score rows as Rollout writes them."""
         async def score(step: int, keys: list[str], cols: dict[str, Any]) -> None:
-            if self.per_row:  # old log-probs: on weights at least as new as the row's
-                await self._wait_weights(max(int(v) for v in cols["weight_versions"]))
+            versions = [int(v) for v in cols["weight_versions"]] if self.per_row else None
+            if versions:  # old log-probs: on weights at least as new as the row's (or kept: its own)
+                await self._wait_weights(max(versions))
             logps = await self._log_probs([t.tolist() for t in cols["tokens"]],
                                           [int(x) for x in cols["response_lengths"]],
                                           tq.media_bytes(cols.get(MEDIA_COLUMN)),
-                                          tq.media_bytes(cols.get(ROUTING_COLUMN)))  # R3: the engines' routing
+                                          tq.media_bytes(cols.get(ROUTING_COLUMN)),  # R3: the engines' routing
+                                          versions if self.kept_versions else None)
             await tq.put_columns(step, keys, {self.column: tq.sequence_column(logps)})
 
         alive = lambda: not self.stopping and self.group is not None  # noqa: E731
@@ -132,9 +152,10 @@ class ActorFwd:
                 return
             if self._refreshed_at(step):  # --ref-update-interval: this step on the actor's weights
                 await self._wait_weights(step)
-            await tq.stream_step(step, task=self.role, chunk=self.cfg.rollout.n_samples_per_prompt,
-                                 fields=[c for c in self.plan.reads if c != "sample_indices"], alive=alive,
-                                 score=lambda keys, cols, step=step: score(step, keys, cols))
+            async with self.group.profiled_step():  # the step's scoring, for the ranks' profilers
+                await tq.stream_step(step, task=self.role, chunk=self.cfg.rollout.n_samples_per_prompt,
+                                     fields=[c for c in self.plan.reads if c != "sample_indices"], alive=alive,
+                                     score=lambda keys, cols, step=step: score(step, keys, cols))
 
     async def _wait_weights(self, version: int) -> None:
         backoff = Backoff(max_s=0.05)

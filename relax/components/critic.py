@@ -34,7 +34,7 @@ from relax.components.actor_fwd import stream_steps
 from relax.components.setup_context import SetupContext
 from relax.components.step_advantages import jagged
 from relax.components.training import (
-    make_trainer_group, mean_over_ranks, optimizer_steps_total, read_rows, save_checkpoint, score_rows,
+    CheckpointPart, make_trainer_group, mean_over_ranks, optimizer_steps_total, read_rows, score_rows,
     train_on_rows, trainer_checkpoint,
 )
 from relax.config.plan import RolePlan
@@ -65,12 +65,14 @@ class Critic:
         tq.start_replica()
         self.cfg, self.plan = cfg, plan
         self.group = None
+        self.ckpt: CheckpointPart | None = None  # `start`
 
     async def start(self) -> None:
         cfg = self.cfg
         self.group = make_trainer_group(cfg, self.plan, cfg.ckpt.hf_checkpoint, head="value",
                                         total_steps=optimizer_steps_total(cfg), optim=critic_optim(cfg))
         await self.group.ready()
+        self.ckpt = CheckpointPart(self.group, background=cfg.ckpt.async_save)
 
     async def offload(self) -> dict[str, float]:
         """Colocate on shared GPUs: this role's ranks move their state to the host (rollout runs)."""
@@ -129,7 +131,8 @@ class Critic:
                            loss_masks_RT=[m.tolist() for m in cols["loss_masks"]],
                            values_RT=[v.tolist() for v in cols["values"]],
                            returns_RT=[r.tolist() for r in cols["returns"]])
-        results = await train_on_rows(self.group, batch, self.cfg.batch.global_batch_size)
+        async with self.group.profiled_step():  # a step of the ranks' profilers (--use-pytorch-profiler)
+            results = await train_on_rows(self.group, batch, self.cfg.batch.global_batch_size)
         metrics = {"compute/critic_train_seconds": max(r.pop("compute_seconds") for r in results)}
         metrics |= mean_over_ranks(results, prefix="critic")
         await tq.clear(rollout_id)
@@ -139,8 +142,11 @@ class Critic:
         _, save_dir = critic_dirs(self.cfg)
         if save_dir is None:
             return {}
-        return {"critic": await save_checkpoint(self.group, save_dir, rollout_id,
-                                                save_optim=not self.cfg.ckpt.no_save_optim)}
+        return {"critic": await self.ckpt.save(save_dir, rollout_id, save_optim=not self.cfg.ckpt.no_save_optim)}
+
+    async def finish_save(self) -> None:
+        """--async-save: wait for the critic part being written and move it into place."""
+        await self.ckpt.finish()
 
     async def shutdown(self) -> None:
         if self.group is not None:

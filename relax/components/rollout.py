@@ -506,6 +506,9 @@ class Rollout:
             del self.snapshots[step]
         return part
 
+    async def finish_save(self) -> None:
+        """The data position is written at `save` (--async-save leaves it as it is)."""
+
 
 def memory_metrics(values: dict[str, list[Any]]) -> dict[str, float]:
     """Bytes per engine -> the largest engine's GiB, for the metrics the backend reported."""

@@ -6,7 +6,8 @@ KL to the teacher as `opd/kl_to_teacher`. Where the teacher runs is `--opd-type`
 of `TEACHERS`:
 
     megatron  the training backend loads --opd-teacher-load as a forward-only worker group
-              (like the Reference) and scores at the rollout temperature;
+              (like the Reference) and scores at the rollout temperature; with
+              --opd-teacher-ckpt-step N it loads step N of a Relax checkpoint directory instead;
     sglang    an inference engine scores the rows over SGLang's /generate protocol
               (`input_ids`, `max_new_tokens: 0`, `return_logprob`, `logprob_start_len: 0`,
               reading `meta_info.input_token_logprobs`, i.e. raw logits at temperature 1). The
@@ -26,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from pathlib import Path
 from typing import Any, Protocol
 
 from relax.distributed.engine_client import EngineClient
@@ -38,6 +40,7 @@ from relax.config.plan import RolePlan
 from relax.config.schema import RelaxConfig
 from relax.distributed import transfer_queue as tq
 from relax.engine.fleet import EngineFleet, FleetSpec
+from relax.utils import checkpoints
 from relax.utils.logging import run_token
 
 logger = logging.getLogger(__name__)
@@ -52,14 +55,31 @@ class TeacherScorer(Protocol):
     async def close(self) -> None: ...
 
 
+def teacher_step(cfg: RelaxConfig) -> Path | None:
+    """--opd-teacher-ckpt-step: the checkpoint step under --opd-teacher-load whose weights the teacher
+    loads over --hf-checkpoint's model (None: --opd-teacher-load is an HF directory)."""
+    a = cfg.algo
+    if a.opd_teacher_ckpt_step is None:
+        return None
+    return checkpoints.step_checkpoint(a.opd_teacher_load, a.opd_teacher_ckpt_step, flag="--opd-teacher-load",
+                                       step_flag="--opd-teacher-ckpt-step")
+
+
 class WorkerTeacher:
-    """`--opd-type megatron`: the teacher checkpoint in the training backend, forward only."""
+    """`--opd-type megatron`: the teacher checkpoint in the training backend, forward only: the HF
+    model --opd-teacher-load names, or with --opd-teacher-ckpt-step that step of the checkpoint
+    directory it names (a run of --hf-checkpoint's model, whose weights load over it)."""
 
     def __init__(self, cfg: RelaxConfig, plan: RolePlan) -> None:
-        self.group = make_trainer_group(cfg, plan, cfg.algo.opd_teacher_load, trainable=False)
+        self.step = teacher_step(cfg)
+        model = cfg.algo.opd_teacher_load if self.step is None else cfg.ckpt.hf_checkpoint
+        self.group = make_trainer_group(cfg, plan, model, trainable=False)
 
     async def wait_ready(self) -> None:
-        """The workers load the checkpoint in their constructors: nothing to wait for."""
+        """The workers load the HF model in their constructors; a checkpoint step's weights then."""
+        if self.step is not None:
+            await self.group.load_weights(str(self.step))
+            logger.info("the OPD teacher loaded the weights of %s", self.step)
 
     async def score(self, tokens: list[list[int]], lengths: list[int]) -> list[list[float]]:
         logps, _ = await score_rows(self.group, tokens, lengths)

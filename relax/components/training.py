@@ -14,15 +14,18 @@ import logging
 import os
 from pathlib import Path
 
-from typing import Literal
+from typing import Any, Literal
 
 from relax.algorithms.policy_loss import PolicyLossConfig
 from relax.backends.base import ModelParallelSpec, TrainerSpec
 from relax.backends.trainer.group import ScoreShard, TrainerGroup
 from relax.config import roles
+from relax.config.checks.megatron import qkv_layout
+from relax.config.checks.profiling import train_trace_dir
 from relax.config.lora import lora_spec
 from relax.config.plan import RolePlan, reuses_training_log_probs
 from relax.config.schema import OptimizerConfig, RelaxConfig
+from relax.config.train_memory import kept_versions
 from relax.distributed import transfer_queue as tq
 from relax.distributed.ray.nodes import same_node_options
 from relax.types import MEDIA_COLUMN, ROUTING_COLUMN, TrainBatch
@@ -85,13 +88,16 @@ def model_parallel_spec(cfg: RelaxConfig) -> ModelParallelSpec:
     """The megatron backend's layout and model flags (fsdp ignores them; validation keeps them unset)."""
     import dataclasses
 
-    p = cfg.parallel
+    p, m = cfg.parallel, cfg.megatron
     return ModelParallelSpec(
         tp=p.tensor_model_parallel_size, pp=p.pipeline_model_parallel_size, cp=p.context_parallel_size,
         ep=p.expert_model_parallel_size, sequence_parallel=p.sequence_parallel,
         recompute_granularity=p.recompute_granularity, recompute_method=p.recompute_method,
         recompute_num_layers=p.recompute_num_layers, distributed_optimizer=cfg.optim.use_distributed_optimizer,
-        arch_flags={f.name: getattr(cfg.megatron, f.name) for f in dataclasses.fields(cfg.megatron)})
+        etp=p.expert_tensor_parallel_size, qkv_format=qkv_layout(cfg)[0], allgather_cp=m.allgather_cp,
+        recompute_loss_function=m.recompute_loss_function, model_name=cfg.misc.model_name,
+        model_provider=m.custom_model_provider_path,
+        arch_flags={f.name: getattr(m, f.name) for f in dataclasses.fields(m)})
 
 
 def adapter_dir(cfg: RelaxConfig) -> str | None:
@@ -102,6 +108,32 @@ def adapter_dir(cfg: RelaxConfig) -> str | None:
     if cfg.cluster.rollout_backend not in ADAPTER_FILE_ENGINES:
         return None
     return os.path.join(os.path.abspath(cfg.misc.exp_dir or "."), "lora_adapters")
+
+
+def initial_model(cfg: RelaxConfig) -> str:
+    """The model the Actor (and ActorFwd, the Reference) are built from: --ref-load when it is an HF
+    directory, else --hf-checkpoint (with --ref-ckpt-step, --ref-load is a checkpoint directory: the
+    Reference loads that step's weights over this model, `reference_step`; the Actor starts from it)."""
+    c = cfg.ckpt
+    return c.ref_load if c.ref_load and c.ref_ckpt_step is None else c.hf_checkpoint
+
+
+def reference_step(cfg: RelaxConfig) -> Path | None:
+    """--ref-ckpt-step: the checkpoint step under --ref-load whose weights the Reference loads (None: unset)."""
+    c = cfg.ckpt
+    if c.ref_ckpt_step is None:
+        return None
+    return checkpoints.step_checkpoint(c.ref_load, c.ref_ckpt_step, flag="--ref-load", step_flag="--ref-ckpt-step")
+
+
+def weights_and_memory(cfg: RelaxConfig, role: RolePlan, policy: bool) -> dict[str, Any]:
+    """`role`'s TrainerSpec fields of the weight-copy and memory flags (`relax.config.train_memory`) and
+    --check-weight-update-equal (the policy pushes, so it checks)."""
+    m = cfg.train_memory
+    shared_gpu = bool(role.slots) and role.gpu_fraction < 1  # other processes (colocate: the engines) on its GPU
+    return {"keep_weights": kept_versions(cfg, role.name), "keep_host_buffers": not m.disable_weights_backuper,
+            "memory_margin_bytes": m.train_memory_margin_bytes if shared_gpu else 0,
+            "check_weights": policy and cfg.debug.check_weight_update_equal}
 
 
 def make_trainer_group(cfg: RelaxConfig, role: RolePlan, model_path: str, *, head: Literal["lm", "value"] = "lm",
@@ -128,6 +160,8 @@ def make_trainer_group(cfg: RelaxConfig, role: RolePlan, model_path: str, *, hea
         compile_layers=cfg.parallel.use_torch_compile, model_parallel=model_parallel_spec(cfg),
         lora=lora, adapter_dir=adapter_dir(cfg) if lora else None,
         routing_replay=cfg.algo.use_routing_replay and head == "lm",  # MoE routing replay (docs/moe.md)
+        profile=cfg.train_profile, trace_dir=train_trace_dir(cfg),  # profiling and memory tools (observability.md)
+        **weights_and_memory(cfg, role, policy),
     )
     placed = None
     if role.slots:  # a GPU cluster: each rank on its bundle of the run's placement group
@@ -212,16 +246,17 @@ def score_shards(num_rows: int, world_size: int) -> list[list[int]]:
 
 
 async def score_rows(group: TrainerGroup, tokens_RL: list[list[int]], lengths_R: list[int],
-                     media_R: list[bytes] | None = None, routing_R: list[bytes] | None = None
-                     ) -> tuple[list[list[float]], float]:
+                     media_R: list[bytes] | None = None, routing_R: list[bytes] | None = None,
+                     weights_version: int | None = None) -> tuple[list[list[float]], float]:
     """Every rank's forward-only pass on its share of the rows (`media_R`: a multimodal run's
-    encoder tensors per row; `routing_R`: R3's routing records): log-probs, or a value head's
-    values. Returns per-row response-aligned results in row order and the slowest rank's compute
-    seconds."""
+    encoder tensors per row; `routing_R`: R3's routing records; `weights_version`, --keep-old-actor:
+    on the ranks' kept copy of that version): log-probs, or a value head's values. Returns per-row
+    response-aligned results in row order and the slowest rank's compute seconds."""
     shards_idx = score_shards(len(tokens_RL), group.dp_size)
     pick = lambda column, idx: None if column is None else [column[i] for i in idx]  # noqa: E731
     results = await group.score([ScoreShard([tokens_RL[i] for i in idx], [lengths_R[i] for i in idx],
-                                            pick(media_R, idx), pick(routing_R, idx)) for idx in shards_idx])
+                                            pick(media_R, idx), pick(routing_R, idx)) for idx in shards_idx],
+                                weights_version)
     compute = await group.pop_compute_seconds()
     out: list[list[float]] = [[] for _ in tokens_RL]
     for idx, res in zip(shards_idx, results):
@@ -267,14 +302,38 @@ def mean_over_ranks(results: list[dict[str, float]], *, prefix: str) -> dict[str
 
 # ---- checkpoints -----------------------------------------------------
 
-async def save_checkpoint(group: TrainerGroup, save_dir: str, rollout_id: int, *, save_optim: bool) -> str:
-    """The ranks write `save_dir/iter_<rollout_id>` (DCP shards, RNG, meta) under a temporary name,
-    then it moves into place. Committed (manifest, pointer) by the Controller once every role saved."""
-    final = checkpoints.iter_dir(save_dir, rollout_id)
-    partial = checkpoints.stage(final)
-    await group.save(str(partial), rollout_id, save_optim)
-    checkpoints.publish(partial, final)
-    return str(final)
+class CheckpointPart:
+    """A training role's part of each checkpoint: its ranks write `save_dir/iter_<rollout_id>` (model
+    and optimizer shards, RNG, meta) under a temporary name, then it moves into place. Committed
+    (manifest, pointer) by the Controller once every role's part is there.
+
+    `background` (--async-save): `save` returns once the ranks have copied their state to the host;
+    they write it while training goes on, and `finish` waits for the write (raising its failure)
+    and moves the part into place. The next `save` finishes the previous one first."""
+
+    def __init__(self, group: TrainerGroup, background: bool) -> None:
+        self.group, self.background = group, background
+        self.pending: tuple[Path, Path] | None = None  # (partial, final) of a write in flight
+
+    async def save(self, save_dir: str, rollout_id: int, *, save_optim: bool) -> str:
+        """Write (or with `background`, start writing) step `rollout_id`'s part; returns where it goes."""
+        await self.finish()
+        final = checkpoints.iter_dir(save_dir, rollout_id)
+        partial = checkpoints.stage(final)
+        await self.group.save(str(partial), rollout_id, save_optim, background=self.background)
+        self.pending = (partial, final)
+        if not self.background:
+            await self.finish()
+        return str(final)
+
+    async def finish(self) -> None:
+        """Wait for the part being written, if any, and move it into place."""
+        if self.pending is None:
+            return
+        (partial, final), self.pending = self.pending, None
+        if self.background:
+            await self.group.wait_saved()
+        checkpoints.publish(partial, final)
 
 
 def trainer_checkpoint(load_dir: str) -> Path | None:

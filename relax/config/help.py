@@ -47,7 +47,11 @@ GROUP_TITLES: dict[str, tuple[str, tuple[str, ...]]] = {
                                                                             "--slime-router-middleware-paths")),
     "engine_profile": ("Profiling the inference engines per rollout step", ("--sglang-profile",
                                                                            "--sglang-profile-steps")),
+    # (its flags in the title: one line on the overview screen)
+    "train_profile": ("Training ranks' profiler and memory tools: --use-pytorch-profiler, --record-memory-history",
+                      ()),
     "lora": ("LoRA adapters (docs/lora.md)", ("--lora-rank", "--lora-alpha", "--lora-target-modules")),
+    "train_memory": ("Training ranks' weight copies and memory: --keep-old-actor, --train-memory-margin-bytes", ()),
 }
 
 USAGE = "relax-train [--flag VALUE ...]"

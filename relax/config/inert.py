@@ -70,6 +70,7 @@ INERT: dict[str, tuple[str, Enabled]] = {
     "lr_decay_iters": ("--lr-decay-style linear or cosine", _decay),
     "min_lr": ("--lr-decay-style linear or cosine", _decay),
     "overlap_cpu_optimizer_d2h_h2d": ("--optimizer-cpu-offload", lambda cfg: cfg.optim.optimizer_cpu_offload),
+    "allgather_cp": ("--context-parallel-size > 1", lambda cfg: cfg.parallel.context_parallel_size > 1),
     "streaming_buffer_size": ("--use-streaming-dataset", lambda cfg: cfg.data.use_streaming_dataset),
     "prefetch_chunk_size": ("--use-streaming-dataset with --multimodal-keys", _prefetch),
     "prefetch_max_cached": ("--use-streaming-dataset with --multimodal-keys", _prefetch),
@@ -79,6 +80,7 @@ INERT: dict[str, tuple[str, Enabled]] = {
     "tb_experiment_name": ("--use-tensorboard, --use-wandb or --use-clearml", _metric_sinks),
     "max_actor_ckpt_to_keep": ("--save (no checkpoints are written without it)", lambda cfg: bool(cfg.ckpt.save)),
     "no_save_optim": ("--save (no checkpoints are written without it)", lambda cfg: bool(cfg.ckpt.save)),
+    "async_save": ("--save (no checkpoints are written without it)", lambda cfg: bool(cfg.ckpt.save)),
     "load_debug_rollout_data_subsample": ("--load-debug-rollout-data",
                                           lambda cfg: bool(cfg.debug.load_debug_rollout_data)),
     "max_tokens_per_gpu": DYNAMIC,
@@ -98,6 +100,11 @@ INERT: dict[str, tuple[str, Enabled]] = {
        for name in ("sglang_profile_steps", "sglang_profile_step_start", "sglang_profile_step_end",
                     "sglang_profile_output_dir", "sglang_profile_num_steps", "sglang_profile_activities",
                     "sglang_profile_by_stage", "sglang_profile_with_stack", "sglang_profile_record_shapes")},
+    **{name: ("--use-pytorch-profiler", lambda cfg: cfg.train_profile.use_pytorch_profiler)
+       for name in ("profile_step_start", "profile_step_end", "profile_target", "profile_with_stack",
+                    "profile_with_memory", "profile_with_flops")},
+    **{name: ("--record-memory-history", lambda cfg: cfg.train_profile.record_memory_history)
+       for name in ("memory_snapshot_path", "memory_snapshot_dir", "memory_snapshot_num_steps", "memory_recorder")},
     **{name: EVAL for name in ("eval_interval", "eval_function_path", "eval_input_key", "eval_label_key",
                                "eval_tool_key", "n_samples_per_eval_prompt", "eval_temperature", "eval_top_p",
                                "eval_top_k", "eval_max_response_len", "eval_max_prompt_len", "eval_min_new_tokens",

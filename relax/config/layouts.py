@@ -81,6 +81,7 @@ class Layout:
     pp: int = 1
     cp: int = 1
     ep: int = 1
+    etp: int = 1
 
     @property
     def model_parallel(self) -> int:
@@ -90,7 +91,7 @@ class Layout:
 def role_layout(cfg: RelaxConfig, role: Role) -> Layout:
     p = (scorer_config(cfg) if role in SCORERS else cfg).parallel
     return Layout(p.tensor_model_parallel_size, p.pipeline_model_parallel_size, p.context_parallel_size,
-                  p.expert_model_parallel_size)
+                  p.expert_model_parallel_size, p.expert_tensor_parallel_size)
 
 
 def check_role_layouts(cfg: RelaxConfig, roles: Iterable[tuple[Role, int, str]]) -> None:
@@ -107,6 +108,7 @@ def check_role_layouts(cfg: RelaxConfig, roles: Iterable[tuple[Role, int, str]])
         if workers % lay.model_parallel:
             raise PlanError(f"{name}: {workers} rank(s) do not split into tensor x pipeline x context parallel "
                             f"groups of {lay.tp} x {lay.pp} x {lay.cp}; {fix}")
-        if workers % (lay.ep * lay.pp):
-            raise PlanError(f"{name}: {workers} rank(s) do not split into expert parallel groups of {lay.ep} per "
-                            f"pipeline stage ({lay.pp} stages); lower --expert-model-parallel-size or add ranks")
+        if workers % (lay.etp * lay.ep * lay.pp):
+            raise PlanError(f"{name}: {workers} rank(s) do not split into expert tensor x expert parallel groups "
+                            f"of {lay.etp} x {lay.ep} per pipeline stage ({lay.pp} stages); lower "
+                            "--expert-tensor-parallel-size / --expert-model-parallel-size or add ranks")

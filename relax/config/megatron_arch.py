@@ -1,6 +1,7 @@
-"""The megatron architecture flags (`scripts/models/*.sh`), one config group of `schema.RelaxConfig`,
-and the reason every megatron-only flag gives when the fsdp backend runs (kept apart from schema.py
-for its size)."""
+"""The megatron architecture flags (`scripts/models/*.sh`) and the megatron backend's own model
+flags (loss recomputation, context-parallel split, a custom model provider), one config group of
+`schema.RelaxConfig`, and the reason every megatron-only flag gives when the fsdp backend runs (kept
+apart from schema.py for its size)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ MEGATRON_ONLY = "applies to the megatron training backend (docs/backends/megatro
 # Megatron-only flags the megatron backend does not read yet either (it builds the model from the HF
 # config): noted under both backends, "not built" in docs/configuration.md (relax.config.status).
 MEGATRON_UNREAD = ("swiglu", "group_query_attention", "use_rotary_position_embeddings", "disable_bias_linear",
-                   "accumulate_allreduce_grads_in_fp32", "attention_softmax_in_fp32", "model_name")
+                   "accumulate_allreduce_grads_in_fp32", "attention_softmax_in_fp32")
 UNREAD_REASON = ("the megatron backend builds the model from the HF config.json and does not read it yet; "
                  "accepted with no effect")
 
@@ -22,7 +23,8 @@ UNREAD_REASON = ("the megatron backend builds the model from the HF config.json 
 @dataclass(frozen=True)
 class MegatronArchConfig:
     """Megatron architecture flags from `scripts/models/*.sh`. With the fsdp backend the HF
-    config is the source of truth; a value that contradicts it is an error."""
+    config is the source of truth; a value that contradicts it is an error. The last three are the
+    megatron backend's own (docs/backends/megatron.md)."""
 
     num_layers: int | None = opt(None, "Transformer layers (megatron).", ignored=MEGATRON_ONLY)
     hidden_size: int | None = opt(None, "Hidden size (megatron).", ignored=MEGATRON_ONLY)
@@ -56,3 +58,15 @@ class MegatronArchConfig:
                                           ignored=MEGATRON_ONLY)
     moe_router_topk: int | None = opt(None, "Experts per token (megatron; checked against num_experts_per_tok).",
                                       ignored=MEGATRON_ONLY)
+    recompute_loss_function: bool = opt(
+        False, "The output layer and log-softmax run under activation checkpointing: no [tokens, vocab] logits kept "
+        "for backward, recomputed there (megatron TP > 1; the chunked head of fsdp and of megatron TP = 1 "
+        "recomputes each chunk's logits always).", ignored=MEGATRON_ONLY)
+    allgather_cp: bool = opt(
+        False, "Context parallelism splits each row into C contiguous chunks (rank r holds chunk r) instead of the "
+        "load-balanced 2C chunks (r and 2C-1-r); K/V are all-gathered over the group either way.",
+        ignored=MEGATRON_ONLY)
+    custom_model_provider_path: str | None = opt(
+        None, "fn(pre_process, post_process[, vp_stage, config, default_provider]) -> the megatron-core model to "
+        "train, called with keywords (default_provider(pre_process=, post_process=) builds the default one); its "
+        "parameters must be the default model's. Needs --train-backend megatron.")

@@ -34,7 +34,9 @@ from relax.config.checks.routing import routing_summary
 from relax.config.elastic import serves_scaling_api
 from relax.config.errors import PlanError
 from relax.config.inert import inert_flag_notes
+from relax.config.checks.megatron import megatron_notes
 from relax.config.checks.optimizer import optimizer_notes
+from relax.config.checks.profiling import train_profile_notes
 from relax.config.layouts import check_role_layouts, ref_actor_notes
 from relax.config.lora import lora_summary
 from relax.config.placement import GpuAsk, GpuPlacement, PlacementError, place_gpus
@@ -44,6 +46,7 @@ from relax.config.role_plans import (
 )
 from relax.config.roles import Role
 from relax.config.schema import RelaxConfig
+from relax.config.train_memory import keeps_old_actor, train_memory_notes
 from relax.types import COLUMNS
 
 Mode = Literal["colocate", "fully_async"]
@@ -142,11 +145,12 @@ def reuses_training_log_probs(cfg: RelaxConfig) -> bool:
     """Colocate, one optimizer step and one pass per rollout step, nothing but the loss reading
     the old log-probs: the old-policy forward would score the rows with exactly the weights the
     training forward has, so the training forward's detached log-probs are the old log-probs (the
-    ratio is exactly 1) and the separate forward is skipped."""
+    ratio is exactly 1) and the separate forward is skipped (--keep-old-actor: it scores the kept
+    weights instead)."""
     total = (cfg.rollout.rollout_batch_size or 0) * cfg.rollout.n_samples_per_prompt
     return (not cfg.cluster.fully_async and not cfg.algo.use_rollout_logprobs
             and cfg.cluster.num_iters_per_train_update == 1 and cfg.batch.global_batch_size == total
-            and cfg.algo.kl_coef == 0 and not cfg.algo.use_opd)
+            and cfg.algo.kl_coef == 0 and not cfg.algo.use_opd and not keeps_old_actor(cfg))
 
 
 def _old_policy(cfg: RelaxConfig) -> Literal["old_log_probs", "rollout_log_probs", "training_log_probs"]:
@@ -285,6 +289,8 @@ def ignored_flags(cfg: RelaxConfig, device: Device) -> list[str]:
         notes.append("--offload/--offload-train: on CPU there is no device memory to free; the ranks keep their "
                      "state (engines still release theirs around training)")
     notes += ignored_flag_notes(cfg) + inert_flag_notes(cfg) + ref_actor_notes(cfg) + optimizer_notes(cfg, device)
+    notes += megatron_notes(cfg)
+    notes += train_profile_notes(cfg, device) + train_memory_notes(cfg, device)
     if not c.fully_async and c.max_staleness == 1:
         notes.append("--max-staleness 1: colocate mode is on-policy (rollout never runs ahead of training), as the "
                      "seeds' colocate scripts mean it; the same as 0")

@@ -18,14 +18,16 @@ from argparse import Namespace
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
+from relax.config.agentic import AgenticConfig
 from relax.config.elastic import ElasticConfig
 from relax.config.engine_profile import EngineProfileConfig
 from relax.config.lora import LoraConfig
 from relax.config.choices import REWARD_TYPES, parse_rm_type
 from relax.config.fields import opt, parse_bool, parse_bytes, parse_json
 from relax.config.megatron_arch import MEGATRON_ONLY, MegatronArchConfig
-from relax.config.observability import DebugConfig, LoggingConfig
+from relax.config.observability import DebugConfig, LoggingConfig, TrainProfileConfig
 from relax.config.router import RouterConfig
+from relax.config.train_memory import TrainMemoryConfig
 
 TrainBackend = Literal["megatron", "fsdp", "auto"]
 RolloutBackend = Literal["sglang", "hf", "auto"]
@@ -81,7 +83,7 @@ class ClusterConfig:
     rollout_backend: RolloutBackend = opt("auto", "Inference backend; auto = sglang when it is installed and a GPU "
                                           "is visible, else hf (the choice and the reason are logged; "
                                           "docs/backends/sglang.md).")
-    qkv_format: Literal["thd", "bshd"] = opt("thd", "QKV layout for Megatron.", ignored=MEGATRON_ONLY)
+    qkv_format: Literal["thd", "bshd"] = opt("thd", "Megatron rows: thd packed, bshd padded.", ignored=MEGATRON_ONLY)
     megatron_to_hf_mode: Literal["raw", "bridge"] = opt("raw", "Megatron<->HF weight conversion.",
                                                         ignored=MEGATRON_ONLY)
     true_on_policy_mode: bool = opt(False, "True on-policy: rollout log-probs are bitwise equal to the trainer's "
@@ -104,14 +106,18 @@ class ClusterConfig:
 class CheckpointConfig:
     hf_checkpoint: str | None = opt(None, "HF checkpoint: tokenizer, architecture and initial weights.")
     ref_load: str | None = opt(None, "Reference model checkpoint (initial actor weights when --load is unset).")
-    ref_ckpt_step: int | None = opt(None, "Reference checkpoint step.", supported=False)
+    ref_ckpt_step: int | None = opt(None, "Reference checkpoint step: --ref-load is then a checkpoint directory "
+                                    "(iter_XXXXXXX, as --save writes) and the Reference loads step N's weights over "
+                                    "--hf-checkpoint's model; the Actor starts from --hf-checkpoint (or --load).")
     load: str | None = opt(None, "Actor checkpoint directory to resume from.")
     load_fallback: bool = opt(False, "When the latest checkpoint under --load is incomplete (a save that did not "
                                      "finish), resume from the newest complete one before it instead of refusing.")
     save: str | None = opt(None, "Directory to save checkpoints to.")
     save_interval: int | None = opt(None, "Save every N rollout steps.")
     save_hf: str | None = opt(None, "Also export an HF model here (may contain {rollout_id}).")
-    async_save: bool = opt(False, "Asynchronous checkpoint saving.", supported=False)
+    async_save: bool = opt(False, "Asynchronous checkpoint saving: the ranks copy their state to the host and "
+                           "training goes on while it is written; the checkpoint becomes the latest once written "
+                           "(a failed write is raised at the next save or at the end).")
     no_save_optim: bool = opt(False, "Do not save optimizer state.")
     rotate_ckpt: bool = opt(False, "Save every step, keeping the latest and the --save-interval ones (at most "
                             "--max-actor-ckpt-to-keep of those); needs --save and --save-interval.")
@@ -214,7 +220,6 @@ class RolloutConfig:
     update_weights_interval: int = opt(1, "Colocate: the engines take the actor's weights every N steps (rows "
                                        "then lag up to N - 1 versions; the first push always goes).")
     weight_sync_timeout: float = opt(120.0, "Deadline of one weight sync, seconds.")
-    keep_old_actor: bool = opt(False, "Keep the rollout model during training.", supported=False)
     rollout_external: bool = opt(False, "Use engines already running elsewhere (SGLang's HTTP API, at "
                                  "--rollout-external-engine-addrs) instead of launching them: they receive weights and "
                                  "are never launched or stopped by Relax (docs/rollout.md).")
@@ -238,55 +243,6 @@ class RolloutConfig:
         "{rewards, truncated, samples}}; True skips the default eval statistics (a dict: logged instead of them).")
     engine_startup_timeout: float = opt(300.0, "Seconds to wait for an engine to become healthy.")
     http_timeout: float = opt(600.0, "Timeout of one generate request, seconds.")
-
-
-@dataclass(frozen=True)
-class AgenticConfig:
-    """Multi-turn (agentic) rollouts: model turn, environment step, observation, repeated (docs/agentic.md)."""
-
-    rollout_interaction_env_path: str | None = opt(
-        None, "Module of the interaction environment, exposing build_env(sample=, args=) -> a BaseInteractionEnv "
-        "(relax.engine.agentic). Set, the built-in multi-turn rollout generates every sample unless "
-        "--custom-generate-function-path names another generate function (docs/agentic.md). The seeds set it in "
-        "--custom-config-path YAML; the flag is the same.")
-    max_turns: int = opt(5, "Most model turns of a multi-turn sample (termination max_turns).")
-    env_timeout: float = opt(60.0, "Seconds one environment call (build_env, reset, step, close) may take; a call "
-                             "that times out or raises ends its sample (status failed, termination env_timeout or "
-                             "env_error, its tokens not trained on), never the run.")
-    multi_turn_stop: list | None = opt(None, "Strings that end a multi-turn episode when a model turn contains one "
-                                       "(termination stop), e.g. '</answer>'; --rollout-stop ends a turn.",
-                                       nargs="+")
-    multi_turn_max_tokens: int | None = opt(None, "Most response tokens (model turns and observations) of one "
-                                            "multi-turn sample: the episode ends (termination token_budget) when "
-                                            "the next turn or observation would not fit (--rollout-max-context-len "
-                                            "bounds prompt + response too).")
-    turn_reward: Literal["final", "sum"] = opt("final", "How environment step rewards (a step's info['reward']) "
-                                               "join the reward function's score: final = the score alone (step "
-                                               "rewards are recorded in metadata['turn_rewards']); sum = score + "
-                                               "the sum of step rewards.")
-    agent_function_path: str | None = opt(
-        None, "A black-box agent: async def run_episode(base_url, api_key, sample, **kwargs), written against an "
-        "OpenAI client. Set, every sample's episode runs it against the rollout's agent gateway, which records "
-        "each call's token ids, log-probs and weight version (docs/agents.md). Excludes "
-        "--custom-generate-function-path and --rollout-interaction-env-path.")
-    agent_timeout: float = opt(300.0, "Seconds one black-box agent episode may take; an episode that times out (or "
-                               "whose agent raises) ends its sample (status failed, termination agent_timeout or "
-                               "agent_error, its tokens not trained on), never the run.")
-    agent_gateway_host: str = opt("127.0.0.1", "Address the agent gateway binds (an OpenAI-compatible server in "
-                                  "the Rollout process, on a free port). Loopback by default: an agent elsewhere "
-                                  "needs this set, and each session's key is its only guard then.")
-    agent_tools_in_prompt: bool = opt(True, "Render a request's `tools` into the prompt through the chat template "
-                                      "(what any OpenAI server does). false: the tools are only declared (their "
-                                      "calls are still parsed into tool_calls) and the prompt is the messages "
-                                      "alone, for a policy trained to know its tools from its system message "
-                                      "(docs/agents.md).", type=parse_bool)
-    multi_turn_constrain_tool_calls: bool = opt(
-        False, "Make every model turn's tool calls parse: each turn is sent with a structural_tag constraint under "
-        "which the text stays free and every <tool_call> the policy starts is completed as JSON {\"name\": one "
-        "of the sample's tools (metadata['tools'], --tool-key), \"arguments\": that tool's parameters} (any "
-        "name and object without tools). Applied by the engine's grammar (hf: llguidance; sglang: its grammar "
-        "backend); the log-probs are the constrained distribution's. Not with --true-on-policy-mode "
-        "(docs/agentic.md).", type=parse_bool)
 
 
 @dataclass(frozen=True)
@@ -431,7 +387,9 @@ class AlgorithmConfig:
 )
     opd_kl_coef: float = opt(1.0, "OPD KL coefficient.")
     opd_teacher_load: str | None = opt(None, "OPD teacher checkpoint (HF directory; same tokenizer as the student).")
-    opd_teacher_ckpt_step: int | None = opt(None, "OPD teacher step.", supported=False)
+    opd_teacher_ckpt_step: int | None = opt(None, "OPD teacher checkpoint step (--opd-type megatron): "
+                                            "--opd-teacher-load is then a checkpoint directory (iter_XXXXXXX) of a "
+                                            "run of --hf-checkpoint's model, whose step N the teacher loads.")
     num_critic_only_steps: int = opt(0, "ppo: the first N rollout steps train only the critic (actor weights "
                                      "unchanged).")
     critic_train_only: bool = opt(False, "ppo: train only the critic, never the actor.")
@@ -521,7 +479,7 @@ class MiscConfig:
     custom_config_path: str | None = opt(None, "YAML of extra key: value pairs set on args (for plugins).")
     train_env_vars: dict = opt(None, "Extra env vars for training processes (JSON).", type=parse_json,
                                default_factory=dict)
-    model_name: str | None = opt(None, "Model name for weight conversion.", ignored=MEGATRON_ONLY)
+    model_name: str | None = opt(None, "Megatron<->HF conversion family (default: model_type).", ignored=MEGATRON_ONLY)
     only_load_weight: bool = opt(False, "The Reference and ActorFwd load the weights only.",
                                  ignored="the Reference and ActorFwd are frozen scorers: they always load the weights "
                                  "only (no optimizer state), as this flag asks")
@@ -536,6 +494,7 @@ GROUPS: dict[str, type] = {
     "eval": EvalConfig, "reward": RewardConfig, "agentic": AgenticConfig, "logging": LoggingConfig,
     "debug": DebugConfig, "fault": FaultConfig, "elastic": ElasticConfig, "misc": MiscConfig,
     "megatron": MegatronArchConfig, "lora": LoraConfig, "router": RouterConfig, "engine_profile": EngineProfileConfig,
+    "train_profile": TrainProfileConfig, "train_memory": TrainMemoryConfig,
 }
 
 
@@ -563,6 +522,8 @@ class RelaxConfig:
     lora: LoraConfig = field(default_factory=LoraConfig)
     router: RouterConfig = field(default_factory=RouterConfig)
     engine_profile: EngineProfileConfig = field(default_factory=EngineProfileConfig)
+    train_profile: TrainProfileConfig = field(default_factory=TrainProfileConfig)
+    train_memory: TrainMemoryConfig = field(default_factory=TrainMemoryConfig)
     sglang: dict[str, Any] = field(default_factory=dict)
     megatron_extra: list[str] = field(default_factory=list)
     custom: dict[str, Any] = field(default_factory=dict)

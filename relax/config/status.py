@@ -24,6 +24,14 @@ Status = Literal["acts", "megatron", "needs", "no effect", "not built"]
 NEEDS: dict[str, str] = {
     "megatron_to_hf_mode": "bridge needs megatron-bridge, which needs transformers < 5 and Transformer Engine; this "
                            "project's pins exclude both (raw acts)",
+    "record_memory_history": "the torch recorder needs a CUDA GPU (CUDA allocations; on CPU a logged note and no "
+                             "snapshot); with --memory-recorder memray it acts on CPU too",
+    "enable_cuda_memory_check": "needs a CUDA GPU (it logs free GPU memory before each collective; on CPU a logged "
+                                "note and no effect)",
+    "memory_recorder": "memray needs `pip install memray` (not a dependency of this project: an error at start when "
+                       "missing); torch acts",
+    "train_memory_margin_bytes": "needs a CUDA GPU shared by the trainer and the engines (colocate): there each "
+                                 "training pass leaves this much free; on CPU a plan note and no effect",
 }
 
 

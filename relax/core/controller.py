@@ -37,11 +37,11 @@ from relax.components.setup_context import SetupContext
 from relax.config.plan import RunPlan
 from relax.config.role_plans import StepPart
 from relax.config.schema import RelaxConfig
+from relax.core.checkpointer import Checkpointer
 from relax.core.elastic import ElasticService
 from relax.core.health import HealthEvents, HealthManager, run_with_restarts
 from relax.core.metrics import DriverMetrics, ServiceMetrics, step_metrics
 from relax.core.service import Runtime
-from relax.utils import checkpoints
 from relax.utils.metrics import format_step_summary
 from relax.utils.notify import Notifier
 from relax.utils.timeline import Timeline, merge_traces
@@ -97,11 +97,13 @@ class Controller:
         self.roles: dict[str, RoleHandle] = {}
         self.eval_history: dict[str, list[tuple[int, float]]] = {}
         self.timeline = Timeline(cfg.logging.timeline_dump_dir, "controller")  # --timeline-dump-dir
+        self.checkpoints: Checkpointer | None = None  # set on deploy
 
     async def deploy(self) -> None:
         # The roles' replicas start side by side; wait_running raises a constructor's error.
         for role in self.plan.roles:
             self.roles[role.name] = RoleHandle(self.runtime.deploy_role(role, self.cfg, self.plan.part(role.name)))
+        self.checkpoints = Checkpointer(self.cfg.ckpt, self._with(StepPart.CHECKPOINTS))
         self.metrics = step_metrics(self.cfg, self.roles)  # --use-metrics-service: the metrics role
         await asyncio.to_thread(self.runtime.wait_running)
         # Every role's processes (training ranks, engines) start at once, then the setups run in
@@ -141,6 +143,7 @@ class Controller:
             await self.metrics.log(self.start, self.record_eval(self.start, await self.rollout.evaluate(self.start)))
         loop = {"colocate": self.colocate_loop, "fully_async": self.fully_async_loop}[self.plan.mode]
         await loop()
+        await self.checkpoints.finish()  # --async-save: the last checkpoint's write (its failure raised)
 
     async def colocate_loop(self) -> None:
         span = self.timeline.span
@@ -218,18 +221,19 @@ class Controller:
 
     async def checkpoint(self, step: int) -> None:
         """Every checkpointing role writes its part; then the checkpoint is committed (manifest,
-        pointer) and old ones pruned. A crash before the commit leaves the previous one latest."""
-        parts: dict[str, str] = {}
-        for role in self._with(StepPart.CHECKPOINTS):
-            parts |= await role.save(step)
-        checkpoints.commit(self.cfg.ckpt.save, step, parts)
-        c = self.cfg.ckpt
-        for name in ("actor", "critic"):
-            if name in parts and c.rotate_ckpt:  # every step saved; the latest and the interval ones stay
-                checkpoints.prune_rotated(os.path.dirname(parts[name]), c.save_interval, c.max_actor_ckpt_to_keep,
-                                          protect=step)
-            elif name in parts:
-                checkpoints.prune(os.path.dirname(parts[name]), c.max_actor_ckpt_to_keep, protect=step)
+        pointer) and old ones pruned (with --async-save once the writes are done: `Checkpointer`).
+        A crash before the commit leaves the previous one latest."""
+        await self.checkpoints.save(step)
+
+    async def finish_checkpoint(self) -> None:
+        """When the run stops early: commit the checkpoint still being written (--async-save), so
+        a restart resumes from it; a failed write is logged (the run's own error is raised)."""
+        if self.checkpoints is None or self.checkpoints.pending is None:
+            return
+        try:
+            await self.checkpoints.finish()
+        except Exception as err:  # noqa: BLE001 - the run already failed with an error of its own
+            logger.error("the checkpoint being written when the run stopped is not committed: %r", err)
 
     async def with_progress(self, call: Any, step: int) -> dict[str, float]:
         """Await the rollout while drawing a progress bar from its counters."""
@@ -262,6 +266,7 @@ class Controller:
                 for name, hist in self.eval_history.items()}
 
     async def shutdown(self) -> None:
+        await self.finish_checkpoint()
         if self.elastic is not None:  # no scaling operation while the roles go
             await self.elastic.stop()
         # Actor first: it tears down its weight-sync group while the engines still answer.

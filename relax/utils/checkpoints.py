@@ -11,7 +11,9 @@ Controller then writes the manifest and, last, the pointer (`commit`). A crash a
 leaves either the previous checkpoint as the latest or the new one complete. On resume,
 `resume_point` checks the checkpoint the pointer names (and finds one that lost its pointer):
 an incomplete one is refused with what is missing, or, with --load-fallback, the newest complete
-one before it is used. A resumed run never restarts its data silently.
+one before it is used. A resumed run never restarts its data silently. A frozen model taken from a
+run's checkpoint (--ref-load with --ref-ckpt-step, --opd-teacher-load with --opd-teacher-ckpt-step)
+names its step: `step_checkpoint` checks that step's training part the same way.
 """
 
 from __future__ import annotations
@@ -210,3 +212,29 @@ def resume_point(load_dir: str, *, fallback: bool = False) -> ResumePoint | None
 def _point(root: Path, rollout_id: int) -> ResumePoint:
     parts = json.loads((iter_dir(root, rollout_id) / MANIFEST).read_text())["parts"]
     return ResumePoint(rollout_id, {name: root / rel for name, rel in parts.items()})
+
+
+def step_checkpoint(directory: str, step: int, *, flag: str, step_flag: str) -> Path:
+    """The training part of step `step`'s checkpoint under `directory`, whose weights a frozen model
+    loads (`flag` with `step_flag`: --ref-load with --ref-ckpt-step, ...). Raises CheckpointError
+    for an HF directory (a step needs a checkpoint directory), a step not there (naming the steps
+    that are), an incomplete step, or one that holds LoRA adapters only."""
+    root = Path(directory)
+    where = f"{step_flag} {step}: {flag} {directory}"
+    if (root / "config.json").is_file():
+        raise CheckpointError(f"{where} is an HF model directory; a step needs a checkpoint directory "
+                              f"(iter_XXXXXXX subdirectories, as --save writes): point {flag} at one, or drop "
+                              f"{step_flag} to load the HF model")
+    steps = sorted(_iter_ids(root))
+    held = ", ".join(map(str, steps)) if steps else "none"
+    if step not in steps:
+        raise CheckpointError(f"{where} has no checkpoint of step {step} (iter_{step:07d}); the steps there: {held}")
+    path = iter_dir(root, step)
+    missing = trainer_part_missing(path)
+    if missing:
+        raise CheckpointError(f"{where}: step {step} is incomplete, missing: {', '.join(missing)}; pick another "
+                              f"step (the steps there: {held})")
+    if json.loads((path / "meta.json").read_text()).get("lora"):
+        raise CheckpointError(f"{where}: step {step} holds LoRA adapters only (a --lora-rank run); a frozen model "
+                              "needs a full model's checkpoint (export the merged model with --save-hf and load that)")
+    return path

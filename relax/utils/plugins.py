@@ -59,10 +59,14 @@ def check_signature(fn: Callable[..., Any], *, flag: str, positional: int, keywo
         raise PluginError(f"{flag}: {name}{sig} cannot be called as {expected} ({exc})") from exc
 
 
-def load_plugin(path: str, *, flag: str, positional: int, keywords: tuple[str, ...] = (), expected: str) -> Any:
-    """Import a plugin by dotted path and check it can be called as `expected` describes."""
+def load_plugin(path: str, *, flag: str, positional: int, keywords: tuple[str, ...] = (), expected: str,
+                optional: tuple[str, ...] = ()) -> Any:
+    """Import a plugin by dotted path and check it can be called as `expected` describes: with
+    `positional` arguments, `keywords`, and those of the `optional` keywords it names (the caller
+    passes exactly those: `accepts_keyword`)."""
     fn = import_object(path, flag=flag)
-    check_signature(fn, flag=flag, positional=positional, keywords=keywords, expected=expected)
+    named = tuple(k for k in optional if accepts_keyword(fn, k))
+    check_signature(fn, flag=flag, positional=positional, keywords=keywords + named, expected=expected)
     return fn
 
 

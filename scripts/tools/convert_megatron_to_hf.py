@@ -3,13 +3,14 @@
     python3 scripts/tools/convert_megatron_to_hf.py --ckpt outputs/run/ckpt/iter_0000039 \
         --hf-config path/to/original/hf/model --out outputs/run/hf-step40
 
-The checkpoint holds one file per rank (`model/tp{t}_pp{p}_ep{e}_dp{d}.pt`) and `meta.json` with the
-layout; one copy of each (tensor rank, expert rank) is read; `--hf-config` is the HF model it
-was trained from (its config.json and tokenizer are copied). Shards are merged and renamed by the
-same functions the backend pushes weights with (`relax/backends/megatron/convert.py`): the output
-loads with `AutoModelForCausalLM.from_pretrained` and in SGLang (a Qwen2.5-VL run's: its vision tower
-too, written by `AutoModelForImageTextToText` with the processor files). No GPU or torch.distributed
-needed.
+The checkpoint holds one file per rank (`model/tp{t}_pp{p}_ep{e}[_etp{x}]_dp{d}.pt`) and `meta.json`
+with the layout; one copy of each tensor rank's dense shards and of each (expert rank, expert tensor
+rank)'s expert shards is read. `--hf-config` is the HF model it was trained from (its config.json and
+tokenizer are copied); `--model-name` picks the conversion family as the run's flag of that name does.
+Shards are merged and renamed by the same functions the backend pushes weights with
+(`relax/backends/megatron/convert.py`): the output loads with `AutoModelForCausalLM.from_pretrained` and
+in SGLang (a Qwen2.5-VL run's: its vision tower too, written by `AutoModelForImageTextToText` with the
+processor files). No GPU or torch.distributed needed.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -31,46 +33,74 @@ from relax.backends.megatron.convert import (  # noqa: E402
 from relax.backends.megatron.vision import VisionSide  # noqa: E402
 
 
-def rank_state(ckpt: Path, t: int, stage: int, e: int, layout: tuple[int, int, int]) -> dict[str, torch.Tensor]:
-    """The model state of tensor rank t, pipeline stage `stage`, expert rank e: its lowest
-    data-parallel copy (expert ranks are carved out of the data-parallel ranks)."""
-    pattern = f"tp{t}_pp{stage}_ep{e}_dp*.pt"
-    found = sorted((ckpt / "model").glob(pattern), key=lambda p: int(p.stem.rsplit("dp", 1)[1]))
+# A rank file: tp{t}_pp{p}_ep{e}[_etp{x}][_cp{c}]_dp{d}.pt (checkpoint.rank_file)
+RANK_FILE = re.compile(r"^tp(\d+)_pp(\d+)_ep(\d+)(?:_etp(\d+))?(?:_cp(\d+))?_dp(\d+)\.pt$")
+
+
+def place_files(ckpt: Path) -> dict[tuple[int, int, int, int], Path]:
+    """(tensor rank, stage, expert rank, expert tensor rank) -> the file of that place with the lowest
+    data-parallel rank (context-parallel ranks > 0 hold the same weights)."""
+    best: dict[tuple[int, int, int, int], tuple[int, Path]] = {}
+    for f in (ckpt / "model").glob("*.pt"):
+        m = RANK_FILE.match(f.name)
+        if m is None or int(m.group(5) or 0):
+            continue
+        key, dp = (int(m.group(1)), int(m.group(2)), int(m.group(3)), int(m.group(4) or 0)), int(m.group(6))
+        if key not in best or dp < best[key][0]:
+            best[key] = (dp, f)
+    return {key: f for key, (_, f) in best.items()}
+
+
+def pick(files: dict[tuple[int, int, int, int], Path], ckpt: Path, stage: int, **want: int) -> Path:
+    """A file of pipeline stage `stage` at the wanted tensor (`tp`), expert (`ep`) or expert tensor
+    (`etp`) rank."""
+    index = {"tp": 0, "ep": 2, "etp": 3}
+    found = [f for key, f in sorted(files.items()) if key[1] == stage and all(key[index[k]] == v for k, v in
+                                                                               want.items())]
     if not found:
-        tp, pp, ep = layout
-        raise SystemExit(f"{ckpt}/model has no {pattern}: the checkpoint of a tp={tp} pp={pp} ep={ep} run is "
-                         "incomplete")
-    return torch.load(found[0], map_location="cpu", weights_only=False)["model"]
+        raise SystemExit(f"{ckpt}/model has no rank file of stage {stage} with {want}: an incomplete checkpoint")
+    return found[0]
+
+
+def weights(state: dict[str, torch.Tensor]) -> list[tuple[str, torch.Tensor]]:
+    """A rank file's weights (not megatron-core's `_extra_state` entries)."""
+    return [(n, t) for n, t in state.items() if not n.endswith("_extra_state") and t is not None]
 
 
 def merged_megatron_state(ckpt: Path, layout: Layout) -> dict[str, torch.Tensor]:
-    """Full Megatron tensors under global names, from the per-rank files of data-parallel shard 0."""
+    """Full Megatron tensors under global names: dense weights from one file per tensor rank, expert
+    weights from one file per (expert rank, expert tensor rank), each its lowest data-parallel copy."""
     meta = json.loads((ckpt / "meta.json").read_text())
     if meta.get("backend") != "megatron":
         raise SystemExit(f"{ckpt}: not a megatron-backend checkpoint (backend {meta.get('backend', 'fsdp')}); "
                          "fsdp checkpoints are exported with --save-hf")
-    tp, pp, ep = meta["tp"], meta.get("pp", 1), meta["ep"]
+    tp, pp, ep, etp = meta["tp"], meta.get("pp", 1), meta["ep"], meta.get("etp", 1)
     stages = stage_layers(layout.num_layers, pp, meta.get("first_stage_layers"), meta.get("last_stage_layers"))
+    files, loaded = place_files(ckpt), {}
+
+    def state(path: Path) -> dict[str, torch.Tensor]:
+        if path not in loaded:
+            loaded[path] = torch.load(path, map_location="cpu", weights_only=False)["model"]
+        return loaded[path]
+
     shards: dict[str, list[torch.Tensor]] = {}
     for stage, layers in enumerate(stages):
-        for e in range(ep):
-            experts = expert_range(layout.num_experts, ep, e) if layout.num_experts else None
-            for t in range(tp):
-                for name, tensor in rank_state(ckpt, t, stage, e, (tp, pp, ep)).items():
-                    if name.endswith("_extra_state") or tensor is None:
-                        continue
-                    if name == "output_layer.weight" and layout.tied and stage > 0:
-                        continue  # the last stage's copy of the tied embedding
-                    full_name = global_name(name, layers, experts)
-                    if ".mlp.experts." in full_name:
-                        if t == 0:  # experts are whole on each tensor rank
-                            shards[full_name] = [tensor]
-                    elif e == 0:
-                        shards.setdefault(full_name, []).append(tensor)
+        for t in range(tp):
+            for name, tensor in weights(state(pick(files, ckpt, stage, tp=t))):
+                if ".mlp.experts." in name:
+                    continue
+                if name == "output_layer.weight" and layout.tied and stage > 0:
+                    continue  # the last stage's copy of the tied embedding
+                shards.setdefault(global_name(name, layers), []).append(tensor)
+        for e in range(ep if layout.num_experts else 0):
+            experts = expert_range(layout.num_experts, ep, e)
+            parts = [state(pick(files, ckpt, stage, ep=e, etp=x)) for x in range(etp)]
+            for name in (n for n, _ in weights(parts[0]) if ".mlp.experts." in n):
+                shards[global_name(name, layers, experts)] = [part[name] for part in parts]
     return {name: tp_merge(name, parts) for name, parts in shards.items()}
 
 
-def convert(ckpt: str, hf_config: str, out: str) -> list[str]:
+def convert(ckpt: str, hf_config: str, out: str, model_name: str | None = None) -> list[str]:
     from safetensors.torch import save_file
     from transformers import AutoConfig
 
@@ -79,7 +109,7 @@ def convert(ckpt: str, hf_config: str, out: str) -> list[str]:
 
     config = AutoConfig.from_pretrained(hf_config)
     vision = VisionSide(config) if is_multimodal(config) else None
-    layout = Layout.from_hf_config(config.text_config if vision else config)
+    layout = Layout.from_hf_config(config.text_config if vision else config, model_name)
     merged = merged_megatron_state(Path(ckpt), layout).items()
     state = {name: t.contiguous() for name, t in (vision.hf_tensors(merged, layout) if vision else
                                                   hf_tensors(merged, layout))}
@@ -104,8 +134,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ckpt", required=True, help="the checkpoint directory (<save>/iter_N)")
     parser.add_argument("--hf-config", required=True, help="the HF model the run started from")
     parser.add_argument("--out", required=True, help="where to write the HF checkpoint")
+    parser.add_argument("--model-name", default=None, help="the conversion family, as the run's --model-name "
+                        "(default: the config's model_type)")
     args = parser.parse_args(argv)
-    names = convert(args.ckpt, args.hf_config, args.out)
+    names = convert(args.ckpt, args.hf_config, args.out, args.model_name)
     print(f"wrote {len(names)} tensors to {args.out}")
     return 0
 

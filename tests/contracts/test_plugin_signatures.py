@@ -86,3 +86,29 @@ def test_convert_samples_to_train_data_signature_from_the_seeds_loads():
     with pytest.raises(ConfigError, match=r"--custom-convert-samples-to-train-data-path: .*"
                                           r"convert_samples_to_train_data\(args, samples\)"):
         check_plugins(cfg)
+
+
+def slime_model_provider(pre_process=True, post_process=True, vp_stage=None):
+    return None
+
+
+def wrapping_model_provider(pre_process, post_process, default_provider, config=None):
+    return default_provider(pre_process=pre_process, post_process=post_process)
+
+
+def model_provider_without_keywords(model):
+    return model
+
+
+@pytest.mark.parametrize("fn", ["slime_model_provider", "wrapping_model_provider"])
+def test_model_provider_signatures_load(fn):
+    """--custom-model-provider-path: the seeds' (pre_process, post_process[, vp_stage]) and one that asks
+    for the default build to wrap (`default_provider`, passed because it names it)."""
+    check_plugins(RelaxConfig().replace(custom_model_provider_path=f"{__name__}.{fn}"))
+
+
+def test_wrong_model_provider_signature_names_flag_and_expected_signature():
+    cfg = RelaxConfig().replace(custom_model_provider_path=f"{__name__}.model_provider_without_keywords")
+    with pytest.raises(ConfigError, match=r"--custom-model-provider-path: .*model_provider_without_keywords\(model\) "
+                                          r"cannot be called as model_provider\(pre_process, post_process"):
+        check_plugins(cfg)

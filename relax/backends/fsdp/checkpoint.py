@@ -3,7 +3,9 @@ per rank, and the HF export.
 
 DCP writes each rank's shards and can load them into any number of ranks (`load_weights`: a
 Reference taking the Actor's weights); a resume needs each rank's RNG file, so it runs with the
-number of ranks that saved. The Trainer writes meta.json (step, LR schedule) beside them.
+number of ranks that saved. The Trainer writes meta.json (step, LR schedule) beside them. With
+--async-save (`snapshot`) DCP copies the shards to the host at the save and writes them in the
+background.
 
 With LoRA (`spec.lora`) a checkpoint holds the adapter tensors and their optimizer state only (the
 base weights are the frozen --hf-checkpoint / --ref-load, loaded again on resume), and meta.json
@@ -15,7 +17,7 @@ format under `<export>/adapter/` (docs/lora.md).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -25,18 +27,41 @@ from relax.utils.multimodal.models import copy_processor_files, is_multimodal, l
 from relax.utils.peft_files import adapter_config, is_adapter_name, save_adapter
 
 
-def save(runner: Any, path: Path, optimizer: Any, save_optim: bool, rng: dict[str, Any]) -> dict[str, Any]:
-    import torch.distributed.checkpoint as dcp
+def _state(runner: Any, optimizer: Any, save_optim: bool) -> dict[str, Any]:
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     model_sd, optim_sd = get_state_dict(runner.model, optimizer or [])
     state = {"model": _saved_part(model_sd, runner.spec.lora is not None)}
     if save_optim:
         state["optim"] = optim_sd
-    dcp.save(state, checkpoint_id=str(path / "model"))
-    torch.save(rng, path / f"rng_rank{runner.rank}.pt")
+    return state
+
+
+def _meta(runner: Any) -> dict[str, Any]:
     lora = runner.spec.lora
     return {"world_size": runner.world_size, **({"lora": lora.as_dict()} if lora else {})}
+
+
+def save(runner: Any, path: Path, optimizer: Any, save_optim: bool, rng: dict[str, Any]) -> dict[str, Any]:
+    import torch.distributed.checkpoint as dcp
+
+    dcp.save(_state(runner, optimizer, save_optim), checkpoint_id=str(path / "model"))
+    torch.save(rng, path / f"rng_rank{runner.rank}.pt")
+    return _meta(runner)
+
+
+def snapshot(runner: Any, path: Path, optimizer: Any, save_optim: bool, rng: dict[str, Any],
+             group: Any) -> tuple[dict[str, Any], Callable[[], None]]:
+    """--async-save: DCP's `async_save` copies this rank's shards to the host now and writes them from
+    a thread of its own, coordinating the ranks over `group` (a gloo group apart from the training
+    collectives); returns (what rank 0 adds to meta.json, the wait for that write)."""
+    import torch.distributed.checkpoint as dcp
+
+    writing = dcp.async_save(_state(runner, optimizer, save_optim), checkpoint_id=str(path / "model"),
+                             process_group=group)
+    path.mkdir(parents=True, exist_ok=True)  # (DCP's writer thread may not have made it yet)
+    torch.save(rng, path / f"rng_rank{runner.rank}.pt")
+    return _meta(runner), writing.result
 
 
 def _saved_part(model_sd: dict[str, Any], adapters_only: bool) -> dict[str, Any]:

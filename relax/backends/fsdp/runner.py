@@ -32,7 +32,7 @@ from __future__ import annotations
 import logging
 import random
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -75,6 +75,7 @@ class FSDPRunner:
         self.layout = RankLayout(dp_rank=rank, dp_size=world_size, lockstep=lockstep)
         self.model = self._build(spec.model_path)
         self.routing = PaddedRouting(self.model)  # routing replay (MoE, docs/moe.md); a tap on first use
+        self._save_group: Any = None  # --async-save: DCP's background writes (`snapshot_state`)
 
     # ---- setup -------------------------------------------------------------------------
     def _load(self, path: str) -> torch.nn.Module:
@@ -263,6 +264,12 @@ class FSDPRunner:
 
     def save_state(self, path: Path, optimizer: Any, save_optim: bool, rng: dict[str, Any]) -> dict[str, Any]:
         return checkpoint.save(self, path, optimizer, save_optim, rng)
+
+    def snapshot_state(self, path: Path, optimizer: Any, save_optim: bool,
+                       rng: dict[str, Any]) -> tuple[dict[str, Any], Callable[[], None]]:
+        if self._save_group is None:  # the background write's collectives: a group apart from training's
+            self._save_group = dist.new_group(backend="gloo")
+        return checkpoint.snapshot(self, path, optimizer, save_optim, rng, self._save_group)
 
     def load_state(self, path: Path, meta: dict[str, Any], optimizer: Any) -> dict[str, Any]:
         return checkpoint.load(self, path, meta, optimizer)

@@ -14,7 +14,8 @@ fields, see `server_info`); /flush_cache; POST /pause_generation,
 /continue_generation, /abort_request, /init_weights_update_group,
 /begin_weight_update, /update_weights_from_distributed, /update_weights_from_tensor (CUDA IPC
 from a trainer on the same GPU), /end_weight_update, /destroy_weights_update_group, /update_weight_version;
-/release_memory_occupation, /resume_memory_occupation; /start_profile, /stop_profile (profiler.py). See
+/release_memory_occupation, /resume_memory_occupation; /start_profile, /stop_profile (profiler.py);
+/weights_checker (checksums by HF name, weights_checker.py). See
 docs/backends/hf.md.
 
 Security (ARCHITECTURE.md §9): binds to --host (loopback by default); with --api-key every
@@ -42,6 +43,7 @@ from relax.backends.hf.engine import DTYPE_CHOICES, LOAD_FORMATS, EngineUnavaila
 from relax.backends.hf.openai_api import add_openai_routes
 from relax.backends.hf.profiler import EngineProfiler, add_profile_routes
 from relax.backends.hf.streaming import generate_events
+from relax.backends.hf.weights_checker import add_weights_checker_route
 from relax.backends.hf.protocol import (
     AbortRequest, GenerateRequest, GroupNameRequest, InitWeightsUpdateGroupRequest, MemoryRequest,
     PauseGenerationRequest, UpdateWeightsFromDistributedRequest, UpdateWeightsFromTensorRequest,
@@ -178,6 +180,7 @@ def server_info(engine: HFEngine, launch: dict[str, Any], mark: list) -> dict[st
             "released_tags": sorted(engine.released_tags), "weight_update_groups": sorted(engine.receiver.groups),
             "weight_buckets_in_order": True,  # Relax's extension: pipelined pushes (`bucket_index`)
             "weight_buckets_flat": True,  # and one broadcast per bucket (`load_format: flat_bytes`)
+            "weights_checker_by_name": True,  # and /weights_checker checksums by HF name (weights_checker.py)
             **engine.memory_info()}
 
 
@@ -239,6 +242,7 @@ def add_weight_routes(app: FastAPI, engine: HFEngine) -> None:
     add_weight_group_routes(app, engine)
     add_weight_session_routes(app, engine)
     add_weight_update_routes(app, engine)
+    add_weights_checker_route(app, engine, error_response)  # --check-weight-update-equal
 
 
 def add_weight_group_routes(app: FastAPI, engine: HFEngine) -> None:

@@ -2,18 +2,20 @@
 weights under --bf16, optimizer state, RNG), named by its place in the layout, plus the layout in
 meta.json. A resume needs the same layout (a different one: export HF and start from it); loading
 only the weights (a Reference taking the Actor's) needs the same model-parallel layout and any
-number of data-parallel ranks.
+number of data-parallel ranks. With --async-save (`snapshot`) the same file is written by a
+background thread from a host copy of the state taken at the save.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
 from relax.backends.trainer.optim import local_optimizer
+from relax.backends.trainer.runner_kit import host_copy
 
 if TYPE_CHECKING:
     from relax.backends.megatron.rank import MegatronRank
@@ -21,29 +23,44 @@ if TYPE_CHECKING:
 
 def rank_file(r: MegatronRank, path: Path) -> Path:
     # Context-parallel ranks hold the same weights; rank 0's file keeps the name the converter reads.
+    # With --expert-tensor-parallel-size > 1 data-parallel ranks may hold different expert shards.
     cp = f"_cp{r.cp_rank}" if r.cp_rank else ""
-    return path / "model" / f"tp{r.tp_rank}_pp{r.pp_rank}_ep{r.ep_rank}{cp}_dp{r.dp_rank}.pt"
+    etp = f"_etp{r.etp_rank}" if r.etp_size > 1 else ""
+    return path / "model" / f"tp{r.tp_rank}_pp{r.pp_rank}_ep{r.ep_rank}{etp}{cp}_dp{r.dp_rank}.pt"
 
 
 def layout_meta(r: MegatronRank) -> dict[str, Any]:
     mp = r.spec.model_parallel
     return {"world_size": r.world_size, "tp": r.tp_size, "pp": r.pp_size, "ep": r.ep_size, "cp": r.cp_size,
-            "first_stage_layers": mp.first_stage_layers, "last_stage_layers": mp.last_stage_layers}
+            "etp": r.etp_size, "first_stage_layers": mp.first_stage_layers, "last_stage_layers": mp.last_stage_layers}
 
 
 def _saved_layout(meta: dict[str, Any], keys: Any) -> dict[str, Any]:
-    return {k: meta.get(k, 1 if k == "cp" else None) for k in keys}
+    return {k: meta.get(k, 1 if k in ("cp", "etp") else None) for k in keys}
+
+
+def _state(r: MegatronRank, optimizer: Any, save_optim: bool, rng: dict[str, Any]) -> dict[str, Any]:
+    state: dict[str, Any] = {"model": r.model.state_dict(), "main": {n: m.data for n, m in r.main.items()}}
+    if save_optim:
+        state["optim"] = local_optimizer(optimizer).state_dict()
+    state["rng"] = rng
+    return state
 
 
 def save(r: MegatronRank, path: Path, optimizer: Any, save_optim: bool, rng: dict[str, Any]) -> dict[str, Any]:
     """This rank's file; returns the layout rank 0 records in meta.json."""
     (path / "model").mkdir(parents=True, exist_ok=True)
-    state: dict[str, Any] = {"model": r.model.state_dict(), "main": {n: m.data for n, m in r.main.items()}}
-    if save_optim:
-        state["optim"] = local_optimizer(optimizer).state_dict()
-    state["rng"] = rng
-    torch.save(state, rank_file(r, path))
+    torch.save(_state(r, optimizer, save_optim, rng), rank_file(r, path))
     return {"backend": "megatron", **layout_meta(r)}
+
+
+def snapshot(r: MegatronRank, path: Path, optimizer: Any, save_optim: bool,
+             rng: dict[str, Any]) -> tuple[dict[str, Any], Callable[[], None]]:
+    """--async-save: this rank's state copied to the host now; returns (the layout for meta.json,
+    the write of `save`'s file from that copy, for a background thread)."""
+    (path / "model").mkdir(parents=True, exist_ok=True)
+    state, file = host_copy(_state(r, optimizer, save_optim, rng)), rank_file(r, path)
+    return {"backend": "megatron", **layout_meta(r)}, lambda: torch.save(state, file)
 
 
 def load(r: MegatronRank, path: Path, meta: dict[str, Any], optimizer: Any) -> dict[str, Any]:

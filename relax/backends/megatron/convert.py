@@ -28,6 +28,8 @@ from typing import Any, Iterable, Iterator
 
 import torch
 
+from relax.config.checks.megatron import conversion_family
+
 # model_type -> what its layers have beyond a Llama layer. qkv_bias None: none (a Llama config with
 # `attention_bias` also biases the output projection, which is refused).
 FAMILIES: dict[str, dict[str, Any]] = {
@@ -72,11 +74,10 @@ class Layout:
     padded_vocab: int = 0
 
     @classmethod
-    def from_hf_config(cls, config: Any) -> "Layout":
-        model_type = getattr(config, "model_type", None)
-        if model_type not in FAMILIES:
-            raise ConversionError(f"model_type {model_type!r} has no Megatron conversion; supported: "
-                                  f"{', '.join(sorted(FAMILIES))}")
+    def from_hf_config(cls, config: Any, model_name: str | None = None) -> "Layout":
+        """`model_name` (--model-name): the family whose conversion applies (default: the config's
+        model_type), as `relax.config.checks.megatron.conversion_family` resolves it."""
+        model_type = family_of(model_name or getattr(config, "model_type", None) or "", given=model_name is not None)
         family = FAMILIES[model_type]
         if family["moe"] and (getattr(config, "mlp_only_layers", None) or getattr(config, "decoder_sparse_step", 1) != 1
                               or not getattr(config, "norm_topk_prob", True)):
@@ -116,6 +117,17 @@ class Layout:
         `--make-vocab-size-divisible-by` times the tensor-parallel size), so it splits over the
         tensor-parallel ranks whatever the tokenizer's size."""
         return dataclasses.replace(self, padded_vocab=-(-self.vocab_size // multiple) * multiple)
+
+
+def family_of(name: str, *, given: bool = False) -> str:
+    """The `FAMILIES` key `name` (a model_type, or --model-name when `given`) names; ConversionError
+    listing the known ones when none does."""
+    family = conversion_family(name) if name else None
+    if family not in FAMILIES:
+        what = f"--model-name {name}" if given else f"model_type {name or None!r}"
+        raise ConversionError(f"{what} has no Megatron conversion; known: {', '.join(FAMILIES)} (set --model-name "
+                              "to the family the model's layers follow)")
+    return family
 
 
 def _rope_parameters(config: Any) -> dict[str, Any]:
@@ -394,10 +406,12 @@ def expert_range(num_experts: int, ep: int, ep_rank: int) -> range:
 
 
 def shard_state(full: dict[str, torch.Tensor], *, tp: int, tp_rank: int, layers: range,
-                experts: range | None, first_stage: bool, last_stage: bool, tied: bool) -> dict[str, torch.Tensor]:
-    """The local state dict of one (tp, pp, ep) rank from full global tensors. Under pipeline
-    parallelism with tied embeddings the last stage holds its own copy as `output_layer.weight`
-    (megatron-core keeps the two in sync by an all-reduce of their gradients)."""
+                experts: range | None, first_stage: bool, last_stage: bool, tied: bool, etp: int = 1,
+                etp_rank: int = 0) -> dict[str, torch.Tensor]:
+    """The local state dict of one (tp, pp, ep, etp) rank from full global tensors: experts split
+    over `etp` expert-tensor ranks as dense weights over `tp`. Under pipeline parallelism with tied
+    embeddings the last stage holds its own copy as `output_layer.weight` (megatron-core keeps the
+    two in sync by an all-reduce of their gradients)."""
     out: dict[str, torch.Tensor] = {}
     for name, tensor in full.items():
         if name.startswith("embedding.") and not first_stage:
@@ -408,8 +422,8 @@ def shard_state(full: dict[str, torch.Tensor], *, tp: int, tp_rank: int, layers:
             continue
         local = local_name(name, layers, experts)
         if local is not None:
-            tp_local = 1 if ".mlp.experts." in name else tp  # experts: --expert-tensor-parallel-size 1
-            out[local] = tp_split(name, tensor, tp_local)[tp_rank if tp_local > 1 else 0]
+            size, rank = (etp, etp_rank) if is_expert(name) else (tp, tp_rank)  # --expert-tensor-parallel-size
+            out[local] = tp_split(name, tensor, size)[rank]
     return out
 
 

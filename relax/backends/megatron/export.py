@@ -63,7 +63,9 @@ def stage_tensors(r: MegatronRank, dtype: torch.dtype | None) -> Iterator[tuple[
     data-parallel shard 0; the tied output-layer copy of a last stage left out)."""
     ps = r.ps
     dense_sender = r.dp_rank == 0 and r.cp_rank == 0
-    expert_sender = ps.get_expert_data_parallel_rank() == 0 and r.tp_rank == 0
+    # Expert shards: the expert tensor x expert group of expert-data-parallel copy 0 gathers them
+    # (with --expert-tensor-parallel-size 1 its tensor ranks hold the same experts: rank 0 of them).
+    expert_sender = ps.get_expert_data_parallel_rank() == 0 and (r.tp_rank == 0 or r.etp_size > 1)
     leader = dense_sender and r.tp_rank == 0
     tied = tied_copy(r)
     for name, p in r.model.named_parameters():
@@ -88,7 +90,12 @@ def stage_tensors(r: MegatronRank, dtype: torch.dtype | None) -> Iterator[tuple[
 
 
 def _experts(r: MegatronRank, name: str, t: torch.Tensor, leader: bool) -> Iterator[tuple[str, torch.Tensor]]:
-    """An expert weight from every expert-parallel rank, under each one's global name."""
+    """An expert weight from every expert-parallel rank, under each one's global name (its
+    --expert-tensor-parallel-size shards merged first)."""
+    if r.etp_size > 1:
+        shards = [torch.empty_like(t) for _ in range(r.etp_size)]
+        dist.all_gather(shards, t.contiguous(), group=r.ps.get_expert_tensor_parallel_group())
+        t = tp_merge(name, shards)
     parts = [t]
     if r.ep_size > 1:
         parts = [torch.empty_like(t) for _ in range(r.ep_size)]

@@ -96,8 +96,9 @@ def align_missing(r: MegatronRank, dp_group: Any) -> None:
 
 def clip_norm(r: MegatronRank, clip: float) -> float:
     """The norm of the whole model's gradient, each weight counted once: tensor-parallel shards
-    summed over the tensor group, replicated weights from tensor rank 0 only, experts summed over
-    the expert group; scaled down to `clip` when larger (0: no clipping)."""
+    summed over the tensor group, replicated weights from tensor rank 0 only, expert shards summed
+    over the expert tensor x expert group (which holds each expert shard once; after `reduce` every
+    copy of a shard holds the same gradient); scaled down to `clip` when larger (0: no clipping)."""
     ps = r.ps
     dense = torch.zeros((), dtype=torch.float64, device=r.device)
     expert = torch.zeros((), dtype=torch.float64, device=r.device)
@@ -110,16 +111,13 @@ def clip_norm(r: MegatronRank, clip: float) -> float:
         sq = grad.double().pow(2).sum()
         sharded = getattr(p, "tensor_model_parallel", False)
         if is_expert(name):
-            if r.tp_rank == 0:
-                expert += sq
+            expert += sq
         elif sharded or r.tp_rank == 0:
             dense += sq
     if r.tp_size > 1:
         dist.all_reduce(dense, group=ps.get_tensor_model_parallel_group())
-    if r.ep_size > 1:
-        dist.all_reduce(expert, group=ps.get_expert_model_parallel_group())
-    if r.tp_size > 1 and r.arch.num_experts:
-        dist.all_reduce(expert, group=ps.get_tensor_model_parallel_group())
+    if r.expert_group is not None:
+        dist.all_reduce(expert, group=r.expert_group)
     total = dense + expert
     if r.pp_size > 1:
         dist.all_reduce(total, group=ps.get_pipeline_model_parallel_group())

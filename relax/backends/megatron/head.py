@@ -17,7 +17,12 @@ compiled per-chunk kernels, `fused`, under --use-torch-compile on a GPU, as fsdp
 
 `MegatronResponseHead` swaps the `GPTModel`'s output layer for one forward, as the fsdp
 backend's `ResponseHead` does for an HF model: the model returns `[B, T, 2]` (log-prob, entropy)
-of the response tokens instead of `[B, L, V]` logits.
+of the response tokens instead of `[B, L, V]` logits. Each response token's hidden state is read at
+`flat_BT`, its place in the batch-major flattened hidden states (`[B * L]` padded rows, or the `[N]`
+packed stream of --qkv-format thd). With --recompute-loss-function the vocabulary-parallel
+computation (TP > 1) runs under activation checkpointing: only the hidden states and the weight are
+kept for backward, which recomputes the `[N, V/tp]` logits (and their all-reduces, in the same order
+on every rank of the group); the chunked one-rank head recomputes its chunks' logits always.
 
 Under context parallelism a rank holds the hidden states of its chunks only (`attention.py`):
 it computes the response tokens read at those positions, zero elsewhere, and the `[B, T, 2]`
@@ -32,6 +37,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.utils.checkpoint import checkpoint
 
 from relax.algorithms.chunked_logprobs import chunked_token_log_probs
 
@@ -71,14 +77,16 @@ def vocab_parallel_log_probs(logits_NV: torch.Tensor, targets_N: torch.Tensor, v
 class MegatronResponseHead:
     """Context manager: for one forward, the model's `output_layer` returns `[T, B, 2]` =
     (log-prob, entropy) of the response tokens (`GPTModel` transposes it to `[B, T, 2]`).
-    Row b's token t is read at hidden position `index_BT[b, t]` and predicts `targets_BT[b, t]`;
-    with `cp_group`, positions are this rank's local ones and `mask_BT` marks the tokens it holds."""
+    Row b's token t is read at flattened hidden position `flat_BT[b, t]` and predicts
+    `targets_BT[b, t]`; with `cp_group`, positions are this rank's local ones and `mask_BT` marks the
+    tokens it holds. `recompute`: --recompute-loss-function (TP > 1)."""
 
-    def __init__(self, layer: torch.nn.Module, index_BT: torch.Tensor, mask_BT: torch.Tensor,
+    def __init__(self, layer: torch.nn.Module, flat_BT: torch.Tensor, mask_BT: torch.Tensor,
                  targets_BT: torch.Tensor, *, temperature: float, chunk: int | None, entropy: bool,
                  entropy_grad: bool, tp_group: Any, tp_rank: int, tp_size: int, sequence_parallel: bool,
-                 cp_group: Any = None, fused: bool = False, vocab_size: int | None = None):
-        self.layer, self.index_BT, self.mask_BT, self.targets_BT = layer, index_BT, mask_BT.bool(), targets_BT
+                 cp_group: Any = None, fused: bool = False, vocab_size: int | None = None, recompute: bool = False):
+        self.layer, self.flat_BT, self.mask_BT, self.targets_BT = layer, flat_BT, mask_BT.bool(), targets_BT
+        self.recompute = recompute
         self.vocab_size = vocab_size  # the real vocabulary: rows past it are padding (never sampled or trained)
         self.temperature, self.chunk, self.entropy, self.entropy_grad = temperature, chunk, entropy, entropy_grad
         self.tp_group, self.tp_rank, self.tp_size = tp_group, tp_rank, tp_size
@@ -92,24 +100,14 @@ class MegatronResponseHead:
                                                               group=self.tp_group)
         weight = self.layer.weight if weight is None else weight
         length, b, h = hidden_LBH.shape
-        hidden_BLH = hidden_LBH.transpose(0, 1)
-        rows_B1 = torch.arange(b, device=hidden_BLH.device)[:, None] * length
-        hidden_NH = hidden_BLH.reshape(b * length, h)[(rows_B1 + self.index_BT)[self.mask_BT]]
+        hidden_NH = hidden_LBH.transpose(0, 1).reshape(b * length, h)[self.flat_BT[self.mask_BT]]
         targets_N = self.targets_BT[self.mask_BT]
         if self.tp_size == 1:
             logp_N, ent_N = chunked_token_log_probs(hidden_NH, weight[:self.vocab_size], targets_N,
                                                     temperature=self.temperature, chunk=self.chunk,
                                                     entropy=self.entropy, fused=self.fused)
         else:
-            from megatron.core.tensor_parallel.mappings import copy_to_tensor_model_parallel_region
-
-            # As the column-parallel output layer does: each rank's logits slice gives a partial
-            # gradient of the hidden states, summed over the group in backward.
-            if not self.sequence_parallel:  # (with it, the gather above sums them)
-                hidden_NH = copy_to_tensor_model_parallel_region(hidden_NH, group=self.tp_group)
-            logits_NV = (hidden_NH @ weight.t()).float() / self.temperature
-            logp_N, ent_N = vocab_parallel_log_probs(logits_NV, targets_N, self.tp_rank * weight.shape[0],
-                                                     self.tp_group, entropy=self.entropy, vocab_size=self.vocab_size)
+            logp_N, ent_N = self.vocab_parallel(hidden_NH, weight, targets_N)
 
         def scatter(values_N: torch.Tensor) -> torch.Tensor:
             return values_N.new_zeros(self.mask_BT.shape).index_put((self.mask_BT,), values_N)
@@ -123,6 +121,25 @@ class MegatronResponseHead:
             out_BT2 = reduce_from_tensor_model_parallel_region(out_BT2, group=self.cp_group)
         return out_BT2.transpose(0, 1), None
 
+    def vocab_parallel(self, hidden_NH: torch.Tensor, weight: torch.Tensor,
+                       targets_N: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(log-probs, entropies) from this rank's vocabulary slice of the output layer (TP > 1)."""
+        from megatron.core.tensor_parallel.mappings import copy_to_tensor_model_parallel_region
+
+        # As the column-parallel output layer does: each rank's logits slice gives a partial
+        # gradient of the hidden states, summed over the group in backward.
+        if not self.sequence_parallel:  # (with it, the gather in `forward` sums them)
+            hidden_NH = copy_to_tensor_model_parallel_region(hidden_NH, group=self.tp_group)
+
+        def head(hidden_NH: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+            logits_NV = (hidden_NH @ weight.t()).float() / self.temperature
+            return vocab_parallel_log_probs(logits_NV, targets_N, self.tp_rank * weight.shape[0], self.tp_group,
+                                            entropy=self.entropy, vocab_size=self.vocab_size)
+
+        if self.recompute and torch.is_grad_enabled():  # --recompute-loss-function: no logits kept for backward
+            return checkpoint(head, hidden_NH, weight, use_reentrant=False)
+        return head(hidden_NH, weight)
+
     def __enter__(self) -> "MegatronResponseHead":
         self.layer.forward = self.forward  # the instance attribute shadows the class's forward
         return self
@@ -134,13 +151,13 @@ class MegatronResponseHead:
 class MegatronValueHead:
     """Context manager: for one forward, the `GPTModel`'s `output_layer` returns `[T, B, 1]`, the
     values of the response tokens from the critic's scalar head `value_head` (hidden -> 1, the
-    fsdp critic's `score`), read at the same positions as `MegatronResponseHead`'s log-probs.
+    fsdp critic's `score`), read at the same positions (`flat_BT`) as `MegatronResponseHead`'s log-probs.
     The head is replicated over the tensor group: every rank computes the same values and loss, so
     under --sequence-parallel the gathered hidden states' gradient is split back, not summed."""
 
-    def __init__(self, layer: torch.nn.Module, value_head: torch.nn.Module, index_BT: torch.Tensor,
+    def __init__(self, layer: torch.nn.Module, value_head: torch.nn.Module, flat_BT: torch.Tensor,
                  mask_BT: torch.Tensor, *, tp_group: Any, sequence_parallel: bool, cp_group: Any = None):
-        self.layer, self.value_head, self.index_BT, self.mask_BT = layer, value_head, index_BT, mask_BT.bool()
+        self.layer, self.value_head, self.flat_BT, self.mask_BT = layer, value_head, flat_BT, mask_BT.bool()
         self.tp_group, self.sequence_parallel, self.cp_group = tp_group, sequence_parallel, cp_group
 
     def forward(self, hidden_LBH: torch.Tensor, weight: torch.Tensor | None = None, runtime_gather_output: Any = None):
@@ -150,8 +167,7 @@ class MegatronValueHead:
             hidden_LBH = gather_from_sequence_parallel_region(hidden_LBH, tensor_parallel_output_grad=False,
                                                               group=self.tp_group)
         length, b, h = hidden_LBH.shape
-        rows_B1 = torch.arange(b, device=hidden_LBH.device)[:, None] * length
-        hidden_NH = hidden_LBH.transpose(0, 1).reshape(b * length, h)[(rows_B1 + self.index_BT)[self.mask_BT]]
+        hidden_NH = hidden_LBH.transpose(0, 1).reshape(b * length, h)[self.flat_BT[self.mask_BT]]
         values_N = self.value_head(hidden_NH.to(self.value_head.weight.dtype))[:, 0].float()
         values_BT = values_N.new_zeros(self.mask_BT.shape).index_put((self.mask_BT,), values_N)
         if self.cp_group is not None:  # each token from the context-parallel rank that holds it

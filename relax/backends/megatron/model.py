@@ -49,7 +49,7 @@ def transformer_config(layout: Layout, par: ModelParallelSpec, *, bf16: bool = F
         bias_activation_fusion=False, apply_rope_fusion=False, persist_layer_norm=False, masked_softmax_fusion=False,
         gradient_accumulation_fusion=False, bias_dropout_fusion=False,
         tensor_model_parallel_size=par.tp, pipeline_model_parallel_size=par.pp, context_parallel_size=par.cp,
-        expert_model_parallel_size=par.ep, expert_tensor_parallel_size=1, sequence_parallel=par.sequence_parallel,
+        expert_model_parallel_size=par.ep, expert_tensor_parallel_size=par.etp, sequence_parallel=par.sequence_parallel,
         num_layers_in_first_pipeline_stage=par.first_stage_layers,
         num_layers_in_last_pipeline_stage=par.last_stage_layers,
         use_cpu_initialization=True, params_dtype=torch.float32, bf16=bf16, fp16=False,
@@ -89,6 +89,29 @@ def build_gpt(layout: Layout, config: Any, *, pre_process: bool, post_process: b
                     parallel_output=True)
     if layout.mrope_interleaved:
         model.rotary_pos_emb = InterleavedMRoPE(layout.head_dim, rope_theta)
+    return model
+
+
+MODEL_PROVIDER = "model_provider(pre_process, post_process[, vp_stage, config, default_provider]) -> model"
+PROVIDER_OPTIONAL = ("vp_stage", "config", "default_provider")  # passed when the provider names them
+
+
+def provided_model(path: str, default: Any, *, config: Any, pre_process: bool, post_process: bool) -> Any:
+    """--custom-model-provider-path: the user's provider called with keywords, as slime calls it, plus
+    the optional keywords it takes: `vp_stage` (None: no virtual pipeline stages), `config` (this
+    stage's megatron-core TransformerConfig) and `default_provider` (`default(pre_process=,
+    post_process=)`, the model this backend builds, for a provider that wraps or patches it)."""
+    from relax.utils.plugins import PluginError, accepts_keyword, load_plugin
+
+    flag = "--custom-model-provider-path"
+    optional = {"vp_stage": None, "config": config, "default_provider": default}
+    provider = load_plugin(path, flag=flag, positional=0, keywords=("pre_process", "post_process"),
+                           optional=PROVIDER_OPTIONAL, expected=MODEL_PROVIDER)
+    model = provider(pre_process=pre_process, post_process=post_process,
+                     **{k: v for k, v in optional.items() if accepts_keyword(provider, k)})
+    if not isinstance(model, torch.nn.Module):
+        raise PluginError(f"{flag}: {path} returned {type(model).__name__}, not a torch.nn.Module; expected "
+                          f"{MODEL_PROVIDER}")
     return model
 
 

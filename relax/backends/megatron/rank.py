@@ -2,10 +2,12 @@
 parts (`micro_batch.py`, `pipeline.py`, `grads.py`, `export.py`, `checkpoint.py`) work on.
 
 `MegatronRank` initialises megatron-core's model-parallel groups for this rank
-(`--tensor/pipeline/context/expert-model-parallel-size`, data parallelism the rest), seeds it,
-builds the `GPTModel` of its pipeline stage from the HF checkpoint's config (`model.py`), loads its
-shards of the converted weights (`convert.py`), adds a VL model's encoders (`vision.py`) or a
-critic's value head, and under --bf16 keeps float32 main weights beside the bfloat16 model.
+(`--tensor/pipeline/context/expert-model-parallel-size`, `--expert-tensor-parallel-size`, data
+parallelism the rest), seeds it, builds the `GPTModel` of its pipeline stage from the HF
+checkpoint's config (`model.py`; or --custom-model-provider-path's model), loads its shards of the
+converted weights (`convert.py`, the family --model-name names), adds a VL model's encoders
+(`vision.py`) or a critic's value head, and under --bf16 keeps float32 main weights beside the
+bfloat16 model. `packed`: its micro-batches pack their rows (--qkv-format thd, `packing.py`).
 """
 
 from __future__ import annotations
@@ -14,11 +16,15 @@ import random
 from typing import Any, Iterator
 
 import torch
+import torch.distributed as dist
 
 from relax.backends.base import TrainerSpec
 from relax.backends.megatron import compile_shim, cpu_shim
+from relax.backends.megatron.attention import cp_positions, install_cp_rope
 from relax.backends.megatron.convert import Layout, expert_range, hf_to_megatron, shard_state, stage_layers
-from relax.backends.megatron.model import build_gpt, check_arch_flags, read_hf_state, rope_theta, transformer_config
+from relax.backends.megatron.model import (
+    build_gpt, check_arch_flags, provided_model, read_hf_state, rope_theta, transformer_config,
+)
 from relax.backends.megatron.routing import MegatronRouting
 from relax.backends.megatron.vision import TOWER_PREFIXES, VisionSide, check_supported, split_state
 from relax.backends.trainer.runner_kit import apply_freezing
@@ -38,6 +44,11 @@ class MegatronRank:
         # Routing replay (MoE, routing.py): the routers' top-k replayable; None for a dense model
         self.routing = MegatronRouting(self) if spec.routing_replay and spec.head == "lm" and \
             self.arch.num_experts else None
+        # --qkv-format thd packs rows where this build packs them (packing.py; the plan notes the rest:
+        # relax.config.checks.megatron.qkv_layout)
+        mp = spec.model_parallel
+        self.packed = mp.qkv_format == "thd" and mp.pp == 1 and mp.cp == 1 and self.vision is None and \
+            self.routing is None
 
     # ---- setup -------------------------------------------------------------------------
     def _setup_parallel(self) -> None:
@@ -49,13 +60,18 @@ class MegatronRank:
             raise NotImplementedError(
                 f"--context-parallel-size {mp.cp} with --pipeline-model-parallel-size {mp.pp}: the megatron backend "
                 "does not run context and pipeline parallelism together yet; set one of them to 1")
-        if self.world_size % (mp.tp * mp.pp * mp.cp):
+        if self.world_size % (mp.tp * mp.pp * mp.cp) or self.world_size % (mp.etp * mp.ep * mp.pp):
             raise ValueError(f"{self.world_size} ranks do not split into tensor x pipeline x context parallel "
-                             f"groups of {mp.tp} x {mp.pp} x {mp.cp}")
+                             f"groups of {mp.tp} x {mp.pp} x {mp.cp} and expert tensor x expert groups of "
+                             f"{mp.etp} x {mp.ep} per stage")
         ps.initialize_model_parallel(tensor_model_parallel_size=mp.tp, pipeline_model_parallel_size=mp.pp,
                                      context_parallel_size=mp.cp, expert_model_parallel_size=mp.ep,
-                                     expert_tensor_parallel_size=1)  # experts whole on each rank
+                                     expert_tensor_parallel_size=mp.etp)
         self.ps = ps
+        self.etp_rank, self.etp_size = ps.get_expert_tensor_parallel_rank(), mp.etp
+        # The ranks whose MoE forwards exchange tokens (the all-gather dispatcher's expert tensor x
+        # expert group): they run as many micro-batches, of one token count; None: no exchange.
+        self.expert_group = ps.get_expert_tensor_and_model_parallel_group() if mp.etp * mp.ep > 1 else None
         self.dp_rank, self.dp_size = ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
         self.tp_rank, self.tp_size = ps.get_tensor_model_parallel_rank(), mp.tp
         self.ep_rank, self.ep_size = ps.get_expert_model_parallel_rank(), mp.ep
@@ -69,8 +85,9 @@ class MegatronRank:
         if arch.num_experts and mp.tp > 1 and not mp.sequence_parallel:
             raise ValueError("an MoE model with --tensor-model-parallel-size > 1 needs --sequence-parallel "
                              "(megatron-core's rule)")
-        if mp.ep > 1 and not arch.num_experts:
-            raise ValueError(f"--expert-model-parallel-size {mp.ep} needs an MoE model; {path} is dense")
+        if mp.ep * mp.etp > 1 and not arch.num_experts:
+            raise ValueError(f"--expert-model-parallel-size {mp.ep} / --expert-tensor-parallel-size {mp.etp} need an "
+                             f"MoE model; {path} is dense")
 
     def _build(self, path: str) -> torch.nn.Module:
         from transformers import AutoConfig
@@ -91,14 +108,12 @@ class MegatronRank:
         # The vocabulary padded as megatron pads it: to a multiple of --make-vocab-size-divisible-by
         # times the tensor-parallel size (convert.Layout.padded), so any tokenizer splits over TP.
         divisible_by = mp.arch_flags.get("make_vocab_size_divisible_by") or 128
-        self.arch = arch = Layout.from_hf_config(text_config).padded(divisible_by * mp.tp)
+        self.arch = arch = Layout.from_hf_config(text_config, mp.model_name).padded(divisible_by * mp.tp)
         self._check(path, text_config)
         self.layers = stage_layers(arch.num_layers, mp.pp, mp.first_stage_layers, mp.last_stage_layers)[self.pp_rank]
         self.config = transformer_config(arch, mp, bf16=spec.optim.bf16, norm_eps=text_config.rms_norm_eps)
         self.experts = expert_range(arch.num_experts, mp.ep, self.ep_rank) if arch.num_experts else None
-        model = build_gpt(arch, self.config, pre_process=self.first_stage, post_process=self.last_stage,
-                          rope_theta=rope_theta(text_config), num_layers=len(self.layers),
-                          max_positions=getattr(text_config, "max_position_embeddings", 4096))
+        model = self._stage_model(text_config)
         hf_state = read_hf_state(path)
         if self.vision:
             hf_state, tower_states = split_state(hf_state)
@@ -117,6 +132,37 @@ class MegatronRank:
             apply_freezing(model, spec.optim)
         self.main = self._main_weights(model) if spec.optim.bf16 else {}
         return model
+
+    def _stage_model(self, text_config: Any) -> torch.nn.Module:
+        """This stage's GPTModel: the default build, or --custom-model-provider-path's model (given the
+        default build to wrap); under --allgather-cp its RoPE cut to this rank's contiguous chunk."""
+        arch, mp = self.arch, self.spec.model_parallel
+
+        def default(pre_process: bool = True, post_process: bool = True, **_: Any) -> torch.nn.Module:
+            return build_gpt(arch, self.config, pre_process=pre_process, post_process=post_process,
+                             rope_theta=rope_theta(text_config), num_layers=len(self.layers),
+                             max_positions=getattr(text_config, "max_position_embeddings", 4096))
+
+        model = provided_model(mp.model_provider, default, config=self.config, pre_process=self.first_stage,
+                               post_process=self.last_stage) if mp.model_provider else \
+            default(self.first_stage, self.last_stage)
+        if mp.cp > 1 and mp.allgather_cp:
+            install_cp_rope(model.rotary_pos_emb, mp.cp, self.cp_rank)
+        return model
+
+    def experts_differ_over_dp(self) -> bool:
+        """Whether this rank's data-parallel peers hold other expert shards than it does (expert or
+        expert tensor parallelism carved out of the data-parallel ranks; a collective over them)."""
+        if not self.arch.num_experts or self.dp_size == 1:
+            return False
+        mine = torch.tensor([self.ep_rank, self.etp_rank], device=self.device)
+        peers = [torch.empty_like(mine) for _ in range(self.dp_size)]
+        dist.all_gather(peers, mine, group=self.ps.get_data_parallel_group())
+        return any(not torch.equal(p, mine) for p in peers)
+
+    def cp_positions(self, length: int) -> torch.Tensor:
+        """The positions this rank holds of a row of `length` under context parallelism (`attention.py`)."""
+        return cp_positions(length, self.cp_size, self.cp_rank, self.spec.model_parallel.allgather_cp)
 
     def _add_value_head(self, model: torch.nn.Module, hf_state: dict[str, torch.Tensor]) -> None:
         """A scalar head (hidden -> 1, with bias) on the final norm's output, as the fsdp
@@ -163,7 +209,8 @@ class MegatronRank:
     def shard(self, full: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Full Megatron tensors under global names -> this rank's local state (its shards only)."""
         return shard_state(full, tp=self.tp_size, tp_rank=self.tp_rank, layers=self.layers, experts=self.experts,
-                           first_stage=self.first_stage, last_stage=self.last_stage, tied=self.arch.tied)
+                           first_stage=self.first_stage, last_stage=self.last_stage, tied=self.arch.tied,
+                           etp=self.etp_size, etp_rank=self.etp_rank)
 
     def _load_hf(self, model: torch.nn.Module, hf_state: dict[str, torch.Tensor]) -> None:
         local = self.shard(hf_to_megatron(hf_state, self.arch))
@@ -171,8 +218,11 @@ class MegatronRank:
         missing = [k for k in result.missing_keys if not k.endswith("_extra_state")
                    and not k.startswith(("value_head.", *TOWER_PREFIXES))]  # the critic's head, the encoders: apart
         if missing or result.unexpected_keys:
+            provider = self.spec.model_parallel.model_provider
             raise RuntimeError(f"the converted checkpoint does not fit the Megatron model: missing {missing[:5]}, "
-                               f"unexpected {result.unexpected_keys[:5]}")
+                               f"unexpected {result.unexpected_keys[:5]}" + (
+                                   f" (--custom-model-provider-path {provider}: its model must have the default "
+                                   "model's parameters)" if provider else ""))
 
     def grads(self) -> Iterator[tuple[str, torch.nn.Parameter, torch.Tensor]]:
         """(name, model weight, its gradient) of every weight with one (the main weight's under --bf16)."""

@@ -26,7 +26,6 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from relax.backends.megatron.attention import cp_positions
 from relax.utils.routing import RoutingShape
 from relax.utils.routing_replay import merged_ids, rows_from_batch, targets_for_rows
 
@@ -83,7 +82,7 @@ class MegatronRouting:
     def local_order(r: MegatronRank, values_BL: torch.Tensor) -> torch.Tensor:
         """`[B, L, ...]` -> this rank's tokens as its routers see them, `[S_local * B, ...]`."""
         if r.cp_size > 1:
-            values_BL = values_BL[:, cp_positions(values_BL.shape[1], r.cp_size, r.cp_rank).to(values_BL.device)]
+            values_BL = values_BL[:, r.cp_positions(values_BL.shape[1]).to(values_BL.device)]
         values_LB = values_BL.transpose(0, 1)
         if r.config.sequence_parallel and r.tp_size > 1:
             values_LB = values_LB.chunk(r.tp_size, dim=0)[r.tp_rank]

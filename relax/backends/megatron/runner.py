@@ -11,6 +11,7 @@ losses and optimizer steps as for fsdp. The parts:
     rank.py         the built model, its place in the layout, megatron-core's groups, main weights
     micro_batch.py  a micro-batch's inputs and head (padding to a common shape, context-parallel
                     chunks, media), the one-stage forward
+    packing.py      --qkv-format thd: a micro-batch's rows as one packed token stream
     pipeline.py     pipeline parallelism: the micro-batch schedule (megatron-core's 1F1B)
     grads.py        gradient reduction over data/expert/tensor groups and the global norm
     export.py       weights out: shards gathered into full tensors, HF names (push and export)
@@ -34,7 +35,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -58,15 +59,19 @@ class MegatronRunner:
         self.spec = spec
         self.r = r = MegatronRank(spec, rank, world_size, device)
         self.model = r.model
-        # Expert parallelism exchanges tokens inside every forward: the expert group's ranks (each
-        # with its own rows) run as many micro-batches. Under context parallelism a rank holds 1/C
+        # Expert (tensor) parallelism exchanges tokens inside every forward: the expert group's ranks
+        # (each with its own rows) run as many micro-batches. Under context parallelism a rank holds 1/C
         # of a micro-batch's tokens: --max-tokens-per-gpu bounds each rank's share.
         self.layout = RankLayout(
             dp_rank=r.dp_rank, dp_size=r.dp_size, answers=r.tp_rank == 0 and r.cp_rank == 0 and r.last_stage,
-            lockstep=r.ps.get_expert_model_parallel_group() if r.ep_size > 1 else None, token_scale=r.cp_size)
+            lockstep=r.expert_group, token_scale=r.cp_size)
         self.whole_step = r.pp_size > 1  # a pipeline schedule runs a whole step's micro-batches
         self.grad_overlap = self._grad_overlap()  # --overlap-grad-reduce (grad_overlap.py), or None
         self.param_gather: ParamGather | None = None  # --overlap-param-gather (attach_optimizer)
+        self._experts_differ = spec.model_parallel.distributed_optimizer and r.experts_differ_over_dp()
+        if self._experts_differ:
+            logger.info("--use-distributed-optimizer: this rank's data-parallel peers hold other experts (expert "
+                        "(tensor) parallelism); the optimizer state is not sharded")
 
     def _grad_overlap(self) -> GradOverlap | None:
         """--overlap-grad-reduce: the data-parallel means reduced bucket by bucket during the step's
@@ -105,8 +110,9 @@ class MegatronRunner:
         return list(self.r.main.values()) if self.r.main else [p for p in self.model.parameters() if p.requires_grad]
 
     def optimizer_group(self) -> Any:
-        """--use-distributed-optimizer: optimizer state sharded over the data-parallel ranks."""
-        if not self.spec.model_parallel.distributed_optimizer or self.r.dp_size == 1:
+        """--use-distributed-optimizer: optimizer state sharded over the data-parallel ranks (not when
+        their expert weights differ: ZeRO-1 would broadcast one rank's experts over another's)."""
+        if not self.spec.model_parallel.distributed_optimizer or self.r.dp_size == 1 or self._experts_differ:
             return None
         return self.r.ps.get_data_parallel_group()
 
@@ -162,6 +168,11 @@ class MegatronRunner:
     def save_state(self, path: Path, optimizer: Any, save_optim: bool, rng: dict[str, Any]) -> dict[str, Any]:
         self._settle()
         return checkpoint.save(self.r, path, optimizer, save_optim, rng)
+
+    def snapshot_state(self, path: Path, optimizer: Any, save_optim: bool,
+                       rng: dict[str, Any]) -> tuple[dict[str, Any], Callable[[], None]]:
+        self._settle()
+        return checkpoint.snapshot(self.r, path, optimizer, save_optim, rng)
 
     def load_state(self, path: Path, meta: dict[str, Any], optimizer: Any) -> dict[str, Any]:
         self._settle()

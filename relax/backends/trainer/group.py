@@ -10,8 +10,9 @@ figure). No call names a method in a string, so a reader and a type checker can 
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
-from typing import Any, Awaitable, Sequence
+from typing import Any, AsyncIterator, Awaitable, Sequence
 
 from relax.backends.base import TrainerSpec
 from relax.backends.trainer.trainer import Trainer
@@ -52,13 +53,28 @@ class TrainerGroup:
     async def ready(self) -> None:
         await self.ranks.ready()
 
+    # ---- profiling
+    @contextlib.asynccontextmanager
+    async def profiled_step(self) -> AsyncIterator[None]:
+        """One step of the role on these ranks, marked for their profilers (--use-pytorch-profiler,
+        --record-memory-history: `relax.backends.trainer.profiling`); no calls when neither is set."""
+        p = self.spec.profile
+        if not (p.use_pytorch_profiler or p.record_memory_history):
+            yield
+            return
+        await self.ranks.on_all(lambda w: w.profile_step_begin.remote())
+        yield
+        await self.ranks.on_all(lambda w: w.profile_step_end.remote())
+
     # ---- scoring
-    async def score(self, shards: Sequence[ScoreShard]) -> list[list[list[float]]]:
-        """Per shard, per row: response log-probs (an "lm" head) or values (a "value" head)."""
+    async def score(self, shards: Sequence[ScoreShard], weights_version: int | None = None
+                    ) -> list[list[list[float]]]:
+        """Per shard, per row: response log-probs (an "lm" head) or values (a "value" head);
+        `weights_version` (--keep-old-actor): log-probs on the ranks' kept copy of that version."""
         if self.spec.head == "value":
             return await self.ranks.on_shards(lambda w, s: w.compute_values.remote(s.tokens, s.lengths), shards)
-        return await self.ranks.on_shards(
-            lambda w, s: w.compute_log_probs.remote(s.tokens, s.lengths, s.media, routing=s.routing), shards)
+        return await self.ranks.on_shards(lambda w, s: w.compute_log_probs.remote(
+            s.tokens, s.lengths, s.media, routing=s.routing, weights_version=weights_version), shards)
 
     async def score_base(self, shards: Sequence[ScoreShard]) -> list[list[list[float]]]:
         """Per shard, per row: response log-probs of the base model, LoRA adapters off (the Reference
@@ -67,11 +83,11 @@ class TrainerGroup:
             lambda w, s: w.compute_log_probs.remote(s.tokens, s.lengths, s.media, False, True, routing=s.routing),
             shards)
 
-    async def score_with_entropy(self, shards: Sequence[ScoreShard]
+    async def score_with_entropy(self, shards: Sequence[ScoreShard], weights_version: int | None = None
                                  ) -> list[tuple[list[list[float]], list[list[float]]]]:
         """Per shard: (response log-probs, per-token entropies) of each row (--use-rollout-entropy)."""
-        return await self.ranks.on_shards(
-            lambda w, s: w.compute_log_probs.remote(s.tokens, s.lengths, s.media, True, routing=s.routing), shards)
+        return await self.ranks.on_shards(lambda w, s: w.compute_log_probs.remote(
+            s.tokens, s.lengths, s.media, True, routing=s.routing, weights_version=weights_version), shards)
 
     async def pop_compute_seconds(self) -> float:
         """The slowest rank's forward/backward/optimizer seconds since the last call."""
@@ -130,8 +146,14 @@ class TrainerGroup:
         results = await self.ranks.on_all(lambda w: (w.offload if to_host else w.onload).remote())
         return {key: max(r.get(key, 0.0) for r in results) for key in results[0]} if results else {}
 
-    async def save(self, path: str, rollout_id: int, save_optim: bool) -> None:
-        await self.ranks.on_all(lambda w: w.save.remote(path, rollout_id, save_optim))
+    async def save(self, path: str, rollout_id: int, save_optim: bool, background: bool = False) -> None:
+        """Every rank writes its part of checkpoint `path`; `background` (--async-save): each copies its
+        state to the host and returns, writing it from a thread (`wait_saved`)."""
+        await self.ranks.on_all(lambda w: w.save.remote(path, rollout_id, save_optim, background))
+
+    async def wait_saved(self) -> None:
+        """Wait until every rank's background checkpoint write is done; raises the first one's failure."""
+        await self.ranks.on_all(lambda w: w.wait_saved.remote())
 
     async def load(self, path: str) -> dict[str, Any]:
         """Resume every rank from checkpoint `path`; its meta (rank 0's)."""

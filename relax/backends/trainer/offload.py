@@ -16,6 +16,10 @@ it allocates pageable host memory every time and copies synchronously. `HostStas
 
 On a CPU (no pinned memory, nothing to free) the same bookkeeping runs with plain host buffers;
 the trainer only offloads on GPUs.
+
+The buffers stay allocated while the state is back on the GPU (the next offload allocates no pinned
+memory). `keep_buffers=False` (--disable-weights-backuper) frees them after each onload
+instead: no host memory is held while the ranks train, and each offload allocates them again.
 """
 
 from __future__ import annotations
@@ -33,7 +37,8 @@ def _byte_view(storage: torch.UntypedStorage) -> torch.Tensor:
 class HostStash:
     """Pinned host copies of a set of GPU storages, reused across offloads."""
 
-    def __init__(self) -> None:
+    def __init__(self, keep_buffers: bool = True) -> None:
+        self.keep_buffers = keep_buffers  # False: the buffers are freed after each onload
         self.hosts: dict[int, torch.Tensor] = {}  # storage key -> its host buffer (bytes)
         self.stashed: list[tuple[torch.UntypedStorage, torch.Tensor, int]] = []  # (storage, host, nbytes)
 
@@ -93,5 +98,7 @@ class HostStash:
                 _byte_view(storage).copy_(host, non_blocking=cuda)
         if stream is not None:
             stream.synchronize()
+        if not self.keep_buffers:
+            self.hosts.clear()  # (the buffers go with `stashed`, the last reference, on return)
         return sum(n for _, _, n in stashed)
 

@@ -24,6 +24,7 @@ from relax.backends.batching import even_out, split_micro_batches
 from relax.backends.trainer.runner_kit import THROWAWAY
 from relax.config.schema import BatchConfig
 from relax.types import TrainBatch
+from relax.utils import memory_check
 
 
 def micro_batches(lengths: list[int], batch: BatchConfig, max_tokens: int | None, layout: RankLayout,
@@ -36,7 +37,8 @@ def micro_batches(lengths: list[int], batch: BatchConfig, max_tokens: int | None
     if layout.lockstep is None:
         return micro
     count = torch.tensor([len(micro)], device=device)
-    dist.all_reduce(count, op=dist.ReduceOp.MAX, group=layout.lockstep)
+    with memory_check.collective("micro-batch count agreement"):
+        dist.all_reduce(count, op=dist.ReduceOp.MAX, group=layout.lockstep)
     return even_out(micro, lengths, int(count.item()))
 
 

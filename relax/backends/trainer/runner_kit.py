@@ -1,5 +1,6 @@
 """What the backends' model runners share: the one-stage micro-batch schedule, the throwaway
-row of an empty micro-batch, parameter freezing, and the RNG state a checkpoint keeps.
+row of an empty micro-batch, parameter freezing, the RNG state a checkpoint keeps, and the host
+copy an asynchronous checkpoint (--async-save) writes from.
 
 A runner without pipeline parallelism runs a list of micro-batches one after another:
 forward, the micro-batch's loss, backward. Gradient reduction may happen inside backward
@@ -65,3 +66,15 @@ def set_rng_state(rng: dict[str, Any]) -> None:
     random.setstate(rng["python"])
     if rng.get("cuda") and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(rng["cuda"])
+
+
+def host_copy(state: Any) -> Any:
+    """`state` (nested dicts, lists, tuples) with every tensor copied to the host: a snapshot that
+    later steps do not change (--async-save writes it while training goes on)."""
+    if isinstance(state, torch.Tensor):
+        return state.detach().to("cpu", copy=True)
+    if isinstance(state, dict):
+        return {k: host_copy(v) for k, v in state.items()}
+    if isinstance(state, (list, tuple)):
+        return type(state)(host_copy(v) for v in state)
+    return state

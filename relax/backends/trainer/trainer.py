@@ -11,11 +11,17 @@ depend on how the model is built or run:
                 optimizer step (`optim.py`)
     weights     out: rank 0 pushes the runner's HF-named weights to every receiver lane
                 (`weights_out.py`); in: the receiving side of SGLang's weight-update protocol,
-                reached through a Ray handle (ActorFwd and the Reference take the actor's weights)
-    state       offload/onload (colocate on shared GPUs), checkpoints (meta, RNG, LR schedule
-                here; the model and optimizer state in the runner's format), HF export
+                reached through a Ray handle (ActorFwd and the Reference take the actor's weights);
+                --keep-old-actor: host copies of the versions pushed or received, scored on by
+                `compute_log_probs(weights_version=)` (`kept_weights.py`)
+    state       offload/onload (colocate on shared GPUs; --train-memory-margin-bytes caps the CUDA
+                allocator there, `memory_margin.py`), checkpoints (meta, RNG, LR schedule
+                here; the model and optimizer state in the runner's format; --async-save: a host
+                snapshot written by a background thread), HF export
     routing     MoE routing replay (`routing.py`): what each forward of a row replays, the
                 engine's record (R3) or the policy's first forward's (R2); the runner applies it
+    profiling   torch profiler windows of the role's steps, memory history, memory checks around
+                collectives (`profiling.py`; the role marks its steps: `profile_step_begin/end`)
 
 Data parallelism is the runner's business: rows arrive per data-parallel shard (a model-parallel
 group of ranks receives the same rows, `parallel_info`), each rank normalises its loss by the
@@ -31,6 +37,8 @@ import logging
 import math
 import os
 import time
+from concurrent import futures
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Iterator
@@ -43,10 +51,13 @@ from relax.backends.lora import adapters_off
 from relax.backends.registry import TRAIN_BACKENDS
 from relax.backends.trainer import passes
 from relax.backends.trainer.losses import MicroLoss
+from relax.backends.trainer.kept_weights import KeptWeights, kept_weights_of
+from relax.backends.trainer.memory_margin import reserve_margin
 from relax.backends.trainer.offload import HostStash
 from relax.backends.trainer.optim import (
     build_optimizer, optimizer_memory, optimizer_state_tensors, refresh_host_copies, reset_optimizer_state,
 )
+from relax.backends.trainer.profiling import RankProfiler
 from relax.backends.trainer.routing import RouteBook
 from relax.backends.trainer.runner_kit import rng_state, set_rng_state
 from relax.backends.trainer.weights_out import WeightPush
@@ -54,6 +65,7 @@ from relax.distributed.store import pin_gloo_interface, tcp_store
 from relax.distributed.weights.protocol import parse_dtype
 from relax.types import TrainBatch
 from relax.utils.peft_files import adapter_config
+from relax.utils import memory_check
 from relax.utils.plugins import import_object
 
 logger = logging.getLogger(__name__)
@@ -83,6 +95,8 @@ class Trainer:
         self.device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
         if self.device.type == "cpu":
             torch.set_num_threads(spec.threads or max(1, (os.cpu_count() or 1) // world_size))
+        # first: --record-memory-history records the model's build too (profiling.py)
+        self.profiler = RankProfiler(spec.profile, spec.trace_dir, spec.name, rank, self.device)
         timeout = timedelta(minutes=spec.timeout_minutes)
         pin_gloo_interface(master_addr)  # gloo and the store listen on the group's address only
         store = tcp_store(master_addr, master_port, world_size, is_master=rank == 0, timeout=timeout)
@@ -99,14 +113,20 @@ class Trainer:
             self.loss = MicroLoss(spec, self.device)
         backend = spec.weight_sync_backend if self.device.type == "cuda" else "gloo"  # NCCL cannot carry CPU tensors
         self.weights = WeightPush(device=self.device, backend=backend, bucket_bytes=spec.bucket_bytes,
-                                  timeout_s=spec.sync_timeout_s, adapter_files=adapter_files(spec))
+                                  timeout_s=spec.sync_timeout_s, adapter_files=adapter_files(spec),
+                                  check=spec.check_weights)  # --check-weight-update-equal
         self._receiver: Any = None
-        self.stash = HostStash()  # colocate offload: pinned host copies of the state, reused every step
+        self.stash = HostStash(spec.keep_host_buffers)  # colocate offload: pinned host copies of the state
+        # --keep-old-actor: host copies of the weights at the versions the engines were given
+        self.kept = KeptWeights(spec.keep_weights, self.device, self.runner.offload_tensors) \
+            if spec.keep_weights else None
         self._restash_after_push = False  # a push arrived while offloaded: offload again at its end
         self.step = 0
         self.compute_seconds = 0.0
         self._pass: passes.TrainPass | None = None
         self.routes = RouteBook(spec)  # routing replay (MoE): what each forward of a row replays
+        self._writer: ThreadPoolExecutor | None = None  # --async-save: the background checkpoint write
+        self._writing: futures.Future | None = None
 
     @property
     def layout(self) -> RankLayout:
@@ -120,8 +140,10 @@ class Trainer:
     # ---- scoring -----------------------------------------------------------------------
     @torch.no_grad()
     def compute_log_probs(self, tokens: list[list[int]], lengths: list[int], media: list[bytes] | None = None,
-                          entropy: bool = False, base: bool = False, routing: list[bytes] | None = None) -> Any:
-        """Per-row response log-probs under the current weights (old policy, reference, teacher);
+                          entropy: bool = False, base: bool = False, routing: list[bytes] | None = None,
+                          weights_version: int | None = None) -> Any:
+        """Per-row response log-probs under the current weights (old policy, reference, teacher), or
+        (`weights_version`, --keep-old-actor) the copy of that version the rank keeps;
         `media`: a multimodal run's encoder tensors per row (TransferQueue's bytes). `entropy`
         (--use-rollout-entropy): (log-probs, per-token entropies) from the same forward. `base`
         (--lora-rank): the base model's, every adapter switched off (the LoRA Reference). `routing`
@@ -129,7 +151,8 @@ class Trainer:
         if self.spec.head != "lm":
             raise RuntimeError(f"{self.spec.name}: compute_log_probs needs a language-model head; this model "
                                "has a value head (compute_values)")
-        with adapters_off(self.runner.model) if base else contextlib.nullcontext():
+        with kept_weights_of(self.kept, weights_version), \
+                adapters_off(self.runner.model) if base else contextlib.nullcontext():
             out, entropies = self._score(tokens, lengths, media, entropy, routing)
         return (out, entropies) if entropy else out
 
@@ -151,7 +174,8 @@ class Trainer:
                                      b.max_tokens_per_gpu, self.layout, self.device)
         rows = [self.routes.attach(passes.scoring_rows(idx, tokens, lengths, media),
                                    None if routing is None or not idx else [routing[i] for i in idx]) for idx in micro]
-        scores = self.runner.run(rows, None, entropy=entropy)
+        with self.profiler.target("train_log_probs"):
+            scores = self.runner.run(rows, None, entropy=entropy)
         for r, s in zip(rows, scores):  # R2: a recording forward's routing, for the passes after it
             self.routes.keep(r, s)
         out: list[list[float]] = [[] for _ in tokens]
@@ -190,7 +214,9 @@ class Trainer:
             torch.cuda.reset_peak_memory_stats(self.device)  # train_end reports this pass's peak
         plan = passes.plan_pass(lengths, num_steps, self.spec.batch, self.layout, self.device)
         self._pass = passes.TrainPass(plan=plan, global_tokens=list(global_tokens_per_step), num_rows=len(lengths))
+        self._pass.totals |= reserve_margin(self.device, self.spec.memory_margin_bytes, self.spec.name)
         self.runner.model.train()
+        self.profiler.begin("train_actor")  # ends in train_end
 
     def train_rows(self, positions: list[int], rows: TrainBatch) -> int:
         """Rows `positions` of the shard (`rows`, in that order) have arrived: run every
@@ -225,9 +251,10 @@ class Trainer:
             self.routes.keep(inputs[k], scores)  # R2: the first pass records what later passes replay
             return self.loss(batch, chunk[k], scores, num_samples=num_samples, num_tokens=num_tokens)
 
-        outputs = self.runner.run(
-            inputs, loss,
-            entropy=not value_head, entropy_grad=self.loss.entropy_grad, ends_step=p.micro + count == len(micro))
+        with memory_check.collective("forward/backward (FSDP all-gathers and gradient reduce-scatters)"):
+            outputs = self.runner.run(
+                inputs, loss,
+                entropy=not value_head, entropy_grad=self.loss.entropy_grad, ends_step=p.micro + count == len(micro))
         passes.add_micro_metrics(p.sums, outputs)
         p.micro += count
         if p.micro == len(micro):
@@ -235,8 +262,10 @@ class Trainer:
             p.step, p.micro, p.sums = p.step + 1, 0, {}
 
     def _optimizer_step(self, sums: dict[str, float]) -> dict[str, float]:
-        self.runner.reduce_grads()
-        grad_norm = self.runner.clip_grad_norm(self.spec.optim.clip_grad)
+        with memory_check.collective("gradient reduction"):
+            self.runner.reduce_grads()
+        with memory_check.collective("gradient norm"):
+            grad_norm = self.runner.clip_grad_norm(self.spec.optim.clip_grad)
         if math.isfinite(grad_norm):
             self.optimizer.step()
         else:
@@ -258,6 +287,7 @@ class Trainer:
     def train_end(self) -> dict[str, float]:
         """Finish the pass: every optimizer step must have run. Metrics averaged over steps."""
         p, self._pass = self._pass, None
+        self.profiler.end("train_actor")
         if p is None or p.step < len(p.plan):
             missing = 0 if p is None else p.missing()
             raise RuntimeError(f"{self.spec.name} rank {self.rank}: train_end with {missing} row(s) of the pass "
@@ -268,6 +298,14 @@ class Trainer:
             p.totals |= {"memory/train_peak_gib": torch.cuda.max_memory_allocated(self.device) / GIB,
                          "memory/train_gpu_used_gib": gpu_used_bytes(self.device) / GIB}
         return p.totals
+
+    # ---- profiling (`profiling.py`) -------------------------------------------------------
+    def profile_step_begin(self) -> None:
+        """The role starts a step on its ranks (`TrainerGroup.profiled_step`), counted from 0 since this launch."""
+        self.profiler.step_begin()
+
+    def profile_step_end(self) -> None:
+        self.profiler.step_end()
 
     # ---- offload (colocate on shared GPUs) -----------------------------------------------
     @torch.no_grad()
@@ -319,7 +357,8 @@ class Trainer:
         start = time.perf_counter()
         nbytes = self.stash.onload()
         seconds = time.perf_counter() - start
-        return {"time/onload_train": seconds, "onload/gbps": nbytes / max(seconds, 1e-9) / 1e9}
+        return {"time/onload_train": seconds, "onload/gbps": nbytes / max(seconds, 1e-9) / 1e9,
+                **reserve_margin(self.device, self.spec.memory_margin_bytes, self.spec.name)}
 
     # ---- weights out -------------------------------------------------------------------
     def connect_receivers(self, endpoints: list[Any], api_key: str | None, pause_mode: str = "in_place",
@@ -337,8 +376,10 @@ class Trainer:
         from rank 0. `background` (fully async): the send of a snapshot overlaps the next
         training step; the metrics returned are then those of the push that finished meanwhile."""
         dtype = parse_dtype(self.spec.push_dtype) if self.spec.push_dtype else None
-        with self._resident():
+        with self._resident(), memory_check.collective("weight gather for a push"):
             state = list(self.runner.hf_state(dtype))
+            if self.kept is not None and 1 in (lanes or [1]):  # --keep-old-actor: what the engines take now
+                self.kept.pushed(version)
         if self.rank != 0:
             return {}
         return self.weights.push(state, version, sorted(self.weights.senders) if lanes is None else lanes,
@@ -372,37 +413,70 @@ class Trainer:
                     self.stash.onload()
                     self._restash_after_push = True
                 self._receiver.begin()
+                if self.kept is not None:  # the live weights are no version until the push ends
+                    self.kept.receiving()
             elif path == "/end_weight_update" and self._restash_after_push:
                 self._restash_after_push = False
                 self._stash_state()
             elif path == "/init_weights_update_group":
                 return {"success": True, "message": self._receiver.init_group(**payload)}
             elif path == "/update_weights_from_distributed":
-                success, message = self._receiver.update(payload)
-                return {"success": success, "message": message, "received": True}
+                return self._loaded(*self._receiver.update(payload))
             elif path == "/update_weights_from_tensor":  # the sender shares this GPU: CUDA IPC handles
-                success, message = self._receiver.load_tensor_payload(payload)
-                return {"success": success, "message": message, "received": True}
+                return self._loaded(*self._receiver.load_tensor_payload(payload))
             elif path == "/destroy_weights_update_group":
                 return {"success": True, "message": self._receiver.destroy_group(payload["group_name"])}
         except (ValueError, RuntimeError, KeyError) as exc:
             return {"success": False, "message": f"{type(exc).__name__}: {exc}", "received": False}
         return {"success": True, "message": f"{path}: nothing to do on a training rank"}
 
+    def _loaded(self, success: bool, message: str) -> dict[str, Any]:
+        """A bucket was received (and loaded, `success`); --keep-old-actor keeps a version it completed."""
+        if success and self.kept is not None:
+            self.kept.received(self._receiver.version)
+        return {"success": success, "message": message, "received": True}
+
     # ---- checkpoints -------------------------------------------------------------------
-    def save(self, ckpt_dir: str, rollout_id: int, save_optim: bool = True) -> None:
-        """The runner's model (and optimizer) state and every rank's RNG; rank 0 writes meta.json."""
+    def save(self, ckpt_dir: str, rollout_id: int, save_optim: bool = True, background: bool = False) -> None:
+        """The runner's model (and optimizer) state and every rank's RNG; rank 0 writes meta.json.
+        `background` (--async-save): the state is copied to the host now and written by a thread
+        while training goes on (meta.json last); `wait_saved` waits for it, as the next save does."""
+        self.wait_saved()
         path = Path(ckpt_dir)
         save_optim = save_optim and self.optimizer is not None
         with self._resident():
-            extra = self.runner.save_state(path, self.optimizer, save_optim, rng_state())
+            if background:
+                extra, write = self.runner.snapshot_state(path, self.optimizer, save_optim, rng_state())
+            else:
+                extra, write = self.runner.save_state(path, self.optimizer, save_optim, rng_state()), None
+        meta = json.dumps({"rollout_id": rollout_id, "train_step": self.step, "has_optim": save_optim, **extra,
+                           "scheduler": self.scheduler.state_dict() if self.scheduler else None, "time": time.time()})
+        if write is None:
+            self._write_meta(path, meta)
+            dist.barrier()
+            return
+
+        def write_all() -> None:
+            write()
+            self._write_meta(path, meta)  # last: the part is whole once it is there
+
+        if self._writer is None:
+            self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-writer")
+        self._writing = self._writer.submit(write_all)
+
+    def _write_meta(self, path: Path, meta: str) -> None:
         if self.rank == 0:
-            meta = {"rollout_id": rollout_id, "train_step": self.step, "has_optim": save_optim, **extra,
-                    "scheduler": self.scheduler.state_dict() if self.scheduler else None, "time": time.time()}
-            (path / "meta.json").write_text(json.dumps(meta))
-        dist.barrier()
+            (path / "meta.json").write_text(meta)
+
+    def wait_saved(self) -> None:
+        """Wait for this rank's background checkpoint write (`save(background=True)`), if any; raises
+        what the write raised (a failed write is never lost)."""
+        writing, self._writing = self._writing, None
+        if writing is not None:
+            writing.result()
 
     def load(self, ckpt_dir: str) -> dict[str, Any]:
+        self.wait_saved()  # (a checkpoint this rank is still writing is finished first)
         path = Path(ckpt_dir)
         meta = json.loads((path / "meta.json").read_text())
         with self._resident():
@@ -425,7 +499,10 @@ class Trainer:
             self.runner.export_hf(out_dir, tokenizer_path)
 
     def shutdown(self) -> None:
+        if self._writing is not None:  # a background checkpoint write ends before the process group does
+            futures.wait([self._writing])
         self.weights.close()
+        self.profiler.close()
         if dist.is_initialized():
             dist.destroy_process_group()
         self.runner.shutdown()

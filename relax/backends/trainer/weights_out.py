@@ -7,7 +7,8 @@ handles for receivers on this rank's GPU), rebuilt when the coordinator's topolo
 run whose engines load adapters from disk (SGLang) has an `AdapterFileSender` instead.
 Pushes run on a thread of their own with its event loop; a background push (fully async) sends
 a snapshot there while the rank trains the next step, and the next push, a topology change or
-shutdown waits for it first (and raises its error).
+shutdown waits for it first (and raises its error). With --check-weight-update-equal each push to a
+lane is checked on its engines after it (`relax.distributed.weights.check.WeightCheck`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 import torch
 
 from relax.distributed.weights.adapter_files import AdapterFileSender
+from relax.distributed.weights.check import WeightCheck
 from relax.distributed.weights.sender import WeightSender
 
 logger = logging.getLogger(__name__)
@@ -36,14 +38,16 @@ class WeightPush:
     """The senders of rank 0 (one per lane) and the thread their pushes run on."""
 
     def __init__(self, *, device: torch.device, backend: str, bucket_bytes: int, timeout_s: float,
-                 adapter_files: tuple[str, dict[str, Any]] | None = None) -> None:
+                 adapter_files: tuple[str, dict[str, Any]] | None = None, check: bool = False) -> None:
         """`adapter_files`: (directory, adapter_config.json) when the receivers are SGLang engines that
-        load a LoRA adapter from disk (`AdapterFileSender`); None: tensors by broadcast (`WeightSender`)."""
+        load a LoRA adapter from disk (`AdapterFileSender`); None: tensors by broadcast (`WeightSender`).
+        `check` (--check-weight-update-equal): every push is checked on the engines it went to."""
         self.device, self.backend, self.bucket_bytes, self.timeout_s = device, backend, bucket_bytes, timeout_s
         self.adapter_files = adapter_files
         self.senders: dict[int, WeightSender | AdapterFileSender] = {}
         self._pending: Any = None  # a background push in flight
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.check = WeightCheck(timeout_s) if check else None
 
     def _submit(self, coro: Any) -> Any:
         """Run `coro` on the weight-sync thread's loop; returns a concurrent future."""
@@ -108,8 +112,14 @@ class WeightPush:
                           lanes: list[int]) -> dict[str, float]:
         metrics: dict[str, float] = {}
         for lane in lanes:
-            stats = await self.senders[lane].push(named, version=version)
+            sender = self.senders[lane]
+            checked = self.check if isinstance(sender, WeightSender) else None  # (adapter files: config refuses)
+            if checked is not None:
+                await checked.before(sender.receivers, version)
+            stats = await sender.push(named, version=version)
             metrics |= sync_metrics(stats, "weight_sync" if lane == min(lanes) else f"weight_sync/every_{lane}")
+            if checked is not None:
+                metrics |= await checked.after(sender.receivers, named, version)
         return metrics
 
     def close(self) -> None:

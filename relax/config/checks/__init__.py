@@ -11,6 +11,7 @@ and no other module re-derives them. The checks live by what they judge:
 - `ranges`: numeric flags in their ranges;
 - `modes`: the mode, debug modes, external engines, `--resource`, batch sizes;
 - `algorithm`: KL reference, critic, OPD teacher, GenRM judge;
+- `ckpt_steps`: --ref-ckpt-step / --opd-teacher-ckpt-step name a complete step of their checkpoint directory;
 - `inputs`: the model, data and eval files, context limits, prefetching, multimodal keys;
 - `backends` (+ `megatron`): backend resolution and each backend's flags, true-on-policy mode;
 - `relax.config.nodes.check_cluster_flag`: `--cluster` (a cluster to plan for, with --dry-run);
@@ -20,6 +21,9 @@ and no other module re-derives them. The checks live by what they judge:
   notifications, metrics sinks), `fault`, `elastic` (scaling flags, the autoscaler YAML);
 - `optimizer`: optimizer placement (host offload, bfloat16 moments) and the overlap flags;
 - `rollout_tools`: polling mode, the SlimeRouter and --http-proxy, reward categories, engine profiling.
+- `profiling`: the training ranks' torch profiler and memory tools (after the run directory is known).
+- `train_memory`: --keep-old-actor, --disable-weights-backuper, the training memory margin,
+  --check-weight-update-equal.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from typing import Callable
 from relax.config.checks.agentic import check_agentic
 from relax.config.checks.algorithm import check_algorithm, check_genrm
 from relax.config.checks.backends import EngineCheck, check_backends, check_true_on_policy
+from relax.config.checks.ckpt_steps import check_ckpt_steps
 from relax.config.checks.elastic import check_elastic
 from relax.config.checks.lora import check_lora
 from relax.config.checks.fault import check_fault_flags
@@ -42,9 +47,11 @@ from relax.config.checks.modes import (
 )
 from relax.config.checks.outputs import check_exp_dir, check_metrics_sinks, check_notify
 from relax.config.checks.plugins import check_plugins
+from relax.config.checks.profiling import check_train_profile
 from relax.config.checks.ranges import check_ranges
 from relax.config.checks.rollout_tools import check_rollout_tools
 from relax.config.checks.routing import check_routing_replay
+from relax.config.checks.train_memory import check_train_memory
 from relax.config.layouts import check_ref_actor_config
 from relax.config.nodes import check_cluster_flag
 from relax.config.schema import RelaxConfig
@@ -57,9 +64,9 @@ CHECKS: tuple[Check, ...] = (
     check_unknown_flags, check_unsupported, check_ranges, check_mode, check_partial_rollout, check_debug,
     check_external, check_resource, check_batches, check_algorithm, check_paths, default_response_len, check_agentic,
     check_eval, check_context, check_prefetch, check_genrm, check_ref_actor_config, check_multimodal,
-    check_true_on_policy, check_cluster_flag, check_backends, check_lora, check_routing_replay, check_plugins,
-    check_exp_dir, check_notify, check_metrics_sinks, check_fault_flags, check_elastic, check_rollout_tools,
-    check_optimizer,
+    check_true_on_policy, check_cluster_flag, check_backends, check_lora, check_ckpt_steps, check_routing_replay,
+    check_plugins, check_exp_dir, check_notify, check_metrics_sinks, check_fault_flags, check_elastic,
+    check_rollout_tools, check_optimizer, check_train_profile, check_train_memory,
 )
 
 

@@ -103,7 +103,8 @@ def check_opd(cfg: RelaxConfig) -> None:
     if a.opd_type == "sglang" and not a.opd_teacher_load and cfg.reward.rm_type == "remote_rm":
         raise ConfigError("--rm-url is the reward service of --rm-type remote_rm, so it cannot also be the OPD "
                           "teacher: launch the teacher with --opd-teacher-load DIR instead")
-    if a.opd_teacher_load and not (Path(a.opd_teacher_load) / "config.json").is_file():
+    hf_teacher = a.opd_teacher_ckpt_step is None  # (else a checkpoint directory: checks.ckpt_steps)
+    if a.opd_teacher_load and hf_teacher and not (Path(a.opd_teacher_load) / "config.json").is_file():
         raise ConfigError(f"--opd-teacher-load {a.opd_teacher_load}: no config.json there; point it at an HF model "
                           "directory that uses the student's tokenizer")
 

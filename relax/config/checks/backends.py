@@ -154,6 +154,9 @@ def check_update_interval(cfg: RelaxConfig) -> None:
 
 def check_fsdp(cfg: RelaxConfig) -> None:
     """--train-backend fsdp: no Megatron flag it would not read, and recomputation it has."""
+    if cfg.megatron.custom_model_provider_path:
+        raise ConfigError("--custom-model-provider-path builds a megatron-core model; the fsdp backend trains the HF "
+                          "model: add --train-backend megatron, or drop the flag")
     if cfg.parallel.recompute_granularity == "selective":
         raise ConfigError("--recompute-granularity selective recomputes Megatron's attention core, which the fsdp "
                           "backend does not have; use --recompute-granularity full (per-layer checkpointing)")

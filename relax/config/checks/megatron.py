@@ -4,7 +4,10 @@
 agree with the checkpoint's config.json, whichever backend trains. `megatron_unfit`: what a run
 needs that the megatron backend does not build (`--train-backend auto` then picks fsdp);
 `check_megatron`: with `--train-backend megatron`, every Megatron flag it accepts acts and the
-rest are errors naming the flag. Nothing here imports megatron-core.
+rest are errors naming the flag; `qkv_layout`: the micro-batch layout (--qkv-format) its ranks
+run; `conversion_family`: the converter --model-name (or the checkpoint's model_type) picks;
+`megatron_notes`: plan notes where a Megatron flag does less in this run than its name says.
+Nothing here imports megatron-core.
 """
 
 from __future__ import annotations
@@ -53,15 +56,77 @@ def check_model_flags(cfg: RelaxConfig, hf: dict) -> None:
 
 # Megatron flags the megatron backend does not act on yet: given a non-default value, an error.
 MEGATRON_NOT_BUILT = {
-    "expert_tensor_parallel_size": ("parallel", 1, "expert tensor parallelism (experts are whole per rank)"),
     "megatron_to_hf_mode": ("cluster", "raw", "bridge conversion (megatron-bridge); raw converters only"),
-    "qkv_format": ("cluster", "thd", "the packed thd layout is not built; rows are right-padded (bshd)"),
     "attention_backend": ("megatron", None, "attention backends (the local unfused attention runs)"),
 }
 
 
 # relax.backends.megatron.vision.SUPPORTED (not imported: validation runs without megatron-core)
 MEGATRON_VL = ("qwen2_5_vl", "qwen3_vl", "qwen3_omni_moe_thinker")
+# relax.backends.megatron.convert.FAMILIES' model_types: the families --model-name names (same reason)
+MEGATRON_FAMILIES = ("llama", "mistral", "qwen2", "qwen2_5_vl_text", "qwen3", "qwen3_vl_text", "qwen3_moe",
+                     "qwen3_omni_moe_text")
+
+
+def _compact(name: str) -> str:
+    return name.lower().replace("_", "").replace("-", "").replace(".", "")
+
+
+def conversion_family(name: str) -> str | None:
+    """The converter family (a model_type of `MEGATRON_FAMILIES`) that `name` names: a model_type
+    (`qwen3_moe`), slime's spelling (`qwen3moe`: the config class's name) or a VL model's type
+    (`qwen2_5_vl`: its language model's family); None when no converter fits."""
+    key = _compact(name)
+    return next((f for f in MEGATRON_FAMILIES if _compact(f) in (key, key + "text")), None)
+
+
+def _checkpoint_config(cfg: RelaxConfig) -> dict:
+    config = Path(cfg.ckpt.hf_checkpoint or "") / "config.json"
+    return json.loads(config.read_text()) if cfg.ckpt.hf_checkpoint and config.is_file() else {}
+
+
+def qkv_layout(cfg: RelaxConfig) -> tuple[str, str]:
+    """(layout, why) of the megatron ranks' micro-batches: "thd" packs each micro-batch's rows into one
+    token stream, "bshd" right-pads them. --qkv-format thd runs padded (`why` names the reason) with
+    pipeline or context parallelism, routing replay or a vision-language model, which pad rows."""
+    if cfg.cluster.qkv_format == "bshd":
+        return "bshd", ""
+    p, a = cfg.parallel, cfg.algo
+    vl = cfg.data.multimodal_keys or _checkpoint_config(cfg).get("model_type") in MEGATRON_VL
+    why = [what for what, on in (
+        (f"--pipeline-model-parallel-size {p.pipeline_model_parallel_size}", p.pipeline_model_parallel_size > 1),
+        (f"--context-parallel-size {p.context_parallel_size}", p.context_parallel_size > 1),
+        ("routing replay", a.use_routing_replay or a.use_rollout_routing_replay),
+        ("a vision-language model", vl)) if on]
+    return ("bshd", ", ".join(why)) if why else ("thd", "")
+
+
+def megatron_notes(cfg: RelaxConfig) -> list[str]:
+    """Plan notes for the Megatron flags that do less in this run than their name says."""
+    if cfg.cluster.train_backend != "megatron":
+        return []
+    notes = []
+    layout, why = qkv_layout(cfg)
+    if cfg.cluster.qkv_format == "thd" and layout == "bshd":
+        notes.append(f"--qkv-format thd: rows are right-padded (bshd) in this run: packed rows are not built with "
+                     f"{why}")
+    if cfg.megatron.recompute_loss_function and cfg.parallel.tensor_model_parallel_size == 1:
+        notes.append("--recompute-loss-function: with one tensor-parallel rank the chunked output layer keeps no "
+                     "logits for backward anyway (it recomputes each chunk's); nothing to switch")
+    if cfg.optim.use_distributed_optimizer and experts_differ_over_dp(cfg):
+        notes.append("--use-distributed-optimizer: the data-parallel ranks hold different experts (expert or expert "
+                     "tensor parallelism carved out of them), so the optimizer state is not sharded: ZeRO-1 here "
+                     "shards over data-parallel ranks holding the same weights; each rank keeps its own weights' state")
+    return notes
+
+
+def experts_differ_over_dp(cfg: RelaxConfig) -> bool:
+    """An MoE model whose data-parallel peers hold other expert shards: in megatron-core's rank order
+    a peer is tp x cp ranks away, and a rank's expert shard repeats every etp x ep ranks."""
+    p, text = cfg.parallel, text_model_config(_checkpoint_config(cfg))
+    moe = text.get("num_experts") or text.get("num_local_experts")
+    shards = p.expert_tensor_parallel_size * p.expert_model_parallel_size
+    return bool(moe) and (p.tensor_model_parallel_size * p.context_parallel_size) % shards != 0
 
 
 def megatron_unfit(cfg: RelaxConfig) -> list[str]:
@@ -76,11 +141,15 @@ def megatron_unfit(cfg: RelaxConfig) -> list[str]:
         reasons.append(f"--lora-rank {cfg.lora.lora_rank}: LoRA adapters train on the fsdp backend only (megatron-core "
                        "0.16 builds no LoRA layers; Megatron's LoRA lives in Megatron-Bridge, which this build "
                        "excludes); use --train-backend fsdp, or --lora-rank 0 to fine-tune every weight")
+    hf = _checkpoint_config(cfg)
+    text_type = text_model_config(hf).get("model_type") if hf else None
+    if text_type and cfg.misc.model_name is None and conversion_family(text_type) is None:
+        reasons.append(f"model_type {text_type}: the megatron backend converts {', '.join(MEGATRON_FAMILIES)}; set "
+                       "--model-name to the family this model's layers follow, or use --train-backend fsdp")
     if cfg.data.multimodal_keys:
         p = cfg.parallel
-        config = Path(cfg.ckpt.hf_checkpoint or "") / "config.json"
-        model_type = json.loads(config.read_text()).get("model_type") if config.is_file() else None
-        if config.is_file() and model_type not in MEGATRON_VL:
+        model_type = hf.get("model_type")
+        if hf and model_type not in MEGATRON_VL:
             reasons.append(f"--multimodal-keys with a {model_type or 'text'} model: the megatron backend trains the "
                            f"vision-language models {', '.join(MEGATRON_VL)}; use --train-backend fsdp")
         elif p.pipeline_model_parallel_size > 1 or p.context_parallel_size > 1:
@@ -95,15 +164,14 @@ def check_megatron(cfg: RelaxConfig, hf: dict) -> None:
     `hf`: the checkpoint's config.json."""
     for name, (group, default, what) in MEGATRON_NOT_BUILT.items():
         value = getattr(getattr(cfg, group), name)
-        if value != default and not (name == "qkv_format" and value == "bshd"):
+        if value != default:
             raise ConfigError(f"{flag_for(name)} {value}: the megatron backend does not build {what} yet; "
                               "drop the flag")
     p, m = cfg.parallel, cfg.megatron
     unfit = megatron_unfit(cfg)
     if unfit:
         raise ConfigError(f"--train-backend megatron: {unfit[0]}")
-    if p.expert_tensor_parallel_size != 1:
-        raise ConfigError("--expert-tensor-parallel-size must be 1 with the megatron backend")
+    check_megatron_run_flags(cfg, hf)
     if p.context_parallel_size > 1 and p.pipeline_model_parallel_size > 1:
         raise ConfigError(f"--context-parallel-size {p.context_parallel_size} with --pipeline-model-parallel-size "
                           f"{p.pipeline_model_parallel_size}: the megatron backend does not run context and pipeline "
@@ -118,3 +186,27 @@ def check_megatron(cfg: RelaxConfig, hf: dict) -> None:
     if m.vocab_size is not None and "vocab_size" in hf and int(hf["vocab_size"]) != m.vocab_size:
         raise ConfigError(f"--vocab-size {m.vocab_size} contradicts {cfg.ckpt.hf_checkpoint}/config.json "
                           f"vocab_size={hf['vocab_size']}")
+
+
+def check_megatron_run_flags(cfg: RelaxConfig, hf: dict) -> None:
+    """--qkv-format bshd without dynamic batching (the seeds' rule), a known --model-name, and an
+    --expert-tensor-parallel-size that splits every expert of an MoE model."""
+    ref_budget = (cfg.cluster.ref_actor_config or {}).get("max_tokens_per_gpu")
+    if cfg.cluster.qkv_format == "bshd" and (cfg.batch.use_dynamic_batch_size or ref_budget):
+        flag = "--use-dynamic-batch-size" if cfg.batch.use_dynamic_batch_size else \
+            "--ref-actor-config max_tokens_per_gpu (dynamic batching for the Reference and ActorFwd)"
+        raise ConfigError(f"--qkv-format bshd with {flag}: dynamic batching is not supported in bshd mode; "
+                          "micro-batches are --micro-batch-size rows: drop it, or use --qkv-format thd")
+    name = cfg.misc.model_name
+    if name is not None and conversion_family(name) is None:
+        raise ConfigError(f"--model-name {name}: no Megatron<->HF conversion by that name; known: "
+                          f"{', '.join(MEGATRON_FAMILIES)} (slime's spellings such as qwen3moe too)")
+    etp = cfg.parallel.expert_tensor_parallel_size
+    text = text_model_config(hf)
+    experts, ffn = text.get("num_experts") or text.get("num_local_experts"), text.get("moe_intermediate_size")
+    if etp > 1 and hf and not experts:
+        raise ConfigError(f"--expert-tensor-parallel-size {etp} needs an MoE model; {cfg.ckpt.hf_checkpoint} is "
+                          "dense: use 1")
+    if etp > 1 and ffn and ffn % etp:
+        raise ConfigError(f"--expert-tensor-parallel-size {etp} does not split the experts' FFN "
+                          f"(moe_intermediate_size {ffn}); use a divisor of it")

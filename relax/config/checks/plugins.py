@@ -10,6 +10,7 @@ from __future__ import annotations
 from relax.config.errors import ConfigError
 from relax.config.schema import RelaxConfig
 
+MODEL_PROVIDER_SIGNATURE = "model_provider(pre_process, post_process[, vp_stage, config, default_provider]) -> model"
 ROLLOUT_LOG_SIGNATURE = "custom_rollout_log_function(rollout_id, args, samples, rollout_extra_metrics, rollout_time)"
 EVAL_LOG_SIGNATURE = "custom_eval_rollout_log_function(rollout_id, args, data, extra_metrics)"
 
@@ -43,6 +44,8 @@ def check_plugins(cfg: RelaxConfig) -> None:
     for path, flag, positional, expected in specs:
         if path:
             check_plugin(path, flag, positional, expected)
+    if cfg.megatron.custom_model_provider_path:
+        check_model_provider(cfg.megatron.custom_model_provider_path)
 
 
 def check_plugin(path: str, flag: str, positional: int, expected: str) -> None:
@@ -51,5 +54,17 @@ def check_plugin(path: str, flag: str, positional: int, expected: str) -> None:
 
     try:
         load_plugin(path, flag=flag, positional=positional, expected=expected)
+    except PluginError as exc:
+        raise ConfigError(str(exc)) from exc
+
+
+def check_model_provider(path: str) -> None:
+    """--custom-model-provider-path: called with keywords (`pre_process=`, `post_process=`, and each
+    optional one it names), as the megatron backend calls it."""
+    from relax.utils.plugins import PluginError, load_plugin
+
+    try:
+        load_plugin(path, flag="--custom-model-provider-path", positional=0, keywords=("pre_process", "post_process"),
+                    optional=("vp_stage", "config", "default_provider"), expected=MODEL_PROVIDER_SIGNATURE)
     except PluginError as exc:
         raise ConfigError(str(exc)) from exc

@@ -29,6 +29,8 @@ class Endpoint(Protocol):
 IN_ORDER = "weight_buckets_in_order"  # several buckets posted at once (`bucket_index`), loaded in order
 FLAT = "weight_buckets_flat"  # a bucket broadcast as one flat buffer (`load_format: flat_bytes`)
 FEATURES = (IN_ORDER, FLAT)
+# An engine that answers /weights_checker per HF name (the hf engine; --check-weight-update-equal, check.py)
+CHECKSUMS = "weights_checker_by_name"
 
 
 async def receiver_features(receiver: Any) -> frozenset[str]:
@@ -77,7 +79,7 @@ class HTTPEndpoint:
             info = await self._client.get_server_info()
         except EngineError:
             return frozenset()
-        return frozenset(f for f in FEATURES if info.get(f))
+        return frozenset(f for f in (*FEATURES, CHECKSUMS) if info.get(f))
 
     async def close(self) -> None:
         client, self._client = self._client, None

@@ -8,6 +8,8 @@ on another host (`group_master_address`).
 
 A broadcast has no timeout of its own on NCCL, so the sender and the receivers run joins and
 broadcasts in a daemon thread (`run_in_daemon_thread`) and wait on it with their own deadline.
+With `--enable-cuda-memory-check` each broadcast logs the GPU's free memory first and a failed one
+carries the memory state (`relax.utils.memory_check`; a no-op otherwise).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import torch.distributed as dist
 
 from relax.distributed.store import BIND_ENV, address_towards, is_loopback, tcp_store
 from relax.distributed.weights.protocol import WeightSyncError
+from relax.utils import memory_check
 
 
 class WeightGroup:
@@ -41,12 +44,17 @@ class WeightGroup:
 
     def broadcast(self, tensor: torch.Tensor, src: int = 0) -> None:
         """Blocking broadcast of `tensor` (in place on receivers) from rank `src`."""
-        self.broadcast_queued(tensor, src).wait()
+        with memory_check.collective(f"weight broadcast ({self.group_name})"):
+            self._broadcast(tensor, src).wait()
 
     def broadcast_queued(self, tensor: torch.Tensor, src: int = 0) -> Any:
         """Start a broadcast and return its work handle. On NCCL it runs after what the current
         stream has queued, and nothing waits for it until the handle's `wait()` (which makes the
         then-current stream wait)."""
+        with memory_check.collective(f"weight broadcast, queued ({self.group_name})"):
+            return self._broadcast(tensor, src)
+
+    def _broadcast(self, tensor: torch.Tensor, src: int) -> Any:
         opts = dist.BroadcastOptions()
         opts.rootRank = src
         return self._pg.broadcast([tensor], opts)

@@ -1,8 +1,9 @@
 """On GPUs in bf16 (NCCL between ranks, bf16 compute over float32 main weights), the megatron
 backend computes what the fsdp backend computes on one GPU: per-token log-probs before and after
 one optimizer step, the loss and the gradient norm, within bf16 tolerance. The layouts that fit
-the machine run: TP=1 on a dense and a MoE model with one GPU; TP=2, TP=2 with sequence
-parallelism, PP=2, DP=2 and EP=2 (MoE) with two; TP=2 x PP=2 with four. Each rank is a process
+the machine run: TP=1 on a dense and a MoE model (and padded rows, --qkv-format bshd) with one GPU;
+TP=2 (also with --recompute-loss-function), TP=2 with sequence parallelism, PP=2, DP=2, EP=2 and
+ETP=2 (MoE) with two; TP=2 x PP=2 with four. Each rank is a process
 that sees one GPU, as Ray places trainer ranks. The same layouts are checked in float32 on the CPU
 over gloo (megatron/test_parity.py, which hides the GPUs). Skipped without CUDA."""
 
@@ -27,10 +28,12 @@ GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not GPUS, reason="needs a CUDA GPU")]
 
 # layout -> (GPUs, model, ModelParallelSpec kwargs)
-LAYOUTS = {"tp1": (1, "dense", {}), "tp1_moe": (1, "moe", {}),
+# One-stage layouts pack their rows (--qkv-format thd, the default); "bshd" pads them.
+LAYOUTS = {"tp1": (1, "dense", {}), "tp1_moe": (1, "moe", {}), "bshd": (1, "dense", {"qkv_format": "bshd"}),
            "tp2": (2, "dense", {"tp": 2}), "tp2sp": (2, "dense", {"tp": 2, "sequence_parallel": True}),
+           "tp2_recompute": (2, "dense", {"tp": 2, "recompute_loss_function": True}),
            "pp2": (2, "dense", {"pp": 2}), "dp2": (2, "dense", {}), "ep2": (2, "moe", {"ep": 2}),
-           "tp2pp2": (4, "dense", {"tp": 2, "pp": 2})}
+           "etp2": (2, "moe", {"etp": 2}), "tp2pp2": (4, "dense", {"tp": 2, "pp": 2})}
 MAX_LOGP, MEAN_LOGP, REL_NORM, ABS_LOSS = 0.05, 0.01, 0.02, 0.02  # bf16: 8 significant bits
 
 

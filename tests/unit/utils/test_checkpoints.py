@@ -113,3 +113,43 @@ def test_rotate_ckpt_needs_save_and_an_interval(base):
     with pytest.raises(ConfigError, match="--rotate-ckpt saves every step .* needs --save DIR and --save-interval"):
         parse_config(base + ["--rotate-ckpt", "--save", "/tmp/x"])
     assert parse_config(base + ["--rotate-ckpt", "--save", "/tmp/x", "--save-interval", "2"]).ckpt.rotate_ckpt
+
+
+# ---- a frozen model's step (--ref-ckpt-step, --opd-teacher-ckpt-step) ----------------------------
+
+def step_of(root, step: int):
+    return ck.step_checkpoint(str(root), step, flag="--ref-load", step_flag="--ref-ckpt-step")
+
+
+def test_a_named_step_is_its_training_part_not_the_latest(tmp_path):
+    save_step(tmp_path, 1)
+    save_step(tmp_path, 3)
+    assert step_of(tmp_path, 1) == tmp_path / "iter_0000001"  # the pointer says 3
+
+
+def test_a_missing_step_names_the_steps_there(tmp_path):
+    save_step(tmp_path, 1)
+    save_step(tmp_path, 3)
+    with pytest.raises(ck.CheckpointError, match=r"--ref-ckpt-step 2: --ref-load .* no checkpoint of step 2 "
+                                                  r"\(iter_0000002\); the steps there: 1, 3"):
+        step_of(tmp_path, 2)
+    with pytest.raises(ck.CheckpointError, match="the steps there: none"):
+        step_of(tmp_path / "empty", 0)
+
+
+def test_an_hf_directory_needs_a_checkpoint_directory_for_a_step(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(ck.CheckpointError, match="is an HF model directory; a step needs a checkpoint directory"):
+        step_of(tmp_path, 0)
+
+
+def test_an_incomplete_or_adapter_only_step_is_refused(tmp_path):
+    save_step(tmp_path, 1)
+    save_step(tmp_path, 2)
+    (tmp_path / "iter_0000001" / "rng_rank1.pt").unlink()
+    with pytest.raises(ck.CheckpointError, match="step 1 is incomplete, missing: .*rng_rank1.pt.*steps there: 1, 2"):
+        step_of(tmp_path, 1)
+    meta = tmp_path / "iter_0000002" / "meta.json"
+    meta.write_text(json.dumps({**json.loads(meta.read_text()), "lora": {"rank": 4}}))
+    with pytest.raises(ck.CheckpointError, match="LoRA adapters only"):
+        step_of(tmp_path, 2)

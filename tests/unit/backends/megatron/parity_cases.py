@@ -91,13 +91,30 @@ def run(rank: int, world_size: int, ports: list[int], cases: list, out: str, bf1
 def flag_effects(worker) -> dict:
     """What the optimizer flags did on this rank: a host optimizer (--optimizer-cpu-offload), the
     gradient buckets launched during backward of all (--overlap-grad-reduce), the weight broadcasts
-    the last step left to the next forward (--overlap-param-gather)."""
+    the last step left to the next forward (--overlap-param-gather); megatron: whether its
+    micro-batches were packed (--qkv-format thd), the forwards of a --custom-model-provider-path model."""
     from relax.backends.trainer.host_optimizer import host_optimizers
 
     overlap, gather = getattr(worker.runner, "grad_overlap", None), getattr(worker.runner, "param_gather", None)
+    rank = getattr(worker.runner, "r", None)
     return {"host_optimizer": bool(host_optimizers(worker.optimizer)),
             "grad_buckets": list(overlap.last_step) if overlap else None,
-            "param_broadcasts": gather.last_launch if gather else None}
+            "param_broadcasts": gather.last_launch if gather else None,
+            "packed": rank.packed if rank is not None else None,
+            "provided_forwards": getattr(worker.runner.model, "provided_forwards", None)}
+
+
+def wrapping_provider(pre_process: bool, post_process: bool, default_provider, vp_stage=None):
+    """A --custom-model-provider-path provider that wraps the default one: the backend's own model,
+    counting its forwards (`provided_forwards`)."""
+    model = default_provider(pre_process=pre_process, post_process=post_process)
+    model.provided_forwards = 0
+
+    def count(module, args):
+        module.provided_forwards += 1
+
+    model.register_forward_pre_hook(count)
+    return model
 
 
 def run_on_gpu(rank: int, world_size: int, ports: list[int], cases: list, out: str) -> None:

@@ -1,5 +1,6 @@
 """A megatron rank resumed from its checkpoint continues exactly as the uninterrupted rank does
-(model, optimizer state, LR schedule, RNG), and a checkpoint of another layout is refused."""
+(model, optimizer state, LR schedule, RNG), and a checkpoint of another layout is refused. With
+--async-save the rank file is written in the background from a host copy taken at the save."""
 
 from __future__ import annotations
 
@@ -114,5 +115,38 @@ def test_reference_takes_the_actors_weights_from_a_checkpoint_of_more_data_paral
         (ckpt / "meta.json").write_text(json.dumps({**meta, "tp": 2}))
         with pytest.raises(ValueError, match="give them the same model-parallel layout"):
             w.load_weights(str(ckpt))
+    finally:
+        w.shutdown()
+
+
+def test_async_save_writes_the_state_of_the_save_while_training_goes_on(tmp_path, monkeypatch):
+    """--async-save: `save(background=True)` returns before the rank file is written (an injected
+    gate holds the write back), the next step trains meanwhile, and the file then holds the state of
+    the save: the host copy, not the weights the step changed."""
+    import threading
+
+    import torch
+
+    path = parity_cases.make_models(str(tmp_path))["dense"]
+    w = worker(path)
+    try:
+        gate, snapshot = threading.Event(), w.runner.snapshot_state
+
+        def gated(*args):
+            extra, write = snapshot(*args)
+            return extra, lambda: (gate.wait(60), write())
+
+        monkeypatch.setattr(w.runner, "snapshot_state", gated)
+        step(w)
+        at_save = {n: t.clone() for n, t in w.runner.model.state_dict().items() if isinstance(t, torch.Tensor)}
+        w.save(str(tmp_path / "ckpt"), 0, background=True)
+        assert not list((tmp_path / "ckpt" / "model").glob("*.pt"))  # not written yet
+        step(w)
+        gate.set()
+        w.wait_saved()
+        assert checkpoints.trainer_part_missing(tmp_path / "ckpt") == []
+        saved = torch.load(next((tmp_path / "ckpt" / "model").glob("*.pt")), weights_only=False)["model"]
+        assert all(torch.equal(saved[n], t) for n, t in at_save.items())
+        assert any(not torch.equal(w.runner.model.state_dict()[n], t) for n, t in at_save.items())
     finally:
         w.shutdown()

@@ -101,3 +101,44 @@ def test_the_vocabulary_pads_to_a_multiple_with_zero_rows():
         assert full.shape == (384, 32) and torch.equal(full[:64], hf[hf_name]) and not full[64:].any()
         assert [(n, t.shape) for n, t in megatron_to_hf(name, full, padded)] == [(hf_name, (64, 32))]
 
+
+
+@pytest.mark.parametrize("etp,tp", [(2, 1), (2, 2), (4, 1)])
+def test_experts_split_over_expert_tensor_ranks_and_merge_back(etp, tp, tmp_path):
+    """--expert-tensor-parallel-size: each expert's [gate; up] rows and down columns split over the
+    expert tensor ranks as dense MLPs split over tensor ranks; the dense weights keep their TP split."""
+    cfg = tiny("qwen3_moe")
+    layout = Layout.from_hf_config(cfg).padded(128 * tp)
+    full = hf_to_megatron(checkpoint_state(cfg, tmp_path), layout)
+    experts = expert_range(layout.num_experts, 1, 0)
+    local = [shard_state(full, tp=tp, tp_rank=x % tp, layers=range(4), experts=experts, first_stage=True,
+                         last_stage=True, tied=layout.tied, etp=etp, etp_rank=x) for x in range(etp)]
+    fc1 = "decoder.layers.0.mlp.experts.local_experts.1.linear_fc1.weight"
+    fc2 = "decoder.layers.0.mlp.experts.local_experts.1.linear_fc2.weight"
+    assert local[0][fc1].shape == (2 * 16 // etp, 32) and local[0][fc2].shape == (32, 16 // etp)
+    for name in (fc1, fc2):
+        assert torch.equal(tp_merge(name, [part[name] for part in local]), full[name])
+    qkv = "decoder.layers.0.self_attention.linear_qkv.weight"
+    assert torch.equal(local[0][qkv], shard_state(full, tp=tp, tp_rank=0, layers=range(4), experts=experts,
+                                                  first_stage=True, last_stage=True, tied=layout.tied)[qkv])
+
+
+def test_model_name_picks_the_conversion_family():
+    """--model-name: a model_type, slime's spelling or a VL model's type names a converter family; a
+    checkpoint whose model_type has none converts under the family its layers follow; an unknown name
+    is an error listing the known ones (the config check's list is the converter's)."""
+    from relax.backends.megatron.convert import FAMILIES
+    from relax.config.checks.megatron import MEGATRON_FAMILIES, conversion_family
+
+    assert tuple(FAMILIES) == MEGATRON_FAMILIES
+    assert [conversion_family(n) for n in ("qwen3moe", "Qwen3-MoE", "qwen2_5_vl", "llama", "gpt2")] == \
+        ["qwen3_moe", "qwen3_moe", "qwen2_5_vl_text", "llama", None]
+    cfg = tiny("qwen3")
+    cfg.model_type = "my_finetuned_qwen3"
+    with pytest.raises(ConversionError, match="model_type 'my_finetuned_qwen3' has no Megatron conversion"):
+        Layout.from_hf_config(cfg)
+    layout = Layout.from_hf_config(cfg, "qwen3")
+    assert layout.model_type == "qwen3" and layout.qk_norm
+    assert not Layout.from_hf_config(cfg, "llama").qk_norm  # the family decides what the layers have
+    with pytest.raises(ConversionError, match="--model-name gpt2 has no Megatron conversion; known: llama, mistral"):
+        Layout.from_hf_config(cfg, "gpt2")

@@ -2,11 +2,16 @@
 
 On a tiny Qwen3 (tied embeddings) and a tiny Qwen3-MoE (untied, 4 experts, top-2): per-token
 log-probs before and after one optimizer step, the gradient norm and the loss, for megatron with
-TP=1, TP=2, TP=2 with sequence parallelism, DP=2 (also with the distributed optimizer under the
-optimizer offload and overlap flags, `OVERLAPPED`), PP=2,
-EP=2, CP=2 (context parallelism: each row split into 4 chunks, 2 per rank), TP=2 x PP=2 and
-DP=2 x PP=2 (MoE) against fsdp on one rank. Layouts of two or four ranks run in spawned processes
-(`parity_cases.run`), which also report the HF-named weights each pushes."""
+TP=1, TP=2, TP=2 with sequence parallelism (and --recompute-loss-function), DP=2 (also with the
+distributed optimizer under the optimizer offload and overlap flags, `OVERLAPPED`), PP=2,
+EP=2, ETP=2 (each expert split over two data-parallel ranks that gather each other's tokens; with
+--use-distributed-optimizer, which then keeps the state unsharded: ZeRO-1 would broadcast one rank's
+expert shards over the other's),
+CP=2 (context parallelism: each row split into 4 chunks, 2 per rank; with --allgather-cp into 2
+contiguous ones), TP=2 x PP=2 and DP=2 x PP=2 (MoE) against fsdp on one rank. The one-stage layouts
+pack their micro-batches (--qkv-format thd, the default); `bshd` pads them (and builds its model
+through a --custom-model-provider-path that wraps the default one). Layouts of two or four ranks
+run in spawned processes (`parity_cases.run`), which also report the HF-named weights each pushes."""
 
 from __future__ import annotations
 
@@ -30,6 +35,9 @@ ATOL_LOGP, ATOL_NORM = 1e-5, 1e-4
 # pipeline schedule's no_sync_func).
 OVERLAPPED = dict(optimizer_cpu_offload=True, overlap_cpu_optimizer_d2h_h2d=True, overlap_grad_reduce=True,
                   overlap_param_gather=True)
+# --qkv-format bshd, through a --custom-model-provider-path that wraps the default model (one in-process case).
+BSHD = {"qkv_format": "bshd", "model_provider": "parity_cases.wrapping_provider"}
+ETP_ZERO = {"etp": 2, "distributed_optimizer": True}
 
 
 @pytest.fixture(scope="module")
@@ -37,13 +45,15 @@ def runs(tmp_path_factory):
     root = str(tmp_path_factory.mktemp("parity"))
     paths = parity_cases.make_models(root)
     one = [("fsdp", paths["dense"], {}), ("megatron", paths["dense"], {}),
-           ("fsdp", paths["moe"], {}), ("megatron", paths["moe"], {})]
+           ("fsdp", paths["moe"], {}), ("megatron", paths["moe"], {}), ("megatron", paths["dense"], BSHD)]
     two = [("megatron", paths["dense"], {"tp": 2}), ("megatron", paths["dense"], {}),
            ("megatron", paths["moe"], {"ep": 2}), ("megatron", paths["dense"], {"pp": 2}),
-           ("megatron", paths["moe"], {"pp": 2}), ("megatron", paths["dense"], {"tp": 2, "sequence_parallel": True}),
+           ("megatron", paths["moe"], {"pp": 2}),
+           ("megatron", paths["dense"], {"tp": 2, "sequence_parallel": True, "recompute_loss_function": True}),
            ("megatron", paths["moe"], {"tp": 2, "sequence_parallel": True}),
            ("megatron", paths["dense"], {"distributed_optimizer": True, **OVERLAPPED}),
-           ("megatron", paths["dense"], {"cp": 2})]
+           ("megatron", paths["dense"], {"cp": 2}), ("megatron", paths["moe"], ETP_ZERO),
+           ("megatron", paths["dense"], {"cp": 2, "allgather_cp": True})]
     # Four ranks: pipeline stages beside tensor or data-parallel ranks (stage leaders send the weights).
     four = [("megatron", paths["dense"], {"tp": 2, "pp": 2}),
             ("megatron", paths["moe"], {"pp": 2, "overlap_grad_reduce": True})]
@@ -60,7 +70,7 @@ def runs(tmp_path_factory):
     load = lambda name: json.load(open(f"{root}/{name}.json"))  # noqa: E731
     single = load("one.0")
     return {"root": root, "paths": paths, "fsdp": {"dense": single[0], "moe": single[2]},
-            "tp1": {"dense": [single[1]]}, "tp1_moe": {"moe": [single[3]]},
+            "tp1": {"dense": [single[1]]}, "tp1_moe": {"moe": [single[3]]}, "bshd": {"dense": [single[4]]},
             "tp2": {"dense": [load("two.0")[0], load("two.1")[0]]},
             "dp2": {"dense": [load("two.0")[1], load("two.1")[1]]},
             "ep2": {"moe": [load("two.0")[2], load("two.1")[2]]},
@@ -68,6 +78,8 @@ def runs(tmp_path_factory):
             "tp2sp": {"dense": [load("two.0")[5], load("two.1")[5]], "moe": [load("two.0")[6], load("two.1")[6]]},
             "dp2zero": {"dense": [load("two.0")[7], load("two.1")[7]]},
             "cp2": {"dense": [load("two.0")[8], load("two.1")[8]]},
+            "etp2": {"moe": [load("two.0")[9], load("two.1")[9]]},
+            "cp2ag": {"dense": [load("two.0")[10], load("two.1")[10]]},
             "tp2pp2": {"dense": [load(f"four.{r}")[0] for r in range(4)]},
             "dp2pp2": {"moe": [load(f"four.{r}")[1] for r in range(4)]}}
 
@@ -75,7 +87,8 @@ def runs(tmp_path_factory):
 @pytest.mark.parametrize("layout,model", [("tp1", "dense"), ("tp2", "dense"), ("dp2", "dense"), ("pp2", "dense"),
                                           ("tp2sp", "dense"), ("dp2zero", "dense"), ("cp2", "dense"),
                                           ("tp1_moe", "moe"), ("tp2pp2", "dense"), ("dp2pp2", "moe"),
-                                          ("ep2", "moe"), ("pp2", "moe"), ("tp2sp", "moe")])
+                                          ("ep2", "moe"), ("pp2", "moe"), ("tp2sp", "moe"), ("bshd", "dense"),
+                                          ("etp2", "moe"), ("cp2ag", "dense")])
 def test_megatron_matches_fsdp(runs, layout, model):
     ref, ranks = runs["fsdp"][model], runs[layout][model]
     for res in ranks:
@@ -105,11 +118,31 @@ def test_the_optimizer_flags_acted_in_their_cases(runs):
         launched, buckets = res["acted"]["grad_buckets"]
         assert launched == buckets >= 1 and not res["acted"]["host_optimizer"]
     for res in runs["dp2"]["dense"]:
-        assert res["acted"] == {"host_optimizer": False, "grad_buckets": None, "param_broadcasts": None}
+        assert res["acted"] == {"host_optimizer": False, "grad_buckets": None, "param_broadcasts": None,
+                                "packed": True, "provided_forwards": None}
+
+
+def test_thd_packs_rows_and_matches_bshd(runs):
+    """--qkv-format thd (the default) packed every one-stage layout's micro-batches, bshd padded them and
+    pipeline / context-parallel layouts pad (the plan says so); packed and padded rows give the same
+    log-probs before and after the step. The bshd case built its model through the wrapping
+    --custom-model-provider-path, whose model ran every forward."""
+    for layout, model in (("tp1", "dense"), ("tp1_moe", "moe"), ("tp2sp", "dense"), ("ep2", "moe"),
+                          ("etp2", "moe")):
+        assert all(res["acted"]["packed"] for res in runs[layout][model]), layout
+    for layout in ("pp2", "cp2", "cp2ag"):
+        assert not any(res["acted"]["packed"] for res in runs[layout]["dense"]), layout
+    thd, bshd = runs["tp1"]["dense"][0], runs["bshd"]["dense"][0]
+    assert not bshd["acted"]["packed"] and bshd["acted"]["provided_forwards"] >= 3
+    assert thd["acted"]["provided_forwards"] is None
+    for key in ("before", "after"):
+        for packed_row, padded_row in zip(thd[key], bshd[key]):
+            assert packed_row == pytest.approx(padded_row, abs=1e-6)
 
 
 @pytest.mark.parametrize("layout,model", [("tp1", "dense"), ("tp2", "dense"), ("pp2", "dense"), ("cp2", "dense"),
-                                          ("tp2pp2", "dense"), ("ep2", "moe"), ("pp2", "moe"), ("dp2pp2", "moe")])
+                                          ("tp2pp2", "dense"), ("ep2", "moe"), ("pp2", "moe"), ("dp2pp2", "moe"),
+                                          ("etp2", "moe")])
 def test_pushed_weights_are_the_checkpoints_names(runs, layout, model):
     """Rank 0 sends HF checkpoint names; dense ones equal what fsdp sends after the same step."""
     hf = runs[layout][model][0]["hf"]
@@ -126,7 +159,7 @@ def test_pushed_weights_are_the_checkpoints_names(runs, layout, model):
 
 
 @pytest.mark.parametrize("case,layout,model", [(0, "tp2", "dense"), (2, "ep2", "moe"), (3, "pp2", "dense"),
-                                               (4, "pp2", "moe"), (8, "cp2", "dense")])
+                                               (4, "pp2", "moe"), (8, "cp2", "dense"), (9, "etp2", "moe")])
 def test_checkpoint_converts_to_the_pushed_hf_weights(runs, case, layout, model, tmp_path):
     """scripts/tools/convert_megatron_to_hf.py on a two-rank checkpoint gives, bit for bit, the
     weights the backend pushed; the result loads as an HF model."""

@@ -77,7 +77,6 @@ def test_ignored_flags_reach_the_plan_notes(base):
 
 
 @pytest.mark.parametrize("flag, needle", [
-    (["--keep-old-actor"], "not implemented"), (["--async-save"], "not implemented"),
     (["--polling-mode", "false"], "--polling-mode false asks for TransferQueue's blocking fetch"),
 ])
 def test_unimplemented_flags_fail_instead_of_being_ignored(base, flag, needle):
@@ -98,5 +97,5 @@ def test_megatron_flags_its_backend_does_not_read_are_noted_under_megatron_too(b
     cfg = parse_config(base + ["--train-backend", "megatron", "--swiglu", "--model-name", "qwen3",
                                "--tensor-model-parallel-size", "1"])
     (note,) = ignored_flag_notes(cfg)
-    assert note.startswith("--model-name --swiglu: accepted and ignored: the megatron backend builds the model from "
-                           "the HF config.json")
+    assert note.startswith("--swiglu: accepted and ignored: the megatron backend builds the model from "
+                           "the HF config.json")  # --model-name acts: it picks the converter family
