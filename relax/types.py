@@ -25,6 +25,12 @@ class Sample:
     rollout_routed_experts: with --use-rollout-routing-replay (MoE), the experts the engine routed
       each token to: a numpy array [positions, layers, top_k] (uint8 ids; int16 past 256 experts) for
       positions [0, positions) of `tokens`, at most len(tokens) - 1 (`relax.utils.routing`).
+    prior_segments: the earlier segments of this sample's episode, when its prompts did not extend
+      each other (a black-box agent that rewrote its history, docs/agents.md): samples of their own
+      (tokens, loss_mask, rollout_log_probs, weight_versions, response_length). This sample is the
+      episode's last segment; it alone is scored and counted in its group. With `--agent-segments`
+      all (or auto, for the estimators with one advantage per sample) each prior segment is a
+      training row of its own that shares this sample's reward and advantage.
     """
 
     class Status(Enum):
@@ -57,11 +63,13 @@ class Sample:
     generate_function_path: str | None = None
     train_metadata: dict[str, Any] | None = None
     session_id: str | None = None
+    prior_segments: list[Sample] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-friendly dict (status as its string value); inverse of `from_dict`."""
         data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         data["status"] = self.status.value
+        data["prior_segments"] = [s.to_dict() for s in self.prior_segments]
         return data
 
     @classmethod
@@ -73,6 +81,8 @@ class Sample:
             raise ValueError(f"Sample.from_dict: unknown field(s) {unknown}; known fields are {sorted(known)}")
         if "status" in data and not isinstance(data["status"], cls.Status):
             data["status"] = cls.Status(data["status"])
+        if data.get("prior_segments"):
+            data["prior_segments"] = [s if isinstance(s, Sample) else cls.from_dict(s) for s in data["prior_segments"]]
         return cls(**data)
 
     def get_reward_value(self, reward_key: str | None = None) -> float:
@@ -142,6 +152,9 @@ COLUMNS: dict[str, Column] = {c.name: c for c in (
     Column("sample_indices", "int64", "R", "the sample's global index (the row's key)"),
     Column("weight_versions", "int64", "R", "oldest weight version any token of the row may have seen"),
     Column("truncated", "int64", "R", "1 = the response hit its length limit"),
+    Column("episode_indices", "int64", "R", "the sample index of the row's episode: its own, or for a prior "
+           "segment's row (Sample.prior_segments) its episode's last segment, the row that is scored"),
+    Column("episode_rows", "int64", "R", "rows of that episode: 1 + its prior segments"),
     Column("old_log_probs", "float32", "RT", "behaviour policy recomputed on the trainer's weights"),
     Column("ref_log_probs", "float32", "RT", "the reference model's log-probs (KL loss / KL shaping)"),
     Column("teacher_log_probs", "float32", "RT", "the OPD teacher's log-probs"),
@@ -160,7 +173,7 @@ ROUTING_COLUMN = "rollout_routed_experts"
 
 # What Rollout writes for every sample, in this order.
 ROLLOUT_COLUMNS = ("tokens", "loss_masks", "rollout_log_probs", "response_lengths", "rewards", "group_indices",
-                   "sample_indices", "weight_versions", "truncated")
+                   "sample_indices", "weight_versions", "truncated", "episode_indices", "episode_rows")
 
 
 @dataclass
@@ -185,6 +198,8 @@ class TrainBatch:
     multimodal_train_inputs_RB: list[bytes] | None = None
     rollout_routed_experts_RB: list[bytes] | None = None  # R3: each row's routing record (relax.utils.routing)
     entropy_RT: list[list[float]] | None = None  # --use-rollout-entropy: per-token entropy of the old policy
+    sample_indices_R: list[int] | None = None  # with episode_indices_R: which rows are prior segments (advantages)
+    episode_indices_R: list[int] | None = None
 
     def __len__(self) -> int:
         return len(self.tokens_RL)

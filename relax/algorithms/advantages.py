@@ -344,6 +344,9 @@ ESTIMATORS: dict[str, Callable[[AdvantageInputs], tuple[torch.Tensor, torch.Tens
 
 # Estimators that whiten over the whole batch: a group's advantages depend on every other row.
 BATCH_ESTIMATORS = frozenset({"reinforce_plus_plus", "reinforce_plus_plus_baseline"})
+# Estimators that give one advantage per sample (broadcast over its tokens) when --kl-coef is 0: an
+# episode's prior segments can share it (Sample.prior_segments, --agent-segments).
+SEQUENCE_ESTIMATORS = frozenset({"grpo", "gspo", "sapo", "on_policy_distillation"})
 
 
 def compute_advantages(

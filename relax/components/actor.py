@@ -35,7 +35,7 @@ import torch
 
 from relax.backends.trainer.group import ScoreShard, TrainerGroup
 from relax.components.setup_context import SetupContext
-from relax.components.step_advantages import AdvantageSpec, jagged, opd_metrics, step_advantages
+from relax.components.step_advantages import AdvantageSpec, final_rows, jagged, opd_metrics, step_advantages
 from relax.components.training import (
     CheckpointPart, balance_lengths, initial_model, make_trainer_group, mean_over_ranks, optimizer_steps_total,
     step_plan, train_on_rows, trains_actor,
@@ -198,7 +198,7 @@ class Actor:
             batch.advantages_RT, returns_RT = step_advantages(
                 self.advantages, batch.rewards_R, batch.loss_masks_RT, old_log_probs_RT=batch.old_log_probs_RT,
                 ref_log_probs_RT=batch.ref_log_probs_RT, teacher_log_probs_RT=batch.teacher_log_probs_RT,
-                values_RT=batch.values_RT)
+                values_RT=batch.values_RT, final_of_R=final_rows(batch.sample_indices_R, batch.episode_indices_R))
             if "returns" in self.plan.computes:
                 batch.returns_RT = returns_RT
         if self.postprocess is not None:  # --rollout-data-postprocess-path: the step's rows before training

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from relax.components.setup_context import SetupContext
-from relax.components.step_advantages import AdvantageSpec, jagged, step_advantages
+from relax.components.step_advantages import AdvantageSpec, final_rows, jagged, step_advantages
 from relax.config.plan import RolePlan, per_group_advantages
 from relax.config.schema import RelaxConfig
 from relax.distributed import transfer_queue as tq
@@ -26,14 +26,22 @@ def as_list(value: Any) -> Any:
 
 
 def complete_groups(rows: dict[str, dict[str, Any]], group_size: int) -> list[list[str]]:
-    """Keys of every group with all `group_size` rows present (by `group_indices`), in key order.
+    """Keys of every group with all `group_size` episodes present (by `group_indices`), in key order:
+    each episode's scored row and, when rows carry `episode_rows`, every row of its prior segments.
     Rows without a group (index -1, e.g. from a custom conversion) never form one."""
     groups: dict[int, list[str]] = {}
     for key, row in rows.items():
         g = int(as_list(row["group_indices"]))
         if g >= 0:
             groups.setdefault(g, []).append(key)
-    return [sorted(keys, key=int) for _, keys in sorted(groups.items()) if len(keys) == group_size]
+    return [sorted(keys, key=int) for _, keys in sorted(groups.items()) if _complete(rows, keys, group_size)]
+
+
+def _complete(rows: dict[str, dict[str, Any]], keys: list[str], group_size: int) -> bool:
+    if "episode_rows" not in rows[keys[0]]:
+        return len(keys) == group_size
+    scored = [k for k in keys if int(as_list(rows[k]["episode_indices"])) == int(k)]
+    return len(scored) == group_size and sum(int(as_list(rows[k]["episode_rows"])) for k in scored) == len(keys)
 
 
 class Advantages:
@@ -76,7 +84,8 @@ class Advantages:
             self.spec, [float(r) for r in column("rewards")], column("loss_masks"),
             old_log_probs_RT=column("old_log_probs") or column("rollout_log_probs"),
             ref_log_probs_RT=column("ref_log_probs"), teacher_log_probs_RT=column("teacher_log_probs"),
-            values_RT=column("values"))  # PPO: GAE on the critic's values; the critic fits the returns
+            values_RT=column("values"),  # PPO: GAE on the critic's values; the critic fits the returns
+            final_of_R=final_rows([int(k) for k in keys], column("episode_indices")))
         outputs = {"advantages": advantages, "returns": returns}
         await tq.put_columns(step, keys, {name: jagged(outputs[name]) for name in self.plan.writes})
 

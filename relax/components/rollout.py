@@ -413,7 +413,7 @@ class Rollout:
         elif rest:
             await tq.put_samples(rollout_id, [samples[i] for i in rest], [rewards[i] for i in rest],
                                  started_at=started_at, media=media, routing=routing)
-        await tq.mark_step_done(rollout_id, len(samples))
+        await tq.mark_step_done(rollout_id, len(samples) if train_data is not None else tq.row_count(samples))
         if self.cfg.debug.dump_details:
             await asyncio.to_thread(dump_rollout_details, self.cfg.debug.dump_details, rollout_id, groups, rewards)
         filter_stats = {k: float(v) for k, v in step.filter_stats.items()}

@@ -42,6 +42,12 @@ class AgenticConfig:
     agent_timeout: float = opt(300.0, "Seconds one black-box agent episode may take; an episode that times out (or "
                                "whose agent raises) ends its sample (status failed, termination agent_timeout or "
                                "agent_error, its tokens not trained on), never the run.")
+    agent_segments: Literal["auto", "all", "last"] = opt(
+        "auto", "What trains when an agent rewrote its history, so its episode has several segments (prompts "
+        "that do not extend each other; Sample.prior_segments): all = every segment is a training row that shares "
+        "the episode's reward and advantage (estimators with one advantage per sample: grpo, gspo, sapo, "
+        "on_policy_distillation, and --kl-coef 0); last = only the last segment, which holds the answer; auto = "
+        "all where the estimator allows it, else last (docs/agents.md).")
     agent_gateway_host: str = opt("127.0.0.1", "Address the agent gateway binds (an OpenAI-compatible server in "
                                   "the Rollout process, on a free port). Loopback by default: an agent elsewhere "
                                   "needs this set, and each session's key is its only guard then.")

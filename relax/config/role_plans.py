@@ -111,6 +111,29 @@ def rollout_engines(cfg: RelaxConfig, gpus_per_engine: int) -> int:
 
 # ---- what the roles read -------------------------------------------------------------------
 
+# --advantage-estimator values with one advantage per sample (relax.algorithms.advantages.SEQUENCE_ESTIMATORS).
+SEQUENCE_ESTIMATORS = ("grpo", "gspo", "sapo", "on_policy_distillation")
+
+
+def trains_prior_segments(cfg: RelaxConfig) -> bool:
+    """`--agent-segments`: whether the prior segments of an episode (Sample.prior_segments) are
+    training rows of their own (all; auto: when the estimator gives one advantage per sample). Only
+    a black-box agent or a custom generate function makes them."""
+    makes = bool(cfg.agentic.agent_function_path or cfg.rollout.custom_generate_function_path)
+    return makes and segments_train(cfg.agentic.agent_segments, cfg.algo.advantage_estimator, cfg.algo.kl_coef)
+
+
+def segments_train(mode: str, estimator: str, kl_coef: float) -> bool:
+    """`trains_prior_segments` from the three flags it reads."""
+    return mode == "all" or (mode == "auto" and estimator in SEQUENCE_ESTIMATORS and kl_coef == 0)
+
+
+def _episodes(cfg: RelaxConfig) -> tuple[str, ...]:
+    """With prior segments as rows, advantages need each row's episode (and the episode's row count
+    to know a group is complete while streaming)."""
+    return ("sample_indices", "episode_indices", "episode_rows") if trains_prior_segments(cfg) else ()
+
+
 def advantage_inputs(cfg: RelaxConfig) -> tuple[str, ...]:
     """The columns advantages are computed from (estimator, KL shaping, OPD penalty)."""
     old = "rollout_log_probs" if cfg.algo.use_rollout_logprobs else "old_log_probs"
@@ -119,7 +142,7 @@ def advantage_inputs(cfg: RelaxConfig) -> tuple[str, ...]:
         cols += ["ref_log_probs", old]
     if cfg.algo.use_opd:
         cols += ["teacher_log_probs", old]
-    return tuple(dict.fromkeys(cols))
+    return tuple(dict.fromkeys(cols + list(_episodes(cfg))))
 
 
 def _media(cfg: RelaxConfig) -> tuple[str, ...]:
@@ -155,6 +178,7 @@ def _actor_reads(cfg: RelaxConfig) -> tuple[str, ...]:
         reads.append("values")
     if fully_async:  # written by ActorFwd and Advantages
         reads += ["advantages"] + (["old_log_probs"] if needs_actor_fwd(cfg) else [])
+    reads += _episodes(cfg)  # colocate: for the advantages; both: in the dumped batch (--save-debug-train-data)
     return tuple(dict.fromkeys(reads))
 
 

@@ -1,6 +1,7 @@
 """The data plane: TransferQueue partitions, one per rollout step (`<run>/train_{step}`).
 
-Rollout writes one row per sample (key = the sample's global index); downstream roles add
+Rollout writes one row per sample (key = the sample's global index; an agent episode's prior
+segments are rows of their own, `episode_rows`); downstream roles add
 columns to the same rows (`ref_log_probs`, `advantages`, ...); the Actor reads what it needs
 and clears the partition after training, which is also the back-pressure. Variable-length
 columns travel as jagged nested tensors and come back as lists of 1-D tensors.
@@ -13,6 +14,7 @@ for compilation nothing here does.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import sys
@@ -44,6 +46,8 @@ ROLLOUT_COLUMNS: dict[str, tuple[torch.dtype, bool]] = {
     "sample_indices": (torch.int64, False),
     "weight_versions": (torch.int64, False),
     "truncated": (torch.int64, False),
+    "episode_indices": (torch.int64, False),
+    "episode_rows": (torch.int64, False),
 }
 MEDIA_COLUMN = ("multimodal_train_inputs", torch.uint8)  # rows' encoder tensors (multimodal runs only)
 ROUTING_COLUMN = "rollout_routed_experts"  # rows' routing records (R3 only), uint8 bytes as the media column
@@ -210,11 +214,46 @@ def media_bytes(values: Sequence[Any] | None) -> list[bytes] | None:
     return None if values is None else [v.numpy().tobytes() if hasattr(v, "numpy") else bytes(v) for v in values]
 
 
+SEGMENT_KEY_BASE = 1 << 40  # a prior segment's row key: base + its episode's index * MAX_SEGMENTS + k
+MAX_SEGMENTS = 1024
+
+
+def episode_rows(samples: Sequence[Sample], reward_values: Sequence[float]
+                 ) -> tuple[list[Sample], list[float], list[tuple[int, int]]]:
+    """The rows of `samples` (types.Sample.prior_segments): each sample's prior segments, then the
+    sample itself; every row with its episode's reward and (episode index, episode rows). A
+    segment's row is keyed `SEGMENT_KEY_BASE + index * MAX_SEGMENTS + k` and joins its episode's group."""
+    rows: list[Sample] = []
+    rewards: list[float] = []
+    episodes: list[tuple[int, int]] = []
+    for s, reward in zip(samples, reward_values):
+        n = 1 + len(s.prior_segments)
+        if n > MAX_SEGMENTS:
+            raise ValueError(f"sample {s.index}: {n - 1} prior segments, at most {MAX_SEGMENTS - 1}")
+        for k, seg in enumerate(s.prior_segments):
+            rows.append(dataclasses.replace(seg, index=SEGMENT_KEY_BASE + s.index * MAX_SEGMENTS + k,
+                                            group_index=s.group_index, prior_segments=[]))
+            rewards.append(reward)
+            episodes.append((s.index, n))
+        rows.append(s)
+        rewards.append(reward)
+        episodes.append((s.index, n))
+    return rows, rewards, episodes
+
+
+def row_count(samples: Sequence[Sample]) -> int:
+    """Rows `put_samples` writes for `samples` (no custom conversion): one each, plus their prior segments."""
+    return sum(1 + len(s.prior_segments) for s in samples)
+
+
 def samples_to_columns(samples: Sequence[Sample], reward_values: Sequence[float], *,
                        started_at: int | None = None, media: bool = False,
-                       routing: RoutingShape | None = None) -> dict[str, torch.Tensor]:
+                       routing: RoutingShape | None = None,
+                       episodes: Sequence[tuple[int, int]] | None = None) -> dict[str, torch.Tensor]:
     """Rollout rows: one entry per sample, response-aligned sequences for masks/log-probs;
-    `media`: also the multimodal column (a multimodal run); `routing`: also the routing records (R3)."""
+    `media`: also the multimodal column (a multimodal run); `routing`: also the routing records (R3);
+    `episodes`: each row's (episode index, episode rows) from `episode_rows` (default: its own, 1)."""
+    episodes = list(episodes) if episodes is not None else [(s.index, 1) for s in samples]
     columns = {
         "tokens": [s.tokens for s in samples],
         "loss_masks": [s.loss_mask if s.loss_mask is not None else [1] * s.response_length for s in samples],
@@ -225,6 +264,8 @@ def samples_to_columns(samples: Sequence[Sample], reward_values: Sequence[float]
         "sample_indices": [s.index for s in samples],
         "weight_versions": [row_version(s, started_at) for s in samples],
         "truncated": [int(s.status == Sample.Status.TRUNCATED) for s in samples],
+        "episode_indices": [e for e, _ in episodes],
+        "episode_rows": [n for _, n in episodes],
     }
     for s in samples:
         if len(s.tokens) < s.response_length or (s.loss_mask is not None and len(s.loss_mask) != s.response_length):
@@ -290,11 +331,18 @@ async def put_samples(step: int, samples: Sequence[Sample], reward_values: Seque
     `started_at`: the engine version the step started at (fully async, see `row_version`);
     `media`: write the multimodal column too (a multimodal run's Rollout); `routing`: the routing
     records too (R3, the model's `RoutingShape`)."""
+    if train_data is None:  # a sample's prior segments (an agent's rewritten history) are rows of their own
+        samples, reward_values, episodes = episode_rows(samples, reward_values)
+    elif any(s.prior_segments for s in samples):
+        raise ValueError("--custom-convert-samples-to-train-data-path: samples with prior_segments (an agent's "
+                         "rewritten history) are not converted by a custom conversion; return their rows from it "
+                         "or drop the conversion")
     keys = [str(s.index) for s in samples]
     if len(set(keys)) != len(keys):
         raise ValueError(f"step {step}: duplicate sample indices; every sample needs a unique Sample.index")
     if train_data is None:
-        columns = samples_to_columns(samples, reward_values, started_at=started_at, media=media, routing=routing)
+        columns = samples_to_columns(samples, reward_values, started_at=started_at, media=media, routing=routing,
+                                     episodes=episodes)
     else:
         columns = train_data_to_columns(train_data, samples, reward_values, started_at=started_at, media=media,
                                         routing=routing)

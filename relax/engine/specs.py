@@ -19,6 +19,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from relax.config.eval_config import EvalDataset
+from relax.config.role_plans import segments_train
 from relax.config.schema import RelaxConfig, RewardConfig, RolloutConfig
 from relax.utils.routing import RoutingShape
 
@@ -112,6 +113,7 @@ class AgenticSpec:
     gateway_host: str = "127.0.0.1"
     tools_in_prompt: bool = True
     constrain_tool_calls: bool = False  # every model turn's tool calls made to parse (tool_calls.py)
+    train_segments: bool = False  # --agent-segments resolved: an episode's prior segments are rows too
 
     @classmethod
     def from_values(cls, v: Any) -> AgenticSpec:
@@ -123,13 +125,15 @@ class AgenticSpec:
                    template_kwargs=tuple(sorted((v.apply_chat_template_kwargs or {}).items())),
                    agent_path=v.agent_function_path, agent_timeout=v.agent_timeout, gateway_host=v.agent_gateway_host,
                    tools_in_prompt=v.agent_tools_in_prompt,
-                   constrain_tool_calls=v.multi_turn_constrain_tool_calls)
+                   constrain_tool_calls=v.multi_turn_constrain_tool_calls,
+                   train_segments=segments_train(v.agent_segments, v.advantage_estimator, v.kl_coef))
 
     @classmethod
     def from_config(cls, cfg: RelaxConfig) -> AgenticSpec:
         flat = {**dataclasses.asdict(cfg.agentic), "true_on_policy_mode": cfg.cluster.true_on_policy_mode,
                 "log_multi_turn": cfg.logging.log_multi_turn,
-                "apply_chat_template_kwargs": cfg.data.apply_chat_template_kwargs}
+                "apply_chat_template_kwargs": cfg.data.apply_chat_template_kwargs,
+                "advantage_estimator": cfg.algo.advantage_estimator, "kl_coef": cfg.algo.kl_coef}
         return cls.from_values(SimpleNamespace(**flat))
 
 

@@ -48,11 +48,15 @@ def scaled_run(tiny_setup, exp: Path, mode: list[str], steps: int, grow: list[di
 
 @pytest.fixture(scope="module")
 def fully_async_run(ray_cluster, tiny_setup, tmp_path_factory):
-    """With an autoscaler that watches the run's real signals but never acts (thresholds out of reach)."""
+    """With an autoscaler that watches the run's real signals but never acts (thresholds out of reach),
+    and a generate function that gives half the samples a prior segment (segment_generate.py: agent
+    episodes that rewrote their history), trained as rows of their own; each step's batch saved."""
     exp = tmp_path_factory.mktemp("elastic_async")
     (exp / "autoscaler.yaml").write_text("min_engines: 1\nmax_engines: 3\nscale_out_threshold: 2\n"
                                          "scale_in_threshold: -1\ncooldown_s: 0\ninterval_s: 0.5\n")
     return scaled_run(tiny_setup, exp, [
+        "--custom-generate-function-path", "tests.integration.segment_generate.generate",
+        "--save-debug-train-data", str(exp / "train_{rollout_id}.pt"),
         "--fully-async", "--max-staleness", "1", "--autoscaler-config", str(exp / "autoscaler.yaml"),
         "--resource", '{"actor": [1, 1], "rollout": [1, 1], "actor_fwd": [1, 1], "advantages": [1, 0]}'], steps=4,
         grow=[{"target_engines": 3, "idempotency_key": "up"}])
@@ -108,6 +112,27 @@ def check_scaled(run: dict, lag: int) -> None:
 
 def test_fully_async_run_scales_1_3_1_without_losing_a_sample(fully_async_run):
     check_scaled(fully_async_run, lag=1)
+
+
+def test_prior_segments_train_as_rows_that_share_their_episodes_advantage(fully_async_run):
+    """Through Rollout, TransferQueue, the Advantages role's streaming groups and the Actor: each odd
+    sample's prior segment is one more row, with its episode's reward and advantage on its tokens."""
+    import torch
+
+    for step in range(fully_async_run["steps"]):
+        batch = torch.load(fully_async_run["run"].parent / f"train_{step}.pt", weights_only=False)
+        ids, episodes = batch["sample_indices"], batch["episode_indices"]
+        segments = [i for i, (s, e) in enumerate(zip(ids, episodes)) if s != e]
+        assert len(ids) == BATCH + len(segments) and segments, (step, ids)
+        lengths = batch["response_lengths"]
+        assert sorted(episodes[i] for i in segments) == sorted(
+            s for s, e, n in zip(ids, episodes, lengths) if s == e and s % 2 and n // 2), step
+        row = {s: i for i, s in enumerate(ids)}
+        for i in segments:
+            final = row[episodes[i]]
+            assert batch["rewards"][i] == batch["rewards"][final]
+            value = batch["advantages"][final][0]
+            assert batch["advantages"][i] == pytest.approx([value * m for m in batch["loss_masks"][i]]), (step, i)
 
 
 def test_the_autoscaler_decides_from_the_runs_signals_each_decision_an_event(fully_async_run):

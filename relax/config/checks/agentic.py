@@ -29,10 +29,12 @@ from relax.config.schema import AgenticConfig, RelaxConfig
 BUILD_ENV_SIGNATURE = "build_env(sample=..., args=...) -> BaseInteractionEnv"
 AGENT_SIGNATURE = "async def run_episode(base_url, api_key, sample, **kwargs)"
 AGENT_FLAGS = ("agent_function_path", "agent_timeout", "agent_gateway_host", "agent_tools_in_prompt")
+SEGMENT_FLAGS = ("agent_segments",)  # an agent's or a custom generate function's Sample.prior_segments
 
 
 def check_agentic(cfg: RelaxConfig) -> RelaxConfig | None:
     a = cfg.agentic
+    check_segments(cfg)
     if a.agent_function_path:
         check_agent(cfg)
     elif a.rollout_interaction_env_path:
@@ -75,7 +77,7 @@ def check_agent(cfg: RelaxConfig) -> None:
         if value:
             raise ConfigError(f"--agent-function-path and {flag} both say how samples are generated: keep one (a "
                               "black-box agent runs its own tools; docs/agents.md)")
-    episode = _changed(a, exclude=(*AGENT_FLAGS, "rollout_interaction_env_path"))
+    episode = _changed(a, exclude=(*AGENT_FLAGS, *SEGMENT_FLAGS, "rollout_interaction_env_path"))
     if episode:
         raise ConfigError(f"{' '.join(episode)} shape(s) the built-in multi-turn rollout, not a black-box agent "
                           "(--agent-function-path): the agent decides its turns; bound an episode with "
@@ -87,6 +89,23 @@ def check_agent(cfg: RelaxConfig) -> None:
                           keywords=("args", "evaluation"), expected=AGENT_SIGNATURE)
     except PluginError as exc:
         raise ConfigError(str(exc)) from exc
+
+
+def check_segments(cfg: RelaxConfig) -> None:
+    """--agent-segments all needs an estimator with one advantage per sample, which an episode's
+    rows share; the segments come from an agent or a custom generate function."""
+    from relax.config.role_plans import SEQUENCE_ESTIMATORS
+
+    a, algo = cfg.agentic, cfg.algo
+    if a.agent_segments == "all" and (algo.advantage_estimator not in SEQUENCE_ESTIMATORS or algo.kl_coef != 0):
+        raise ConfigError(f"--agent-segments all trains every segment of an episode on the episode's one advantage, "
+                          f"which needs --advantage-estimator {' / '.join(SEQUENCE_ESTIMATORS)} and --kl-coef 0 "
+                          f"(got {algo.advantage_estimator}, --kl-coef {algo.kl_coef:g}): use --agent-segments "
+                          "last or auto (docs/agents.md)")
+    if a.agent_segments != "auto" and not (a.agent_function_path or cfg.rollout.custom_generate_function_path):
+        raise ConfigError(f"--agent-segments {a.agent_segments} says which segments of an episode train, and only a "
+                          "black-box agent (--agent-function-path) or a custom generate function "
+                          "(--custom-generate-function-path, Sample.prior_segments) makes them (docs/agents.md)")
 
 
 def check_env_module(path: str) -> None:

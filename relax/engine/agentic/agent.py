@@ -9,7 +9,8 @@ sample (every sample of a group concurrently, each with its own session):
     close the session (a later call of the agent is a 404)
     the sample = the episode's LAST segment (gateway_session.py): tokens = its first prompt + every
         call's new-message ids and the engine's completion ids; loss mask 1 on completion ids only;
-        rollout log-probs the engine's (0 elsewhere); weight versions one per request
+        rollout log-probs the engine's (0 elsewhere); weight versions one per request; the earlier
+        segments, built the same way, in `sample.prior_segments` (with --agent-segments all/auto)
 
 Terminations: `agent_done` (the agent returned; completed), `token_budget` (the last call was cut
 by its length, or a call found no room in the context; truncated), `agent_error` (the agent
@@ -19,8 +20,11 @@ group; the run goes on.
 
 Segments: the generate contract returns ONE sample per prompt sample (a GRPO group keeps its
 size). An episode whose agent rewrote its history (a summary, a dropped turn) has several
-segments; the last one, which holds the final answer, is the trained sample and the others are
-dropped, counted in `metadata["agent_segments"]` and `metadata["agent_untrained_calls"]`.
+segments; the last one, which holds the final answer, is the sample that is scored. The earlier
+ones ride along in `sample.prior_segments` and become training rows of their own that share the
+episode's reward and advantage (`--agent-segments`: all, or auto with an estimator that gives one
+advantage per sample); with `last` they are dropped. `metadata["agent_segments"]` counts the
+segments and `metadata["agent_untrained_calls"]` the calls no row trains on.
 
 Reward (one rule): the run's reward function scores the final sample as usual; its `response` is
 the last segment's response decoded (completions and the messages between them). Whatever
@@ -68,6 +72,7 @@ class AgentContext:
     encoder: Any  # relax.engine.rollout.prompt_encoding.PromptEncoder (a sample the agent never called for)
     tokenizer: Any
     skip_special_tokens: bool
+    train_segments: bool = False  # --agent-segments resolved: earlier segments ride in Sample.prior_segments
 
     @classmethod
     def of(cls, generator: Any) -> AgentContext:
@@ -81,7 +86,8 @@ class AgentContext:
                          tools_in_prompt=spec.agentic.tools_in_prompt)
         return cls(agent=load_agent(spec.agentic.agent_path), run=run, host=spec.agentic.gateway_host,
                    timeout=spec.agentic.agent_timeout, encoder=generator.encoder, tokenizer=generator.tokenizer,
-                   skip_special_tokens=spec.sampling.skip_special_tokens)
+                   skip_special_tokens=spec.sampling.skip_special_tokens,
+                   train_segments=spec.agentic.train_segments)
 
 
 def agent_generate(generator: Any) -> Callable[..., Any]:
@@ -142,23 +148,37 @@ async def finish(ctx: AgentContext, sample: Sample, session: Session, terminatio
     elif (session.out_of_room and termination != AGENT_TIMEOUT) or (termination == AGENT_DONE
                                                                      and segment.finish == "length"):
         termination = TOKEN_BUDGET
-    sample.tokens = list(segment.tokens)
-    sample.response_length = len(segment.tokens) - segment.prompt_length
-    sample.loss_mask = list(segment.loss_mask)
-    sample.rollout_log_probs = list(segment.log_probs)
-    sample.weight_versions = list(segment.weight_versions)
-    sample.status = STATUS[termination]
-    if sample.status == Sample.Status.FAILED:
-        sample.loss_mask = [0] * sample.response_length
+    fill(sample, segment, STATUS[termination])
+    prior = session.segments[:-1] if ctx.train_segments else []
+    failed = sample.status == Sample.Status.FAILED  # the episode failed: none of its segments trains
+    sample.prior_segments = [fill(Sample(index=sample.index, group_index=sample.group_index), seg,
+                                  Sample.Status.FAILED if failed else STATUS[_ended(seg)]) for seg in prior]
     sample.response = ctx.tokenizer.decode(segment.tokens[segment.prompt_length:],
                                            skip_special_tokens=ctx.skip_special_tokens)
+    trained_calls = sum(seg.calls for seg in prior) + segment.calls if session.segments else 0
     sample.metadata.update(turns=session.calls, termination=termination, tool_calls=session.tool_calls,
                            turn_rewards=[], agent_segments=len(session.segments),
-                           agent_untrained_calls=session.calls - segment.calls)
+                           agent_untrained_calls=session.calls - trained_calls)
     if error is not None:
         sample.metadata["agent_error"] = error
     if result is not None:
         sample.metadata["agent_return"] = json.loads(json.dumps(result, default=lambda o: repr(o)[:200]))
     if session.trajectory is not None:
         sample.metadata["trajectory"] = session.trajectory
+    return sample
+
+
+def _ended(segment: Segment) -> str:
+    """How a prior segment's last call ended: cut by its length, or the agent went on."""
+    return TOKEN_BUDGET if segment.finish == "length" else AGENT_DONE
+
+
+def fill(sample: Sample, segment: Segment, status: Sample.Status) -> Sample:
+    """`sample`'s tokens, masks, log-probs and versions from one segment; a failed one trains on nothing."""
+    sample.tokens = list(segment.tokens)
+    sample.response_length = len(segment.tokens) - segment.prompt_length
+    sample.loss_mask = list(segment.loss_mask) if status != Sample.Status.FAILED else [0] * sample.response_length
+    sample.rollout_log_probs = list(segment.log_probs)
+    sample.weight_versions = list(segment.weight_versions)
+    sample.status = status
     return sample

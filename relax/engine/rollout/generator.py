@@ -208,6 +208,8 @@ class Generator:
             return await call_maybe_async(custom, self.args, s, seeded)
 
         result = await resume_until_done(await attempt(sample), attempt, self.spec.partial, step.partial_stats)
+        if result.prior_segments and not self.spec.agentic.train_segments:  # --agent-segments last (or auto's)
+            result.prior_segments = []
         step.done += 1
         return result
 

@@ -66,3 +66,40 @@ def test_opd_metrics_ignore_masked_tokens():
     metrics = opd_metrics([[-1.0, -9.0]], [[-2.0, 0.0]], [[1, 0]])
     assert metrics["opd/kl_to_teacher"] == pytest.approx(1.0)
     assert metrics["opd/teacher_log_prob_mean"] == pytest.approx(-2.0)
+
+
+def test_prior_segment_rows_share_their_episodes_advantage():
+    """Rows 0-1 and 2-3 are two groups of N=2 episodes; rows 4 and 5 are prior segments of the
+    episodes in rows 1 and 2 (agent episodes that rewrote their history): the estimator sees the
+    four scored rows only, and each segment row carries its episode's value on its own mask."""
+    from relax.components.step_advantages import final_rows
+
+    sample_ids, episode_ids = [0, 1, 2, 3, 90, 91], [0, 1, 2, 3, 1, 2]
+    final_of = final_rows(sample_ids, episode_ids)
+    assert final_of == [0, 1, 2, 3, 1, 2]
+    masks = [[1, 1], [1], [1, 1, 1], [1], [0, 1, 1], [1, 0]]
+    spec = AdvantageSpec.from_config(cfg_with())
+    adv, _ = step_advantages(spec, [1.0, 0.0, 0.0, 1.0, 0.0, 0.0], masks, final_of_R=final_of)
+    plain, _ = step_advantages(spec, [1.0, 0.0, 0.0, 1.0], masks[:4])
+    assert all(a == pytest.approx(b) for a, b in zip(adv[:4], plain))  # the scored rows are as without segments
+    assert adv[4] == pytest.approx([0.0, plain[1][0], plain[1][0]]) and adv[5] == pytest.approx([plain[2][0], 0.0])
+    assert final_rows(sample_ids[:4], episode_ids[:4]) is None  # every row its own episode
+    with pytest.raises(ValueError, match="episode's row is not in the batch"):
+        final_rows([0, 90], [0, 1])
+    with pytest.raises(ValueError, match="--agent-segments last"):
+        step_advantages(AdvantageSpec.from_config(cfg_with(advantage_estimator="reinforce_plus_plus")),
+                        [1.0, 0.0, 0.0, 1.0, 0.0, 0.0], masks, final_of_R=final_of)
+
+
+def test_a_streamed_group_is_complete_with_every_row_of_its_episodes():
+    from relax.components.advantages import complete_groups
+
+    def row(group: int, episode: int, rows: int) -> dict:
+        return {"group_indices": group, "episode_indices": episode, "episode_rows": rows}
+
+    rows = {"0": row(0, 0, 1), "1": row(0, 1, 2), "2": row(1, 2, 1), "3": row(1, 3, 1)}
+    assert complete_groups(rows, 2) == [["2", "3"]]  # group 0 waits for episode 1's prior segment
+    rows["99"] = row(0, 1, 2)
+    assert complete_groups(rows, 2) == [["0", "1", "99"], ["2", "3"]]
+    plain = {k: {"group_indices": v["group_indices"]} for k, v in rows.items() if k != "99"}
+    assert complete_groups(plain, 2) == [["0", "1"], ["2", "3"]]  # rows without the episode columns

@@ -60,8 +60,27 @@ def test_an_agent_run_parses_and_its_plan_names_the_gateway(base, agents):
     (["--agent-gateway-host", "0.0.0.0"], "--agent-gateway-host configure(s)"),
     (["--agent-tools-in-prompt", "false"], "--agent-tools-in-prompt configure(s)"),
     (["--agent-function-path", "my_agents.run_episode", "--agent-timeout", "0"], "--agent-timeout"),
+    (["--agent-function-path", "my_agents.run_episode", "--agent-segments", "all", "--advantage-estimator",
+      "reinforce_plus_plus"], "--agent-segments all trains every segment of an episode on the episode's one advantage"),
+    (["--agent-function-path", "my_agents.run_episode", "--agent-segments", "all", "--kl-coef", "0.1"],
+     "and --kl-coef 0 (got grpo, --kl-coef 0.1)"),
+    (["--agent-segments", "last"], "--agent-segments last says which segments of an episode train"),
 ])
 def test_bad_agent_flags_fail_naming_the_flag(base, agents, extra, needle):
     with pytest.raises(ConfigError) as err:
         parse_config(base + extra)
     assert needle in str(err.value)
+
+
+def test_agent_segments_decide_which_rows_train_and_what_advantages_read(base, agents):
+    from relax.config.role_plans import advantage_inputs, trains_prior_segments
+    from relax.config.roles import Role
+
+    agent = base + ["--agent-function-path", agents]
+    auto = parse_config(agent)
+    assert trains_prior_segments(auto) and {"episode_indices", "episode_rows"} <= set(advantage_inputs(auto))
+    assert "episode_indices" in resolve_plan(auto, gpus=1).role(Role.ACTOR).reads  # colocate: the Actor computes them
+    assert not trains_prior_segments(parse_config(agent + ["--advantage-estimator", "reinforce_plus_plus"]))
+    assert not trains_prior_segments(parse_config(agent + ["--agent-segments", "last"]))
+    assert not trains_prior_segments(parse_config(base))  # nothing makes segments: the columns stay unread
+    assert "episode_indices" not in advantage_inputs(parse_config(base))

@@ -23,6 +23,7 @@ from relax.engine.agentic.observation import ObservationEncoder
 from relax.engine.agentic.records import multi_turn_metrics
 from relax.engine.agentic import episode_generate
 from relax.engine.rollout.generator import Generator, StepState
+from relax.distributed.transfer_queue import MAX_SEGMENTS, SEGMENT_KEY_BASE, episode_rows
 from relax.engine.specs import AgenticSpec, RolloutSpec, SamplingSpec
 from relax.types import Sample
 from relax.utils.plugins import PluginError
@@ -236,16 +237,42 @@ def test_bad_requests_are_refused_and_the_gateway_serves_on(engine, scripted_eng
     assert after.status_code == 200 and "lookup" in after.json()["choices"][0]["message"]["content"]  # no tools: text
 
 
-def test_a_rewritten_history_starts_a_new_segment_and_the_last_one_is_trained(engine, scripted_engine):
+@pytest.mark.parametrize("train_segments", [False, True], ids=["last", "all"])
+def test_a_rewritten_history_starts_a_new_segment(engine, scripted_engine, train_segments):
+    """The last segment is the sample; the earlier one rides in prior_segments (--agent-segments all)
+    and becomes a row of its own that shares the episode's reward, group and episode index."""
     tok = engine.engine.tokenizer
-    gen = agent_generator(engine, context_len=None)  # the tools' schema is long for the tiny context
+    gen = agent_generator(engine, context_len=None, train_segments=train_segments)  # (a long tools schema)
     (s,) = play(gen, [prompt("price of plum", 0, mode="rewrite", with_tools=True)])
-    assert (s.metadata["agent_segments"], s.metadata["agent_untrained_calls"], s.metadata["turns"]) == (2, 2, 3)
+    untrained = 0 if train_segments else 2
+    assert (s.metadata["agent_segments"], s.metadata["agent_untrained_calls"], s.metadata["turns"]) == (2, untrained, 3)
     last = scripted_engine[2]["input_ids"]  # the third call: the rewritten conversation, rendered whole
     assert tok.decode(last).startswith("<|im_start|>system\nsummary: plum")
     assert s.tokens[:len(s.tokens) - s.response_length] == last
     assert s.loss_mask == [1] * s.response_length and s.status == Sample.Status.COMPLETED
     assert s.metadata["tool_calls"] == 2  # the scripted engine's two tool calls (the third call answered)
+    if not train_segments:
+        assert s.prior_segments == []
+        return
+    (seg,) = s.prior_segments  # the first two calls: the first prompt, then each call's ids
+    first = scripted_engine[0]["input_ids"]
+    assert seg.tokens[:len(seg.tokens) - seg.response_length] == first
+    assert seg.tokens[len(first):len(first) + len(outputs_of(tok, 0))] == outputs_of(tok, 0)
+    assert seg.status == Sample.Status.COMPLETED and seg.weight_versions == [3, 3]
+    trained = [t for t, m in zip(seg.tokens[len(first):], seg.loss_mask) if m]
+    assert trained == outputs_of(tok, 0) + outputs_of(tok, 1)  # the engine's completions only
+    assert seg.rollout_log_probs.count(-0.5) == len(trained)
+    s.reward = 1.0
+    rows, rewards, episodes = episode_rows([s], [1.0])
+    assert [r.index for r in rows] == [SEGMENT_KEY_BASE + s.index * MAX_SEGMENTS, s.index]
+    assert rewards == [1.0, 1.0] and episodes == [(s.index, 2), (s.index, 2)] and rows[0].group_index == s.group_index
+    assert Sample.from_dict(s.to_dict()).prior_segments[0].tokens == seg.tokens  # saved rollouts keep them
+
+
+def outputs_of(tok: Any, call: int) -> list[int]:
+    """The scripted engine's completion ids for its `call`-th reply (CALL_TEXT, ANSWER_TEXT alternately)."""
+    return tok.encode((CALL_TEXT, ANSWER_TEXT)[call % 2], add_special_tokens=False) + [
+        tok.convert_tokens_to_ids("<|im_end|>")]
 
 
 def test_an_agent_that_raises_hangs_or_never_calls_fails_only_its_sample(engine):
