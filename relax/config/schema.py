@@ -483,6 +483,9 @@ class MiscConfig:
     only_load_weight: bool = opt(False, "The Reference and ActorFwd load the weights only.",
                                  ignored="the Reference and ActorFwd are frozen scorers: they always load the weights "
                                  "only (no optimizer state), as this flag asks")
+    rlsp_server_port: int = opt(8234, "RLSP server HTTP port (the seeds' reference lists it).",
+                                ignored="the seeds document no RLSP protocol and this build serves none; the run's "
+                                "own REST API (engine fleet status and scaling) listens on --scale-api-port")
     exp_dir: str | None = opt(None, "Run output directory (default ./outputs/<timestamp>).")
     dry_run: bool = opt(False, "Print the run plan (mode, roles with their resources and placement, which role "
                                "writes and reads each data column, weight-sync receivers) and exit before Ray starts.")
