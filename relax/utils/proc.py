@@ -139,6 +139,9 @@ def descendants(pids: set[int]) -> set[int]:
     return found
 
 
+KILL_WAIT_S = 30.0  # ChildServer.terminate: how long a SIGKILLed child may take to exit
+
+
 class ChildServer:
     """A launched HTTP server process: `url`, `alive()`, `describe()`, `wait_ready()` (polls
     `GET /health` until 200), `terminate()` (SIGTERM, then SIGKILL). Each engine launcher
@@ -178,14 +181,16 @@ class ChildServer:
                            f"log {self.log_path}:\n{log_tail(self.log_path)}")
 
     def terminate(self, timeout: float = 10.0) -> int | None:
-        """SIGTERM, then SIGKILL after `timeout` seconds; returns the exit code."""
+        """SIGTERM, then SIGKILL after `timeout` seconds; returns the exit code. A killed process is
+        waited for up to KILL_WAIT_S whatever `timeout` is: tearing down a large process (a hung
+        engine's ~0.5 GB) can take over a second on a loaded machine."""
         if self.alive():
             self.process.terminate()
             try:
                 self.process.wait(timeout)
             except subprocess.TimeoutExpired:
                 self.process.kill()
-                self.process.wait(timeout)
+                self.process.wait(max(timeout, KILL_WAIT_S))
         return self.process.returncode
 
     def __enter__(self) -> "ChildServer":

@@ -50,8 +50,8 @@ def test_every_column_has_a_dtype_a_shape_and_a_trainbatch_field_when_trained_on
         assert col.dtype in ("int64", "float32", "uint8") and col.shape in ("R", "RT", "RL", "RB") and col.doc
         assert (col.dtype == "uint8") == (col.shape == "RB")  # bytes per row: the media column
         assert col.ragged == (col.shape != "R")
-    assert {c.field for c in COLUMNS.values()} - fields == {"group_indices_R", "sample_indices_R",
-                                                             "weight_versions_R", "truncated_R"}
+    assert {c.field for c in COLUMNS.values()} - fields == {"group_indices_R", "weight_versions_R", "truncated_R",
+                                                             "episode_rows_R"}
 
 
 def test_train_batch_from_columns_rows_and_put():
