@@ -21,17 +21,21 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the group into the test's id
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (`-n 2 --dist loadgroup`: pyproject's addopts) the integration tests that
-    read the session's shared runs (reference_run, plugin_run, the interrupted runs:
-    tests/integration/conftest.py) go to one worker, in their order: group `integration`, all of
-    tests/integration. The two-node tests (tests/multinode: a cluster of their own, not the session's)
-are group `multinode`, so they run on the other worker beside them. The unit and contract tests
-fill both workers. Splitting the integration
-    tests over two workers was tried: two Ray runs at once on 2 cores made the recovery tests miss
-    their deadlines, and the suite took longer (17 min 45 s against 15 min 46 s from a fresh clone)."""
+    """Under pytest-xdist (`-n 2 --dist loadgroup`: pyproject's addopts) three groups each run on one
+    worker, in their order:
+    - `integration`: the tests of tests/integration on the session's Ray cluster (`ray_cluster`, and the
+      shared runs built on it: reference_run, plugin_run; tests/integration/conftest.py);
+    - `own_ray`: the tests of tests/integration whose runs start a Ray of their own (`relax-train`
+      subprocesses launched as users launch them: the interrupted runs, the SIGTERM/SIGKILL and
+      learning runs); they share no fixture with the first group, so they run beside it;
+    - `multinode`: tests/multinode (two Ray nodes of their own).
+    xdist hands out the largest group first, so `integration` and `own_ray` start on different
+    workers; the unit and contract tests fill whichever worker is free. (Splitting the Ray-session
+    group itself made the recovery tests miss their deadlines: two Ray runs at once on 2 cores.)"""
     for item in items:
         if item.nodeid.startswith("tests/integration/"):
-            item.add_marker(pytest.mark.xdist_group("integration"))
+            shared = "ray_cluster" in item.fixturenames  # (fixturenames holds the fixtures' own fixtures too)
+            item.add_marker(pytest.mark.xdist_group("integration" if shared else "own_ray"))
         elif item.nodeid.startswith("tests/multinode/"):  # two Ray nodes of their own: the other worker
             item.add_marker(pytest.mark.xdist_group("multinode"))
 

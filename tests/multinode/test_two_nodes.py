@@ -160,7 +160,7 @@ def test_spmd_cluster_runs_the_quickstart_as_a_ray_job_across_two_nodes(tmp_path
     exp = tmp_path / "exp"
     common = {"MASTER_ADDR": HEAD_IP, "WORLD_SIZE": "2", "NUM_GPUS": "0", "RAY_PORT": str(port),
               "RAY_DASHBOARD_PORT": str(dash), "NODE_WAIT_TIMEOUT": "180", "EXP_DIR": str(exp),
-              "NUM_ROLLOUT": "12", "SAVE_INTERVAL": "1", "CTRL_C_LOG": str(tmp_path / "ctrl_c.log"),
+              "NUM_ROLLOUT": "6", "SAVE_INTERVAL": "1", "CTRL_C_LOG": str(tmp_path / "ctrl_c.log"),
               "WANDB_API_KEY": "not-for-the-job"}
     script = ["bash", "scripts/entrypoint/spmd-multinode.sh", "tests/multinode/spmd_job.sh",
               "--use-health-check", "--max-global-restart", "1", "--rollout-health-check-interval", "2",
@@ -172,12 +172,12 @@ def test_spmd_cluster_runs_the_quickstart_as_a_ray_job_across_two_nodes(tmp_path
                                  RAY_TMPDIR=f"{marker}/h", RAY_START_ARGS=agents[HEAD_IP]), tmp_path / "head.log")
     head_log = tmp_path / "head.log"
     try:
-        assert wait_for(head_log, "step 1/12", 600, head), head_log.read_text()[-6000:]
+        assert wait_for(head_log, "step 1/6", 600, head), head_log.read_text()[-6000:]
         run_id = next(p.name.split("-", 1)[1] for p in (exp / "run" / ".relax").glob("run_token-*"))
         check_placement(exp, run_id)
         kill_marked(f"{marker}/w")  # the worker node dies: its raylet and every process on it
         out = head_log.read_text()
-        assert "step 12/12" not in out, "the run ended before the worker node was killed: make it longer"
+        assert "step 6/6" not in out, "the run ended before the worker node was killed: make it longer"
         assert "the waiting job's ray-job.sh exited 130 after Ctrl-C" in out, out[-6000:]  # Ctrl-C stops a job
         assert "STOPPED" in (tmp_path / "ctrl_c.log").read_text(), (tmp_path / "ctrl_c.log").read_text()[-3000:]
         check_job_metadata(out, dash, exp, env_for(tmp_path, RAY_AUTH_MODE="token"))
@@ -188,7 +188,7 @@ def test_spmd_cluster_runs_the_quickstart_as_a_ray_job_across_two_nodes(tmp_path
         events = [json.loads(line) for line in (exp / "run" / "health_events.jsonl").read_text().splitlines()]
         assert any(e.get("kind") == "global_restart" and WORKER_IP in e.get("message", "") for e in events), events
         steps = [json.loads(line)["step"] for line in (exp / "run" / "metrics.jsonl").read_text().splitlines()]
-        assert sorted(set(steps)) == list(range(12)), steps  # the steps before the loss, and the rest after it
+        assert sorted(set(steps)) == list(range(6)), steps  # the steps before the loss, and the rest after it
         assert worker.wait(timeout=120) == 1  # its node died while the head still ran
     finally:
         stop(head)
@@ -202,7 +202,7 @@ def check_job_metadata(out: str, dash: int, exp, env: dict[str, str]) -> None:
     meta = subprocess.run(["python3", "-c", JOB_ENV, f"http://{HEAD_IP}:{dash}", job_id], capture_output=True,
                           text=True, timeout=120, env=env).stdout
     job_env = json.loads(meta.strip().splitlines()[-1])
-    assert job_env["EXP_DIR"] == str(exp) and job_env["NUM_ROLLOUT"] == "12"
+    assert job_env["EXP_DIR"] == str(exp) and job_env["NUM_ROLLOUT"] == "6"
     assert "WANDB_API_KEY" not in job_env and not any("not-for-the-job" in v for v in job_env.values())
 
 
