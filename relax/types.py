@@ -116,6 +116,11 @@ FINISH_REASON_STATUS: dict[str, Sample.Status] = {
 
 # ---- the data plane's columns -------------------------------------------------------------
 #
+# (episode_indices: a prior segment's row (Sample.prior_segments) points at its episode's last
+# segment, the row that is scored. multimodal_train_inputs: pixel_values, image_grid_thw, ... of a
+# multimodal row. rollout_routed_experts: [positions, layers, top_k] top-k expert ids, one byte per
+# id, two past 256 experts.)
+#
 # Every TransferQueue column is declared once here: its dtype and its shape per row. Shape
 # letters: R = one value per row (sample); RT = one value per response token (row r has
 # `response_lengths[r]` of them, response-aligned); RL = one per prompt + response token. Who
@@ -152,8 +157,7 @@ COLUMNS: dict[str, Column] = {c.name: c for c in (
     Column("sample_indices", "int64", "R", "the sample's global index (the row's key)"),
     Column("weight_versions", "int64", "R", "oldest weight version any token of the row may have seen"),
     Column("truncated", "int64", "R", "1 = the response hit its length limit"),
-    Column("episode_indices", "int64", "R", "the sample index of the row's episode: its own, or for a prior "
-           "segment's row (Sample.prior_segments) its episode's last segment, the row that is scored"),
+    Column("episode_indices", "int64", "R", "the row's episode: its own index, or a prior segment's scored row"),
     Column("episode_rows", "int64", "R", "rows of that episode: 1 + its prior segments"),
     Column("old_log_probs", "float32", "RT", "behaviour policy recomputed on the trainer's weights"),
     Column("ref_log_probs", "float32", "RT", "the reference model's log-probs (KL loss / KL shaping)"),
@@ -161,10 +165,8 @@ COLUMNS: dict[str, Column] = {c.name: c for c in (
     Column("values", "float32", "RT", "the critic's value of the state each token is chosen in"),
     Column("advantages", "float32", "RT", "per-token advantages (estimator, OPD penalty, whitening)"),
     Column("returns", "float32", "RT", "GAE returns the critic is fitted to"),
-    Column("multimodal_train_inputs", "uint8", "RB", "a multimodal row's encoder tensors (pixel_values, "
-           "image_grid_thw, ...) as safetensors bytes; empty for a text row"),
-    Column("rollout_routed_experts", "uint8", "RB", "the engine's top-k expert ids per token and MoE layer "
-           "[positions, layers, top_k] as bytes: one per id, two past 256 experts (R3, relax.utils.routing)"),
+    Column("multimodal_train_inputs", "uint8", "RB", "encoder tensors as safetensors bytes (empty: a text row)"),
+    Column("rollout_routed_experts", "uint8", "RB", "the engine's experts per token and MoE layer (R3, utils.routing)"),
 )}
 # Written by Rollout only in multimodal runs (--multimodal-keys).
 MEDIA_COLUMN = "multimodal_train_inputs"

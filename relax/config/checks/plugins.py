@@ -8,6 +8,7 @@ with the flag and the expected signature, not deep inside a rollout.
 from __future__ import annotations
 
 from relax.config.errors import ConfigError
+from relax.config.fields import flag_for
 from relax.config.schema import RelaxConfig
 
 MODEL_PROVIDER_SIGNATURE = "model_provider(pre_process, post_process[, vp_stage, config, default_provider]) -> model"
@@ -15,35 +16,29 @@ ROLLOUT_LOG_SIGNATURE = "custom_rollout_log_function(rollout_id, args, samples, 
 EVAL_LOG_SIGNATURE = "custom_eval_rollout_log_function(rollout_id, args, data, extra_metrics)"
 
 
+# field -> (its config group, positional arguments, the call Relax makes) of every plugin flag.
+PLUGINS: dict[str, tuple[str, int, str]] = {
+    "custom_rm_path": ("reward", 2, "reward_func(args, sample, **kwargs)"),
+    "custom_generate_function_path": ("rollout", 3, "generate(args, sample, sampling_params[, evaluation])"),
+    "rollout_function_path": ("rollout", 3, "generate_rollout(args, rollout_id, data_source, evaluation=False)"),
+    "custom_prompt_path": ("data", 2, "fn(prompt, data)"),
+    "eval_function_path": ("eval", 3, "generate_rollout(args, rollout_id, data_source, evaluation=True)"),
+    "custom_reward_post_process_path": ("reward", 2, "fn(args, samples) -> (raw_rewards, rewards)"),
+    "custom_loss_function_path": ("algo", 2, "custom_loss(inputs: PolicyLossInputs, cfg: PolicyLossConfig)"),
+    "dynamic_sampling_filter_path": ("rollout", 2, "filter(args, samples, **kwargs) -> bool | DynamicFilterOutput"),
+    "custom_convert_samples_to_train_data_path": ("reward", 2, "convert_samples_to_train_data(args, samples) -> dict"),
+    "rollout_data_postprocess_path": ("rollout", 3, "fn(args, rollout_id, rollout_data)"),
+    "custom_rollout_log_function_path": ("rollout", 5, ROLLOUT_LOG_SIGNATURE),
+    "custom_eval_rollout_log_function_path": ("rollout", 4, EVAL_LOG_SIGNATURE),
+}
+
+
 def check_plugins(cfg: RelaxConfig) -> None:
-    """Every plugin flag that is set: (path, flag, positional arguments, the call Relax makes)."""
-    specs = [
-        (cfg.reward.custom_rm_path, "--custom-rm-path", 2, "reward_func(args, sample, **kwargs)"),
-        (cfg.rollout.custom_generate_function_path, "--custom-generate-function-path", 3,
-         "generate(args, sample, sampling_params[, evaluation])"),
-        (cfg.rollout.rollout_function_path, "--rollout-function-path", 3,
-         "generate_rollout(args, rollout_id, data_source, evaluation=False)"),
-        (cfg.data.custom_prompt_path, "--custom-prompt-path", 2, "fn(prompt, data)"),
-        (cfg.eval.eval_function_path, "--eval-function-path", 3,
-         "generate_rollout(args, rollout_id, data_source, evaluation=True)"),
-        (cfg.reward.custom_reward_post_process_path, "--custom-reward-post-process-path", 2,
-         "fn(args, samples) -> (raw_rewards, rewards)"),
-        (cfg.algo.custom_loss_function_path, "--custom-loss-function-path", 2,
-         "custom_loss(inputs: PolicyLossInputs, cfg: PolicyLossConfig)"),
-        (cfg.rollout.dynamic_sampling_filter_path, "--dynamic-sampling-filter-path", 2,
-         "filter(args, samples, **kwargs) -> bool | DynamicFilterOutput"),
-        (cfg.reward.custom_convert_samples_to_train_data_path, "--custom-convert-samples-to-train-data-path", 2,
-         "convert_samples_to_train_data(args, samples) -> dict"),
-        (cfg.rollout.rollout_data_postprocess_path, "--rollout-data-postprocess-path", 3,
-         "fn(args, rollout_id, rollout_data)"),
-        (cfg.rollout.custom_rollout_log_function_path, "--custom-rollout-log-function-path", 5,
-         ROLLOUT_LOG_SIGNATURE),
-        (cfg.rollout.custom_eval_rollout_log_function_path, "--custom-eval-rollout-log-function-path", 4,
-         EVAL_LOG_SIGNATURE),
-    ]
-    for path, flag, positional, expected in specs:
+    """Every plugin flag that is set (`PLUGINS`) imports and takes the call Relax makes."""
+    for name, (group, positional, expected) in PLUGINS.items():
+        path = getattr(getattr(cfg, group), name)
         if path:
-            check_plugin(path, flag, positional, expected)
+            check_plugin(path, flag_for(name), positional, expected)
     if cfg.megatron.custom_model_provider_path:
         check_model_provider(cfg.megatron.custom_model_provider_path)
 
