@@ -23,19 +23,17 @@
   much of the GPU stays free (`relax.backends.trainer.memory_margin`), and fails at once, naming
   the flag, when less is free before it starts. It needs CUDA; on CPU it has no effect.
 
-No torch import (config is a leaf).
+No torch import (config is a leaf); the functions take the run's `RelaxConfig` (typed `Any`: schema.py
+imports this module).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any
 
 from relax.config.fields import opt, parse_bytes
 from relax.config.roles import Role
-
-if TYPE_CHECKING:
-    from relax.config.schema import RelaxConfig
 
 DEFAULT_MARGIN = 1 << 30
 
@@ -57,7 +55,7 @@ class TrainMemoryConfig:
                                          "before it starts is an error); e.g. 1GB. Needs CUDA.", type=parse_bytes)
 
 
-def keeps_old_actor(cfg: RelaxConfig) -> bool:
+def keeps_old_actor(cfg: Any) -> bool:
     """--keep-old-actor acts: engines take weights and may lag the ones old log-probs are computed with."""
     if not cfg.train_memory.keep_old_actor or cfg.debug.debug_train_only or cfg.debug.debug_rollout_only:
         return False
@@ -66,7 +64,7 @@ def keeps_old_actor(cfg: RelaxConfig) -> bool:
     return cfg.rollout.update_weights_interval > 1
 
 
-def kept_versions(cfg: RelaxConfig, role: str) -> int:
+def kept_versions(cfg: Any, role: str) -> int:
     """Weight versions `role`'s ranks keep on the host for --keep-old-actor (0: none)."""
     if not keeps_old_actor(cfg):
         return 0
@@ -75,7 +73,7 @@ def kept_versions(cfg: RelaxConfig, role: str) -> int:
     return 1 if role == Role.ACTOR else 0
 
 
-def train_memory_notes(cfg: RelaxConfig, device: str) -> list[str]:
+def train_memory_notes(cfg: Any, device: str) -> list[str]:
     """Plan notes for these flags (and --check-weight-update-equal) where this run does not act on them."""
     m, notes = cfg.train_memory, []
     if m.keep_old_actor and not keeps_old_actor(cfg):
