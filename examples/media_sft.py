@@ -20,6 +20,9 @@ from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
 
+TOKENIZER_VOCAB = 300  # the tiny tokenizer's trained vocabulary (the media tokens come on top)
+
+
 @dataclass(frozen=True)
 class Task:
     subdir: str                                   # the checkpoint's directory under --out-dir
@@ -132,7 +135,7 @@ def prepare(out_dir: str, settings: Any, task: Task, *, force: bool = False) -> 
     write_jsonl(os.path.join(out_dir, "data", "eval.jsonl"), eval_rows)
 
     model_dir = os.path.join(out_dir, task.subdir)
-    task.build(train_chatml_tokenizer(task.tokenizer_corpus(), vocab_size=300), model_dir, settings)
+    task.build(train_chatml_tokenizer(task.tokenizer_corpus(), vocab_size=TOKENIZER_VOCAB), model_dir, settings)
     processor = MultimodalProcessor(model_dir)
     model = load_model(model_dir, dtype=torch.float32)
     pad = processor.tokenizer.pad_token_id

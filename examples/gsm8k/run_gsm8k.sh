@@ -1,11 +1,15 @@
 #!/bin/bash
 # GSM8K GRPO, migrated from verl's gsm8k recipe (docs/migrate-from-verl.md walks through it).
 #
-# Usage: bash examples/gsm8k/run_gsm8k.sh [sync|async]
+# Usage: bash examples/gsm8k/run_gsm8k.sh [sync|async] [EXTRA RELAX FLAGS...]
 #   sync  (default): colocate GRPO; actor and rollout take turns on the same devices.
 #   async          : the fully async pipeline (--fully-async, docs/fully-async.md): rollout runs up
 #                    to 2 weight versions ahead while actor, actor_fwd, reference and advantages
 #                    train and score behind it.
+#   Flags after the mode are appended to train.py's (later flags win), e.g. `--train-backend megatron`;
+#   `--dry-run` prints the plan and exits before Ray starts, building only the tiny model's
+#   config.json when the model is missing (no tokenizer, no weights, no SFT).
+#   Both modes on both backends are checked by tests/unit/scripts/test_seed_scripts.py (--dry-run).
 #
 # Prerequisites:
 #   1. Data. verl-format gsm8k parquet (what verl's examples/data_preprocess/gsm8k.py writes) is not
@@ -26,7 +30,14 @@
 # MAX_PROMPT_LEN (200), MAX_RESPONSE_LEN (24), EVAL_INTERVAL (default NUM_ROLLOUT; 0 = no eval), LR, SEED.
 set -euo pipefail
 
-MODE=${1:-${MODE:-sync}}  # arg $1 > env $MODE > default "sync"
+MODE="${MODE:-sync}"  # arg $1 > env $MODE > default "sync"
+case "${1:-}" in
+  sync|async) MODE="$1"; shift ;;
+  -*|"") ;;  # flags only: they go to train.py
+  *) echo "run_gsm8k.sh: unknown mode '$1'; use sync or async" >&2; exit 2 ;;
+esac
+DRY_RUN=0
+for arg in "$@"; do [ "${arg}" = "--dry-run" ] && DRY_RUN=1; done
 TIMESTAMP=$(date "+%Y-%m-%d-%H-%M-%S")
 SCRIPT_DIR="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" &>/dev/null && pwd)"
 
@@ -60,7 +71,15 @@ if [ ! -f "${HF_CHECKPOINT}/config.json" ]; then
     echo "run_gsm8k.sh: HF_CHECKPOINT=${HF_CHECKPOINT} has no config.json; point it at an HF model directory" >&2
     exit 1
   fi
-  python3 -m examples.tiny_math.prepare --out-dir "${MODEL_DIR}" --seed "${SEED}"
+  if [ "${DRY_RUN}" = "1" ]; then
+    # --dry-run before the model exists: its config.json only (seconds: no tokenizer, weights or SFT)
+    HF_CHECKPOINT="${MODEL_DIR}/models/tiny-qwen3-plan"
+    if [ ! -f "${HF_CHECKPOINT}/config.json" ]; then
+      python3 -m examples.tiny_math.prepare --out-dir "${MODEL_DIR}" --seed "${SEED}" --plan-only
+    fi
+  else
+    python3 -m examples.tiny_math.prepare --out-dir "${MODEL_DIR}" --seed "${SEED}"
+  fi
 fi
 
 PREPARE_ARGS=(--out-dir "${DATA_DIR}" --seed "${SEED}")
@@ -166,20 +185,20 @@ if [ "${MODE}" = "async" ]; then
     --max-staleness 2 \
     --num-iters-per-train-update 4 \
     --ref-actor-config '{"tensor_model_parallel_size": 1, "only_load_weight": true}' \
-    "${COMMON_ARGS[@]}" 2>&1 | tee "${LOG_FILE}"
+    "${COMMON_ARGS[@]}" "$@" 2>&1 | tee "${LOG_FILE}"
 elif [ "${MODE}" = "sync" ]; then
   # Colocate (sync): actor and rollout share the same NUM_GPUS devices (CPU processes on a CPU box);
   # trainer.n_gpus_per_node x trainer.nnodes in verl.
   python3 relax/entrypoints/train.py \
     --resource "{\"actor\": [1, ${NUM_GPUS}], \"rollout\": [1, ${NUM_GPUS}]}" \
     --colocate \
-    "${COMMON_ARGS[@]}" 2>&1 | tee "${LOG_FILE}"
+    "${COMMON_ARGS[@]}" "$@" 2>&1 | tee "${LOG_FILE}"
 else
   echo "run_gsm8k.sh: unknown mode '${MODE}'; use sync or async" >&2
   exit 2
 fi
 
-if [ -n "${EVAL_ARGS[*]}" ] && [ -f "${RUN_DIR}/summary.json" ]; then
+if [ "${DRY_RUN}" = "0" ] && [ -n "${EVAL_ARGS[*]}" ] && [ -f "${RUN_DIR}/summary.json" ]; then
   python3 - "${RUN_DIR}/summary.json" <<'PY'
 import json, sys
 s = json.load(open(sys.argv[1]))["gsm8k"]

@@ -1,12 +1,16 @@
 """Prepare the CPU vision example: data, a tiny Qwen2.5-VL and its SFT warm start.
 
-    python -m examples.tiny_vision.prepare --out-dir DIR [--seed 1234] [--force]
+    python -m examples.tiny_vision.prepare --out-dir DIR [--seed 1234] [--kind qwen3_vl] [--force] [--plan-only]
 
 writes
 
     DIR/data/train.jsonl, DIR/data/eval.jsonl        Relax rows (prompt, inline PNG image, label)
     DIR/models/tiny-vl-sft/                           HF checkpoint (safetensors, tokenizer, image processor)
     DIR/models/tiny-vl-sft/prepare.json               settings, SFT losses, accuracy, timings
+
+`--plan-only` (for a `--dry-run` of a script over this model) writes PLAN_ROWS rows of each split
+and only the model's config.json, under DIR/models/tiny-vl-plan/, in seconds: what a dry run reads,
+with no weights and no SFT.
 
 The warm start is deliberately weak: its targets are right only `--sft-correct-frac` of the time
 (else another cell, at random), so the model learns to see the red cell but stays unsure, and
@@ -19,13 +23,16 @@ images through its own (random-initialised) vision tower, trained end to end.
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 from typing import Any
 
 from examples.tiny_vision import task
-from examples.media_sft import Task, parse_args, prepare
+from examples.media_sft import TOKENIZER_VOCAB, Task, parse_args, prepare, write_jsonl
 
 MODEL_SUBDIR = os.path.join("models", "tiny-vl-sft")
+PLAN_SUBDIR = os.path.join("models", "tiny-vl-plan")  # --plan-only: config.json alone
+PLAN_ROWS = 64  # --plan-only rows per split (thousands of inline PNGs take seconds to encode)
 
 
 @dataclass(frozen=True)
@@ -58,8 +65,30 @@ TASK = Task(subdir=MODEL_SUBDIR, modality="image", answers=("1", "2", "3", "4"),
             response_text=task.response_text, tokenizer_corpus=task.tokenizer_corpus, build=build)
 
 
+def prepare_plan_only(out_dir: str, settings: PrepareSettings) -> str:
+    """A sample of the task's rows and the model's config.json (its tokenizer trained for the vocabulary
+    and media token ids; no weights, no SFT): what `relax-train --dry-run` reads. Returns the model directory."""
+    from relax.utils.tiny_model import train_chatml_tokenizer
+    from relax.utils.tiny_multimodal import tiny_vl_config
+
+    write_jsonl(os.path.join(out_dir, "data", "train.jsonl"), task.make_rows(PLAN_ROWS, settings.seed))
+    write_jsonl(os.path.join(out_dir, "data", "eval.jsonl"), task.make_rows(PLAN_ROWS, settings.seed + 1))
+    tokenizer = train_chatml_tokenizer(task.tokenizer_corpus(), vocab_size=TOKENIZER_VOCAB)
+    config = tiny_vl_config(settings.kind, tokenizer, hidden_size=settings.hidden_size,
+                            num_layers=settings.num_layers, vision_hidden=settings.vision_hidden,
+                            vision_depth=settings.vision_depth)
+    model_dir = os.path.join(out_dir, PLAN_SUBDIR)
+    config.save_pretrained(model_dir)
+    return model_dir
+
+
 def main(argv: list[str] | None = None) -> None:
-    out_dir, settings, force = parse_args(__doc__, PrepareSettings, argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    plan_only = "--plan-only" in argv
+    out_dir, settings, force = parse_args(__doc__, PrepareSettings, [a for a in argv if a != "--plan-only"])
+    if plan_only:
+        print(f"tiny_vision plan-only (rows and config.json, no weights): {prepare_plan_only(out_dir, settings)}")
+        return
     summary = prepare(out_dir, settings, TASK, force=force)
     verb = "already prepared (same settings; --force to redo)" if summary["skipped"] else "prepared"
     print(f"tiny_vision {verb}: {out_dir}")

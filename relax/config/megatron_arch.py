@@ -6,6 +6,7 @@ apart from schema.py for its size)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from relax.config.fields import opt
 
@@ -51,7 +52,9 @@ class MegatronArchConfig:
     hidden_dropout: float | None = opt(None, "Hidden dropout (megatron).", ignored=MEGATRON_ONLY)
     accumulate_allreduce_grads_in_fp32: bool = opt(False, "fp32 grad reduce (megatron).", ignored=MEGATRON_ONLY)
     attention_softmax_in_fp32: bool = opt(False, "fp32 softmax (megatron).", ignored=MEGATRON_ONLY)
-    attention_backend: str | None = opt(None, "Attention backend (megatron).", ignored=MEGATRON_ONLY)
+    attention_backend: Literal["flash", "fused", "unfused", "local", "auto"] | None = opt(
+        None, "Attention backend (megatron): auto and flash run PyTorch SDPA attention (the flash kernel on a GPU "
+        "where it applies).", ignored=MEGATRON_ONLY)
     num_experts: int | None = opt(None, "MoE experts per layer (megatron; checked against num_experts).",
                                   ignored=MEGATRON_ONLY)
     moe_ffn_hidden_size: int | None = opt(None, "Expert FFN size (megatron; checked against moe_intermediate_size).",

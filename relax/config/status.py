@@ -30,6 +30,9 @@ NEEDS: dict[str, str] = {
                                 "note and no effect)",
     "memory_recorder": "memray needs `pip install memray` (not a dependency of this project: an error at start when "
                        "missing); torch acts",
+    "attention_backend": "fused needs Transformer Engine, which this project's pins exclude; unfused and local "
+                         "(megatron-core's DotProductAttention) are not built: auto and flash act (PyTorch SDPA "
+                         "attention) under the megatron backend",
     "train_memory_margin_bytes": "needs a CUDA GPU shared by the trainer and the engines (colocate): there each "
                                  "training pass leaves this much free; on CPU a plan note and no effect",
 }

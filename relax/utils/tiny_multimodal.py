@@ -5,7 +5,7 @@ initialised Qwen2.5-VL or Qwen3-VL (config.json, safetensors, tokenizer with the
 tokens, the image processor's preprocessor_config.json), loadable with
 `AutoModelForImageTextToText`, `AutoTokenizer` and `AutoImageProcessor` like a real one. The
 vision tower is as small as the architecture allows: a few blocks over 14x14 (Qwen2.5-VL) or
-16x16 (Qwen3-VL) patches, merged 2x2 into one LLM token.
+16x16 (Qwen3-VL) patches, merged 2x2 into one LLM token. `tiny_vl_config` is its config alone.
 
 `build_tiny_omni(tokenizer, out_dir)` writes a Qwen3-Omni thinker (audio + image + text; a MoE
 language model with a few tiny experts) the same way, loadable with `AutoModelForImageTextToText`;
@@ -69,6 +69,17 @@ def _config(kind: str, tokenizer: Any, *, hidden_size: int, num_layers: int, num
     raise ValueError(f"unknown tiny VL kind {kind!r}; choose one of {KINDS}")
 
 
+def tiny_vl_config(kind: str, tokenizer: Any, *, hidden_size: int = 64, num_layers: int = 2, num_heads: int = 4,
+                   vision_hidden: int = 32, vision_depth: int = 2, max_position_embeddings: int = 1024,
+                   vocab_multiple: int = 1) -> Any:
+    """The HF config of `build_tiny_vl`'s checkpoint (the media tokens are added to `tokenizer`), with no
+    weights: what a dry run reads."""
+    add_media_tokens(tokenizer)
+    return _config(kind, tokenizer, hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads,
+                   vision_hidden=vision_hidden, vision_depth=vision_depth,
+                   max_position_embeddings=max_position_embeddings, vocab_multiple=vocab_multiple)
+
+
 def build_tiny_vl(kind: str, tokenizer: Any, out_dir: str, *, hidden_size: int = 64, num_layers: int = 2,
                   num_heads: int = 4, vision_hidden: int = 32, vision_depth: int = 2,
                   max_position_embeddings: int = 1024, min_tokens: int = 4, max_tokens: int = 64,
@@ -80,10 +91,9 @@ def build_tiny_vl(kind: str, tokenizer: Any, out_dir: str, *, hidden_size: int =
     import torch
     from transformers import AutoModelForImageTextToText, Qwen2VLImageProcessorPil
 
-    add_media_tokens(tokenizer)
-    config = _config(kind, tokenizer, hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads,
-                     vision_hidden=vision_hidden, vision_depth=vision_depth,
-                     max_position_embeddings=max_position_embeddings, vocab_multiple=vocab_multiple)
+    config = tiny_vl_config(kind, tokenizer, hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads,
+                            vision_hidden=vision_hidden, vision_depth=vision_depth,
+                            max_position_embeddings=max_position_embeddings, vocab_multiple=vocab_multiple)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = AutoModelForImageTextToText.from_config(config, dtype=torch.float32)

@@ -57,8 +57,14 @@ def check_model_flags(cfg: RelaxConfig, hf: dict) -> None:
 # Megatron flags the megatron backend does not act on yet: given a non-default value, an error.
 MEGATRON_NOT_BUILT = {
     "megatron_to_hf_mode": ("cluster", "raw", "bridge conversion (megatron-bridge); raw converters only"),
-    "attention_backend": ("megatron", None, "attention backends (the local unfused attention runs)"),
 }
+
+# --attention-backend values the megatron backend runs: its attention is PyTorch SDPA (backends/megatron/
+# attention.py), whose own dispatch takes the flash kernel on a GPU where it applies. megatron-core's other
+# backends are Transformer Engine's (fused) or its DotProductAttention (unfused, local), neither built here.
+ATTENTION_BACKENDS = ("auto", "flash")
+ATTENTION_NOT_BUILT = "fused needs Transformer Engine, which this project's pins exclude; unfused and local are " \
+    "megatron-core's DotProductAttention, replaced here by SDPA (it keeps the whole score matrix for backward)"
 
 
 # relax.backends.megatron.vision.SUPPORTED (not imported: validation runs without megatron-core)
@@ -110,6 +116,10 @@ def megatron_notes(cfg: RelaxConfig) -> list[str]:
     if cfg.cluster.qkv_format == "thd" and layout == "bshd":
         notes.append(f"--qkv-format thd: rows are right-padded (bshd) in this run: packed rows are not built with "
                      f"{why}")
+    if cfg.megatron.attention_backend == "flash":
+        notes.append("--attention-backend flash: attention is PyTorch SDPA, whose dispatch takes the flash kernel "
+                     "on a GPU where it applies (fp16/bf16 causal rows; with context parallelism's explicit mask "
+                     "another SDPA kernel) and the math kernel on CPU; nothing else to switch")
     if cfg.megatron.recompute_loss_function and cfg.parallel.tensor_model_parallel_size == 1:
         notes.append("--recompute-loss-function: with one tensor-parallel rank the chunked output layer keeps no "
                      "logits for backward anyway (it recomputes each chunk's); nothing to switch")
@@ -167,6 +177,11 @@ def check_megatron(cfg: RelaxConfig, hf: dict) -> None:
         if value != default:
             raise ConfigError(f"{flag_for(name)} {value}: the megatron backend does not build {what} yet; "
                               "drop the flag")
+    attention = cfg.megatron.attention_backend
+    if attention not in (None, *ATTENTION_BACKENDS):
+        raise ConfigError(f"--attention-backend {attention}: the megatron backend runs "
+                          f"{' or '.join(ATTENTION_BACKENDS)} (PyTorch SDPA attention); {ATTENTION_NOT_BUILT}. "
+                          "Use --attention-backend flash or drop the flag")
     p, m = cfg.parallel, cfg.megatron
     unfit = megatron_unfit(cfg)
     if unfit:

@@ -143,3 +143,22 @@ def test_megatron_model_flags_reach_the_ranks_or_say_why_not(base):
         parse_config(base + ["--train-backend", "fsdp", "--custom-model-provider-path", "json.dumps"])
     with pytest.raises(ConfigError, match="--custom-model-provider-path: .*cannot be called as model_provider"):
         parse_config(base + ["--train-backend", "megatron", "--custom-model-provider-path", "json.dumps"])
+
+
+def test_attention_backend_flash_runs_sdpa_and_the_unbuilt_backends_are_errors(base):
+    """The verl guide's `--attention-backend flash` starts a megatron run with a plan note (its SDPA
+    attention takes the flash kernel where it applies); fused/unfused/local name what this build runs;
+    a value outside megatron-core's choices fails at parse time."""
+    pytest.importorskip("megatron.core")
+    megatron = base + ["--train-backend", "megatron"]
+    notes = resolve_plan(parse_config(megatron + ["--attention-backend", "flash"])).notes
+    assert any(n.startswith("--attention-backend flash: attention is PyTorch SDPA") for n in notes)
+    assert not [n for n in resolve_plan(parse_config(megatron + ["--attention-backend", "auto"])).notes
+                if "attention-backend" in n]
+    for value in ("fused", "unfused", "local"):
+        with pytest.raises(ConfigError, match=f"--attention-backend {value}: the megatron backend runs auto or flash"):
+            parse_config(megatron + ["--attention-backend", value])
+    with pytest.raises(SystemExit):  # argparse: invalid choice 'flashy' (choose from flash, fused, ...)
+        parse_config(megatron + ["--attention-backend", "flashy"])
+    fsdp = resolve_plan(parse_config(base + ["--train-backend", "fsdp", "--attention-backend", "flash"])).notes
+    assert any("--attention-backend" in n and "fsdp backend ignores it" in n for n in fsdp)
