@@ -6,7 +6,6 @@ without a step they load the HF directory the flag names, as before."""
 from __future__ import annotations
 
 import asyncio
-import json
 from types import SimpleNamespace
 
 import pytest
@@ -16,6 +15,7 @@ from relax.components.training import initial_model
 from relax.config.plan import RolePlan
 from relax.config.schema import RelaxConfig
 from relax.utils.checkpoints import CheckpointError
+from tests.checkpoint_dirs import checkpoint_dir
 
 
 class FakeGroup:
@@ -43,16 +43,6 @@ def groups(monkeypatch):
     monkeypatch.setattr(actor_fwd, "make_trainer_group", make)
     monkeypatch.setattr(teacher, "make_trainer_group", make)
     return built
-
-
-def checkpoint_dir(root, *steps: int) -> str:
-    for step in steps:
-        part = root / f"iter_{step:07d}"
-        (part / "model").mkdir(parents=True)
-        (part / "model" / ".metadata").write_text("m")
-        (part / "rng_rank0.pt").write_text("rng")
-        (part / "meta.json").write_text(json.dumps({"rollout_id": step, "world_size": 1}))
-    return str(root)
 
 
 def start_reference(cfg: RelaxConfig) -> None:

@@ -22,6 +22,7 @@ from relax.backends.trainer import memory_history as mh
 from relax.backends.trainer.profiling import RankProfiler
 from relax.config.observability import TrainProfileConfig
 from relax.utils import memory_check
+from profiled_steps import run_profiled_steps
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -133,11 +134,7 @@ def test_a_gpu_trainer_rank_profiles_records_and_checks(tmp_path, caplog):
                    loss_masks_RT=[[1, 1], [1, 1, 1]], advantages_RT=[[1.0] * 2, [-1.0] * 3])
     try:
         with caplog.at_level(logging.INFO, logger=memory_check.__name__):
-            for _ in range(3):
-                w.profile_step_begin()
-                b.old_log_probs_RT = w.compute_log_probs(b.tokens_RL, b.response_lengths_R)
-                w.train(b, 1, [5])
-                w.profile_step_end()
+            run_profiled_steps(w, b)
     finally:
         w.shutdown()
     (trace,) = (tmp_path / "train_trace").rglob("*.pt.trace.json.gz")

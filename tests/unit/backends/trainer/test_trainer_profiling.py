@@ -17,6 +17,7 @@ import torch
 
 from relax.backends.trainer.profiling import RankProfiler
 from relax.config.observability import TrainProfileConfig
+from profiled_steps import run_profiled_steps
 
 CPU = torch.device("cpu")
 
@@ -155,11 +156,7 @@ def test_a_trainer_rank_profiles_its_marked_steps(model_path, tmp_path):
     b = TrainBatch(tokens_RL=[[1, 2, 3, 4], [3, 4, 5, 6, 7]], response_lengths_R=lengths,
                    loss_masks_RT=[[1] * n for n in lengths], advantages_RT=[[1.0] * 2, [-1.0] * 3])
     try:
-        for _ in range(3):
-            w.profile_step_begin()
-            b.old_log_probs_RT = w.compute_log_probs(b.tokens_RL, b.response_lengths_R)
-            w.train(b, 1, [5])
-            w.profile_step_end()
+        run_profiled_steps(w, b)
     finally:
         w.shutdown()
     root = tmp_path / "train_trace"

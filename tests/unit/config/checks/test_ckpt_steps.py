@@ -3,22 +3,10 @@ complete one of the checkpoint directory its load flag names, checked before Ray
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from relax.config import ConfigError, parse_config
-
-
-def checkpoint_dir(root, *steps: int) -> str:
-    """A Relax checkpoint directory holding complete (one-rank, fsdp) training parts of `steps`."""
-    for step in steps:
-        part = root / f"iter_{step:07d}"
-        (part / "model").mkdir(parents=True)
-        (part / "model" / ".metadata").write_text("m")
-        (part / "rng_rank0.pt").write_text("rng")
-        (part / "meta.json").write_text(json.dumps({"rollout_id": step, "world_size": 1}))
-    return str(root)
+from tests.checkpoint_dirs import checkpoint_dir
 
 
 def test_ref_ckpt_step_takes_a_step_of_the_ref_load_directory(base, tmp_path):
