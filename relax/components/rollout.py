@@ -74,6 +74,12 @@ def plugin_args(cfg: RelaxConfig, router_url: str | None) -> Namespace:
     return args
 
 
+def make_data_source(cfg: RelaxConfig, args: Namespace) -> Any:
+    """The run's prompt source: --data-source-path's class, constructed as `cls(args)` (the seed's
+    signature) with the plugin args."""
+    return import_object(cfg.data.data_source_path, flag="--data-source-path")(args)
+
+
 class Rollout:
     def __init__(self, cfg: RelaxConfig, plan: RolloutPlan) -> None:
         tq.start_replica()
@@ -142,8 +148,7 @@ class Rollout:
                                    rewards=self.rewards, plugin_args=self.args, processor=processor,
                                    pipelines=pipelines, encoder=encoder, episodes=episode_generate)
         sglang_rollout.bind(self.args, self.generator)
-        data_source_cls = import_object(cfg.data.data_source_path, flag="--data-source-path")
-        self.data_source = await asyncio.to_thread(data_source_cls, self.args)
+        self.data_source = await asyncio.to_thread(make_data_source, cfg, self.args)
         start, point = ctx.start_rollout_id, ctx.resume
         if point is not None and cfg.data.start_rollout_id is None:  # the checkpoint's data position
             await asyncio.to_thread(self.data_source.load, point.rollout_id)

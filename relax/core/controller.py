@@ -72,6 +72,13 @@ def checkpoint_due(cfg: RelaxConfig, step: int, last: bool) -> bool:
     return bool(c.save) and (c.rotate_ckpt or due(step + 1, c.save_interval) or last)
 
 
+def num_rollout_steps(cfg: RelaxConfig, num_prompts: int) -> int:
+    """The run's rollout steps: --num-rollout, else --num-epoch passes over the `num_prompts` prompts
+    in steps of --rollout-batch-size (the last one rounded up)."""
+    r = cfg.rollout
+    return r.num_rollout or math.ceil(num_prompts * r.num_epoch / r.rollout_batch_size)
+
+
 async def watched(call: Any, background: list[asyncio.Future]) -> Any:
     """Await `call`, but raise at once if a background role loop fails (its rows would never come)."""
     task = asyncio.ensure_future(call)
@@ -113,8 +120,7 @@ class Controller:
         for role in self.plan.roles:
             ctx = await self.roles[role.name].setup(ctx)
         self.start = ctx.start_rollout_id
-        self.num_rollout = self.cfg.rollout.num_rollout or math.ceil(
-            ctx.num_prompts * self.cfg.rollout.num_epoch / self.cfg.rollout.rollout_batch_size)
+        self.num_rollout = num_rollout_steps(self.cfg, ctx.num_prompts)
         dcs = self.roles["dcs"]
         for name in self.plan.weight_receivers:
             await dcs.register(name, await self.roles[name].weight_receivers())

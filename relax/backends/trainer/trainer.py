@@ -87,6 +87,15 @@ def gpu_used_bytes(device: torch.device) -> int:
     return total - free
 
 
+def collectives(spec: TrainerSpec, device: torch.device) -> tuple[str, timedelta, str]:
+    """(the ranks' torch.distributed backend, its timeout, the weight-push backend) on `device`:
+    --distributed-backend and --checkpoint-engine-backend on GPUs, gloo on CPU (NCCL cannot carry
+    CPU tensors); --distributed-timeout-minutes bounds the rendezvous and every collective."""
+    cuda = device.type == "cuda"
+    return (spec.dist_backend if cuda else "gloo", timedelta(minutes=spec.timeout_minutes),
+            spec.weight_sync_backend if cuda else "gloo")
+
+
 class Trainer:
     """One rank: `Trainer(rank, world_size, master_addr, master_port, spec)`."""
 
@@ -97,11 +106,10 @@ class Trainer:
             torch.set_num_threads(spec.threads or max(1, (os.cpu_count() or 1) // world_size))
         # first: --record-memory-history records the model's build too (profiling.py)
         self.profiler = RankProfiler(spec.profile, spec.trace_dir, spec.name, rank, self.device)
-        timeout = timedelta(minutes=spec.timeout_minutes)
+        backend, timeout, weights_backend = collectives(spec, self.device)
         pin_gloo_interface(master_addr)  # gloo and the store listen on the group's address only
         store = tcp_store(master_addr, master_port, world_size, is_master=rank == 0, timeout=timeout)
-        dist.init_process_group(spec.dist_backend if self.device.type == "cuda" else "gloo", store=store,
-                                rank=rank, world_size=world_size, timeout=timeout)
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
         runner_cls = import_object(TRAIN_BACKENDS[spec.backend], flag="--train-backend")
         self.runner = runner_cls(spec, rank, world_size, self.device)
         self.optimizer = self.scheduler = self.loss = None
@@ -111,8 +119,7 @@ class Trainer:
                 self.runner.optimizer_group())
             self.runner.attach_optimizer(self.optimizer)
             self.loss = MicroLoss(spec, self.device)
-        backend = spec.weight_sync_backend if self.device.type == "cuda" else "gloo"  # NCCL cannot carry CPU tensors
-        self.weights = WeightPush(device=self.device, backend=backend, bucket_bytes=spec.bucket_bytes,
+        self.weights = WeightPush(device=self.device, backend=weights_backend, bucket_bytes=spec.bucket_bytes,
                                   timeout_s=spec.sync_timeout_s, adapter_files=adapter_files(spec),
                                   check=spec.check_weights)  # --check-weight-update-equal
         self._receiver: Any = None

@@ -1,6 +1,7 @@
 """Rollout.run (the streaming plan), without engines: steps overlap once the previous one has
 drawn its prompts, the staleness gate still holds, each step's data position is the one right
-after its own draw, and a failed step reaches whoever waits for it."""
+after its own draw, and a failed step reaches whoever waits for it. Rollout.generate: the rewards
+a step writes (--custom-reward-post-process-path); the prompt source (--data-source-path)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from relax.components.rollout import Rollout
+from relax.components import rollout as rollout_module
+from relax.components.rollout import Rollout, make_data_source
+from relax.config.schema import RelaxConfig
+from relax.types import Sample
 
 
 class Counter:
@@ -113,3 +117,60 @@ def test_a_failed_step_reaches_its_waiter_and_fails_the_run():
             await asyncio.wait_for(task, 5)
 
     asyncio.run(main())
+
+
+def post_process(args, samples):
+    """A --custom-reward-post-process-path plugin: (raw rewards, rewards to train on)."""
+    return [s.reward for s in samples], [10.0 * s.reward + s.index for s in samples]
+
+
+def written_rewards(monkeypatch, post) -> list[float]:
+    """The rewards one Rollout.generate step writes to TransferQueue (no engines, no data system)."""
+    written = []
+
+    async def put_samples(step, samples, rewards, train_data=None, **kwargs):
+        written.extend(rewards)
+
+    async def nothing(*args, **kwargs):
+        return {}
+
+    monkeypatch.setattr(rollout_module.tq, "put_samples", put_samples)
+    monkeypatch.setattr(rollout_module.tq, "mark_step_done", nothing)
+    r = object.__new__(Rollout)
+    r.cfg, r.args = RelaxConfig(), RelaxConfig().args
+    r.plan = SimpleNamespace(overlapping_steps=False, stream_groups=False, role=SimpleNamespace(writes=()))
+    r.profiler = SimpleNamespace(start=nothing, stop=nothing)
+    r.generator = SimpleNamespace(spec=SimpleNamespace(routing=None))
+    r.rewards = SimpleNamespace(reward_value=lambda s: s.reward, stats=lambda reset: {})
+    r.reward_post_process, r.convert_samples = post, None
+    r._engine_busy_seconds = nothing
+    r.step_logs = SimpleNamespace(rollout=nothing)
+
+    async def groups(step, rollout_id):
+        return [[Sample(index=i, group_index=0, reward=float(i)) for i in range(2)]]
+
+    r.rollout_fn = groups
+    asyncio.run(r.generate(0))
+    return written
+
+
+def test_custom_reward_post_process_path_s_rewards_are_the_ones_written(monkeypatch):
+    assert written_rewards(monkeypatch, None) == [0.0, 1.0]  # unset: the samples' own rewards
+    assert written_rewards(monkeypatch, post_process) == [0.0, 11.0]  # the plugin's second list
+
+
+class ListSource:
+    """A --data-source-path plugin: constructed with the run's args."""
+
+    def __init__(self, args) -> None:
+        self.args = args
+
+
+def test_data_source_path_picks_the_class_the_rollout_draws_prompts_from(tmp_path):
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"input": "q"}\n')
+    cfg = RelaxConfig().replace(prompt_data=str(data))
+    default = make_data_source(cfg, cfg.args)
+    assert type(default).__name__ == "RolloutDataSourceWithBuffer" and len(default) == 1
+    custom = make_data_source(cfg.replace(data_source_path=f"{__name__}.ListSource"), cfg.args)
+    assert isinstance(custom, ListSource) and custom.args.prompt_data == str(data)

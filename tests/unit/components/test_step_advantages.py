@@ -57,6 +57,19 @@ def test_advantages_are_normalised_after_the_opd_penalty():
     assert float(flat.mean()) == pytest.approx(0.0, abs=1e-6) and float(flat.std()) == pytest.approx(1.0, abs=1e-3)
 
 
+def test_disable_rewards_normalization_uses_the_raw_rewards_as_advantages():
+    normalised, _ = advantages(cfg_with())
+    raw, _ = advantages(cfg_with(disable_rewards_normalization=True))
+    assert normalised[0][0] == pytest.approx(0.7071, abs=1e-3)  # (r - mean) / std over the group [1, 0]
+    assert raw == [pytest.approx([1.0] * 3), pytest.approx([0.0] * 2)]  # the rewards themselves
+
+
+def test_a_custom_reward_post_process_path_keeps_its_rewards_unnormalised():
+    cfg = cfg_with().replace(custom_reward_post_process_path="tests.somewhere.post_process")
+    assert not AdvantageSpec.from_config(cfg).normalize_rewards
+    assert advantages(cfg)[0] == [pytest.approx([1.0] * 3), pytest.approx([0.0] * 2)]
+
+
 def test_kl_shaping_without_its_columns_is_a_clear_error():
     with pytest.raises(ValueError, match="--kl-coef needs the 'ref_log_probs' column"):
         advantages(cfg_with(kl_coef=0.1))

@@ -4,11 +4,14 @@ flags), and start-up errors that name the key; plus the GenRM and context-length
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 
+from relax.components.rollout import Rollout
 from relax.config import ConfigError, parse_config
 from relax.config.eval_config import eval_datasets
+from relax.engine.specs import RolloutSpec
 
 
 @pytest.fixture()
@@ -141,3 +144,55 @@ def test_a_dataset_s_rm_type_is_checked_like_the_flag(base, tmp_path):
     config = write(tmp_path, f"eval:\n  datasets:\n    - name: a\n      path: {data}\n      rm_type: maths\n")
     with pytest.raises(ConfigError, match=r"\(a\): rm_type: unknown reward type 'maths'.*did you mean math\?"):
         parse_config(base + ["--eval-config", config])
+
+
+def eval_sampling_params(cfg) -> dict:
+    """The SGLang sampling params of the run's one eval set."""
+    (dataset,) = eval_datasets(cfg.args)
+    return RolloutSpec.from_config(cfg).for_eval(dataset, num_prompts=1).sampling.params()
+
+
+def test_eval_top_k_and_eval_min_new_tokens_reach_the_eval_sampling_params(base, tmp_path):
+    data = str(tmp_path / "train.jsonl")
+    unset = eval_sampling_params(parse_config(base + ["--eval-prompt-data", "x", data, "--rollout-top-k", "5"]))
+    assert unset["top_k"] == 5 and "min_new_tokens" not in unset  # --rollout-top-k; no minimum
+    cfg = parse_config(base + ["--eval-prompt-data", "x", data, "--rollout-top-k", "5", "--eval-top-k", "7",
+                               "--eval-min-new-tokens", "3"])
+    params = eval_sampling_params(cfg)
+    assert params["top_k"] == 7 and params["min_new_tokens"] == 3
+    assert RolloutSpec.from_config(cfg).sampling.params()["top_k"] == 5  # training rollouts keep --rollout-top-k
+
+
+class WordTokenizer:
+    """One token per word."""
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return list(range(len(text.split())))
+
+
+def load_eval_rows(cfg) -> list:
+    """The eval set's prompts as the Rollout loads them (`Rollout._load_eval_sets`)."""
+    rollout = SimpleNamespace(cfg=cfg, generator=SimpleNamespace(processor=None, pipelines=None))
+    (_, samples), = Rollout._load_eval_sets(rollout, WordTokenizer()).values()
+    return samples
+
+
+def test_eval_input_label_and_tool_keys_pick_the_eval_rows_columns(base, tmp_path):
+    data = tmp_path / "eval.jsonl"
+    data.write_text(json.dumps({"input": "train-style", "question": "what is 2+2", "label": "x", "answer": "4",
+                                "tools": [{"name": "a"}], "funcs": [{"name": "calc"}]}) + "\n")
+    default, = load_eval_rows(parse_config(base + ["--eval-prompt-data", "x", str(data), "--label-key", "label"]))
+    assert (default.prompt, default.label, default.metadata["tools"]) == ("train-style", "x", [{"name": "a"}])
+    keyed, = load_eval_rows(parse_config(base + ["--eval-prompt-data", "x", str(data), "--label-key", "label",
+                                                 "--eval-input-key", "question", "--eval-label-key", "answer",
+                                                 "--eval-tool-key", "funcs"]))
+    assert (keyed.prompt, keyed.label, keyed.metadata["tools"]) == ("what is 2+2", "4", [{"name": "calc"}])
+
+
+def test_eval_max_prompt_len_drops_the_longer_eval_prompts(base, tmp_path):
+    data = tmp_path / "eval.jsonl"
+    data.write_text("".join(json.dumps({"input": text}) + "\n" for text in ("a b", "a b c d", "a")))
+    every = load_eval_rows(parse_config(base + ["--eval-prompt-data", "x", str(data)]))
+    assert [s.prompt for s in every] == ["a b", "a b c d", "a"]
+    short = load_eval_rows(parse_config(base + ["--eval-prompt-data", "x", str(data), "--eval-max-prompt-len", "2"]))
+    assert [s.prompt for s in short] == ["a b", "a"]  # 4 words > 2 tokens

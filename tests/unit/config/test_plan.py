@@ -188,3 +188,8 @@ def test_format_plan_lists_every_role_and_column(base):
     plan = plan_of(base + FULLY_ASYNC)
     text = format_plan(plan)
     assert all(r.name in text for r in plan.roles) and all(f.name in text for f in plan.columns)
+
+
+def test_num_data_storage_units_reserves_a_cpu_per_storage_unit(base):
+    one, three = plan_of(base), plan_of(base + ["--num-data-storage-units", "3"])
+    assert (one.data_plane_cpus, three.data_plane_cpus) == (2.0, 4.0)  # the controller, then one per unit

@@ -41,14 +41,7 @@ PASSTHROUGH = {"--sglang-mem-fraction-static"}  # an SGLang server option (--sgl
 STILL_UNBUILT: frozenset[str] = frozenset()
 
 # Act, but no test names them yet. Only shrinks.
-ACTS_WITHOUT_TEST = frozenset("""
---distributed-backend --distributed-timeout-minutes --num-data-storage-units --checkpoint-engine-backend --tool-key
---data-source-path --num-epoch --rollout-skip-special-tokens
---calculate-per-token-loss --disable-rewards-normalization --sapo-tau-pos
---eval-input-key --eval-label-key --eval-tool-key --eval-top-k --eval-max-prompt-len --eval-min-new-tokens
---custom-reward-post-process-path --rollout-health-check-first-wait --train-env-vars --log-probs-chunk-size
---load-debug-rollout-data-subsample
-""".split())
+ACTS_WITHOUT_TEST: frozenset[str] = frozenset()
 
 
 def _test_texts() -> dict[str, str]:

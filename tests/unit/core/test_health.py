@@ -3,12 +3,16 @@ the run, from where, how often; and what an event leaves behind (log file, count
 
 from __future__ import annotations
 
+import asyncio
 import json
+from types import SimpleNamespace
 
 import pytest
 
 from relax.config import ConfigError, parse_config
-from relax.core.health import HealthEvents, resume_config, run_with_restarts, summary
+from relax.config.schema import RelaxConfig
+from relax.core import health
+from relax.core.health import HealthEvents, HealthManager, resume_config, run_with_restarts, summary
 from relax.utils import checkpoints
 from relax.utils.metrics_sinks import JsonlSink, SinkConfig
 
@@ -101,3 +105,25 @@ def test_a_restart_leaves_one_row_per_step_in_the_metrics_log(base, tmp_path):
     restart = json.loads((tmp_path / "run" / "health_events.jsonl").read_text())
     assert restart["superseded_steps"] == [2]
     assert "attempt's rows of steps [2] and 1 row(s) cut short moved to metrics.jsonl.attempt-1" in restart["message"]
+
+
+class Slept(Exception):
+    """Ends the monitor once it has slept twice."""
+
+
+@pytest.mark.parametrize("first_wait", [0.0, 45.0])
+def test_rollout_health_check_first_wait_delays_the_first_check(monkeypatch, tmp_path, first_wait):
+    slept = []
+
+    async def sleep(seconds):
+        slept.append(seconds)
+        if len(slept) == 2:
+            raise Slept
+
+    monkeypatch.setattr(health.asyncio, "sleep", sleep)
+    cfg = RelaxConfig().replace(use_fault_tolerance=True, rollout_health_check_first_wait=first_wait,
+                                rollout_health_check_interval=5.0)
+    manager = HealthManager(cfg, SimpleNamespace(roles=[]), {}, HealthEvents(str(tmp_path)), None)
+    with pytest.raises(Slept):
+        asyncio.run(manager._monitor())
+    assert slept == [first_wait, 5.0]  # the start-up wait, then the interval before each round of checks

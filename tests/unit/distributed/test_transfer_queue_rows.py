@@ -1,9 +1,13 @@
-"""Rollout rows for TransferQueue, from samples or from a custom convert-samples plugin."""
+"""Rollout rows for TransferQueue, from samples or from a custom convert-samples plugin; the data
+system's start-up settings."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
+from relax.distributed import transfer_queue
 from relax.distributed.transfer_queue import samples_to_columns, train_data_to_columns
 from relax.types import Sample
 
@@ -32,3 +36,14 @@ def test_bad_plugin_output_names_the_flag(data, needle):
     with pytest.raises((TypeError, ValueError), match="--custom-convert-samples-to-train-data-path") as err:
         train_data_to_columns(data, samples(), [0.0, 0.0])
     assert needle in str(err.value)
+
+
+@pytest.mark.parametrize("units", [1, 3])
+def test_num_data_storage_units_is_the_storage_unit_count_transfer_queue_starts(monkeypatch, units):
+    started = []
+    package = SimpleNamespace(init=lambda conf=None: started.append(conf))  # the `transfer_queue` package
+    monkeypatch.setattr(transfer_queue, "_package", lambda: package)
+    monkeypatch.setattr(transfer_queue, "running", lambda: False)
+    assert transfer_queue.init_data_system(units)
+    (conf,) = started
+    assert conf.backend.SimpleStorage.num_data_storage_units == units and conf.controller.polling_mode

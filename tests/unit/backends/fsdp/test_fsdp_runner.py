@@ -3,6 +3,8 @@ step, metrics, the streamed pass, checkpoints."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -52,6 +54,28 @@ def test_log_probs_match_a_plain_forward(worker):
         ref = torch.log_softmax(logits.float(), -1)[torch.arange(len(toks) - n - 1, len(toks) - 1),
                                                      torch.tensor(toks[-n:])]
         assert torch.allclose(torch.tensor(lp), ref, atol=1e-5)
+
+
+def test_log_probs_chunk_size_chunks_the_output_layer_with_the_same_numbers(worker, monkeypatch):
+    from relax.backends.fsdp import head
+
+    chunks = []
+
+    def recorded(*args, chunk, **kwargs):
+        chunks.append(chunk)
+        return chunked_token_log_probs(*args, chunk=chunk, **kwargs)
+
+    chunked_token_log_probs = head.chunked_token_log_probs
+    monkeypatch.setattr(head, "chunked_token_log_probs", recorded)
+    whole = log_probs(worker, batch())  # --log-probs-chunk-size -1 (the default): auto-sized chunks
+    spec = worker.runner.spec
+    monkeypatch.setattr(worker.runner, "spec", dataclasses.replace(
+        spec, batch=dataclasses.replace(spec.batch, log_probs_chunk_size=2)))
+    unchunked_calls = len(chunks)
+    chunked = log_probs(worker, batch())
+    assert set(chunks[:unchunked_calls]) == {-1} and set(chunks[unchunked_calls:]) == {2}  # a call per micro-batch
+    for a, b in zip(whole, chunked):
+        assert torch.allclose(torch.tensor(a), torch.tensor(b), atol=1e-6)
 
 
 def test_first_step_has_unit_ratio_and_reports_rollout_mismatch(worker):

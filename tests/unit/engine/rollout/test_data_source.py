@@ -71,6 +71,16 @@ def test_groups_hold_n_deep_copies_with_global_indices(tmp_path):
     assert [s.group_index for s in source.get_samples(1)[0]] == [2, 2, 2]
 
 
+def test_tool_key_picks_the_rows_tool_schemas_column(tmp_path):
+    data = tmp_path / "tools.jsonl"
+    row = {"input": "q", "label": "1", "tools": [{"name": "a"}], "funcs": [{"name": "calc"}]}
+    data.write_text(json.dumps(row) + "\n")
+    default = RolloutDataSource(make_args(tmp_path, prompt_data=str(data))).get_samples(1)[0][0]
+    assert default.metadata["tools"] == [{"name": "a"}]  # --tool-key tools
+    keyed = RolloutDataSource(make_args(tmp_path, prompt_data=str(data), tool_key="funcs")).get_samples(1)[0][0]
+    assert keyed.metadata["tools"] == [{"name": "calc"}]
+
+
 def test_len_is_the_number_of_prompts_and_the_class_meets_the_protocol(tmp_path):
     source = RolloutDataSourceWithBuffer(make_args(tmp_path))
     assert len(source) == 5
