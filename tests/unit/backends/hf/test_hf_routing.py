@@ -12,13 +12,12 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-import torch
 
 from relax.backends.hf.engine import HFEngine
 from relax.backends.hf.launcher import engine_option_args
 from relax.distributed.engine_client import EngineClient
 from relax.utils.routing import RoutingShape, decode_reply, extend
-from relax.utils.routing_replay import RouterTap
+from tests.routing_taps import full_forward_routing
 
 SHAPE = RoutingShape(layers=2, top_k=2, num_experts=8)
 GREEDY = {"temperature": 0, "ignore_eos": True}
@@ -58,18 +57,8 @@ def engine(moe_dir):
 
 @pytest.fixture(scope="module")
 def full_routing(moe_dir):
-    """tokens -> the routing of one full forward over them, [len - 1, layers, top_k] (expert sets sorted)."""
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(moe_dir, dtype=torch.float32).eval()
-    tap = RouterTap(model, SHAPE)
-
-    def routing(tokens: list[int]) -> np.ndarray:
-        tap.arm(record=True)
-        with torch.no_grad():
-            model(torch.tensor([tokens]))
-        return np.sort(tap.take().numpy()[:-1], -1)
-    return routing
+    """tokens -> the routing of one full forward over them (tests/routing_taps.py)."""
+    return full_forward_routing(moe_dir, SHAPE)
 
 
 def generate(engine, payload: dict) -> dict | list:

@@ -11,14 +11,13 @@ import dataclasses
 
 import numpy as np
 import pytest
-import torch
 from agentic_helpers import WORDS, EngineServer, Traffic, generate, generator, prompt, run
 
 from relax.engine.rollout import generator as generator_module
 from relax.engine.rollout.generator import StepState
 from relax.engine.specs import PartialRolloutSpec
 from relax.utils.routing import RoutingShape, decode_reply, encode_reply
-from relax.utils.routing_replay import RouterTap
+from tests.routing_taps import full_forward_routing
 
 SHAPE = RoutingShape(layers=2, top_k=2, num_experts=8)
 
@@ -41,17 +40,8 @@ def moe_engine(moe_dir):
 
 @pytest.fixture(scope="module")
 def full_routing(moe_dir):
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(moe_dir, dtype=torch.float32).eval()
-    tap = RouterTap(model, SHAPE)
-
-    def routing(tokens: list[int]) -> np.ndarray:
-        tap.arm(record=True)
-        with torch.no_grad():
-            model(torch.tensor([tokens]))
-        return np.sort(tap.take().numpy()[:-1], -1)
-    return routing
+    """tokens -> the routing of one full forward over them (tests/routing_taps.py)."""
+    return full_forward_routing(moe_dir, SHAPE)
 
 
 def r3(gen):
