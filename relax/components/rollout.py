@@ -1,14 +1,15 @@
-"""Rollout role: owns the inference engines (an `EngineFleet` behind its router), the data
-source, the rewards and the default rollout (`Generator`).
+"""Rollout role: owns the inference engines (an `EngineFleet` behind its router), the data source, the
+rewards and the default rollout (`Generator`).
 
-Each step it runs the rollout function and writes the scored samples into that step's
-TransferQueue partition. It also evaluates on held-out sets, releases/resumes engine memory
-around training when its plan says so (colocate), and saves its data position with
-checkpoints. Its plan part (`RolloutPlan`) says whether groups stream into the partition as
-they finish and whether steps overlap (fully async); `run()` is the streaming loop. Plugins
-get the seed's `args` (`plugin_args`), built once; nothing of the run is written on the config.
-A plain class with async methods: the Controller deploys it as a Ray Serve deployment, tests
-can drive it directly.
+Each step it runs the rollout function and writes the scored samples into that step's TransferQueue
+partition. It also evaluates on held-out sets, releases/resumes engine memory around training when its
+plan says so (colocate), and saves its data position with checkpoints. Its plan part (`RolloutPlan`) says
+whether groups stream into the partition as they finish and whether steps overlap (fully async); `run()`
+is the streaming loop. Plugins get the seed's `args` (`plugin_args`), built once; nothing of the run is
+written on the config. Elastic scaling is served from here, where the fleet is: the REST API, the scaler
+and the autoscaler run on this replica's event loop (`start_scaling`); the fleet's lock is held here by
+scaling operations and, through `hold_fleet`, by the HealthManager's engine replacements. A plain class
+with async methods: the Controller deploys it as a Ray Serve deployment, tests can drive it directly.
 """
 
 from __future__ import annotations
@@ -32,8 +33,10 @@ from relax.config.schema import RelaxConfig
 from relax.distributed import transfer_queue as tq
 from relax.distributed.checkpoint_service.coordinator import Receivers
 from relax.engine.agentic import episode_generate
-from relax.engine.elastic.calls import FleetCall
-from relax.engine.elastic.local_ops import LocalFleetOps
+from relax.engine.elastic.fleet_lock import FleetLock
+from relax.engine.elastic.local_ops import Gpus, LocalFleetOps
+from relax.engine.elastic.run_ops import RunFleetOps, RunWeights
+from relax.engine.elastic.service import NoScaling, ScalingService
 from relax.engine.fleet import EngineFleet, FleetSpec, NoFleet
 from relax.engine.rewards.executor import RewardExecutor
 from relax.engine.rewards.genrm import judge_spec
@@ -99,7 +102,9 @@ class Rollout:
         self.snapshots: dict[int, dict[str, Any]] = {}
         self.failed: dict[int, BaseException] = {}
         self._busy_mark: dict[str, float] = {}  # engines' busy seconds when the last step reported
-        self._scaling: LocalFleetOps | None = None  # elastic scaling's operations on the fleet (`fleet_call`)
+        self.fleet_lock = FleetLock()  # one change of the fleet at a time: scaling, engine replacement (`hold_fleet`)
+        self.scaling: ScalingService | NoScaling = NoScaling()  # the scaling API and autoscaler (`start_scaling`)
+        self.added_gpus: Gpus | None = None  # on GPUs: what holds the GPUs of engines a scale-out added
         self.stopping = False
 
     # ---- lifecycle ---------------------------------------------------------------------
@@ -232,11 +237,12 @@ class Rollout:
 
     async def shutdown(self) -> None:
         self.stopping = True
+        await self.stop_scaling()  # (the Controller stopped it before the roles went, unless that call failed)
         await self.fleet.stop()
         if self.gpu_slots is not None:
             self.gpu_slots.release()
-        if self._scaling is not None and self._scaling.gpus is not None:
-            self._scaling.gpus.release_all()
+        if self.added_gpus is not None:
+            self.added_gpus.release_all()
         if hasattr(self, "rewards"):
             self.rewards.close()
         if getattr(self, "generator", None) is not None:
@@ -250,7 +256,7 @@ class Rollout:
             await close_gateways()
         await close_sessions()
 
-    # ---- health (relax.core.health drives these) ------------------------------------------
+    # ---- the fleet: health (relax.core.health) and elastic scaling (relax.engine.elastic.service) ----
     async def check_engines(self, timeout: float) -> list[tuple[str, str]]:
         """(url, what is wrong) for every engine that died or did not answer its health check."""
         return await self.fleet.probe(timeout)
@@ -268,15 +274,6 @@ class Rollout:
         """Generate requests sent again after their engine failed, so far."""
         return self.fleet.requests_resent()
 
-    async def fleet_call(self, call: FleetCall) -> Any:
-        """Elastic scaling (relax.core.elastic): one fleet operation, applied here where the fleet lives."""
-        if self._scaling is None:  # on GPUs an added engine holds whole GPUs outside the run's placement group
-            from relax.distributed.ray.elastic_gpus import ElasticGpus
-
-            gpus = None if self.gpu_slots is None else ElasticGpus(len(self.plan.role.slots[0]))
-            self._scaling = LocalFleetOps(self.fleet, partial_rollout=self.cfg.rollout.partial_rollout, gpus=gpus)
-        return await call.apply(self._scaling)
-
     def weight_receivers(self) -> Receivers:
         """The engines take every weight push (a draining one no longer): their URLs, and per engine the
         GPUs it runs on (empty on CPU: a sender on one of them uses CUDA IPC)."""
@@ -285,9 +282,37 @@ class Rollout:
             return Receivers(urls)
         # By device, not position: a replacement engine joins the fleet last, on its predecessor's GPUs.
         identity = dict(zip(self.gpu_slots.devices, self.gpu_slots.identities))
-        if self._scaling is not None and self._scaling.gpus is not None:  # engines a scale-out added
-            identity.update(self._scaling.gpus.identities())
+        if self.added_gpus is not None:  # engines a scale-out added
+            identity.update(self.added_gpus.identities())
         return Receivers(urls, [identity.get(self.fleet.device_of(url), ()) for url in urls])
+
+    async def start_scaling(self, actor: Any, coordinator: Any) -> str:
+        """Serve the scaling API (and --autoscaler-config's autoscaler) from this replica; its URL. Added engines
+        get the weights the Actor's ranks hold through `actor` and the DCS `coordinator` (Serve handles)."""
+        if self.gpu_slots is not None:  # on GPUs an added engine holds whole GPUs outside the run's placement group
+            from relax.distributed.ray.elastic_gpus import ElasticGpus
+
+            self.added_gpus = ElasticGpus(len(self.plan.role.slots[0]))
+        local = LocalFleetOps(self.fleet, partial_rollout=self.cfg.rollout.partial_rollout, gpus=self.added_gpus)
+        ops = RunFleetOps(local, RunWeights(actor, coordinator), self.weight_receivers)
+        staleness = float(self.plan.max_staleness) if self.plan.overlapping_steps else None  # fully async: the bound
+        self.scaling = ScalingService(self.cfg, ops, self.fleet_lock.lock, staleness)
+        return await self.scaling.start()
+
+    async def scaling_metrics(self, step: int, metrics: dict[str, float]) -> dict[str, float]:
+        """`elastic/*` of step `step`, whose metrics row `metrics` gives the autoscaler its signals."""
+        return await self.scaling.step_metrics(step, metrics)
+
+    async def stop_scaling(self) -> None:
+        """No scaling operation from now on: the one in flight is rolled back (or finished), the API stops."""
+        await self.scaling.stop()  # (again: nothing to do)
+
+    async def hold_fleet(self, holder: str) -> bool:
+        """Once no scaling operation runs, keep the fleet for `holder` until `free_fleet(holder)` (FleetLock)."""
+        return await self.fleet_lock.hold(holder)
+
+    async def free_fleet(self, holder: str) -> None:
+        self.fleet_lock.free(holder)
 
     # ---- fully async ---------------------------------------------------------------------
     async def run(self, start: int, end: int) -> None:

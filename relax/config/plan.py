@@ -369,13 +369,14 @@ def format_plan(plan: RunPlan, cfg: RelaxConfig | None = None) -> str:
 
 
 def scaling_lines(cfg: RelaxConfig) -> list[str]:
-    """Where the scaling REST API is served and what the autoscaler does (docs/elastic-scaling.md)."""
+    """Where the scaling REST API is served (by the Rollout role, which owns the engine fleet) and what the
+    autoscaler does (docs/elastic-scaling.md)."""
     e = cfg.elastic
     if not serves_scaling_api(cfg):
         return []
     port = e.scale_api_port or "<free port>"
-    lines = [f"scaling API: http://{e.scale_api_host}:{port} (bearer token in <outputs>/.relax/scale_token; "
-             f"relax-scale --exp-dir {cfg.misc.exp_dir} status)"]
+    lines = [f"scaling API: http://{e.scale_api_host}:{port}, served by the Rollout role (bearer token in "
+             f"<outputs>/.relax/scale_token; relax-scale --exp-dir {cfg.misc.exp_dir} status)"]
     if e.autoscaler_config:
         a = load_autoscaler_config(e.autoscaler_config)
         lines.append(f"autoscaler: {e.autoscaler_config}: {a.min_engines}-{a.max_engines} engines, {a.target_metric} "

@@ -6,7 +6,8 @@ app starts side by side, every role with workers starts them at once (`start()`:
 ranks, engines), then each role's `setup(ctx)` runs in plan order and fills in what it
 publishes (`relax.components.setup_context.SetupContext`: the GenRM router URL, the first
 rollout id and the checkpoint resumed from, the prompt count);
-weight receivers register with the DCS coordinator and the engines get the Actor's weights.
+weight receivers register with the DCS coordinator and the engines get the Actor's weights; then the
+Rollout, which owns the engine fleet, starts serving the scaling REST API (relax.engine.elastic.service).
 
 Colocate, one rollout step per iteration (roles take turns on the same devices):
     rollout.generate(k)   -> samples in TransferQueue partition train_{k}
@@ -34,11 +35,11 @@ import time
 from typing import Any
 
 from relax.components.setup_context import SetupContext
+from relax.config.elastic import serves_scaling_api
 from relax.config.plan import RunPlan
 from relax.config.role_plans import StepPart
 from relax.config.schema import RelaxConfig
 from relax.core.checkpointer import Checkpointer
-from relax.core.elastic import ElasticService
 from relax.core.health import HealthEvents, HealthManager, run_with_restarts
 from relax.core.metrics import DriverMetrics, ServiceMetrics, step_metrics
 from relax.core.service import Runtime
@@ -98,7 +99,7 @@ class Controller:
         self.cfg, self.plan, self.runtime = cfg, plan, runtime
         self.events = events or HealthEvents(cfg.misc.exp_dir)  # recovery events (kept across global restarts)
         self.health: HealthManager | None = None  # set on deploy
-        self.elastic: ElasticService | None = None  # the scaling API and autoscaler (set on deploy)
+        self.scaling_api: str | None = None  # the Rollout serves the scaling API here (set on deploy)
         self.exp_dir = cfg.misc.exp_dir
         self.metrics: DriverMetrics | ServiceMetrics | None = None  # the metrics sinks (set on deploy)
         self.roles: dict[str, RoleHandle] = {}
@@ -127,10 +128,10 @@ class Controller:
         await self.actor.connect_dcs(dcs.handle)
         await self.actor.update_weights(self.start)  # engines serve the actor's weights from step 0
         await self.move_trainers("offload")  # colocate on shared GPUs: the engines generate first
-        fleet_lock = asyncio.Lock()  # one change of the engine fleet at a time: recovery or scaling
-        self.health = HealthManager(self.cfg, self.plan, self.roles, self.events, ctx, fleet_lock)
-        self.elastic = ElasticService(self.cfg, self.plan, self.roles, self.timeline, fleet_lock)
-        await self.elastic.start()  # the engines hold the weights now: new ones can get the same
+        # One change of the engine fleet at a time: the Rollout's fleet lock is held by its scaling operations
+        # and by the health manager's replacements of its engines.
+        self.health = HealthManager(self.cfg, self.plan, self.roles, self.events, ctx, shared_fleets=("rollout",))
+        await self.start_scaling(dcs)  # the engines hold the weights now: new ones can get the same
 
     @property
     def actor(self) -> RoleHandle:
@@ -139,6 +140,26 @@ class Controller:
     @property
     def rollout(self) -> RoleHandle:
         return self.roles["rollout"]
+
+    async def start_scaling(self, dcs: RoleHandle) -> None:
+        """The scaling REST API (and autoscaler) of the run, served by the Rollout role, which owns the fleet;
+        weights for added engines come from the Actor through the DCS coordinator (their handles)."""
+        if not serves_scaling_api(self.cfg) or "rollout" not in self.plan.weight_receivers:
+            return
+        self.scaling_api = await self.rollout.start_scaling(self.actor.handle, dcs.handle)
+        print(f"scaling API: {self.scaling_api}, served by the Rollout role (relax-scale --exp-dir {self.exp_dir} "
+              "status)", flush=True)
+
+    async def stop_scaling(self, timeout_s: float = 120.0) -> None:
+        """The Rollout rolls back (or finishes) a scaling operation in flight and stops the API; given up
+        after `timeout_s` or when its replica is gone (the Rollout's shutdown tries again)."""
+        if self.scaling_api is None or self.rollout.app_name in self.runtime.failed_apps or \
+                "rollout" in self.runtime.lost_roles():
+            return
+        try:
+            await asyncio.wait_for(asyncio.ensure_future(self.rollout.stop_scaling()), timeout_s)
+        except Exception as err:  # noqa: BLE001 - the roles shut down regardless
+            logger.warning("the scaling service did not stop: %r", err)
 
     def _with(self, part: StepPart) -> list[RoleHandle]:
         return [self.roles[r.name] for r in self.plan.roles_with(part)]
@@ -221,7 +242,8 @@ class Controller:
             metrics["export/hf_path"] = await self.actor.export_hf(step)
         metrics["time/step"] = time.perf_counter() - t0
         metrics |= self.health.metrics()  # health/*: failures seen, engines replaced, global restarts
-        metrics |= await self.elastic.step_metrics(step, metrics)  # elastic/*: engines, scaling operations
+        if self.scaling_api is not None:  # elastic/*: engines, scaling operations (the row feeds the autoscaler)
+            metrics |= await self.rollout.scaling_metrics(step, metrics)
         await self.metrics.log(step, metrics)
         print(format_step_summary(step, self.num_rollout, metrics), flush=True)
 
@@ -273,8 +295,7 @@ class Controller:
 
     async def shutdown(self) -> None:
         await self.finish_checkpoint()
-        if self.elastic is not None:  # no scaling operation while the roles go
-            await self.elastic.stop()
+        await self.stop_scaling()  # no scaling operation while the roles go
         # Actor first: it tears down its weight-sync group while the engines still answer.
         for name in sorted(self.roles, key=lambda name: name != "actor"):
             if self.roles[name].app_name not in self.runtime.failed_apps:  # no replica to ask

@@ -15,11 +15,12 @@ requests in flight are sent again to the other engines, or wait for the replacem
 exactly one reply), stops it and starts a fresh one on its device (`EngineFleet.replace`). A
 rollout engine receives weights: the DCS coordinator lists the new topology and the Actor pushes
 the weights its ranks hold now to the new engine alone. A GenRM or teacher engine keeps its
-checkpoint's weights, which the fresh engine loads. Then the router routes to it. An engine slot
-(an engine and those that replaced it) is replaced at most `--max-engine-replacements` times per
-attempt; its next failure goes to tier 2. A role replica that Serve restarted is set up again in
-place when the role keeps nothing of the run but registrations (the DCS coordinator: receivers
-registered again).
+checkpoint's weights, which the fresh engine loads. Then the router routes to it. Replacements and
+elastic scaling operations take turns: each holds the fleet's lock (for rollout engines the Rollout
+keeps it, beside its scaler: `held_fleet`). An engine slot (an engine and those that replaced it)
+is replaced at most `--max-engine-replacements` times per attempt; its next failure goes to tier 2.
+A role replica that Serve restarted is set up again in place when the role keeps nothing of the
+run but registrations (the DCS coordinator: receivers registered again).
 
 Tier 2 (`--use-health-check`): anything else — a trainer rank or a role's process that died, a
 stateful role's replica restarted, tier 1 failing, an engine failure without
@@ -36,13 +37,15 @@ Every event is logged, appended to `<exp-dir>/health_events.jsonl`, counted in t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
 import re
 import time
+import uuid
 from collections import Counter
-from typing import Any, Awaitable, Callable, NoReturn
+from typing import Any, AsyncIterator, Awaitable, Callable, Collection, NoReturn
 
 from relax.components.setup_context import SetupContext
 from relax.config.errors import ConfigError, PlanError
@@ -136,12 +139,27 @@ class EngineSlots:
         return self._count[slot]
 
 
+@contextlib.asynccontextmanager
+async def held_fleet(role: Any) -> AsyncIterator[None]:
+    """The fleet lock of `role`, which keeps it in its own process (the Rollout's, shared with its scaling
+    operations: `relax.engine.elastic.fleet_lock`), held for the block; freed whatever happens, a hold
+    that still waits included (the role then releases it as soon as it gets it)."""
+    holder = f"health-{uuid.uuid4().hex}"
+    try:
+        await role.hold_fleet(holder)
+        yield
+    finally:
+        await role.free_fleet(holder)
+
+
 class HealthManager:
     def __init__(self, cfg: RelaxConfig, plan: RunPlan, roles: dict[str, Any], events: HealthEvents,
-                 ctx: SetupContext, fleet_lock: asyncio.Lock | None = None) -> None:
+                 ctx: SetupContext, shared_fleets: Collection[str] = ()) -> None:
         """`roles`: name -> handle (`await role.method(...)`); `ctx`: what the roles' setups published;
-        `fleet_lock`: held while engines are replaced (elastic scaling operations hold it too)."""
-        self.fleet_lock = fleet_lock or asyncio.Lock()
+        `shared_fleets`: the roles whose fleet lock lives in their process, shared with elastic scaling there
+        (`held_fleet`); the other engine roles' locks are here. A replacement holds its role's lock."""
+        self.shared_fleets = set(shared_fleets)
+        self._fleet_locks: dict[str, asyncio.Lock] = {}
         self.fault, self.plan, self.roles, self.events, self.ctx = cfg.fault, plan, roles, events, ctx
         self.enabled = self.fault.use_fault_tolerance or self.fault.use_health_check
         self.replicas: dict[str, str] = {}  # role -> the replica that was set up
@@ -200,11 +218,17 @@ class HealthManager:
             if self.slots.spent(name, url):
                 self._escalate(name, url)
         try:
-            async with self.fleet_lock:  # not while a scaling operation changes the fleet
+            async with self._fleet_lock(name):  # not while a scaling operation changes the fleet
                 await self._replace_engines(name, urls)
         except Exception as exc:
             raise RecoveryError(f"tier 1 failed: replacing {name} engine(s) {urls}: {type(exc).__name__}: {exc}") \
                 from exc
+
+    def _fleet_lock(self, name: str) -> contextlib.AbstractAsyncContextManager[Any]:
+        """What a replacement of `name`'s engines holds: the lock its process keeps, or one of this process."""
+        if name in self.shared_fleets:
+            return held_fleet(self.roles[name])
+        return self._fleet_locks.setdefault(name, asyncio.Lock())
 
     def _escalate(self, name: str, url: str) -> NoReturn:
         """The engine's slot was replaced --max-engine-replacements times in this attempt and failed

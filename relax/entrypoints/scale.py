@@ -8,8 +8,10 @@
     relax-scale --exp-dir DIR cancel OP         cancel an operation, rolling the fleet back
     relax-scale --exp-dir DIR operation OP      an operation's status and events
 
-The API's address and token are read from the run directory (`relax.engine.elastic.discovery`); the
-token never appears in argv. `--wait` follows an operation until it ends (exit 1 unless it succeeded).
+The API is served by the run's Rollout role (`relax.engine.elastic.service`), which writes its address
+and token to the run directory, where this reads them (`relax.engine.elastic.discovery`); the token never
+appears in argv. On several nodes, run it on the Rollout replica's node (the API binds loopback unless
+--scale-api-host says otherwise). `--wait` follows an operation until it ends (exit 1 unless it succeeded).
 A refused request prints the API's message on stderr and exits 1.
 """
 

@@ -1,10 +1,14 @@
 """Drive a running run's scaling API from a thread beside it (the run itself runs in the test's main
 thread), at moments the run makes certain: a reward that waits while its step's gate file exists holds
-that step, so engines join and leave while a step is under way and before the run can end."""
+that step, so engines join and leave while a step is under way and before the run can end. With
+fault tolerance on, the driver can also kill the engine its first scale-out added, so that the next
+scale-out is submitted while the health manager replaces that engine (it waits for the fleet lock)."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import threading
 import time
 from pathlib import Path
@@ -14,6 +18,7 @@ import httpx
 
 from relax.engine.elastic.discovery import find
 from tests.integration.digit_reward import reward_func
+from tests.integration.fault_injection import engines
 from tests.integration.fault_injection import wait_until as poll_until
 
 
@@ -42,16 +47,15 @@ def rows(run_dir: Path) -> list[dict]:
         return []
 
 
-
-
 class ScaleDriver(threading.Thread):
     """1 -> 3 engines while step 0 is held; once step `last` is logged (it ran on three), -> 1 while step
     `last + 1` is held."""
 
-    def __init__(self, run_dir: Path, gates: Path, last: int, grow: list[dict]) -> None:
-        """`grow`: the POST /scale_out bodies that take the fleet to three engines, one after the other."""
+    def __init__(self, run_dir: Path, gates: Path, last: int, grow: list[dict], kill_added: bool = False) -> None:
+        """`grow`: the POST /scale_out bodies that take the fleet to three engines, one after the other;
+        `kill_added`: after the first, its engine is killed and the next is posted while it is replaced."""
         super().__init__(daemon=True)
-        self.run_dir, self.gates, self.last, self.grow = run_dir, gates, last, grow
+        self.run_dir, self.gates, self.last, self.grow, self.kill_added = run_dir, gates, last, grow, kill_added
         gates.mkdir(parents=True, exist_ok=True)
         for step in (0, last + 1):
             gate(gates, step).touch()
@@ -76,7 +80,10 @@ class ScaleDriver(threading.Thread):
         with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=60,
                           trust_env=False) as client:
             self.seen["unauthenticated"] = httpx.get(url + "/fleet", trust_env=False).status_code
-            self.seen["up"] = [self._operation(client, "/scale_out", body) for body in self.grow]
+            self.seen["up"] = [self._operation(client, "/scale_out", self.grow[0])]
+            if self.kill_added:
+                self._kill(self.seen["up"][0]["engines_added"][0])
+            self.seen["up"] += [self._operation(client, "/scale_out", body) for body in self.grow[1:]]
             self.seen["at_3"] = client.get("/fleet").json()
             gate(self.gates, 0).unlink()  # step 0 goes on, then the next ones on three engines
             assert wait_until(lambda: any(r.get("step") == self.last for r in rows(self.run_dir)), 300), \
@@ -85,17 +92,28 @@ class ScaleDriver(threading.Thread):
             self.seen["at_1"] = client.get("/fleet").json()
             gate(self.gates, self.last + 1).unlink()  # the rest runs on one engine
 
+    def _kill(self, url: str) -> None:
+        """SIGKILL the engine at `url`; returns once its replacement is launching (its log, `.restart1`,
+        exists): the health manager holds the fleet lock until the new engine holds the weights."""
+        pid = next((pid for pid, u in engines(self.run_dir).values() if u == url), None)
+        assert pid is not None, f"no engine process serves {url}"
+        os.kill(pid, signal.SIGKILL)
+        self.seen["killed"] = url
+        assert wait_until(lambda: list(self.run_dir.glob("*.restart1.log")), timeout=120), \
+            f"the health manager never replaced the killed engine {url}"
+
     def _operation(self, client: httpx.Client, path: str, body: dict) -> dict:
         resp = client.post(path, json=body)
         assert resp.status_code == 202, resp.text
         op = resp.json()["operation"]
+        first_phase = client.get(f"/operations/{op['id']}").json()["operation"]["phase"]
         again = client.post(path, json=body) if "idempotency_key" in body else None
         if again is not None:  # the same key: the same operation, not a second one
             assert again.status_code == 200 and again.json()["operation"]["id"] == op["id"], again.text
         done = wait_until(lambda: (o := client.get(f"/operations/{op['id']}").json()["operation"])["status"]
                           not in ("pending", "running") and o, timeout=300)
         assert done and done["status"] == "succeeded", done
-        return done
+        return done | {"first_phase": first_phase}
 
 
 def _try_find(run_dir: Path):

@@ -1,6 +1,9 @@
-"""Elastic rollout scaling in real runs (CPU, real roles, real `hf` engines, the run's own scaling API):
-1 -> 3 -> 1 engines during a fully-async run and during a colocate run (whose third engine is an
-external `hf` engine the test started: registered, then released, and still running after).
+"""Elastic rollout scaling in real runs (CPU, real roles, real `hf` engines, the run's own scaling API,
+served by the Rollout role): 1 -> 3 -> 1 engines during a fully-async run and during a colocate run
+(whose third engine is an external `hf` engine the test started: registered, then released, and still
+running after). The colocate run has --use-fault-tolerance: the engine its first scale-out added is
+killed, and the external engine is registered while the health manager replaces it (the operation waits
+for the fleet lock, then runs; the replacement is unprotected, as the engine it replaced).
 
 Each run starts with one engine; a thread beside it (elastic_helpers.ScaleDriver) scales out to three
 while step 0 is held (its rewards wait on a gate file), lets the next steps run on three, then scales
@@ -28,11 +31,11 @@ pytestmark = pytest.mark.integration
 BATCH = 16  # --rollout-batch-size 4 x --n-samples-per-prompt 4
 
 
-def scaled_run(tiny_setup, exp: Path, mode: list[str], steps: int, grow: list[dict]) -> dict:
+def scaled_run(tiny_setup, exp: Path, mode: list[str], steps: int, grow: list[dict], kill_added: bool = False) -> dict:
     """`steps` steps, the last one on one engine, the ones before on three (from step 0's second half)."""
     run_dir = exp / "run"
     (exp / "custom.yaml").write_text(f"elastic_gates: {exp / 'gates'}\nelastic_batch: {BATCH}\n")
-    driver = ScaleDriver(run_dir, exp / "gates", last=steps - 2, grow=grow)
+    driver = ScaleDriver(run_dir, exp / "gates", last=steps - 2, grow=grow, kill_added=kill_added)
     driver.start()
     try:
         run_relax(reference_args(tiny_setup, run_dir, num_rollout=steps, reference=False) + mode + [
@@ -76,9 +79,12 @@ def external(tiny_setup, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def colocate_run(ray_cluster, tiny_setup, tmp_path_factory, external):
-    """One engine launched by a scale-out (ray_native), one registered (external)."""
-    return scaled_run(tiny_setup, tmp_path_factory.mktemp("elastic_colocate"), [], steps=3, grow=[
-        {"num_engines": 1, "idempotency_key": "up"}, {"addresses": [external.url.removeprefix("http://")]}])
+    """One engine launched by a scale-out (ray_native), killed and replaced in place; one registered
+    (external) meanwhile."""
+    return scaled_run(tiny_setup, tmp_path_factory.mktemp("elastic_colocate"), [
+        "--use-fault-tolerance", "--rollout-health-check-interval", "1", "--rollout-health-check-timeout", "5"],
+        steps=3, grow=[{"num_engines": 1, "idempotency_key": "up"},
+                       {"addresses": [external.url.removeprefix("http://")]}], kill_added=True)
 
 
 def samples(details: Path, step: int) -> list[dict]:
@@ -149,7 +155,26 @@ def test_the_autoscaler_decides_from_the_runs_signals_each_decision_an_event(ful
 def test_colocate_run_scales_1_3_1_without_losing_a_sample(colocate_run, external):
     check_scaled(colocate_run, lag=0)  # every sample of step s at version s, on old and new engines alike
     ids = [e["id"] for e in colocate_run["seen"]["at_3"]["engines"]]
-    assert ids == ["engine-0", "engine-1", "external-0"]
+    assert ids == ["engine-0", "engine-2", "external-0"]  # engine-1 (the scale-out's) was replaced by engine-2
     assert colocate_run["seen"]["down"]["engines_removed"] == [external.url, colocate_run["seen"]["at_3"][
         "engines"][1]["address"]]  # the newest first
     assert external.alive() and httpx.get(external.url + "/health", trust_env=False).status_code == 200  # released
+
+
+def test_a_scaled_out_engine_is_replaced_while_a_scale_out_waits_for_the_fleet_lock(colocate_run):
+    """The health manager replaced the killed engine holding the fleet lock (kept by the Rollout); the
+    registration submitted meanwhile waited for it, then ran: its work began after the replacement ended."""
+    seen, run = colocate_run["seen"], colocate_run["run"]
+    failed = [e for e in health_events(run) if e["kind"] == "engine_failed"]
+    replaced = [e for e in health_events(run) if e["kind"] == "engine_replaced"]
+    assert [e["engine"] for e in failed] == [e["engine"] for e in replaced] == [seen["killed"]]
+    new = replaced[0]["replacement"]
+    assert [(e["address"], e["protected"]) for e in seen["at_3"]["engines"]][1] == (new, False)  # unprotected
+    register = seen["up"][1]
+    assert register["first_phase"] == "waiting for the fleet (an engine is being replaced)", register
+    assert register["events"][0]["time"] >= replaced[0]["time"], (register["events"], replaced)
+    assert step_rows(run)[-1]["health/engine_restarts"] == 1  # (cumulative)
+
+
+def health_events(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "health_events.jsonl").read_text().splitlines()]

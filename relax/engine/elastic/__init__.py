@@ -6,9 +6,13 @@
   `PARTIAL_SUCCESS`).
 - `scaler`: `FleetScaler` carries the operations out over a `FleetOps` (launch or register, weights,
   admit; drain, evict, release), cancellable with rollback to the previous fleet.
-- `local_ops`: `FleetOps` over an `EngineFleet` in this process (the Rollout's, tests, benches); `calls`:
-  each of its operations as a typed call the Rollout role applies (`Rollout.fleet_call`).
+- `local_ops`: `FleetOps` over an `EngineFleet` in this process (tests, benches); `run_ops`: the run's, in
+  the Rollout role: local fleet operations, weights for new engines from the Actor via the DCS coordinator.
+- `fleet_lock`: one change of the fleet at a time; scaling operations and the HealthManager's engine
+  replacements (from the driver, by name) hold it.
 - `api` + `requests`: the authenticated REST API over a scaler, its bodies validated.
 - `discovery`: where the API's address and token live in the run directory (`relax-scale` reads them).
 - `autoscaler`: a pure decision rule over measured signals and a loop that acts through the scaler.
+- `service`: all of it in a run, hosted by the Rollout role (`Rollout.start_scaling`): the API, the
+  scaler, the autoscaler, the step metrics (`elastic/*`), the event log and the timeline.
 """

@@ -1,8 +1,8 @@
-"""`FleetOps` over an `EngineFleet` in this process: what the Rollout role exposes to the scaler, and
-what unit tests and benches drive directly.
+"""`FleetOps` over an `EngineFleet` in this process: what the run's scaler uses under `run_ops.RunFleetOps`
+in the Rollout role, and what unit tests and benches drive directly.
 
-Weights: `sync(urls)` is given by the owner (the run pushes the Actor's weights through the DCS
-coordinator: `relax.core.elastic`); without one the new engines keep the weights they loaded, and
+Weights: `sync(urls)` is given by the owner (in a run, `RunFleetOps` has the Actor push its weights through
+the DCS coordinator, then `verify`); without one the new engines keep the weights they loaded, and
 `sync` checks they report the version the others hold. Eviction of a drained engine's last requests:
 with --partial-rollout the engine aborts them (each comes back with the tokens generated so far and is
 resumed on another engine, tokens kept); otherwise the router cancels them and sends each whole to

@@ -33,8 +33,8 @@ logger = logging.getLogger(__name__)
 
 
 class FleetOps(Protocol):
-    """What the operations need of a fleet (an `EngineFleet` here: `local_ops`; the Rollout role and the
-    Actor across Serve: `relax.core.elastic`)."""
+    """What the operations need of a fleet (an `EngineFleet` in this process: `local_ops`; in a run, the
+    Rollout's fleet with weights from the Actor across Serve: `run_ops`)."""
 
     async def engines(self) -> list[dict[str, Any]]: ...  # EngineFleet.table()
     async def capacity(self) -> int | None: ...  # more engines the cluster has room for (None: unknown)
