@@ -90,6 +90,34 @@ class UpdateWeightsFromDistributedRequest(BaseModel):
     bucket_index: StrictInt | None = Field(default=None, ge=0)
 
 
+class ArmedBucket(BaseModel):
+    """One bucket of an armed push: its tensors in broadcast order and its flat buffer's length."""
+
+    names: list[StrictStr] = Field(min_length=1)
+    dtypes: list[StrictStr]
+    shapes: list[list[StrictInt]]
+    bytes: StrictInt | None = Field(default=None, ge=0)
+
+
+class ArmWeightUpdateRequest(BaseModel):
+    """Relax's armed push (`weight_push_armed`; relax/distributed/weights/armed.py): every bucket of
+    the push at once; generation is paused (`pause_mode`, as /pause_generation) and a session opened."""
+
+    group_name: StrictStr = "weight_update_group"
+    buckets: list[ArmedBucket] = Field(min_length=1)
+    load_format: StrictStr | None = None
+    weight_version: StrictStr | None = None
+    flush_cache: StrictBool = True
+    pause_mode: Literal["abort", "retract", "in_place"] = "abort"
+
+
+class EndWeightUpdateRequest(BaseModel):
+    """SGLang's /end_weight_update takes no fields; Relax's armed push adds one: resume generation
+    once the session has ended (success or not), which saves the /continue_generation round trip."""
+
+    continue_generation: StrictBool = False
+
+
 class UpdateWeightsFromTensorRequest(BaseModel):
     """SGLang's colocated update: per tensor-parallel rank, base64 of torch's multiprocessing
     pickle of [(name, tensor)] (CUDA IPC handles; `relax.distributed.weights.ipc`)."""

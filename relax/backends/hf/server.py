@@ -13,7 +13,8 @@ GET /health, /health_generate,
 fields, see `server_info`); /flush_cache; POST /pause_generation,
 /continue_generation, /abort_request, /init_weights_update_group,
 /begin_weight_update, /update_weights_from_distributed, /update_weights_from_tensor (CUDA IPC
-from a trainer on the same GPU), /end_weight_update, /destroy_weights_update_group, /update_weight_version;
+from a trainer on the same GPU), /end_weight_update, /destroy_weights_update_group, /update_weight_version
+(weight_session.py, with Relax's /arm_weight_update: a whole push armed in one request);
 /release_memory_occupation, /resume_memory_occupation; /start_profile, /stop_profile (profiler.py);
 /weights_checker (checksums by HF name, weights_checker.py). See
 docs/backends/hf.md.
@@ -43,11 +44,11 @@ from relax.backends.hf.engine import DTYPE_CHOICES, LOAD_FORMATS, EngineUnavaila
 from relax.backends.hf.openai_api import add_openai_routes
 from relax.backends.hf.profiler import EngineProfiler, add_profile_routes
 from relax.backends.hf.streaming import generate_events
+from relax.backends.hf.weight_session import add_weight_session_routes
 from relax.backends.hf.weights_checker import add_weights_checker_route
 from relax.backends.hf.protocol import (
     AbortRequest, GenerateRequest, GroupNameRequest, InitWeightsUpdateGroupRequest, MemoryRequest,
-    PauseGenerationRequest, UpdateWeightsFromDistributedRequest, UpdateWeightsFromTensorRequest,
-    UpdateWeightVersionRequest, build_output,
+    PauseGenerationRequest, UpdateWeightsFromDistributedRequest, UpdateWeightsFromTensorRequest, build_output,
     normalize_generate,
 )
 from relax.config.lora import ALL_LINEAR, LoraSpec, parse_targets
@@ -180,6 +181,7 @@ def server_info(engine: HFEngine, launch: dict[str, Any], mark: list) -> dict[st
             "released_tags": sorted(engine.released_tags), "weight_update_groups": sorted(engine.receiver.groups),
             "weight_buckets_in_order": True,  # Relax's extension: pipelined pushes (`bucket_index`)
             "weight_buckets_flat": True,  # and one broadcast per bucket (`load_format: flat_bytes`)
+            "weight_push_armed": True,  # and a whole push armed in one request (/arm_weight_update; weight_session.py)
             "weights_checker_by_name": True,  # and /weights_checker checksums by HF name (weights_checker.py)
             **engine.memory_info()}
 
@@ -240,7 +242,7 @@ def add_weight_routes(app: FastAPI, engine: HFEngine) -> None:
     """SGLang's weight-update endpoints, answered by `engine.receiver`
     (`relax.distributed.weights.receiver.WeightReceiver`; the protocol: `weights/protocol.py`)."""
     add_weight_group_routes(app, engine)
-    add_weight_session_routes(app, engine)
+    add_weight_session_routes(app, engine, error_response)  # SGLang's session and Relax's armed push
     add_weight_update_routes(app, engine)
     add_weights_checker_route(app, engine, error_response)  # --check-weight-update-equal
 
@@ -266,38 +268,6 @@ def add_weight_group_routes(app: FastAPI, engine: HFEngine) -> None:
             return _result(True, await run_in_daemon_thread(receiver.destroy_group, name))
         except ValueError as exc:
             return _result(False, str(exc))
-
-
-def add_weight_session_routes(app: FastAPI, engine: HFEngine) -> None:
-    """SGLang's weight-update session. The hf engine holds weights as they load, so a session has
-    nothing to restore or finalize; it keeps SGLang's rules (one open at a time) so a client is
-    held to the same sequence. Updates outside a session are accepted (older SGLang)."""
-
-    @app.post("/begin_weight_update")
-    async def begin_weight_update():
-        if engine.weight_session_open:
-            return _result(False, "a weight-update session is already open; call end_weight_update() first")
-        engine.weight_session_open = True
-        engine.next_bucket = 0  # a pipelined push numbers its buckets from 0
-        engine.receiver.open_session()
-        return _result(True, "Success")
-
-    @app.post("/end_weight_update")
-    async def end_weight_update():
-        if not engine.weight_session_open:
-            return _result(False, "no weight-update session is open; call begin_weight_update() first")
-        engine.weight_session_open = False
-        engine.receiver.held = None  # the sender may free its flat-bucket buffer now
-        await asyncio.to_thread(engine.receiver.close_session)  # (waits for deferred buckets on a GPU)
-        return _result(True, "Success")
-
-    @app.post("/update_weight_version")
-    async def update_weight_version(req: UpdateWeightVersionRequest):
-        if req.abort_all_requests:
-            engine.scheduler.abort(abort_all=True, message="aborted by update_weight_version")
-        engine.weight_version = req.new_version
-        return {"success": True, "message": f"Weight version updated to {req.new_version}",
-                "new_version": req.new_version}
 
 
 def add_weight_update_routes(app: FastAPI, engine: HFEngine) -> None:

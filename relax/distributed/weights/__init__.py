@@ -9,5 +9,6 @@ a receiver on the sender's own GPU (ARCHITECTURE.md §6). One module per respons
 - `endpoints.py`: the receivers the sender talks to (HTTP engines, Ray-held training ranks);
 - `receiver.py`: `WeightReceiver`, loading what arrives into a model (the hf engine's, and the
   training backends' subclasses);
-- `ipc.py`: the CUDA IPC payload of `/update_weights_from_tensor`, both sides.
+- `ipc.py`: the CUDA IPC payload of `/update_weights_from_tensor`, both sides;
+- `armed.py`: Relax's armed push (a whole push in two requests), both sides.
 """

@@ -28,14 +28,16 @@ class Endpoint(Protocol):
 # Relax's extensions of the protocol a receiver may take (protocol.py), as /server_info names them:
 IN_ORDER = "weight_buckets_in_order"  # several buckets posted at once (`bucket_index`), loaded in order
 FLAT = "weight_buckets_flat"  # a bucket broadcast as one flat buffer (`load_format: flat_bytes`)
-FEATURES = (IN_ORDER, FLAT)
+ARMED = "weight_push_armed"  # a whole push armed in one request, no request per bucket (armed.py)
+FEATURES = (IN_ORDER, FLAT)  # what a training rank takes (it does not arm: armed.py says why)
+EXTENSIONS = (IN_ORDER, FLAT, ARMED)  # every extension of the push a sender may use
 # An engine that answers /weights_checker per HF name (the hf engine; --check-weight-update-equal, check.py)
 CHECKSUMS = "weights_checker_by_name"
 
 
 async def receiver_features(receiver: Any) -> frozenset[str]:
     """The extensions `receiver` takes: the hf engine lists them in /server_info, a training rank
-    takes every one (Ray runs one caller's calls to an actor in order; it receives as the engine
+    takes `FEATURES` (Ray runs one caller's calls to an actor in order; it receives as the engine
     does), SGLang and unknown receivers none (one bucket at a time, one broadcast per tensor)."""
     probe = getattr(receiver, "features", None)
     return frozenset(await probe()) if probe is not None else frozenset()
@@ -79,7 +81,7 @@ class HTTPEndpoint:
             info = await self._client.get_server_info()
         except EngineError:
             return frozenset()
-        return frozenset(f for f in (*FEATURES, CHECKSUMS) if info.get(f))
+        return frozenset(f for f in (*EXTENSIONS, CHECKSUMS) if info.get(f))
 
     async def close(self) -> None:
         client, self._client = self._client, None

@@ -26,6 +26,15 @@ Protocol (the one SGLang serves and slime drives; `sender.WeightSender` drives i
    took 59 ms one by one and 3.4 ms as one buffer on 2x H200); and their pause and session calls
    go out together (`/pause_generation` with `/begin_weight_update`, `/end_weight_update` with
    `/continue_generation`): one round trip each side of the buckets instead of two.
+   Armed receivers (`weight_push_armed`: the hf engine; `armed.py`) take a push in two requests
+   whatever its bucket count: `/arm_weight_update` {group_name, buckets: [{names, dtypes, shapes,
+   bytes}], load_format, weight_version, flush_cache, pause_mode} pauses, opens the session and arms
+   a receive loop in a thread of the receiver's own that takes every bucket from the group in order
+   and holds the version until the last is in; the sender broadcasts the buckets back to back with no
+   request per bucket and `/end_weight_update` {continue_generation: true}, posted as soon as the arm
+   is answered, replies once the loop is done (400 `success: false`: a bucket refused, all bytes
+   taken; 500: a receive or load failed, the group is rebuilt) and resumes generation. Receivers of
+   one push may mix: armed or not, the broadcasts are the same.
 3. `close()`: `/destroy_weights_update_group` and the local group is dropped.
 
 Failure handling: an engine that rejects a bucket after receiving it answers `success: false`

@@ -9,7 +9,9 @@ entry point per way a bucket arrives:
   the tensors broadcast by rank 0 of the group, one by one or (`load_format: "flat_bytes"`, Relax's
   extension) as one buffer of the bucket's bytes;
 - `load_tensor_payload(payload)`: `/update_weights_from_tensor`, CUDA IPC handles from a sender on
-  the same GPU, in either `load_format` the sender writes (`ipc.decode_tensor_payload`).
+  the same GPU, in either `load_format` the sender writes (`ipc.decode_tensor_payload`);
+- `arm(payload)`: `/arm_weight_update` (Relax's armed push, `armed.py`): the whole push's layout at
+  once, its buckets then taken from the group by a loop in a thread of its own (`armed`).
 Every one checks names and shapes first (a bucket that does not fit is rejected whole, nothing
 loaded) and takes the push's `weight_version` when the bucket carries it (the last one).
 
@@ -26,6 +28,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from relax.distributed.weights.armed import ArmedPush, parse_plan
 from relax.distributed.weights.group import WeightGroup, create_weight_group
 from relax.distributed.weights.ipc import decode_tensor_payload, deserialize
 from relax.distributed.weights.protocol import FLAT_BYTES, TensorSpec, flat_layout, flat_views, parse_specs, spec_bytes
@@ -113,6 +116,7 @@ class WeightReceiver:
         # pushed bytes we never read, so receiving on them again could misparse (and gloo aborts
         # the process on a size mismatch). Kept referenced, never used, until destroyed.
         self.quarantined: dict[str, WeightGroup] = {}
+        self.armed: ArmedPush | None = None  # the receive loop of an armed push (`arm`), until its end is answered
 
     def init_group(self, *, master_address: str, master_port: int, rank_offset: int, world_size: int,
                    group_name: str, backend: str) -> str:
@@ -220,6 +224,22 @@ class WeightReceiver:
         if success and weight_version is not None:
             return self.finish(weight_version, message)
         return success, message
+
+    def arm(self, payload: dict[str, Any]) -> ArmedPush:
+        """`/arm_weight_update` (armed.py): check the push's layout and group, begin the push, open the
+        session and start the loop that takes its buckets (`armed`). ValueError for a layout or group
+        it cannot take, or while an earlier armed push still receives on a live group (one left on a
+        group since destroyed is abandoned: its receive can only fail)."""
+        plan = parse_plan(payload)
+        group = self.group(plan.group_name)
+        earlier = self.armed
+        if earlier is not None and not earlier.done() and self.groups.get(earlier.plan.group_name) is earlier.group:
+            raise ValueError(f"an armed weight update is still receiving on group {earlier.plan.group_name!r}; "
+                             "end it (/end_weight_update) or destroy the group first")
+        self.begin()
+        self.open_session()
+        self.armed = ArmedPush(self, plan, group)
+        return self.armed
 
     # ---- the ways a bucket arrives -------------------------------------------------------
     def update(self, payload: dict[str, Any]) -> tuple[bool, str]:

@@ -20,6 +20,15 @@ their requests (numbered by `bucket_index`) go out together, the broadcasts foll
 chain of threads, and the next bucket is prepared while earlier ones travel. A push's fixed cost
 is then a few round trips, not one per bucket. SGLang engines and CUDA IPC receivers (one staging
 buffer per push) get one bucket at a time.
+
+Armed receivers (the hf engine's /server_info `weight_push_armed`; `armed.py`) get no request per
+bucket at all: `/arm_weight_update` tells them every bucket of the push (with the pause and the
+session's opening), their `/end_weight_update` (with the resume) is posted as soon as they are armed
+and answers once their receive loop has taken the last bucket, and meanwhile the buckets are
+broadcast back to back. Two requests a push; the end call is the waiter, so a loop that stopped fails
+the push at once. A fleet may mix them with the others: the broadcasts are the same, only the other
+receivers get their requests per bucket (a failure before every bucket went out then breaks the
+group, since the armed loops wait for buckets that will not come).
 """
 
 from __future__ import annotations
@@ -36,7 +45,10 @@ from typing import Any, Callable, Iterable, Sequence
 import torch
 
 from relax.distributed.store import listen
-from relax.distributed.weights.endpoints import FLAT, IN_ORDER, Endpoint, HTTPEndpoint, receiver_features
+from relax.distributed.weights.armed import ARM_PATH, END_PATH, arm_payload, await_ends, watched
+from relax.distributed.weights.endpoints import (
+    ARMED, EXTENSIONS, FLAT, IN_ORDER, Endpoint, HTTPEndpoint, receiver_features,
+)
 from relax.distributed.weights.group import (
     WeightGroup, create_weight_group, group_master_address, run_in_daemon_thread,
 )
@@ -68,7 +80,7 @@ class WeightSender:
                  master_address: str = "127.0.0.1", group_name: str | None = None, transport: Any = None,
                  device: torch.device | str | None = None, pause_mode: str = "abort",
                  ipc_ranks: Sequence[int] | None = None, serializer: Callable[[Any], Any] = serialize,
-                 pipeline_depth: int = DEFAULT_PIPELINE_DEPTH, extensions: bool = True):
+                 pipeline_depth: int = DEFAULT_PIPELINE_DEPTH, extensions: bool | Iterable[str] = True):
         """`engine_urls`: SGLang HTTP base URLs, or receiver objects with the same protocol as
         `async post(path, payload, timeout_s)` (training-backend ranks that take weights too).
         `pause_mode`: what `/pause_generation` does to in-flight requests while weights load
@@ -77,9 +89,10 @@ class WeightSender:
         on another GPU (it joins the broadcast group), else it shares this GPU and takes CUDA IPC
         handles through `/update_weights_from_tensor`, one copy per tensor-parallel rank, each
         written by `serializer` (`ipc.serialize`; tests pass one that keeps CPU tensors as they are).
-        `extensions`: use Relax's extensions of the protocol where every receiver takes them
-        (pipelined and flat buckets, overlapped control calls; protocol.py); False speaks plain
-        SGLang to every receiver (the benches' baseline)."""
+        `extensions`: use Relax's extensions of the protocol where the receivers take them
+        (pipelined and flat buckets, overlapped control calls, armed pushes; protocol.py); False speaks
+        plain SGLang to every receiver (the benches' baseline); a collection of their names
+        (`endpoints.EXTENSIONS`) uses those only (the benches compare them)."""
         if not engine_urls:
             raise ValueError("WeightSender needs at least one engine URL")
         self.receivers: list[Endpoint] = [HTTPEndpoint(u, api_key=api_key, transport=transport)
@@ -96,7 +109,13 @@ class WeightSender:
         self.master_address, self.device = master_address, device
         self.group_name = group_name or f"relax-weights-{uuid.uuid4().hex[:8]}"
         self._group: WeightGroup | None = None
-        self.pipeline_depth, self.extensions = max(1, pipeline_depth), extensions
+        self.pipeline_depth = max(1, pipeline_depth)
+        self.extensions = frozenset(EXTENSIONS if extensions is True else () if extensions is False else extensions)
+        if self.extensions - set(EXTENSIONS):
+            raise ValueError(f"extensions: unknown {sorted(self.extensions - set(EXTENSIONS))}; "
+                             f"choose from {list(EXTENSIONS)}")
+        self.armed: list[Endpoint] = []  # group receivers told a whole push in one request (armed.py)
+        self.plain, self.posted = self.receivers, self.group_receivers  # the others; those of them in the group
         self.depth = 1  # buckets in flight at once: `pipeline_depth` where every receiver takes them in order
         self.flat = False  # each bucket one broadcast of its bytes: where every group receiver takes them
         self.together = False  # pause with session open, end with resume: where every receiver is Relax's
@@ -114,9 +133,9 @@ class WeightSender:
             raise WeightSyncError(f"weight sync exceeded its deadline of {self.timeout_s:.0f}s")
         return remaining
 
-    async def _post_all(self, path: str, payload: dict, deadline: float) -> list[Any]:
+    async def _post_to(self, receivers: list[Endpoint], path: str, payload: dict, deadline: float) -> list[Any]:
         remaining = self._remaining(deadline)
-        return await asyncio.gather(*(r.post(path, payload, remaining) for r in self.receivers))
+        return await asyncio.gather(*(r.post(path, payload, remaining) for r in receivers))
 
     async def _wait_all(self, tasks: list[asyncio.Future], deadline: float, what: str) -> None:
         """Wait for every task; the first failure or the deadline raises WeightSyncError.
@@ -147,11 +166,15 @@ class WeightSender:
         self._connected = True
         self._chain = threading.Event()  # a new group: no broadcast of an earlier one to wait for
         self._chain.set()
-        features = await asyncio.gather(*(receiver_features(r) for r in self.receivers)) if self.extensions \
+        announced = await asyncio.gather(*(receiver_features(r) for r in self.receivers)) if self.extensions \
             else [frozenset()] * len(self.receivers)
+        features = [f & self.extensions for f in announced]
         self.together = all(IN_ORDER in f for f in features)
         self.flat = bool(self.group_receivers) and all(
             FLAT in f for f, n in zip(features, self._ipc) if not n)
+        self.armed = [r for r, f, n in zip(self.receivers, features, self._ipc) if not n and ARMED in f]
+        self.plain = [r for r in self.receivers if r not in self.armed]
+        self.posted = [r for r in self.group_receivers if r not in self.armed]
         self.depth = 1 if self.ipc_receivers or not self.together else (
             min(self.pipeline_depth, FLAT_DEPTH) if self.flat else self.pipeline_depth)
         if not self.group_receivers:  # every receiver shares this GPU: handles only, no group
@@ -193,24 +216,31 @@ class WeightSender:
         async with self._lock:
             start = time.monotonic()
             deadline = start + self.timeout_s
-            pause = asyncio.ensure_future(self._post_all("/pause_generation", {"mode": self.pause_mode}, deadline))
+            buckets: Iterable[list[tuple[str, torch.Tensor]]] = iter_buckets(named_tensors, self.bucket_bytes)
+            if self.armed:  # armed receivers are told every bucket before the first goes out
+                buckets = list(buckets)
+                if not buckets:
+                    raise WeightSyncError("push() got no tensors")
+            pause = asyncio.ensure_future(self._post_to(self.plain, "/pause_generation", {"mode": self.pause_mode},
+                                                        deadline))  # (an armed receiver pauses as it arms)
             if not self.together:  # SGLang: paused before the session opens
                 await pause
             resumed = False
             try:  # (no /flush_cache round trip: the last bucket flushes)
-                total_bytes, num_buckets, sessions = await self._push_in_sessions(named_tensors, version,
-                                                                                  deadline, pause)
-                if self.together:  # the weights are all in: resume as the sessions end
-                    resumed = True
+                total_bytes, num_buckets, sessions = await self._push_in_sessions(buckets, version, deadline, pause)
+                resumed = True  # the weights are all in (armed receivers resumed as their sessions ended)
+                if self.together:  # resume as the sessions end
                     await asyncio.gather(self._end_sessions(sessions, deadline, raising=True),
-                                         self._resume_engines())
+                                         self._resume_engines(self.plain))
+                else:
+                    await self._resume_engines(self.plain)
             finally:
                 self._staging = None  # receivers let go of it at end_weight_update
                 if self.ipc_receivers and torch.cuda.is_available():
                     torch.cuda.ipc_collect()
                 if not resumed:
                     await asyncio.gather(pause, return_exceptions=True)  # (settled before the resume)
-                    await self._resume_engines()
+                    await self._resume_engines(self.receivers)
             if num_buckets == 0:
                 raise WeightSyncError("push() got no tensors")
         seconds = time.monotonic() - start
@@ -220,35 +250,65 @@ class WeightSender:
                     version, stats.bytes, stats.seconds, stats.gbps, num_buckets, len(self.receivers))
         return stats
 
-    async def _push_in_sessions(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int,
+    async def _push_in_sessions(self, buckets: Iterable[list[tuple[str, torch.Tensor]]], version: int,
                                 deadline: float, pause: asyncio.Future) -> tuple[int, int, list[Endpoint]]:
-        """Every bucket inside a weight-update session on each engine that has sessions, once the
-        engines are paused, up to `depth` in flight at once; returns (bytes, buckets, the receivers
-        with a session). The version rides on the last bucket. The sessions are left open where the
-        caller ends them with the resume (`together`)."""
+        """Every bucket inside a weight-update session on each engine that has sessions (armed
+        receivers: armed with all of them), once the engines are paused, up to `depth` in flight at
+        once; returns (bytes, buckets, the plain receivers with a session). The version rides on the
+        last bucket. The plain sessions are left open where the caller ends them with the resume
+        (`together`); the armed receivers' ends are awaited here."""
         total_bytes = num_buckets = 0
-        sessions = await self._begin_sessions(deadline)
+        sessions, ends = await self._open(buckets, str(version), deadline)
         flights: deque[_Flight] = deque()
         try:
             await pause
-            for index, (bucket, is_last) in enumerate(with_last(iter_buckets(named_tensors, self.bucket_bytes))):
+            for index, (bucket, is_last) in enumerate(with_last(iter(buckets))):
                 if len(flights) >= self.depth:
-                    total_bytes += await self._land(flights, deadline)
+                    total_bytes += await self._land(flights, deadline, ends)
                 flights.append(self._launch(bucket, index, str(version) if is_last else None, deadline))
                 num_buckets += 1
             while flights:
-                total_bytes += await self._land(flights, deadline)
-        except BaseException:
+                total_bytes += await self._land(flights, deadline, ends)
+            await await_ends(self.armed, ends, deadline, self.timeout_s)
+        except BaseException as exc:
             for flight in flights:  # a failure broke the group (or was settled): nothing more lands
                 for task in flight.tasks:
                     task.cancel()
+            if ends and not (isinstance(exc, BucketRejected) and all(end.done() for end in ends)):
+                self._broken = True  # armed loops wait for buckets that will not come, or stopped mid-bucket
+            for end in ends:
+                end.cancel()
             await self._end_sessions(sessions, deadline, raising=False)
             raise
         if not self.together:
             await self._end_sessions(sessions, deadline, raising=True)
         return total_bytes, num_buckets, sessions
 
-    async def _begin_sessions(self, deadline: float) -> list[Endpoint]:
+    async def _open(self, buckets: Iterable[list[tuple[str, torch.Tensor]]], version: str,
+                    deadline: float) -> tuple[list[Endpoint], list[asyncio.Future]]:
+        """`/begin_weight_update` on the plain receivers and `/arm_weight_update` (the whole push's
+        layout) on the armed ones, at once; then the armed ones' `/end_weight_update`, posted now and
+        answered when their loops are done. Returns the plain receivers with a session open, and those
+        end calls. A failed arm breaks the group (another receiver's loop may be armed on it)."""
+        if not self.armed:
+            return await self._begin_sessions(self.plain, deadline), []
+        payload = arm_payload(buckets, group_name=self.group_name, flat=self.flat, weight_version=version,
+                              pause_mode=self.pause_mode)
+        results = await asyncio.gather(self._begin_sessions(self.plain, deadline),
+                                       *(r.post(ARM_PATH, payload, self._remaining(deadline)) for r in self.armed),
+                                       return_exceptions=True)
+        failed = [r for r in results if isinstance(r, BaseException)]
+        if failed:
+            self._broken = True
+            if not isinstance(results[0], BaseException):
+                await self._end_sessions(results[0], deadline, raising=False)
+            raise failed[0] if isinstance(failed[0], WeightSyncError) else WeightSyncError(
+                f"arm_weight_update failed: {failed[0]!r}")
+        ends = [asyncio.ensure_future(r.post(END_PATH, {"continue_generation": True}, self._remaining(deadline)))
+                for r in self.armed]
+        return results[0], ends
+
+    async def _begin_sessions(self, receivers: list[Endpoint], deadline: float) -> list[Endpoint]:
         """`/begin_weight_update` on every engine; the ones that opened a session (404: an engine
         without sessions). A session left open by a sender that died is closed and opened again."""
         async def begin(receiver: Endpoint) -> bool:
@@ -265,8 +325,8 @@ class WeightSender:
                 await receiver.post("/begin_weight_update", {}, self._remaining(deadline))
             return True
 
-        results = await asyncio.gather(*(begin(r) for r in self.receivers), return_exceptions=True)
-        opened = [r for r, result in zip(self.receivers, results) if result is True]
+        results = await asyncio.gather(*(begin(r) for r in receivers), return_exceptions=True)
+        opened = [r for r, result in zip(receivers, results) if result is True]
         failed = [result for result in results if isinstance(result, BaseException)]
         if failed:
             await self._end_sessions(opened, deadline, raising=False)
@@ -324,7 +384,7 @@ class WeightSender:
         if self.flat:
             payload["load_format"] = FLAT_BYTES
         tasks = [asyncio.ensure_future(r.post("/update_weights_from_distributed", payload, remaining))
-                 for r in self.group_receivers]
+                 for r in self.posted]  # (armed receivers take the broadcast with no request)
         return tasks + [self._chained(tensors, pack=self.flat)]
 
     def _chained(self, tensors: list[torch.Tensor], *, pack: bool) -> asyncio.Future:
@@ -363,12 +423,13 @@ class WeightSender:
             tasks += self._group_tasks(named, index, weight_version, remaining, last)
         return _Flight(tasks, sum(tensor_bytes(t) for _, t in named))
 
-    async def _land(self, flights: deque[_Flight], deadline: float) -> int:
+    async def _land(self, flights: deque[_Flight], deadline: float, ends: Sequence[asyncio.Future] = ()) -> int:
         """Wait for the oldest bucket in flight; its bytes. A rejected bucket is settled with every
-        other one in flight (the group stays usable once all receivers are done), then raised."""
+        other one in flight (the group stays usable once all receivers are done), then raised. An
+        armed receiver's end call failing meanwhile (`ends`: its loop stopped) raises at once."""
         flight = flights[0]
         try:
-            await self._wait_all(flight.tasks, deadline, "update_weights_from_distributed")
+            await watched(self._wait_all(flight.tasks, deadline, "update_weights_from_distributed"), ends)
             if self.ipc_receivers and torch.cuda.is_available():  # receivers dropped their handles: free the blocks
                 torch.cuda.ipc_collect()
         except BucketRejected as rejected:
@@ -422,11 +483,11 @@ class WeightSender:
             self._group.broadcast(tensor, src=0)
         self._group.synchronize()
 
-    async def _resume_engines(self) -> None:
+    async def _resume_engines(self, receivers: list[Endpoint]) -> None:
         """Best effort: a failed resume is logged, not raised over the push's own error."""
-        results = await asyncio.gather(*(r.post("/continue_generation", {}, 30.0) for r in self.receivers),
+        results = await asyncio.gather(*(r.post("/continue_generation", {}, 30.0) for r in receivers),
                                        return_exceptions=True)
-        for receiver, result in zip(self.receivers, results):
+        for receiver, result in zip(receivers, results):
             if isinstance(result, Exception):
                 logger.warning("continue_generation on %s failed: %s", receiver, result)
 

@@ -1,0 +1,118 @@
+"""The hf engine's weight-update session: SGLang's `/begin_weight_update` and `/end_weight_update`,
+and Relax's armed push (`/arm_weight_update`, relax/distributed/weights/armed.py).
+
+SGLang's session: the hf engine holds weights as they load, so a session has nothing to restore or
+finalize; it keeps SGLang's rules (one open at a time) so a client is held to the same sequence.
+Updates outside a session are accepted (older SGLang).
+
+Armed push (the engine announces `weight_push_armed` in /server_info): `/arm_weight_update` pauses
+generation, opens the session and starts the receiver's loop (`WeightReceiver.arm`), which takes
+every bucket of the push from the group with no request per bucket. `/end_weight_update` then waits
+for that loop (the sender posts it while it broadcasts: its reply is the waiter), closes the session,
+resumes generation when asked (`continue_generation`) and answers the loop's outcome: 200, 400
+`success: false` (a bucket refused after its bytes were received; the group is in step) or 500 (a
+receive or load failed; the group is quarantined, the sender rebuilds it). Two requests a push.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Callable
+
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse
+
+from relax.backends.hf.engine import HFEngine
+from relax.backends.hf.protocol import ArmWeightUpdateRequest, EndWeightUpdateRequest, UpdateWeightVersionRequest
+from relax.distributed.weights.armed import ArmedPush
+
+logger = logging.getLogger(__name__)
+
+
+def _result(success: bool, message: str) -> JSONResponse:
+    """SGLang's weight-endpoint reply: 200 on success, 400 with success=false otherwise."""
+    return JSONResponse({"success": success, "message": message}, status_code=200 if success else 400)
+
+
+async def close_session(engine: HFEngine) -> None:
+    engine.weight_session_open = False
+    engine.receiver.held = None  # the sender may free its flat-bucket buffer now
+    await asyncio.to_thread(engine.receiver.close_session)  # (waits for deferred buckets on a GPU)
+
+
+async def end_armed(engine: HFEngine, armed: ArmedPush, error_response: Callable[[int, str], Any]) -> Any:
+    """Wait for the armed push's loop, close its session and answer its outcome. A loop that a newer
+    push has replaced (this end came late) leaves the session alone."""
+    receiver = engine.receiver
+    try:
+        outcome = await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(armed.future)), receiver.timeout_s)
+    except asyncio.TimeoutError:
+        return error_response(500, f"the armed weight update on group {armed.plan.group_name!r} did not finish "
+                                   f"within {receiver.timeout_s:.0f}s")
+    if receiver.armed is not armed:
+        return error_response(500, f"the armed weight update on group {armed.plan.group_name!r} was replaced by "
+                                   "a newer one before its end")
+    receiver.armed = None
+    await close_session(engine)
+    if not outcome.received:  # bytes may be left on the wire: nothing may receive on this group again
+        if receiver.groups.get(armed.plan.group_name) is armed.group:  # (not one since made under its name)
+            receiver.quarantine(armed.plan.group_name)
+        return error_response(500, f"{outcome.message} (weight update group {armed.plan.group_name!r} is now out "
+                                   "of step: destroy it and init a new one)")
+    return _result(outcome.success, outcome.message)
+
+
+def add_weight_session_routes(app: FastAPI, engine: HFEngine, error_response: Callable[[int, str], Any]) -> None:
+    """/begin_weight_update, /arm_weight_update, /end_weight_update, /update_weight_version."""
+    receiver = engine.receiver
+
+    @app.post("/begin_weight_update")
+    async def begin_weight_update():
+        if engine.weight_session_open:
+            return _result(False, "a weight-update session is already open; call end_weight_update() first")
+        engine.weight_session_open = True
+        engine.next_bucket = 0  # a pipelined push numbers its buckets from 0
+        receiver.open_session()
+        return _result(True, "Success")
+
+    @app.post("/arm_weight_update")
+    async def arm_weight_update(req: ArmWeightUpdateRequest):
+        try:
+            receiver.group(req.group_name)  # (before the pause: a request that cannot work aborts nothing)
+        except ValueError as exc:
+            return error_response(400, f"arm_weight_update: {exc}")
+        await engine.scheduler.pause(req.pause_mode)
+        if engine.weight_session_open and (receiver.armed is None or receiver.armed.done()):
+            logger.warning("a weight-update session was left open (a push that did not finish); closing it")
+            receiver.armed = None
+            await close_session(engine)
+        try:
+            armed = receiver.arm(req.model_dump())
+        except ValueError as exc:  # refused before anything was broadcast: the pause was this request's
+            engine.scheduler.resume()
+            return error_response(400, f"arm_weight_update: {exc}")
+        engine.weight_session_open = True
+        return _result(True, f"armed for {len(armed.plan.buckets)} buckets on group {armed.plan.group_name!r}")
+
+    @app.post("/end_weight_update")
+    async def end_weight_update(req: EndWeightUpdateRequest | None = None):
+        armed = receiver.armed
+        try:
+            if armed is not None:
+                return await end_armed(engine, armed, error_response)
+            if not engine.weight_session_open:
+                return _result(False, "no weight-update session is open; call begin_weight_update() first")
+            await close_session(engine)
+            return _result(True, "Success")
+        finally:
+            if req is not None and req.continue_generation and receiver.armed is None:
+                engine.scheduler.resume()
+
+    @app.post("/update_weight_version")
+    async def update_weight_version(req: UpdateWeightVersionRequest):
+        if req.abort_all_requests:
+            engine.scheduler.abort(abort_all=True, message="aborted by update_weight_version")
+        engine.weight_version = req.new_version
+        return {"success": True, "message": f"Weight version updated to {req.new_version}",
+                "new_version": req.new_version}

@@ -1,0 +1,170 @@
+"""Relax's armed push (armed.py): the layout check, and WeightSender against real WeightReceivers
+behind in-process endpoints armed as the hf engine is (its HTTP side: tests/unit/backends/hf/test_hf_armed_push.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+import torch
+
+from relax.distributed.weights.armed import ARM_PATH, END_PATH, arm_payload, parse_plan
+from relax.distributed.weights.endpoints import ARMED, FLAT, IN_ORDER
+from relax.distributed.weights.protocol import BucketRejected, WeightSyncError
+from relax.distributed.weights.receiver import WeightReceiver
+from relax.distributed.weights.sender import WeightSender
+
+
+class ArmedEndpoint:
+    """A real `WeightReceiver` as the sender's receiver, answering the armed push the way the hf
+    engine's routes do (weight_session.py, without HTTP); `paths` records every call of a push."""
+
+    def __init__(self, receiver: WeightReceiver, features: frozenset[str] = frozenset({IN_ORDER, FLAT, ARMED})):
+        self.receiver, self._features, self.paths = receiver, features, []
+
+    async def features(self) -> frozenset[str]:
+        return self._features
+
+    async def post(self, path: str, payload: dict, timeout_s: float) -> dict:
+        self.paths.append(path)
+        receiver = self.receiver
+        if path == "/init_weights_update_group":
+            self.turn = asyncio.Lock()  # per-bucket requests load one at a time, in the order posted
+            await asyncio.to_thread(receiver.init_group, **payload)
+        elif path == ARM_PATH:
+            receiver.arm(payload)
+        elif path == END_PATH and receiver.armed is not None:
+            outcome = await asyncio.wrap_future(receiver.armed.future)
+            receiver.armed = None
+            receiver.close_session()
+            if not outcome.success:
+                raise (BucketRejected if outcome.received else WeightSyncError)(f"{path}: {outcome.message}")
+        elif path == "/update_weights_from_distributed":
+            async with self.turn:
+                success, message = await asyncio.to_thread(receiver.update, payload)
+            if not success:
+                raise BucketRejected(message)
+        elif path == "/destroy_weights_update_group":
+            receiver.destroy_group(payload["group_name"])
+        return {"success": True, "message": "ok"}
+
+
+def _model() -> torch.nn.Module:
+    return torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 4))
+
+
+def _new_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {name: torch.randn_like(t) for name, t in model.state_dict().items()}
+
+
+def _push(endpoints: list, state, *, bucket_bytes: int = 200, version: int = 1, repeats: int = 1,
+          timeout_s: float = 30) -> tuple[WeightSender, list]:
+    async def go():
+        sender = WeightSender(endpoints, backend="gloo", timeout_s=timeout_s, bucket_bytes=bucket_bytes)
+        await sender.connect()
+        outcomes = []
+        try:
+            for i in range(repeats):
+                for e in endpoints:
+                    e.paths.clear()
+                try:
+                    outcomes.append(await sender.push(list(state.items()), version=version + i))
+                except WeightSyncError as exc:
+                    outcomes.append(exc)
+                for e in endpoints:
+                    e.pushed = list(e.paths)  # the last push's calls
+        finally:
+            await sender.close()
+        return sender, outcomes
+
+    return asyncio.run(go())
+
+
+def test_arm_payload_round_trips_and_a_layout_that_disagrees_is_refused():
+    buckets = [[("a", torch.zeros(3, 5)), ("b", torch.zeros(7, dtype=torch.bfloat16))], [("c", torch.zeros(2))]]
+    payload = arm_payload(buckets, group_name="g", flat=True, weight_version="4", pause_mode="in_place")
+    plan = parse_plan(payload)
+    assert [[s.name for s in b] for b in plan.buckets] == [["a", "b"], ["c"]]
+    assert plan.flat and plan.weight_version == "4" and payload["buckets"][0]["bytes"] == 256 + 14
+    payload["buckets"][1]["bytes"] = 9
+    with pytest.raises(ValueError, match="bucket 1: says 9 bytes"):
+        parse_plan(payload)
+    with pytest.raises(ValueError, match="nothing to update"):
+        parse_plan({**payload, "buckets": []})
+    with pytest.raises(ValueError, match="load_format='safetensors'"):
+        parse_plan({**payload, "load_format": "safetensors"})
+
+
+def test_an_armed_push_is_two_requests_whatever_its_bucket_count_and_can_be_repeated():
+    model = _model()
+    endpoint = ArmedEndpoint(WeightReceiver(model, timeout_s=20))
+    first, second = _new_state(model), _new_state(model)
+    sender, stats = _push([endpoint], first, bucket_bytes=40)  # one bucket per tensor
+    assert sender.armed == [endpoint] and stats[0].num_buckets == 4
+    assert endpoint.pushed == [ARM_PATH, END_PATH]
+    assert all(torch.equal(model.state_dict()[n], t) for n, t in first.items()) and endpoint.receiver.version == "1"
+    _, stats = _push([endpoint], second, bucket_bytes=1 << 20, version=5, repeats=2)  # one bucket, pushed twice
+    assert [s.num_buckets for s in stats] == [1, 1] and endpoint.pushed == [ARM_PATH, END_PATH]
+    assert all(torch.equal(model.state_dict()[n], t) for n, t in second.items()) and endpoint.receiver.version == "6"
+
+
+def test_a_refused_bucket_surfaces_at_the_end_and_the_group_stays_in_step():
+    """A name the model lacks: its bucket is received and dropped, so are the later ones (nothing more
+    loads), the version is not taken; the end call says which bucket and why; the next push works."""
+    model = _model()
+    endpoint = ArmedEndpoint(WeightReceiver(model, timeout_s=20))
+    before = {n: t.clone() for n, t in model.state_dict().items()}
+    state = {"0.weight": torch.randn(8, 8), "no_such.weight": torch.randn(3), "1.weight": torch.randn(4, 8)}
+
+    async def go():
+        sender = WeightSender([endpoint], backend="gloo", timeout_s=30, bucket_bytes=100)
+        await sender.connect()
+        try:
+            with pytest.raises(BucketRejected) as info:
+                await sender.push(state.items(), version=2)
+            broken = sender._broken
+            await sender.push([("1.bias", torch.ones(4))], version=3)  # re-armed on the same group
+        finally:
+            await sender.close()
+        return str(info.value), broken
+
+    message, broken = asyncio.run(go())
+    assert END_PATH in message and "bucket 1 of 3" in message and "'no_such.weight' is not a parameter" in message
+    assert not broken
+    assert torch.equal(model.state_dict()["0.weight"], state["0.weight"])  # bucket 0 was in before the refusal
+    assert torch.equal(model.state_dict()["1.weight"], before["1.weight"])  # bucket 2 came after it: dropped
+    assert torch.equal(model.state_dict()["1.bias"], torch.ones(4)) and endpoint.receiver.version == "3"
+
+
+def test_a_load_that_raises_in_the_loop_fails_the_push_at_once_and_breaks_the_group():
+    class Failing(WeightReceiver):
+        def load(self, specs, tensors):
+            if specs[0].name == "1.weight":
+                raise RuntimeError("CUDA error: out of memory (injected)")
+            super().load(specs, tensors)
+
+    model = _model()
+    endpoint = ArmedEndpoint(Failing(model, timeout_s=20))
+    start = time.monotonic()
+    sender, outcomes = _push([endpoint], _new_state(model), bucket_bytes=40, timeout_s=60)
+    elapsed = time.monotonic() - start
+    error = outcomes[0]
+    assert isinstance(error, WeightSyncError) and not isinstance(error, BucketRejected)
+    assert "bucket 2 of 4 failed: RuntimeError: CUDA error: out of memory (injected)" in str(error)
+    assert sender._broken and elapsed < 20  # the end call's reply cut the wait short (deadline 60 s)
+    assert endpoint.receiver.version is None
+
+
+def test_a_mixed_fleet_takes_one_push_armed_and_per_bucket():
+    armed_model, plain_model = _model(), _model()
+    armed = ArmedEndpoint(WeightReceiver(armed_model, timeout_s=20))
+    plain = ArmedEndpoint(WeightReceiver(plain_model, timeout_s=20), features=frozenset({IN_ORDER, FLAT}))
+    state = _new_state(armed_model)
+    sender, stats = _push([armed, plain], state, bucket_bytes=40, repeats=2)
+    assert sender.armed == [armed] and sender.flat and [s.num_buckets for s in stats] == [4, 4]
+    assert armed.pushed == [ARM_PATH, END_PATH]
+    assert plain.pushed.count("/update_weights_from_distributed") == 4 and "/continue_generation" in plain.pushed
+    for model in (armed_model, plain_model):
+        assert all(torch.equal(model.state_dict()[n], t) for n, t in state.items())
+    assert armed.receiver.version == plain.receiver.version == "2"
