@@ -185,19 +185,45 @@ def train_rank(rank: int, world: int, port: int, job: dict, out: str) -> None:
             sync()
             if step:
                 times.append(time.perf_counter() - t0)
-        if job["profile"] and world == 1:  # one more step under the profiler: where the GPU time goes
-            from torch.profiler import ProfilerActivity, profile
-
-            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-                worker.train(mine, 1, tokens)
-                sync()
-            print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=30, max_name_column_width=70))
         result = {"seconds": min(times), "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
-                  "graph_breaks": sum(counters["graph_break"].values())}  # in compiled layers (want 0)
+                  "graph_breaks": sum(counters["graph_break"].values()),  # in compiled layers (want 0)
+                  "graph_break_reasons": dict(counters["graph_break"].most_common(5))}
+        if job["profile"]:  # one more step (every rank: it is collective), rank 0's under the profiler
+            result["gpu_ms"] = profiled_step(lambda: (worker.train(mine, 1, tokens), sync()), rank == 0)
     finally:
         worker.shutdown()
     with open(f"{out}.{rank}.json", "w") as f:
         json.dump(result, f)
+
+
+KERNEL_KINDS = (("communication", ("nccl",)), ("attention", ("flash", "attn", "sdpa")),
+                ("matmul", ("gemm", "cutlass", "cublas", "sm90_xmma", "nvjet", "matmul")))
+
+
+def kernel_kind(name: str) -> str:
+    """A GPU kernel's kind for the profile summary, from its name: communication, attention, matmul or other."""
+    low = name.lower()
+    return next((kind for kind, marks in KERNEL_KINDS if any(m in low for m in marks)), "other")
+
+
+def profiled_step(step, report: bool) -> dict[str, float] | None:
+    """Run `step()` under torch.profiler when `report` (else plainly); print the top GPU kernels and return the
+    milliseconds of GPU time per kernel kind (`kernel_kind`): where the step's GPU time goes."""
+    if not report:
+        step()
+        return None
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        step()
+    events = prof.key_averages()
+    print(events.table(sort_by="cuda_time_total", row_limit=30, max_name_column_width=70))
+    kinds: dict[str, float] = {}
+    for e in events:
+        own = getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0)
+        if own and e.device_type.name == "CUDA":
+            kinds[kernel_kind(e.key)] = kinds.get(kernel_kind(e.key), 0.0) + own / 1e3
+    return {k: round(v, 2) for k, v in sorted(kinds.items())}
 
 
 def time_train_step(job: dict, world: int, out: str) -> dict:

@@ -18,7 +18,9 @@ FLOPs / time / (t x the GPU's dense bf16 peak). Prints a table; the last line is
 
 `--compile` also times both with --use-torch-compile (each decoder layer compiled); `--compiled-only`
 times only those. `--profile`
-runs one more step of every one-rank run under torch.profiler and prints where the GPU time goes.
+runs one more step of every run with rank 0 under torch.profiler: it prints the top GPU kernels, and the JSON row
+gets the GPU milliseconds per kernel kind (matmul, attention, communication, other: `gpu_ms`); every compiled
+row has its graph breaks' reasons (`graph_break_reasons`).
 A Qwen3-4B-shaped model's 36 layers need about 72 GB for weights, gradients and Adam state in one
 rank: on one 80 GB GPU use `--layers 12` (the per-layer work, and so MFU, is the model's).
 """
@@ -54,7 +56,7 @@ def main() -> None:
     parser.add_argument("--compile", action="store_true", help="also time both with --use-torch-compile")
     parser.add_argument("--compiled-only", action="store_true",
                         help="time only the --use-torch-compile steps (the faster ones on GPUs; half the runs)")
-    parser.add_argument("--profile", action="store_true", help="profile one more step of each one-GPU run")
+    parser.add_argument("--profile", action="store_true", help="profile one more step of each run (rank 0)")
     parser.add_argument("--cpu", action="store_true", help="ranks on the CPU over gloo (no MFU): the code path")
     parser.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "megatron_throughput.json"))
     args = parser.parse_args()

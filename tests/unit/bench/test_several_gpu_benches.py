@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from relax.distributed.weights.sender import FLAT_DEPTH
+from relax.distributed.weights.sender import DEFAULT_PIPELINE_DEPTH, FLAT_DEPTH
 
 from bench.long_tail_generate import response_length
 
@@ -30,19 +30,26 @@ def test_weight_sync_bench_runs_on_cpu(tmp_path):
     assert re.fullmatch(r"weight_sync_gbps=[\d.]+ nccl_gbps=[\d.]+ ratio=[\d.]+", last), last
     result = json.loads(out.read_text())["results"][0]
     # Each bucket size in plain SGLang (one bucket at a time, per tensor) and with Relax's extensions,
-    # which the hf engine takes (flat buckets, FLAT_DEPTH in flight).
-    assert [(p["protocol"], p["bucket_mib"], p["depth"], p["flat"]) for p in result["pushes"]] == [
-        ("sglang", 1, 1, False), ("sglang", 4, 1, False), ("relax", 1, FLAT_DEPTH, True),
-        ("relax", 4, FLAT_DEPTH, True)]
+    # which the hf engine takes: pipelined, then flat buckets (FLAT_DEPTH in flight), then armed.
+    assert [(p["protocol"], p["bucket_mib"], p["depth"], p["flat"], p["armed"]) for p in result["pushes"]] == [
+        ("sglang", 1, 1, False, False), ("sglang", 4, 1, False, False),
+        ("per-tensor", 1, DEFAULT_PIPELINE_DEPTH, False, False),
+        ("per-tensor", 4, DEFAULT_PIPELINE_DEPTH, False, False),
+        ("flat", 1, FLAT_DEPTH, True, False), ("flat", 4, FLAT_DEPTH, True, False),
+        ("armed", 1, FLAT_DEPTH, True, True), ("armed", 4, FLAT_DEPTH, True, True)]
     # The tiny model's ~3.3 MB in 1 MiB buckets take several buckets, in 4 MiB one.
     assert result["pushes"][0]["buckets"] > 1 and result["pushes"][1]["buckets"] == 1
     assert all(p["bytes"] == result["bytes"] for p in result["pushes"])
     assert result["weight_sync_gbps"] > 0 and result["nccl_gbps"] > 0
-    assert set(result["fixed_cost_fit"]) == {"sglang", "relax"} and "per_bucket_s" in result["fixed_cost_fit"]["relax"]
-    # The timelines (one push per protocol): every control call, and the relax push's flat packs.
+    protocols = {"sglang", "per-tensor", "flat", "armed"}
+    assert set(result["fixed_cost_fit"]) == protocols and "per_bucket_s" in result["fixed_cost_fit"]["armed"]
+    assert set(result["default_bucket_ratios"]) == protocols and result["ratio_bucket_mib"] == 4  # (nearest 512)
+    # The timelines (one push per protocol): every control call, and the flat pushes' packs.
     timelines = {t["protocol"]: [name for name, _, _ in t["spans"]] for t in result["timelines"]}
     assert timelines["sglang"][:2] == ["/pause_generation", "/begin_weight_update"]
-    assert "pack (sender)" in timelines["relax"] and "pack (sender)" not in timelines["sglang"]
+    assert "pack (sender)" in timelines["flat"] and "pack (sender)" not in timelines["sglang"]
+    control = [n for n in timelines["armed"] if n.startswith("/") and n != "/destroy_weights_update_group"]
+    assert control == ["/arm_weight_update", "/end_weight_update"]  # (the group's destroy is the sender's close)
 
 
 def test_long_tail_lengths_are_fixed_by_seed_and_index_and_capped():
@@ -68,3 +75,15 @@ def test_megatron_throughput_bench_runs_tensor_parallel_ranks_on_cpu(tmp_path):
     rows = json.loads(out.read_text())["train"]
     assert set(rows) == {"megatron tp=2"}
     assert all(r["seconds"] > 0 and r["tokens_per_s"] > 0 and "error" not in r for r in rows.values()), rows
+
+
+def test_the_profile_summary_sorts_gpu_kernels_by_kind():
+    """bench/gpu_throughput.py --profile: where a step's GPU time goes, by kernel name (CUDA 12/13 names)."""
+    from bench.gpu_throughput import kernel_kind
+
+    assert kernel_kind("ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)") == "communication"
+    assert kernel_kind("void flash_fwd_kernel<Flash_fwd_kernel_traits<128, 128>>") == "attention"
+    assert kernel_kind("pytorch_flash::flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel") == "attention"
+    assert kernel_kind("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64") == "matmul"
+    assert kernel_kind("nvjet_tst_192x192_64x3_1x2_h_bz_coopB_TNN") == "matmul"
+    assert kernel_kind("triton_per_fused__to_copy_add_mean_mul_pow_rsqrt_0") == "other"
