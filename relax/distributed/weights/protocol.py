@@ -135,7 +135,7 @@ def tensor_bytes(tensor: torch.Tensor) -> int:
 
 
 def spec_bytes(spec: TensorSpec) -> int:
-    return math.prod(spec.shape) * torch.empty((), dtype=spec.dtype).element_size()
+    return math.prod(spec.shape) * spec.dtype.itemsize
 
 
 def flat_layout(sizes: Sequence[int], align: int = FLAT_ALIGN) -> tuple[list[int], int]:

@@ -226,8 +226,8 @@ class WeightReceiver:
         return success, message
 
     def arm(self, payload: dict[str, Any]) -> ArmedPush:
-        """`/arm_weight_update` (armed.py): check the push's layout and group, begin the push, open the
-        session and start the loop that takes its buckets (`armed`). ValueError for a layout or group
+        """`/arm_weight_update` (armed.py): check the push's layout and group and start the loop that begins
+        the push, opens the session and takes its buckets (`armed`). ValueError for a layout or group
         it cannot take, or while an earlier armed push still receives on a live group (one left on a
         group since destroyed is abandoned: its receive can only fail)."""
         plan = parse_plan(payload)
@@ -236,9 +236,7 @@ class WeightReceiver:
         if earlier is not None and not earlier.done() and self.groups.get(earlier.plan.group_name) is earlier.group:
             raise ValueError(f"an armed weight update is still receiving on group {earlier.plan.group_name!r}; "
                              "end it (/end_weight_update) or destroy the group first")
-        self.begin()
-        self.open_session()
-        self.armed = ArmedPush(self, plan, group)
+        self.armed = ArmedPush(self, plan, group)  # (its loop begins the push and opens the session)
         return self.armed
 
     # ---- the ways a bucket arrives -------------------------------------------------------

@@ -120,6 +120,7 @@ class WeightSender:
         self.flat = False  # each bucket one broadcast of its bytes: where every group receiver takes them
         self.together = False  # pause with session open, end with resume: where every receiver is Relax's
         self._chain = threading.Event()  # the last broadcast's end (they run in order, one thread each)
+        self._gate: threading.Event | None = None  # set once the arms are answered: bucket 0 then goes (`_open`)
         self._streams: tuple[Any, Any] | None = None  # a GPU push's pack and wait streams (_queue_flat)
         self._chain.set()
         self._connected = False
@@ -258,11 +259,25 @@ class WeightSender:
         last bucket. The plain sessions are left open where the caller ends them with the resume
         (`together`); the armed receivers' ends are awaited here."""
         total_bytes = num_buckets = 0
-        sessions, ends = await self._open(buckets, str(version), deadline)
         flights: deque[_Flight] = deque()
+        ahead = self._ahead(buckets, str(version), deadline)  # (bucket 0, packed while the arms travel)
+        try:
+            sessions, ends = await self._open(buckets, str(version), deadline)
+        except BaseException:
+            if ahead is not None:  # bucket 0 must not go out (and armed receivers may wait for it)
+                self._broken = True
+            raise
+        finally:
+            if ahead is not None:  # its broadcast goes now, unless the arm failed (`_broken`)
+                gate, self._gate = self._gate, None
+                gate.set()
         try:
             await pause
             for index, (bucket, is_last) in enumerate(with_last(iter(buckets))):
+                if index == 0 and ahead is not None:
+                    flights.append(ahead)
+                    num_buckets += 1
+                    continue
                 if len(flights) >= self.depth:
                     total_bytes += await self._land(flights, deadline, ends)
                 flights.append(self._launch(bucket, index, str(version) if is_last else None, deadline))
@@ -283,6 +298,17 @@ class WeightSender:
         if not self.together:
             await self._end_sessions(sessions, deadline, raising=True)
         return total_bytes, num_buckets, sessions
+
+    def _ahead(self, buckets: Iterable[list[tuple[str, torch.Tensor]]], version: str,
+               deadline: float) -> _Flight | None:
+        """Where every receiver is armed (none needs a request per bucket), bucket 0 is launched before the
+        arms are answered: it is packed meanwhile, and its broadcast waits for `self._gate` (`_open` sets it;
+        after a failed arm the group is `_broken` and the broadcast is skipped). None otherwise."""
+        if not self.armed or self.plain or not isinstance(buckets, list) or not buckets:
+            return None
+        self._gate = gate = threading.Event()
+        self._chain = gate
+        return self._launch(buckets[0], 0, version if len(buckets) == 1 else None, deadline)
 
     async def _open(self, buckets: Iterable[list[tuple[str, torch.Tensor]]], version: str,
                     deadline: float) -> tuple[list[Endpoint], list[asyncio.Future]]:
@@ -395,13 +421,16 @@ class WeightSender:
         previous, done = self._chain, threading.Event()
         self._chain = done
         device = self._group.device
+        gated = previous is self._gate  # bucket 0 launched ahead of the arm replies (`_ahead`)
         if pack and device.type == "cuda":
-            return run_in_daemon_thread(self._queue_flat, tensors, device, previous, done)
+            return run_in_daemon_thread(self._queue_flat, tensors, device, previous, done, gated)
 
         def broadcast() -> None:
             try:
                 buffers = [pack_flat(tensors, device)] if pack else tensors
                 previous.wait()
+                if gated and self._broken:  # the arm failed: nothing may go on the wire
+                    return
                 self._broadcast(buffers)
             finally:
                 done.set()
@@ -455,13 +484,16 @@ class WeightSender:
                 f"update_weights_from_distributed did not finish within the {self.timeout_s:.0f}s deadline")
 
     def _queue_flat(self, tensors: list[torch.Tensor], device: torch.device, previous: threading.Event,
-                    queued: threading.Event) -> None:
+                    queued: threading.Event, gated: bool = False) -> None:
         """A flat bucket on a GPU: once the previous bucket's broadcast is queued, pack this one on
         the push's own stream and queue its broadcast behind the pack, with no wait on the host in
         between, so bucket i + 1 is packed while bucket i is on the wire (packing in several threads
-        at once fought over the GIL: 7-18 ms a bucket). Returns once this bucket's bytes are sent."""
+        at once fought over the GIL: 7-18 ms a bucket). Returns once this bucket's bytes are sent.
+        `gated` (bucket 0 of an armed push, `_ahead`): packed first, while the arm requests travel, and
+        its broadcast queued once `previous` (the gate) is set, unless the arm failed."""
         try:
-            previous.wait()
+            if not gated:
+                previous.wait()
             with torch.cuda.device(device):
                 if self._streams is None:
                     self._streams = torch.cuda.Stream(device), torch.cuda.Stream(device)
@@ -469,6 +501,11 @@ class WeightSender:
                 pack_stream.wait_stream(torch.cuda.default_stream(device))  # the tensors are made there
                 with torch.cuda.stream(pack_stream):
                     flat = pack_flat(tensors, device)
+                if gated:
+                    previous.wait()  # (the GIL is released meanwhile)
+                    if self._broken:  # the arm failed: nothing may go on the wire
+                        return
+                with torch.cuda.stream(pack_stream):
                     work = self._group.broadcast_queued(flat, src=0)
                 sent = torch.cuda.Event()
                 with torch.cuda.stream(wait_stream):

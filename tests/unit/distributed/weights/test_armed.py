@@ -168,3 +168,41 @@ def test_a_mixed_fleet_takes_one_push_armed_and_per_bucket():
     for model in (armed_model, plain_model):
         assert all(torch.equal(model.state_dict()[n], t) for n, t in state.items())
     assert armed.receiver.version == plain.receiver.version == "2"
+
+
+def test_bucket_0_is_packed_while_the_arm_travels_and_never_sent_when_the_arm_is_refused():
+    """Every receiver armed: bucket 0 is launched before the arm is answered (`WeightSender._ahead`), its
+    broadcast held until then. A refused arm (here the receiver lost its group) fails the push, breaks the
+    group, and nothing went on the wire: the receiver is not left mid-broadcast."""
+    class Refusing(ArmedEndpoint):
+        async def post(self, path: str, payload: dict, timeout_s: float) -> dict:
+            if path == ARM_PATH and self.refuse:
+                self.paths.append(path)
+                raise WeightSyncError(f"{path}: arm_weight_update: no weight update group named 'x'")
+            return await super().post(path, payload, timeout_s)
+
+    model = _model()
+    endpoint = Refusing(WeightReceiver(model, timeout_s=20))
+    endpoint.refuse, state, sent = True, _new_state(model), []
+
+    async def go():
+        sender = WeightSender([endpoint], backend="gloo", timeout_s=30, bucket_bytes=40)
+        await sender.connect()
+        broadcast = sender._broadcast
+        sender._broadcast = lambda tensors: (sent.append(len(tensors)), broadcast(tensors))
+        try:
+            with pytest.raises(WeightSyncError, match="no weight update group"):
+                await sender.push(state.items(), version=1)
+            broken = sender._broken
+            await asyncio.sleep(0.2)  # (bucket 0's thread has seen the refusal)
+            await sender.close()
+            endpoint.refuse = False
+            await sender.connect()
+            stats = await sender.push(state.items(), version=2)
+        finally:
+            await sender.close()
+        return broken, stats
+
+    broken, stats = asyncio.run(go())
+    assert broken and stats.num_buckets == 4 and len(sent) == 4  # only the second push's buckets went out
+    assert all(torch.equal(model.state_dict()[n], t) for n, t in state.items()) and endpoint.receiver.version == "2"
