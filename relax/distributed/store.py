@@ -4,7 +4,9 @@ torch's `TCPStore` server and gloo's pairs listen on every interface by default,
 open the training and weight-sync groups to the network. A run binds them to its bind address
 instead: loopback on one node, the node's cluster address (Ray's node IP) across nodes
 (docs/launch.md, "What listens where"). `tcp_store` hands TCPStore a socket already bound there;
-`pin_gloo_interface` makes gloo use the interface that carries that address.
+`pin_gloo_interface` makes gloo use the interface that carries that address. torch is imported where a
+store is made: every Serve replica asks `bind_host` (relax.distributed.ray.local.bind_serve_grpc), and a
+replica that holds no tensors (the DCS coordinator, the metrics service) need not load torch for it.
 """
 
 from __future__ import annotations
@@ -13,8 +15,10 @@ import datetime
 import ipaddress
 import os
 import socket
+from typing import TYPE_CHECKING
 
-import torch.distributed as dist
+if TYPE_CHECKING:
+    import torch.distributed as dist
 
 BIND_ENV = "RELAX_BIND_HOST"
 
@@ -75,6 +79,8 @@ def tcp_store(host: str, port: int, world_size: int, *, is_master: bool, timeout
     """A TCPStore whose server (on the master) listens on `host` only. `listener`: a socket from
     `listen(host, port)` the caller already holds (it had to publish the port first); the store
     takes it over (the caller's socket object is closed)."""
+    import torch.distributed as dist
+
     if not is_master:
         return dist.TCPStore(host, port, world_size, False, timeout=timeout, wait_for_workers=False)
     listener = listener or listen(host, port)

@@ -2,7 +2,8 @@
 
 SGLang's weight-update protocol over a torch.distributed broadcast group, or CUDA IPC handles to
 a receiver on the sender's own GPU (ARCHITECTURE.md §6). One module per responsibility:
-- `protocol.py`: the protocol's steps, wire types (TensorSpec, dtypes), buckets, limits, errors;
+- `protocol.py`: the protocol's steps, wire types (TensorSpec, dtypes), buckets, limits;
+- `errors.py`: its errors (torch-free: a process holding only endpoints imports them);
 - `group.py`: the broadcast group outside torch.distributed's default one, and the daemon
   thread its blocking calls run in;
 - `sender.py`: `WeightSender`, rank 0 of a push;

@@ -18,7 +18,7 @@ import asyncio
 from typing import Any, Protocol
 
 from relax.distributed.engine_client import EngineClient, EngineError
-from relax.distributed.weights.protocol import BucketRejected, EndpointMissing, WeightSyncError
+from relax.distributed.weights.errors import BucketRejected, EndpointMissing, WeightSyncError
 
 
 class Endpoint(Protocol):

@@ -52,6 +52,8 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import torch
 
+from relax.distributed.weights.errors import BucketRejected, EndpointMissing, WeightSyncError  # noqa: F401 (re-exported)
+
 DEFAULT_BUCKET_BYTES = 512 * 1024 * 1024  # --update-weight-buffer-size default
 MAX_TENSORS_PER_REQUEST = 100_000  # a receiver refuses a bucket listing more
 FLAT_BYTES = "flat_bytes"  # `load_format` of a bucket broadcast as one buffer (Relax's extension)
@@ -64,23 +66,6 @@ DTYPES: dict[str, torch.dtype] = {
     "uint8": torch.uint8, "bool": torch.bool,
     "float8_e4m3fn": torch.float8_e4m3fn, "float8_e5m2": torch.float8_e5m2,
 }
-
-
-class WeightSyncError(RuntimeError):
-    """A weight push failed; the message names the engine and what it said."""
-
-
-class BucketRejected(WeightSyncError):
-    """An engine replied `success: false`: it received the whole bucket, then refused to load it.
-
-    SGLang and the hf engine only answer this way after the broadcast, so the group is still in
-    step. Any other failure (4xx/5xx without `success`, timeout, lost connection) may leave
-    bytes on the wire, and the group must be rebuilt.
-    """
-
-
-class EndpointMissing(WeightSyncError):
-    """The engine answered 404: it does not serve this endpoint (an older SGLang)."""
 
 
 @dataclass(frozen=True)
