@@ -143,3 +143,16 @@ async def started_fleet(pool: Pool, spec: FleetSpec, versions: list[int], **chan
     fleet = EngineFleet(dataclasses.replace(spec, **changes) if changes else spec)
     await fleet.start(len(versions))
     return fleet
+
+
+def run(pool: Pool, main) -> object:
+    """`asyncio.run(main())`, then the HTTP sessions and the fake engines closed whatever happened."""
+    from relax.utils.http_utils import close_sessions
+
+    async def wrapped():
+        try:
+            return await main()
+        finally:
+            await close_sessions()
+            await pool.close()
+    return asyncio.run(wrapped())

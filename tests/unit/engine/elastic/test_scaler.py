@@ -10,12 +10,12 @@ import threading
 import time
 
 import pytest
-from elastic_fakes import Behaviour, install, started_fleet
+from elastic_fakes import Behaviour, install, run, started_fleet
 
 from relax.engine.elastic.local_ops import LocalFleetOps
 from relax.engine.elastic.operations import Conflict, ScalingError
 from relax.engine.elastic.scaler import FleetScaler, ScalerSettings
-from relax.utils.http_utils import close_sessions, post
+from relax.utils.http_utils import post
 
 TRAINER_VERSION = 7
 
@@ -42,16 +42,6 @@ def scaler_over(fleet, routed_at_sync=None, **settings) -> FleetScaler:
 async def finish(op):
     await asyncio.wait_for(asyncio.shield(op.task), 30)
     return op
-
-
-def run(pool, main):
-    async def wrapped():
-        try:
-            return await main()
-        finally:
-            await close_sessions()
-            await pool.close()
-    return asyncio.run(wrapped())
 
 
 def test_scale_out_engines_get_the_fleets_weights_before_they_join_the_router(env):

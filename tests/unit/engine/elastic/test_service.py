@@ -12,7 +12,7 @@ import json
 import threading
 
 import pytest
-from elastic_fakes import Behaviour, install, started_fleet
+from elastic_fakes import Behaviour, install, run, started_fleet
 
 from relax.config.schema import RelaxConfig
 from relax.distributed.checkpoint_service.coordinator import Receivers
@@ -21,7 +21,7 @@ from relax.engine.elastic.local_ops import LocalFleetOps
 from relax.engine.elastic.operations import Operation
 from relax.engine.elastic.run_ops import RunFleetOps
 from relax.engine.elastic.service import NoScaling, ScalingService, draw
-from relax.utils.http_utils import close_sessions, post
+from relax.utils.http_utils import post
 from relax.utils.timeline import Timeline
 
 ACTOR_VERSION = 5
@@ -58,16 +58,6 @@ def service_over(fleet, tmp_path, log: list[tuple]) -> ScalingService:
     receivers = lambda: Receivers([u for u in fleet.urls if u not in fleet.draining])  # noqa: E731
     ops = RunFleetOps(LocalFleetOps(fleet), StandInWeights(log), receivers)
     return ScalingService(cfg, ops, asyncio.Lock(), max_staleness=None)
-
-
-def run(pool, main):
-    async def wrapped():
-        try:
-            return await main()
-        finally:
-            await close_sessions()
-            await pool.close()
-    return asyncio.run(wrapped())
 
 
 def timeline_events(tmp_path) -> list[dict]:
