@@ -152,6 +152,10 @@ def train_rank(rank: int, world: int, port: int, job: dict, out: str) -> None:
     warm-up, write {seconds, peak_gib, graph_breaks} to `out.<rank>.json`."""
     if job["cuda"] and world > 1:  # one GPU per rank, as Ray gives each trainer rank (before CUDA starts)
         os.environ["CUDA_VISIBLE_DEVICES"] = job["visible"][rank]
+    from relax.core.service import env_file_vars
+
+    for key, value in env_file_vars().items():  # what a run's rank gets (configs/env.yaml), before CUDA starts:
+        os.environ.setdefault(key, value)  # e.g. CUDA_DEVICE_MAX_CONNECTIONS=1, which megatron's TP overlap needs
     import torch
     from torch._dynamo.utils import counters
 
