@@ -6,7 +6,8 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from relax.backends.hf.launcher import engine_option_args
-from relax.components.rollout import Rollout, engine_options
+from relax.components.engine_launch import engine_options
+from relax.components.rollout import Rollout
 from relax.config.lora import LoraConfig
 from relax.config.plan import resolve_plan
 from relax.config.schema import RelaxConfig
@@ -66,7 +67,7 @@ def test_lora_engines_start_with_adapters_the_pushes_fill():
     """hf: SGLang's three LoRA options and the hf engine's alpha; sglang: no alpha (SGLang reads it from
     adapter_config.json), all-linear spelled as SGLang's `all`, and every request names the adapter."""
     from relax.backends.sglang.launcher import engine_command
-    from relax.components.rollout import generate_defaults
+    from relax.components.engine_launch import generate_defaults
 
     hf = engine_options(lora_cfg("hf"), None)
     assert hf == {"enable_lora": True, "max_lora_rank": 8, "lora_target_modules": ["all-linear"], "lora_alpha": 32.0}

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from relax.backends.sglang.launcher import API_KEY_ENV, PARENT_PID_ENV, engine_command, launch_sglang_engine
-from relax.components.rollout import engine_options
+from relax.components.engine_launch import engine_options
 from relax.config import parse_config
 
 SERVER = ["-m", "relax.backends.sglang.server"]

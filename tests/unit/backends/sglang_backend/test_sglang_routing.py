@@ -14,7 +14,7 @@ import torch
 
 from relax.backends.sglang.launcher import engine_command, launch_sglang_engine
 from relax.backends.sglang.routing import check_options, parse_version, routed_experts_options
-from relax.components.rollout import engine_options
+from relax.components.engine_launch import engine_options
 from relax.config import parse_config
 from relax.utils.routing import RoutingShape, decode_reply, extend
 

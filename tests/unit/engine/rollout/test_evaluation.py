@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from relax.components.rollout import engine_context_len
+from relax.components.engine_launch import engine_context_len
 from relax.config import parse_config
 from relax.config.eval_config import EvalDataset
 from relax.engine.rollout.evaluation import EvalDataSource, eval_args, eval_groups
