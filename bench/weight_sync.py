@@ -216,10 +216,13 @@ async def push_sweep(url: str, named, buckets_mib: list[int], repeats: int, back
     return rows
 
 
-async def push_timeline(url: str, named, mib: int, backend: str, device, protocol: str) -> dict:
+async def push_timeline(url: str, named, mib: int, backend: str, device, protocol: str,
+                        trace_path: str | None = None) -> dict:
     """One push (after a warm-up) with every control call, broadcast and pack timed, in ms from
-    the push's start; and the median round trip of a no-op control call (`/continue_generation`)."""
+    the push's start, and the engine's own phase marks from `trace_path` (points); and the median
+    round trip of a no-op control call (`/continue_generation`)."""
     from relax.distributed.weights import sender as sender_module
+    from relax.distributed.weights import trace
     from relax.distributed.weights.endpoints import HTTPEndpoint
 
     spans: list[tuple[str, float, float]] = []
@@ -263,6 +266,9 @@ async def push_timeline(url: str, named, mib: int, backend: str, device, protoco
     finally:
         sender_module.pack_flat = pack
         await sender.close()
+    if trace_path:  # the engine's own phases (relax.distributed.weights.trace), on the same clock
+        spans += [(name, t, t) for name, t in trace.read(trace_path, start) if t <= start + total + 0.05]
+        spans.sort(key=lambda span: span[1])
     return {"protocol": protocol, "bucket_mib": mib, "total_ms": total * 1e3,
             "rtt_ms": statistics.median(rtts) * 1e3,
             "spans": [(name, (s - start) * 1e3, (e - start) * 1e3) for name, s, e in spans]}
@@ -288,6 +294,7 @@ def bench_shape(shape: str, args: argparse.Namespace) -> dict:
 
     from relax.backends.fsdp.runner import FSDPRunner
     from relax.backends.hf.launcher import launch_hf_engine
+    from relax.distributed.weights.trace import TRACE_ENV
 
     sender_device = torch.device("cpu" if args.cpu else "cuda:0")
     engine_device = "cpu" if args.cpu else "cuda:0" if args.same_gpu else "cuda:1"
@@ -296,9 +303,10 @@ def bench_shape(shape: str, args: argparse.Namespace) -> dict:
         torch.cuda.set_device(sender_device)
     with tempfile.TemporaryDirectory(prefix=f"weight-sync-{shape}-") as tmp:
         path = write_config_dir(shape, tmp)
+        trace_path = os.path.join(tmp, "engine-trace.jsonl")  # the engine's phases (weights/trace.py)
         engine = launch_hf_engine(path, device=engine_device,
                                   options={"load_format": "dummy", "dtype": "bfloat16"},
-                                  log_path=os.path.join(tmp, "engine.log"))
+                                  env=os.environ | {TRACE_ENV: trace_path}, log_path=os.path.join(tmp, "engine.log"))
         try:
             with sender_device:  # the actor's float32 master weights
                 model = AutoModelForCausalLM.from_config(model_config(shape), dtype=torch.float32)
@@ -313,7 +321,8 @@ def bench_shape(shape: str, args: argparse.Namespace) -> dict:
             pushes = asyncio.run(push_sweep(engine.url, named, args.buckets_mib, args.repeats, backend,
                                             sender_device, args.protocols, same_gpu=args.same_gpu))
             timelines = [] if args.same_gpu else [
-                asyncio.run(push_timeline(engine.url, named, DEFAULT_MIB, backend, sender_device, protocol))
+                asyncio.run(push_timeline(engine.url, named, DEFAULT_MIB, backend, sender_device, protocol,
+                                          trace_path))
                 for protocol in args.protocols]
             for t in timelines:
                 print(f"timeline {shape} ({t['protocol']}, {t['bucket_mib']} MiB): {t['total_ms']:.1f} ms; "

@@ -26,6 +26,7 @@ from fastapi.responses import JSONResponse
 from relax.backends.hf.engine import HFEngine
 from relax.backends.hf.protocol import ArmWeightUpdateRequest, EndWeightUpdateRequest, UpdateWeightVersionRequest
 from relax.distributed.weights.armed import ArmedPush
+from relax.distributed.weights.trace import mark
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +46,7 @@ async def end_armed(engine: HFEngine, armed: ArmedPush, error_response: Callable
     """Wait for the armed push's loop, close its session and answer its outcome. A loop that a newer
     push has replaced (this end came late) leaves the session alone."""
     receiver = engine.receiver
+    mark("engine: end received")
     try:
         outcome = await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(armed.future)), receiver.timeout_s)
     except asyncio.TimeoutError:
@@ -53,8 +55,10 @@ async def end_armed(engine: HFEngine, armed: ArmedPush, error_response: Callable
     if receiver.armed is not armed:
         return error_response(500, f"the armed weight update on group {armed.plan.group_name!r} was replaced by "
                                    "a newer one before its end")
+    mark("engine: end sees the loop done")
     receiver.armed = None
     await close_session(engine)
+    mark("engine: session closed")
     if not outcome.received:  # bytes may be left on the wire: nothing may receive on this group again
         if receiver.groups.get(armed.plan.group_name) is armed.group:  # (not one since made under its name)
             receiver.quarantine(armed.plan.group_name)
@@ -78,11 +82,13 @@ def add_weight_session_routes(app: FastAPI, engine: HFEngine, error_response: Ca
 
     @app.post("/arm_weight_update")
     async def arm_weight_update(req: ArmWeightUpdateRequest):
+        mark("engine: arm received")
         try:
             receiver.group(req.group_name)  # (before the pause: a request that cannot work aborts nothing)
         except ValueError as exc:
             return error_response(400, f"arm_weight_update: {exc}")
         await engine.scheduler.pause(req.pause_mode)
+        mark("engine: paused")
         if engine.weight_session_open and (receiver.armed is None or receiver.armed.done()):
             logger.warning("a weight-update session was left open (a push that did not finish); closing it")
             receiver.armed = None
@@ -93,6 +99,7 @@ def add_weight_session_routes(app: FastAPI, engine: HFEngine, error_response: Ca
             engine.scheduler.resume()
             return error_response(400, f"arm_weight_update: {exc}")
         engine.weight_session_open = True
+        mark("engine: armed (replying)")
         return _result(True, f"armed for {len(armed.plan.buckets)} buckets on group {armed.plan.group_name!r}")
 
     @app.post("/end_weight_update")

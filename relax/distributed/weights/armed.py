@@ -45,6 +45,7 @@ from relax.distributed.weights.protocol import (
     FLAT_BYTES, BucketRejected, TensorSpec, WeightSyncError, dtype_name, flat_layout, parse_specs, spec_bytes,
     tensor_bytes,
 )
+from relax.distributed.weights.trace import mark
 
 logger = logging.getLogger(__name__)
 
@@ -194,8 +195,10 @@ class ArmedPush:
     def _take_all(self) -> ArmedOutcome:
         # The push begins here rather than in /arm_weight_update, whose reply the sender waits for: the model
         # walk (~1-2 ms on a 36-layer model) overlaps that reply and the sender's first pack.
+        mark("engine: loop starts")
         self.receiver.begin()
         self.receiver.open_session()
+        mark("engine: model walked")
         plan, count = self.plan, len(self.plan.buckets)
         refused: str | None = None
         for i, specs in enumerate(plan.buckets):
@@ -209,11 +212,13 @@ class ArmedPush:
                 ok, message = self.receiver.receive_and_load(specs, plan.group_name, flat=plan.flat, deferred=not last)
             except Exception as exc:  # noqa: BLE001 - the bytes may be half taken: the group is out of step
                 return ArmedOutcome(False, False, f"bucket {i} of {count} failed: {type(exc).__name__}: {exc}")
+            mark(f"engine: bucket {i} {'in' if last else 'queued'}")
             if not ok:
                 refused = f"bucket {i} of {count}: {message}"
         if refused is not None:
             return ArmedOutcome(False, True, refused)
         success, message = self.receiver.take_version(True, f"loaded {count} buckets.", plan.weight_version)
+        mark("engine: loop done")
         return ArmedOutcome(success, True, message)
 
     def _drop(self, specs: list[TensorSpec]) -> None:
