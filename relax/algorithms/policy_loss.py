@@ -28,25 +28,20 @@ import torch
 
 from relax.algorithms.kl import KL_ESTIMATORS, approx_kl, unbiased_kl
 from relax.algorithms.losses import POLICY_LOSSES, opsm_mask, tis_weights
-from relax.algorithms.reducers import make_reducer
+from relax.algorithms.reducers import GlobalNormalisers
 
 Reducer = Callable[[torch.Tensor], torch.Tensor]
 
 
 @dataclass
-class PolicyLossInputs:
-    """One micro-batch; every tensor is [B, T] and aligned with ``mask_BT``.
-
-    num_global_samples / num_global_tokens: samples / loss tokens in the GLOBAL batch of this
-    optimizer step (all micro-batches on all data-parallel ranks).
-    """
+class PolicyLossInputs(GlobalNormalisers):
+    """One micro-batch; every tensor is [B, T] and aligned with ``mask_BT``. ``num_global_samples`` /
+    ``num_global_tokens`` (keyword-only): the global batch's counts, from :class:`GlobalNormalisers`."""
 
     logp: torch.Tensor
     old_logp: torch.Tensor
     advantages: torch.Tensor
     mask_BT: torch.Tensor
-    num_global_samples: float | None = None
-    num_global_tokens: float | None = None
     ref_logp: torch.Tensor | None = None
     rollout_logp: torch.Tensor | None = None
     entropy: torch.Tensor | None = None
@@ -163,8 +158,7 @@ def compute_policy_loss(batch: PolicyLossInputs, cfg: PolicyLossConfig) -> Polic
     """Policy loss and metrics for one micro-batch (see the module docstring for the pipeline)."""
     _validate(batch, cfg)
     mask_BT = batch.mask_BT
-    reduce = make_reducer(mask_BT, per_token_loss=cfg.per_token_loss,
-                          num_global_samples=batch.num_global_samples, num_global_tokens=batch.num_global_tokens)
+    reduce = batch.reducer(mask_BT, per_token_loss=cfg.per_token_loss)
     old_logp = batch.old_logp.detach()
     advantages = batch.advantages.detach()
 

@@ -12,11 +12,14 @@ divided by a GLOBAL normaliser, so that summing the scalars over all micro-batch
     (--calculate-per-token-loss)       loss tokens. Every token weighs the same (Dr.GRPO-style).
 
 A sample whose mask is all zero contributes 0 (its denominator is clamped to 1), never NaN.
+Both losses' inputs (policy and value) carry the two global counts as `GlobalNormalisers` fields
+and reduce through `GlobalNormalisers.reducer`, so they normalise the same way.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -70,6 +73,22 @@ def make_reducer(
     if num_global_samples is None:
         raise ValueError("per-sample-mean loss needs num_global_samples (samples in the global batch)")
     return lambda values_BT: sum_of_sample_mean(values_BT, mask_BT, num_global_samples=num_global_samples)
+
+
+@dataclass(kw_only=True)
+class GlobalNormalisers:
+    """The counts of the GLOBAL batch of this optimizer step (all micro-batches on all data-parallel
+    ranks) that a loss's inputs carry: ``num_global_samples`` (samples, for the per-sample mean) and
+    ``num_global_tokens`` (loss tokens, for ``--calculate-per-token-loss``). Keyword-only fields, so
+    a loss-inputs dataclass that adds its tensors keeps them positional."""
+
+    num_global_samples: float | None = None
+    num_global_tokens: float | None = None
+
+    def reducer(self, mask_BT: torch.Tensor, *, per_token_loss: bool) -> Callable[[torch.Tensor], torch.Tensor]:
+        """:func:`make_reducer` bound to ``mask_BT`` and these counts."""
+        return make_reducer(mask_BT, per_token_loss=per_token_loss, num_global_samples=self.num_global_samples,
+                            num_global_tokens=self.num_global_tokens)
 
 
 def count_global_normalisers(mask_BT: torch.Tensor) -> tuple[int, int]:

@@ -17,26 +17,25 @@ import torch
 
 from relax.algorithms.losses import value_loss
 from relax.algorithms.policy_loss import PolicyLossOutput
-from relax.algorithms.reducers import make_reducer
+from relax.algorithms.reducers import GlobalNormalisers
 
 
 @dataclass
-class ValueLossInputs:
-    """One micro-batch; every tensor is [B, T] and aligned with ``mask_BT``."""
+class ValueLossInputs(GlobalNormalisers):
+    """One micro-batch; every tensor is [B, T] and aligned with ``mask_BT``. ``num_global_samples`` /
+    ``num_global_tokens`` (keyword-only): the global batch's counts, from :class:`GlobalNormalisers`
+    as in the policy loss's inputs."""
 
     values: torch.Tensor
     old_values: torch.Tensor
     returns: torch.Tensor
     mask_BT: torch.Tensor
-    num_global_samples: float | None = None
-    num_global_tokens: float | None = None
 
 
 def compute_value_loss(batch: ValueLossInputs, *, value_clip: float, per_token_loss: bool = False) -> PolicyLossOutput:
     """Clipped value loss and metrics (``value_loss``, ``value_clipfrac``, ``values_mean``,
     ``returns_mean``), each already divided by the global normaliser."""
-    reduce = make_reducer(batch.mask_BT, per_token_loss=per_token_loss,
-                          num_global_samples=batch.num_global_samples, num_global_tokens=batch.num_global_tokens)
+    reduce = batch.reducer(batch.mask_BT, per_token_loss=per_token_loss)
     old_BT, returns_BT = batch.old_values.detach().float(), batch.returns.detach().float()
     loss_BT, stats = value_loss(batch.values.float(), old_BT, returns_BT, value_clip=value_clip)
     loss = reduce(loss_BT)

@@ -139,22 +139,25 @@ def build_tiny_qwen3(
     if num_heads % num_kv_heads:
         raise ValueError(f"num_heads={num_heads} must be divisible by num_kv_heads={num_kv_heads}")
     config = Qwen3Config(
-        vocab_size=len(tokenizer),
-        hidden_size=hidden_size,
-        intermediate_size=intermediate_size or 4 * hidden_size,
-        num_hidden_layers=num_layers,
-        num_attention_heads=num_heads,
-        num_key_value_heads=num_kv_heads,
-        head_dim=hidden_size // num_heads,
-        max_position_embeddings=max_position_embeddings,
-        tie_word_embeddings=True,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        bos_token_id=None,
+        **_qwen3_shape(tokenizer, hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads,
+                       num_kv_heads=num_kv_heads, intermediate_size=intermediate_size or 4 * hidden_size,
+                       max_position_embeddings=max_position_embeddings),
         max_window_layers=num_layers,
-        use_cache=True,
     )
     return _seeded_model(Qwen3ForCausalLM, config, tokenizer, seed)
+
+
+def _qwen3_shape(tokenizer: Any, *, hidden_size: int, num_layers: int, num_heads: int, num_kv_heads: int,
+                 intermediate_size: int, max_position_embeddings: int) -> dict[str, Any]:
+    """The config fields the dense and the MoE tiny model set alike: the sizes (head_dim from the
+    heads), tied embeddings, the KV cache on, and the tokenizer's vocabulary, pad and eos ids (no bos)."""
+    return {
+        "vocab_size": len(tokenizer), "hidden_size": hidden_size, "intermediate_size": intermediate_size,
+        "num_hidden_layers": num_layers, "num_attention_heads": num_heads, "num_key_value_heads": num_kv_heads,
+        "head_dim": hidden_size // num_heads, "max_position_embeddings": max_position_embeddings,
+        "tie_word_embeddings": True, "pad_token_id": tokenizer.pad_token_id,
+        "eos_token_id": tokenizer.eos_token_id, "bos_token_id": None, "use_cache": True,
+    }
 
 
 def _seeded_model(model_class: Any, config: Any, tokenizer: Any, seed: int) -> Any:
@@ -193,12 +196,11 @@ def build_tiny_qwen3_moe(
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
     config = Qwen3MoeConfig(
-        vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=4 * hidden_size,
+        **_qwen3_shape(tokenizer, hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads,
+                       num_kv_heads=num_heads, intermediate_size=4 * hidden_size,
+                       max_position_embeddings=max_position_embeddings),
         moe_intermediate_size=hidden_size, num_experts=num_experts, num_experts_per_tok=top_k,
-        norm_topk_prob=True, num_hidden_layers=num_layers, num_attention_heads=num_heads,
-        num_key_value_heads=num_heads, head_dim=hidden_size // num_heads,
-        max_position_embeddings=max_position_embeddings, tie_word_embeddings=True, initializer_range=init_std,
-        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, bos_token_id=None, use_cache=True,
+        norm_topk_prob=True, initializer_range=init_std,
     )
     return _seeded_model(Qwen3MoeForCausalLM, config, tokenizer, seed)
 
