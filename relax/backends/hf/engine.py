@@ -10,7 +10,9 @@ push replaces them, the base weights never change, so pushes do not accumulate (
 
 Memory release (`/release_memory_occupation`, SGLang's colocate offload): on CUDA the weights
 move to CPU and the CUDA cache is emptied; on CPU nothing moves (this engine keeps no KV cache
-between batches). While any tag is released, generation is refused (HTTP 503) until resume.
+between batches). While any tag is released, generation is refused (HTTP 503) until resume. Release
+and resume make the weight receiver forget its walk of the model (it keeps one across pushes), as the
+move replaces buffer tensors and leaves fused MoE experts' per-expert views on the old storage.
 """
 
 from __future__ import annotations
@@ -132,8 +134,10 @@ class HFEngine:
             logger.info("decoding through transformers' DynamicCache: %s", self.decoder.static_path_note)
         self.scheduler = Scheduler(self.decoder, max_running_requests=max_running_requests,
                                    batch_wait_s=batch_wait_s)
+        # The receiver keeps its walk of the model's tensors from push to push (`cache_walk`): every place
+        # here that may replace them (release_memory, resume_memory) calls `receiver.forget_walk()`.
         self.receiver = WeightReceiver(self.model, step_lock=self.step_lock, timeout_s=weight_sync_timeout_s,
-                                       device=self.device)
+                                       device=self.device, cache_walk=True)
         self.weight_version = "default"
         self.weight_session_open = False  # SGLang's /begin_weight_update .. /end_weight_update
         self.released_tags: set[str] = set()
@@ -297,6 +301,7 @@ class HFEngine:
             self.decoder.release_cache()  # the KV cache and the graphs (they hold parameter addresses)
             if "weights" in tags and self.device.type == "cuda" and "weights" not in self.released_tags:
                 self.model.to("cpu")
+            self.receiver.forget_walk()  # model.to() makes new buffers; fused experts' views keep the old storage
         if self.device.type == "cuda":
             if hasattr(torch._C, "_cuda_clearCublasWorkspaces"):  # the decode streams' cuBLAS workspaces
                 torch._C._cuda_clearCublasWorkspaces()
@@ -310,6 +315,8 @@ class HFEngine:
             with self.step_lock:
                 self.model.to(self.device)
                 self.decoder.release_cache()
+        with self.step_lock:
+            self.receiver.forget_walk()  # (as in release_memory)
         self.released_tags.difference_update(tags)
         return f"resumed {sorted(tags)}"
 

@@ -101,10 +101,13 @@ class ArmedBucket(BaseModel):
 
 class ArmWeightUpdateRequest(BaseModel):
     """Relax's armed push (`weight_push_armed`; relax/distributed/weights/armed.py): every bucket of
-    the push at once; generation is paused (`pause_mode`, as /pause_generation) and a session opened."""
+    the push at once; generation is paused (`pause_mode`, as /pause_generation) and a session opened.
+    `layout_id` (`armed.layout_digest` of the buckets) with `buckets`: the engine keeps the layout under
+    it; alone: the layout kept (409 when the engine does not hold it: the sender sends the buckets)."""
 
     group_name: StrictStr = "weight_update_group"
-    buckets: list[ArmedBucket] = Field(min_length=1)
+    buckets: list[ArmedBucket] | None = Field(default=None, min_length=1)
+    layout_id: StrictStr | None = Field(default=None, min_length=1, max_length=128)
     load_format: StrictStr | None = None
     weight_version: StrictStr | None = None
     flush_cache: StrictBool = True

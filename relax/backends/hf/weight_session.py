@@ -7,11 +7,13 @@ Updates outside a session are accepted (older SGLang).
 
 Armed push (the engine announces `weight_push_armed` in /server_info): `/arm_weight_update` pauses
 generation, opens the session and starts the receiver's loop (`WeightReceiver.arm`), which takes
-every bucket of the push from the group with no request per bucket. `/end_weight_update` then waits
-for that loop (the sender posts it while it broadcasts: its reply is the waiter), closes the session,
-resumes generation when asked (`continue_generation`) and answers the loop's outcome: 200, 400
-`success: false` (a bucket refused after its bytes were received; the group is in step) or 500 (a
-receive or load failed; the group is quarantined, the sender rebuilds it). Two requests a push.
+every bucket of the push from the group with no request per bucket. Its layout is checked before the
+pause (400: one it cannot take; 409: a `layout_id` sent alone that it does not hold, which the sender
+answers by sending the buckets; either way nothing was paused or broadcast). `/end_weight_update`
+then waits for that loop (the sender posts it while it broadcasts: its reply is the waiter), closes
+the session, resumes generation when asked (`continue_generation`) and answers the loop's outcome:
+200, 400 `success: false` (a bucket refused after its bytes were received; the group is in step) or
+500 (a receive or load failed; the group is quarantined, the sender rebuilds it). Two requests a push.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from fastapi.responses import JSONResponse
 from relax.backends.hf.engine import HFEngine
 from relax.backends.hf.protocol import ArmWeightUpdateRequest, EndWeightUpdateRequest, UpdateWeightVersionRequest
 from relax.distributed.weights.armed import ArmedPush
+from relax.distributed.weights.errors import LayoutUnknown
 from relax.distributed.weights.trace import mark
 
 logger = logging.getLogger(__name__)
@@ -83,8 +86,11 @@ def add_weight_session_routes(app: FastAPI, engine: HFEngine, error_response: Ca
     @app.post("/arm_weight_update")
     async def arm_weight_update(req: ArmWeightUpdateRequest):
         mark("engine: arm received")
-        try:
-            receiver.group(req.group_name)  # (before the pause: a request that cannot work aborts nothing)
+        try:  # (before the pause: a request that cannot work aborts nothing)
+            receiver.group(req.group_name)
+            plan = receiver.plan(req.model_dump())
+        except LayoutUnknown as exc:  # the sender arms again with the buckets
+            return error_response(409, f"arm_weight_update: {exc}")
         except ValueError as exc:
             return error_response(400, f"arm_weight_update: {exc}")
         await engine.scheduler.pause(req.pause_mode)
@@ -94,7 +100,7 @@ def add_weight_session_routes(app: FastAPI, engine: HFEngine, error_response: Ca
             receiver.armed = None
             await close_session(engine)
         try:
-            armed = receiver.arm(req.model_dump())
+            armed = receiver.arm(plan)
         except ValueError as exc:  # refused before anything was broadcast: the pause was this request's
             engine.scheduler.resume()
             return error_response(400, f"arm_weight_update: {exc}")

@@ -3,7 +3,8 @@
 `WeightSender` speaks the protocol of `protocol.py` to a list of receivers, each an `Endpoint`:
 `async post(path, payload, timeout_s)` returning the reply or raising the protocol's errors
 (`BucketRejected`: received, refused, the group stays in step; `EndpointMissing`: an engine
-without that endpoint; `WeightSyncError`: anything else, the group is rebuilt).
+without that endpoint; `LayoutUnknown`: an arm naming a layout the engine does not hold, sent again
+in full; `WeightSyncError`: anything else, the group is rebuilt).
 - `HTTPEndpoint`: an inference engine's HTTP API (SGLang or the hf engine) through the one engine
   client, `relax.distributed.engine_client.EngineClient` (its timeouts, and its retries of the
   idempotent control calls only: `http_utils.IDEMPOTENT_PATHS`, never a weight-group call).
@@ -18,7 +19,7 @@ import asyncio
 from typing import Any, Protocol
 
 from relax.distributed.engine_client import EngineClient, EngineError
-from relax.distributed.weights.errors import BucketRejected, EndpointMissing, WeightSyncError
+from relax.distributed.weights.errors import BucketRejected, EndpointMissing, LayoutUnknown, WeightSyncError
 
 
 class Endpoint(Protocol):
@@ -44,11 +45,14 @@ async def receiver_features(receiver: Any) -> frozenset[str]:
 
 
 def weight_sync_error(err: EngineError) -> WeightSyncError:
-    """An engine client's failure as the sender's error: 404 -> EndpointMissing, a reply with
-    `success: false` -> BucketRejected, anything else (no reply, other status) -> WeightSyncError.
-    The message is the client's: the URL with the path, the status and the engine's words."""
+    """An engine client's failure as the sender's error: 404 -> EndpointMissing, 409 -> LayoutUnknown
+    (an arm by layout id alone that the engine cannot take), a reply with `success: false` ->
+    BucketRejected, anything else (no reply, other status) -> WeightSyncError. The message is the
+    client's: the URL with the path, the status and the engine's words."""
     if err.status == 404:
         return EndpointMissing(str(err))
+    if err.status == 409:
+        return LayoutUnknown(str(err))
     if isinstance(err.body, dict) and err.body.get("success") is False:
         return BucketRejected(str(err))
     return WeightSyncError(str(err))

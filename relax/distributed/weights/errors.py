@@ -21,3 +21,9 @@ class BucketRejected(WeightSyncError):
 
 class EndpointMissing(WeightSyncError):
     """The engine answered 404: it does not serve this endpoint (an older SGLang)."""
+
+
+class LayoutUnknown(WeightSyncError):
+    """A receiver refused an `/arm_weight_update` that named its layout by `layout_id` alone: it does not
+    hold that layout (restarted, or it kept newer ones; armed.py). Raised by the receiver, HTTP 409 on the
+    wire; nothing was paused or armed, and the sender sends the layout in full once more."""

@@ -27,8 +27,9 @@ Protocol (the one SGLang serves and slime drives; `sender.WeightSender` drives i
    go out together (`/pause_generation` with `/begin_weight_update`, `/end_weight_update` with
    `/continue_generation`): one round trip each side of the buckets instead of two.
    Armed receivers (`weight_push_armed`: the hf engine; `armed.py`) take a push in two requests
-   whatever its bucket count: `/arm_weight_update` {group_name, buckets: [{names, dtypes, shapes,
-   bytes}], load_format, weight_version, flush_cache, pause_mode} pauses, opens the session and arms
+   whatever its bucket count: `/arm_weight_update` {group_name, layout_id, buckets: [{names, dtypes,
+   shapes, bytes}], load_format, weight_version, flush_cache, pause_mode} (`buckets` left out once the
+   receiver holds `layout_id`; 409 `LayoutUnknown` when it does not) pauses, opens the session and arms
    a receive loop in a thread of the receiver's own that takes every bucket from the group in order
    and holds the version until the last is in; the sender broadcasts the buckets back to back with no
    request per bucket and `/end_weight_update` {continue_generation: true}, posted as soon as the arm
@@ -52,7 +53,9 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import torch
 
-from relax.distributed.weights.errors import BucketRejected, EndpointMissing, WeightSyncError  # noqa: F401 (re-exported)
+from relax.distributed.weights.errors import (  # noqa: F401 (re-exported)
+    BucketRejected, EndpointMissing, LayoutUnknown, WeightSyncError,
+)
 
 DEFAULT_BUCKET_BYTES = 512 * 1024 * 1024  # --update-weight-buffer-size default
 MAX_TENSORS_PER_REQUEST = 100_000  # a receiver refuses a bucket listing more

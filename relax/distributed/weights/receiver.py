@@ -17,6 +17,13 @@ loaded) and takes the push's `weight_version` when the bucket carries it (the la
 
 The names are HF checkpoint names; `hf_targets` maps them onto a transformers model, fused MoE
 experts included (`expert_views`), and `load_hf_named` writes a whole HF state that way.
+
+Two costs are kept off a push's path. The model walk (`hf_targets`: ~2 ms on a 0.6B model, holding
+the GIL) is made once per session, and with `cache_walk` (the hf engine's) once for as long as the
+model's tensors stay where they are: its owner calls `forget_walk` whenever they may be replaced
+(memory released or resumed: `model.to()` makes new buffers and leaves fused experts' views on the
+old storage). A bucket's tensors are copied in by `copy_all`, one `torch._foreach_copy_` per
+(device, dtype) group instead of one `copy_` per tensor (~100 kernel launches a 512 MiB bucket).
 """
 
 from __future__ import annotations
@@ -24,11 +31,11 @@ from __future__ import annotations
 import contextlib
 import math
 import threading
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
-from relax.distributed.weights.armed import ArmedPush, parse_plan
+from relax.distributed.weights.armed import ArmedPlan, ArmedPush, Layouts, parse_plan
 from relax.distributed.weights.group import WeightGroup, create_weight_group
 from relax.distributed.weights.ipc import decode_tensor_payload, deserialize
 from relax.distributed.weights.protocol import FLAT_BYTES, TensorSpec, flat_layout, flat_views, parse_specs, spec_bytes
@@ -62,6 +69,24 @@ def hf_targets(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return targets
 
 
+def copy_all(targets: Sequence[torch.Tensor], sources: Sequence[torch.Tensor]) -> None:
+    """`target.copy_(source)` for every pair (cast and moved as `copy_` does), as one
+    `torch._foreach_copy_` per group of pairs with the same devices and dtypes on both sides: on a GPU
+    one multi-tensor kernel instead of a launch per tensor. A lone pair, or a group writing one tensor
+    twice (tied weights named twice, where the last write must win), is copied one by one."""
+    groups: dict[tuple, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
+    for target, source in zip(targets, sources):
+        dsts, srcs = groups.setdefault((target.device, target.dtype, source.device, source.dtype), ([], []))
+        dsts.append(target)
+        srcs.append(source)
+    for dsts, srcs in groups.values():
+        if len(dsts) > 1 and len({t.data_ptr() for t in dsts}) == len(dsts):
+            torch._foreach_copy_(dsts, srcs)
+        else:
+            for target, source in zip(dsts, srcs):
+                target.copy_(source)
+
+
 @torch.no_grad()
 def load_hf_named(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
     """Write HF-named weights (checkpoint or in-memory names, experts fused or per expert) into an
@@ -70,10 +95,8 @@ def load_hf_named(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> Non
     unknown = sorted(set(state) - set(targets))
     if unknown:
         raise ValueError(f"{len(unknown)} weight(s) are not the model's, e.g. {unknown[:3]}")
-    written = 0
-    for name, tensor in state.items():
-        targets[name].copy_(tensor)
-        written += tensor.numel()
+    copy_all([targets[name] for name in state], list(state.values()))
+    written = sum(tensor.numel() for tensor in state.values())
     total = sum(p.numel() for p in model.parameters())
     if written < total:
         raise ValueError(f"the weights cover {written} of the model's {total} parameter values")
@@ -95,13 +118,18 @@ class WeightReceiver:
     `step_lock` (the engine's) is held while tensors are copied in, so no forward sees half a
     bucket. A well-formed bucket is always received in full; names or shapes the model does not
     have reject it whole (nothing loaded). `version`: the last complete push's `weight_version`,
-    as `version_type` reads it (SGLang's is a string; the training ranks count pushes)."""
+    as `version_type` reads it (SGLang's is a string; the training ranks count pushes).
+
+    `cache_walk`: keep the model walk (`_targets()`) from one push to the next, until `forget_walk`
+    (the hf engine, which calls it wherever its model's tensors may be replaced); off, every session
+    and every bucket outside one walks the model anew (the training ranks: their owners move and
+    reshard the model's tensors without telling the receiver)."""
 
     version_type: Callable[[Any], Any] = str
 
     def __init__(self, model: torch.nn.Module, *, step_lock: threading.Lock | None = None, timeout_s: float = 600.0,
-                 device: torch.device | str = "cpu"):
-        self.model, self.timeout_s = model, timeout_s
+                 device: torch.device | str = "cpu", cache_walk: bool = False):
+        self.model, self.timeout_s, self.cache_walk = model, timeout_s, cache_walk
         self.step_lock = step_lock if step_lock is not None else contextlib.nullcontext()
         self.device = torch.device(device)
         self.version: Any = None
@@ -112,11 +140,13 @@ class WeightReceiver:
         self.groups: dict[str, WeightGroup] = {}
         self._walk: dict[str, torch.Tensor] | None = None  # _targets() of the bucket in hand (_one_walk)
         self._session_walk: dict[str, torch.Tensor] | None = None  # ... of every bucket of a session (open_session)
+        self._kept_walk: dict[str, torch.Tensor] | None = None  # ... of every push until forget_walk (cache_walk)
         # Groups out of step after a request we refused before receiving: the sender may have
         # pushed bytes we never read, so receiving on them again could misparse (and gloo aborts
         # the process on a size mismatch). Kept referenced, never used, until destroyed.
         self.quarantined: dict[str, WeightGroup] = {}
         self.armed: ArmedPush | None = None  # the receive loop of an armed push (`arm`), until its end is answered
+        self.layouts = Layouts()  # the armed pushes' layouts by `layout_id` (armed.py), parsed once each
 
     def init_group(self, *, master_address: str, master_port: int, rank_offset: int, world_size: int,
                    group_name: str, backend: str) -> str:
@@ -155,14 +185,27 @@ class WeightReceiver:
     def _targets(self) -> dict[str, torch.Tensor]:
         return hf_targets(self.model)
 
+    def _walked(self) -> dict[str, torch.Tensor]:
+        """`_targets()`: the kept walk where `cache_walk` holds one (made now if not), else a new walk."""
+        if not self.cache_walk:
+            return self._targets()
+        if self._kept_walk is None:
+            self._kept_walk = self._targets()
+        return self._kept_walk
+
+    def forget_walk(self) -> None:
+        """The model's tensors may have been replaced (moved, reallocated): the next bucket or session
+        walks the model anew. Its owner calls this (the hf engine: memory released or resumed)."""
+        self._kept_walk = self._session_walk = None
+
     def _bucket_targets(self) -> dict[str, torch.Tensor]:
         """`_targets()`, walked once per bucket (`_one_walk`): a module walk costs ~1 ms on a
         36-layer model, and checking, placing and loading a bucket asked for it three times."""
-        return self._walk if self._walk is not None else self._targets()
+        return self._walk if self._walk is not None else self._walked()
 
     @contextlib.contextmanager
     def _one_walk(self) -> Iterator[None]:
-        self._walk = self._session_walk if self._session_walk is not None else self._targets()
+        self._walk = self._session_walk if self._session_walk is not None else self._walked()
         try:
             yield
         finally:
@@ -170,8 +213,9 @@ class WeightReceiver:
 
     def open_session(self) -> None:
         """`/begin_weight_update`: the model's tensors are walked once for every bucket of the push
-        (not once per bucket), since nothing reallocates them while a session is open."""
-        self._session_walk = self._targets()
+        (not once per bucket), since nothing reallocates them while a session is open; with
+        `cache_walk`, once for every push until `forget_walk`."""
+        self._session_walk = self._walked()
 
     def close_session(self) -> None:
         """`/end_weight_update`: wait for buckets still loading (`deferred`), forget the walk."""
@@ -206,8 +250,7 @@ class WeightReceiver:
     def load(self, specs: list[TensorSpec], tensors: list[torch.Tensor]) -> None:
         targets = self._bucket_targets()
         with self.step_lock, torch.no_grad():
-            for spec, tensor in zip(specs, tensors):
-                targets[spec.name].copy_(tensor)
+            copy_all([targets[spec.name] for spec in specs], tensors)
 
     # ---- a push begins and ends ---------------------------------------------------------
     def begin(self) -> None:
@@ -225,12 +268,18 @@ class WeightReceiver:
             return self.finish(weight_version, message)
         return success, message
 
-    def arm(self, payload: dict[str, Any]) -> ArmedPush:
-        """`/arm_weight_update` (armed.py): check the push's layout and group and start the loop that begins
-        the push, opens the session and takes its buckets (`armed`). ValueError for a layout or group
-        it cannot take, or while an earlier armed push still receives on a live group (one left on a
-        group since destroyed is abandoned: its receive can only fail)."""
-        plan = parse_plan(payload)
+    def plan(self, payload: dict[str, Any]) -> ArmedPlan:
+        """An `/arm_weight_update` body as a plan (`armed.parse_plan`): its buckets sent, or named by a
+        `layout_id` this receiver holds (`layouts`). ValueError for a layout it cannot take,
+        `LayoutUnknown` for an id alone that it does not hold."""
+        return parse_plan(payload, self.layouts)
+
+    def arm(self, payload: dict[str, Any] | ArmedPlan) -> ArmedPush:
+        """`/arm_weight_update` (armed.py): check the push's layout (`plan`, unless given) and group and start
+        the loop that begins the push, opens the session and takes its buckets (`armed`). ValueError for a
+        layout or group it cannot take, or while an earlier armed push still receives on a live group (one
+        left on a group since destroyed is abandoned: its receive can only fail)."""
+        plan = payload if isinstance(payload, ArmedPlan) else self.plan(payload)
         group = self.group(plan.group_name)
         earlier = self.armed
         if earlier is not None and not earlier.done() and self.groups.get(earlier.plan.group_name) is earlier.group:
@@ -332,8 +381,8 @@ class WeightReceiver:
                 for tensor in tensors:
                     group.broadcast(tensor, src=0)
                 group.synchronize()
-                for spec, target, tensor in zip(specs, direct, tensors):
-                    if target is None:
-                        targets[spec.name].copy_(tensor)
+                scratch = [(targets[spec.name], tensor) for spec, target, tensor in zip(specs, direct, tensors)
+                           if target is None]
+                copy_all([t for t, _ in scratch], [s for _, s in scratch])
         nbytes = sum(math.prod(s.shape) * t.element_size() for s, t in zip(specs, tensors))
         return True, f"loaded {len(specs)} tensors ({nbytes} bytes)"

@@ -23,17 +23,19 @@ buffer per push) get one bucket at a time.
 
 Armed receivers (the hf engine's /server_info `weight_push_armed`; `armed.py`) get no request per
 bucket at all: `/arm_weight_update` tells them every bucket of the push (with the pause and the
-session's opening), their `/end_weight_update` (with the resume) is posted as soon as they are armed
-and answers once their receive loop has taken the last bucket, and meanwhile the buckets are
-broadcast back to back. Two requests a push; the end call is the waiter, so a loop that stopped fails
-the push at once. A fleet may mix them with the others: the broadcasts are the same, only the other
-receivers get their requests per bucket (a failure before every bucket went out then breaks the
-group, since the armed loops wait for buckets that will not come).
+session's opening; a layout the receiver was sent before by its id alone), their
+`/end_weight_update` (with the resume) is posted as soon as they are armed and answers once their
+receive loop has taken the last bucket, and meanwhile the buckets are broadcast back to back. Two
+requests a push; the end call is the waiter, so a loop that stopped fails the push at once. A fleet
+may mix them with the others: the broadcasts are the same, only the other receivers get their
+requests per bucket (a failure before every bucket went out then breaks the group, since the armed
+loops wait for buckets that will not come).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import threading
 import time
@@ -45,7 +47,7 @@ from typing import Any, Callable, Iterable, Sequence
 import torch
 
 from relax.distributed.store import listen
-from relax.distributed.weights.armed import ARM_PATH, END_PATH, arm_payload, await_ends, watched
+from relax.distributed.weights.armed import END_PATH, ArmLayouts, arm_payload, await_ends, watched
 from relax.distributed.weights.endpoints import (
     ARMED, EXTENSIONS, FLAT, IN_ORDER, Endpoint, HTTPEndpoint, receiver_features,
 )
@@ -121,6 +123,7 @@ class WeightSender:
         self.together = False  # pause with session open, end with resume: where every receiver is Relax's
         self._chain = threading.Event()  # the last broadcast's end (they run in order, one thread each)
         self._gate: threading.Event | None = None  # set once the arms are answered: bucket 0 then goes (`_open`)
+        self._layouts = ArmLayouts()  # each push layout's arm payload, built once, and who holds which
         self._streams: tuple[Any, Any] | None = None  # a GPU push's pack and wait streams (_queue_flat)
         self._chain.set()
         self._connected = False
@@ -313,15 +316,17 @@ class WeightSender:
     async def _open(self, buckets: Iterable[list[tuple[str, torch.Tensor]]], version: str,
                     deadline: float) -> tuple[list[Endpoint], list[asyncio.Future]]:
         """`/begin_weight_update` on the plain receivers and `/arm_weight_update` (the whole push's
-        layout) on the armed ones, at once; then the armed ones' `/end_weight_update`, posted now and
-        answered when their loops are done. Returns the plain receivers with a session open, and those
-        end calls. A failed arm breaks the group (another receiver's loop may be armed on it)."""
+        layout, or its id alone where a receiver holds it: `armed.ArmLayouts`) on the armed ones, at once;
+        then the armed ones' `/end_weight_update`, posted now and answered when their loops are done.
+        Returns the plain receivers with a session open, and those end calls. A failed arm breaks the
+        group (another receiver's loop may be armed on it); bucket 0 waits for this to return (`_ahead`)."""
         if not self.armed:
             return await self._begin_sessions(self.plain, deadline), []
-        payload = arm_payload(buckets, group_name=self.group_name, flat=self.flat, weight_version=version,
-                              pause_mode=self.pause_mode)
+        payload = arm_payload(self._layouts.layout(buckets), group_name=self.group_name, flat=self.flat,
+                              weight_version=version, pause_mode=self.pause_mode)
+        remaining = functools.partial(self._remaining, deadline)
         results = await asyncio.gather(self._begin_sessions(self.plain, deadline),
-                                       *(r.post(ARM_PATH, payload, self._remaining(deadline)) for r in self.armed),
+                                       *(self._layouts.arm(r, payload, remaining) for r in self.armed),
                                        return_exceptions=True)
         failed = [r for r in results if isinstance(r, BaseException)]
         if failed:

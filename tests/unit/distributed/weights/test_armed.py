@@ -9,9 +9,11 @@ import time
 import pytest
 import torch
 
-from relax.distributed.weights.armed import ARM_PATH, END_PATH, arm_payload, parse_plan
+from relax.distributed.weights.armed import (
+    ARM_PATH, END_PATH, LAYOUTS_KEPT, ArmLayout, Layouts, arm_payload, layout_digest, parse_plan, spec_rows,
+)
 from relax.distributed.weights.endpoints import ARMED, FLAT, IN_ORDER
-from relax.distributed.weights.protocol import BucketRejected, WeightSyncError
+from relax.distributed.weights.protocol import BucketRejected, LayoutUnknown, WeightSyncError
 from relax.distributed.weights.receiver import WeightReceiver
 from relax.distributed.weights.sender import WeightSender
 
@@ -21,13 +23,15 @@ class ArmedEndpoint:
     engine's routes do (weight_session.py, without HTTP); `paths` records every call of a push."""
 
     def __init__(self, receiver: WeightReceiver, features: frozenset[str] = frozenset({IN_ORDER, FLAT, ARMED})):
-        self.receiver, self._features, self.paths = receiver, features, []
+        self.receiver, self._features, self.paths, self.arms = receiver, features, [], []
 
     async def features(self) -> frozenset[str]:
         return self._features
 
     async def post(self, path: str, payload: dict, timeout_s: float) -> dict:
         self.paths.append(path)
+        if path == ARM_PATH:
+            self.arms.append(dict(payload))
         receiver = self.receiver
         if path == "/init_weights_update_group":
             self.turn = asyncio.Lock()  # per-bucket requests load one at a time, in the order posted
@@ -68,12 +72,13 @@ def _push(endpoints: list, state, *, bucket_bytes: int = 200, version: int = 1, 
             for i in range(repeats):
                 for e in endpoints:
                     e.paths.clear()
+                    e.arms.clear()
                 try:
                     outcomes.append(await sender.push(list(state.items()), version=version + i))
                 except WeightSyncError as exc:
                     outcomes.append(exc)
                 for e in endpoints:
-                    e.pushed = list(e.paths)  # the last push's calls
+                    e.pushed, e.pushed_arms = list(e.paths), list(e.arms)  # the last push's calls
         finally:
             await sender.close()
         return sender, outcomes
@@ -206,3 +211,129 @@ def test_bucket_0_is_packed_while_the_arm_travels_and_never_sent_when_the_arm_is
     broken, stats = asyncio.run(go())
     assert broken and stats.num_buckets == 4 and len(sent) == 4  # only the second push's buckets went out
     assert all(torch.equal(model.state_dict()[n], t) for n, t in state.items()) and endpoint.receiver.version == "2"
+
+
+def test_a_layout_id_alone_names_a_kept_layout_and_one_that_disagrees_with_its_buckets_is_refused():
+    buckets = [[("a", torch.zeros(3, 5)), ("b", torch.zeros(7, dtype=torch.bfloat16))], [("c", torch.zeros(2))]]
+    payload = arm_payload(buckets, group_name="g", flat=True, weight_version="4", pause_mode="abort")
+    layouts = Layouts()
+    plan = parse_plan(payload, layouts)
+    assert plan.layout_id == payload["layout_id"] == layout_digest(spec_rows(plan.buckets))
+    short = {k: v for k, v in payload.items() if k != "buckets"}
+    assert parse_plan(short, layouts).buckets is plan.buckets  # parsed once
+    with pytest.raises(LayoutUnknown, match="does not hold it"):
+        parse_plan(short, Layouts())
+    with pytest.raises(LayoutUnknown):
+        parse_plan(short)
+    wrong = arm_payload(buckets[:1], group_name="g", flat=True, weight_version="4", pause_mode="abort")
+    with pytest.raises(ValueError, match="does not match the buckets sent with it"):
+        parse_plan({**payload, "layout_id": wrong["layout_id"]}, layouts)
+    for i in range(LAYOUTS_KEPT):  # newer layouts push the oldest out
+        parse_plan(arm_payload([[(f"x{i}", torch.zeros(1))]], group_name="g", flat=True, weight_version="1",
+                               pause_mode="abort"), layouts)
+    with pytest.raises(LayoutUnknown):
+        parse_plan(short, layouts)
+
+
+def test_a_push_of_an_unchanged_layout_arms_by_id_alone():
+    """The second push of the same layout sends its layout_id and no buckets; the receiver loads it from
+    the layout it kept. A push of another layout (other bucket boundaries) sends its buckets again."""
+    model = _model()
+    endpoint = ArmedEndpoint(WeightReceiver(model, timeout_s=20))
+    first, second = _new_state(model), _new_state(model)
+
+    async def go():
+        sender = WeightSender([endpoint], backend="gloo", timeout_s=30, bucket_bytes=40)
+        await sender.connect()
+        arms = []
+        try:
+            for state, bucket_bytes in ((first, 40), (second, 40), (second, 200)):
+                sender.bucket_bytes = bucket_bytes
+                endpoint.arms.clear()
+                await sender.push(list(state.items()), version=len(arms) + 1)
+                arms.append(list(endpoint.arms))
+        finally:
+            await sender.close()
+        return arms
+
+    arms = asyncio.run(go())
+    assert [len(a) for a in arms] == [1, 1, 1]
+    (full,), (short,), (other,) = arms
+    assert len(full["buckets"]) == 4 and "buckets" not in short and short["layout_id"] == full["layout_id"]
+    assert "buckets" in other and other["layout_id"] != full["layout_id"]
+    assert all(torch.equal(model.state_dict()[n], t) for n, t in second.items()) and endpoint.receiver.version == "3"
+
+
+def test_a_receiver_that_forgot_the_layout_is_sent_it_once_more_before_anything_is_broadcast():
+    """A receiver that no longer holds the layout (a restarted engine) refuses the arm by id
+    (LayoutUnknown, 409 over HTTP) having armed nothing; the sender arms it again with the buckets and
+    only then broadcasts: the push succeeds and no bucket went out before the arm was accepted."""
+    model = _model()
+    endpoint = ArmedEndpoint(WeightReceiver(model, timeout_s=20))
+    first, second = _new_state(model), _new_state(model)
+    events = []
+
+    async def go():
+        sender = WeightSender([endpoint], backend="gloo", timeout_s=30, bucket_bytes=40)
+        await sender.connect()
+        broadcast, post = sender._broadcast, endpoint.post
+        sender._broadcast = lambda tensors: (events.append("broadcast"), broadcast(tensors))
+
+        async def recorded(path, payload, timeout_s):
+            events.append((path, "buckets" in payload))
+            return await post(path, payload, timeout_s)
+
+        endpoint.post = recorded
+        try:
+            await sender.push(list(first.items()), version=1)
+            endpoint.receiver.layouts.clear()  # as a restarted engine
+            events.clear()
+            stats = await sender.push(list(second.items()), version=2)
+        finally:
+            await sender.close()
+        return stats
+
+    stats = asyncio.run(go())
+    assert events[:2] == [(ARM_PATH, False), (ARM_PATH, True)]  # refused by id, then armed in full
+    assert events.count("broadcast") == stats.num_buckets == 4 and events.index("broadcast") > 1
+    assert all(torch.equal(model.state_dict()[n], t) for n, t in second.items()) and endpoint.receiver.version == "2"
+
+
+def test_a_layout_id_that_does_not_match_the_buckets_is_refused_and_nothing_is_broadcast():
+    model = _model()
+    endpoint = ArmedEndpoint(WeightReceiver(model, timeout_s=20))
+    before = {n: t.clone() for n, t in model.state_dict().items()}
+    sent = []
+
+    async def go():
+        sender = WeightSender([endpoint], backend="gloo", timeout_s=30, bucket_bytes=40)
+        await sender.connect()
+        broadcast, layout = sender._broadcast, sender._layouts.layout
+        sender._broadcast = lambda tensors: (sent.append(len(tensors)), broadcast(tensors))
+        sender._layouts.layout = lambda buckets: ArmLayout("0" * 64, layout(buckets).buckets)
+        try:
+            with pytest.raises(WeightSyncError, match="does not match the buckets sent with it"):
+                await sender.push(_new_state(model).items(), version=1)
+            await asyncio.sleep(0.2)  # (bucket 0's thread has seen the refusal)
+            return sender._broken
+        finally:
+            await sender.close()
+
+    assert asyncio.run(go()) and sent == []
+    assert all(torch.equal(model.state_dict()[n], t) for n, t in before.items()) and endpoint.receiver.armed is None
+
+
+def test_a_kept_walk_walks_the_model_once_for_two_armed_pushes():
+    class Counting(WeightReceiver):
+        walks = 0
+
+        def _targets(self):
+            self.walks += 1
+            return super()._targets()
+
+    model = _model()
+    kept, plain = ArmedEndpoint(Counting(model, timeout_s=20, cache_walk=True)), ArmedEndpoint(Counting(model))
+    for endpoint in (kept, plain):
+        _, stats = _push([endpoint], _new_state(model), bucket_bytes=40, repeats=2)
+        assert [s.num_buckets for s in stats] == [4, 4]
+    assert kept.receiver.walks == 1 and plain.receiver.walks == 2

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from relax.distributed.weights.receiver import WeightReceiver
+from relax.distributed.weights.receiver import WeightReceiver, hf_targets
 
 
 def test_per_expert_names_load_into_fused_moe_weights(tmp_path):
@@ -81,3 +81,89 @@ def test_a_session_walks_the_model_once_and_waits_only_for_its_last_flat_bucket(
     assert Counting.walks == 1 and Counting.waits == 2
     for name, tensor in model.state_dict().items():
         assert torch.equal(tensor, new[name]), name
+
+
+def _mixed_model() -> torch.nn.Module:
+    """Parameters in three dtypes and an int64 buffer: a bucket of them spans several copy groups."""
+    model = torch.nn.Module()
+    model.a = torch.nn.Parameter(torch.zeros(3, 5))
+    model.b = torch.nn.Parameter(torch.zeros(7, dtype=torch.bfloat16))
+    model.c = torch.nn.Parameter(torch.zeros(2, 3, dtype=torch.float16))
+    model.d = torch.nn.Parameter(torch.zeros(4))
+    model.e = torch.nn.Parameter(torch.zeros(4, 2, dtype=torch.bfloat16))
+    model.register_buffer("steps", torch.zeros(3, dtype=torch.int64))
+    return model
+
+
+def test_a_bucket_of_mixed_dtypes_loads_exactly_with_one_foreach_copy_per_dtype_pair(monkeypatch):
+    """`load` copies a bucket in with one `torch._foreach_copy_` per (target, source) device and dtype
+    pair (one kernel launch each on a GPU) and a lone pair by `copy_`; what lands is bit for bit what
+    one `copy_` per tensor writes, casts included (float32 sent into bf16 and fp16 weights)."""
+    from relax.distributed.weights.protocol import TensorSpec
+
+    torch.manual_seed(0)
+    sent = {"a": torch.randn(3, 5), "b": torch.randn(7), "c": torch.randn(2, 3), "d": torch.randn(4),
+            "e": torch.randn(4, 2, dtype=torch.bfloat16), "steps": torch.tensor([3, 1, 4])}
+    expected = _mixed_model()
+    with torch.no_grad():
+        for name, tensor in sent.items():  # the reference: one copy_ per tensor
+            hf_targets(expected)[name].copy_(tensor)
+    calls = []
+    foreach = torch._foreach_copy_
+    monkeypatch.setattr(torch, "_foreach_copy_", lambda dsts, srcs: (calls.append(len(dsts)), foreach(dsts, srcs)))
+    model = _mixed_model()
+    receiver = WeightReceiver(model)
+    specs = [TensorSpec(n, t.dtype, tuple(t.shape)) for n, t in sent.items()]
+    receiver.load(specs, list(sent.values()))
+    # (f32 <- f32: a, d) (bf16 <- f32: b) (f16 <- f32: c) (bf16 <- bf16: e) (i64 <- i64: steps)
+    assert calls == [2]
+    for name, tensor in expected.state_dict().items():
+        got = model.state_dict()[name]
+        assert got.dtype == tensor.dtype and torch.equal(got, tensor), name
+    assert model.b.dtype == torch.bfloat16 and torch.equal(model.b, sent["b"].to(torch.bfloat16))
+
+
+def test_a_tensor_named_twice_in_a_bucket_takes_the_last_value_as_one_copy_per_tensor_does(monkeypatch):
+    """Tied weights named twice write one tensor twice: the group falls back to copies in order."""
+    model = torch.nn.Module()
+    model.w = torch.nn.Parameter(torch.zeros(4))
+    model.v = model.w  # tied
+    calls = []
+    monkeypatch.setattr(torch, "_foreach_copy_", lambda dsts, srcs: calls.append(len(dsts)))
+    ok, message = WeightReceiver(model).load_named([("w", torch.ones(4)), ("v", torch.full((4,), 2.0))])
+    assert ok, message
+    assert calls == [] and torch.equal(model.w, torch.full((4,), 2.0))
+
+
+class _CountingWalks(WeightReceiver):
+    walks = 0
+
+    def _targets(self):
+        self.walks += 1
+        return super()._targets()
+
+
+def test_a_kept_walk_serves_every_push_until_it_is_forgotten_and_is_off_by_default():
+    """`cache_walk` (the hf engine's): two pushes in a row walk the model once; after `forget_walk` the
+    next push walks it anew and writes the model's tensors as they are now (new parameter objects, as a
+    move to another device may make). Off (the training ranks): every session walks."""
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4))
+    kept, plain = _CountingWalks(model, cache_walk=True), _CountingWalks(model)
+    for receiver in (kept, plain):
+        for value in (1.0, 2.0):
+            receiver.open_session()
+            ok, message = receiver.load_named([("0.bias", torch.full((4,), value))])
+            receiver.close_session()
+            assert ok, message
+        ok, message = receiver.load_named([("0.weight", torch.ones(4, 4))])  # outside a session
+        assert ok, message
+    assert kept.walks == 1 and plain.walks == 3
+    old = model[0].bias
+    model[0].bias = torch.nn.Parameter(torch.zeros(4))  # the model's tensor replaced
+    kept.forget_walk()
+    kept.open_session()
+    ok, message = kept.load_named([("0.bias", torch.full((4,), 3.0))])
+    kept.close_session()
+    assert ok, message
+    assert kept.walks == 2 and torch.equal(model[0].bias, torch.full((4,), 3.0))
+    assert torch.equal(old, torch.full((4,), 2.0))  # (the replaced tensor was not written)
