@@ -7,10 +7,22 @@ import socket
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port the OS says is free on `host` now (IPv6 when the host has a colon)."""
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
-        sock.bind((host, 0))
+    """A port the OS says is free on `host` now (IPv6 when the host has a colon). Another process may
+    take it before the caller binds it; a server this process launches takes `bound_socket` instead."""
+    with bound_socket(host) as sock:
         return sock.getsockname()[1]
+
+
+def bound_socket(host: str = "127.0.0.1") -> socket.socket:
+    """A TCP socket bound to a port the OS picks on `host`, not yet listening: handed open to a
+    server process (`pass_fds`), the port is the server's from the moment it is chosen."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    try:
+        sock.bind((host, 0))
+    except OSError:
+        sock.close()
+        raise
+    return sock
 
 
 def ephemeral_range() -> tuple[int, int]:

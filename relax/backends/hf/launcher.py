@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 
-from relax.utils.net import free_port
+from relax.utils.net import bound_socket
 from relax.utils.proc import PARENT_PID_ENV, ChildServer
 
 logger = logging.getLogger(__name__)
@@ -108,7 +108,8 @@ def launch_hf_engine(model_path: str, *, host: str = "127.0.0.1", port: int | No
     slot), set as its CUDA_VISIBLE_DEVICES; one GPU per hf engine."""
     option_args = engine_option_args(options)
     device, visible = split_device(device)
-    port = port or free_port(host)
+    listener = None if port else bound_socket(host)  # (held open into the server: no race for the port)
+    port = port or listener.getsockname()[1]
     if num_threads is None and device == "cpu":
         num_threads = 1
     if log_path is None:
@@ -127,9 +128,15 @@ def launch_hf_engine(model_path: str, *, host: str = "127.0.0.1", port: int | No
     if api_key:
         child_env[API_KEY_ENV] = api_key
     cmd += option_args + list(extra_args)
-    with open(log_path, "ab") as log:
-        child_env[PARENT_PID_ENV] = str(os.getpid())
-        process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                   env=child_env)
+    if listener is not None:
+        cmd += ["--listen-fd", str(listener.fileno())]
+    try:
+        with open(log_path, "ab") as log:
+            child_env[PARENT_PID_ENV] = str(os.getpid())
+            process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                       env=child_env, pass_fds=() if listener is None else (listener.fileno(),))
+    finally:
+        if listener is not None:
+            listener.close()  # the server holds its own copy
     url_host = f"[{host}]" if ":" in host else host
     return EngineProcess(process, f"http://{url_host}:{port}", log_path, api_key)

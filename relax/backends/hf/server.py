@@ -33,6 +33,7 @@ import contextlib
 import hmac
 import logging
 import os
+import socket
 import time
 from typing import Any
 
@@ -345,6 +346,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--tokenizer-path", default=None, help="defaults to --model-path")
     parser.add_argument("--host", default="127.0.0.1", help="bind address (loopback unless the run spans nodes)")
     parser.add_argument("--port", type=int, default=30000)
+    parser.add_argument("--listen-fd", type=int, default=None,
+                        help="Relax extension: serve on this socket, bound to --host:--port and passed open by the "
+                             "launcher (no other process can take the port between its choice and the bind)")
     parser.add_argument("--api-key", default=os.environ.get(API_KEY_ENV),
                         help=f"require 'Authorization: Bearer KEY' on state changes (default: ${API_KEY_ENV})")
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:i")
@@ -434,7 +438,8 @@ def main(argv: list[str] | None = None) -> None:
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level.lower(),
                             timeout_keep_alive=ENGINE_KEEP_ALIVE_S)
     holder["server"] = uvicorn.Server(config)
-    holder["server"].run()
+    sockets = None if args.listen_fd is None else [socket.socket(fileno=args.listen_fd)]
+    holder["server"].run(sockets=sockets)
 
 
 if __name__ == "__main__":

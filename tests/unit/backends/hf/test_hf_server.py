@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 
 import httpx
@@ -23,9 +24,25 @@ LONG = {"temperature": 0, "max_new_tokens": 500, "ignore_eos": True}
 def engine(tiny_model_dir):
     process = launch_hf_engine(str(tiny_model_dir), api_key=API_KEY)
     try:
+        process.port_taken_at_launch = port_taken(int(process.url.rsplit(":", 1)[1]))  # (before it is ready)
         yield process.wait_ready(timeout=120)
     finally:
         process.terminate()
+
+
+def port_taken(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
+
+
+def test_the_engine_port_is_the_engines_from_the_moment_the_launcher_picks_it(engine):
+    """The launcher binds the port and hands the socket to the server (--listen-fd): no other process
+    can take it in the seconds before the server starts serving (EADDRINUSE flaked engine starts)."""
+    assert engine.port_taken_at_launch
 
 
 def run(coro):
