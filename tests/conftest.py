@@ -5,9 +5,16 @@ from __future__ import annotations
 import compileall
 import json
 import logging
+import os
 from pathlib import Path
 
 import pytest
+
+# Before any test imports torch: the tests' own torch (unit tests train in-process, spawned ranks inherit
+# this) runs on two pytest-xdist workers sharing 2 cores, where OpenMP threads spinning at barriers hold
+# the core a descheduled thread needs (relax.utils.proc.CPU_COMPUTE_ENV, which the runs' CPU ranks and
+# engines get anyway).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:

@@ -30,6 +30,7 @@ from relax.distributed import transfer_queue as tq
 from relax.distributed.ray.nodes import same_node_options
 from relax.types import MEDIA_COLUMN, ROUTING_COLUMN, TrainBatch
 from relax.utils import checkpoints
+from relax.utils.proc import cpu_compute_env
 from relax.utils.seqlen_balance import balanced_partitions
 
 logger = logging.getLogger(__name__)
@@ -171,8 +172,9 @@ def make_trainer_group(cfg: RelaxConfig, role: RolePlan, model_path: str, *, hea
         placed = [on_bundle(pg, slot[0], role.gpu_fraction) for slot in role.slots]
     elif (pinned := same_node_options()) is not None:  # a CPU run over several nodes: the role's node
         placed = [pinned] * role.workers
-    return TrainerGroup(spec, role.workers, name=role.name, rank_options=placed,
-                        env_vars={k: str(v) for k, v in cfg.misc.train_env_vars.items()})
+    env = {} if role.slots else cpu_compute_env()  # (CPU ranks: OpenMP threads that wait sleep)
+    env.update({k: str(v) for k, v in cfg.misc.train_env_vars.items()})
+    return TrainerGroup(spec, role.workers, name=role.name, rank_options=placed, env_vars=env)
 
 
 def optimizer_steps_total(cfg: RelaxConfig) -> int:

@@ -17,6 +17,19 @@ PR_SET_PDEATHSIG = 1
 PARENT_PID_ENV = "RELAX_ENGINE_PARENT_PID"  # the launcher's pid, set in the child's environment
 RUN_ENV = "RELAX_RUN_ID"  # every process of a run has it: the reaper finds them by it, TQ partitions are `<run id>/...`
 
+# The environment of a process that computes with torch on the CPU (a training rank, an engine): OpenMP
+# threads waiting for work sleep instead of spinning (GNU OpenMP's default spins first). On a CPU that
+# other busy processes share (colocate's roles and engines, two CI workers, a laptop) a spinning thread
+# holds the core its team's descheduled thread needs, at every barrier: on 2 cores, a 3-step colocate run
+# whose trainer rank had 2 threads beside one busy process took 143 s and 76.5 CPU-s in that rank; with
+# this, 66 s and 7.4 CPU-s (1 thread: 61 s, 6.2 CPU-s). Read when torch loads: set before the process starts.
+CPU_COMPUTE_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
+
+
+def cpu_compute_env() -> dict[str, str]:
+    """`CPU_COMPUTE_ENV`, less what this process's environment sets itself (the user's choice stands)."""
+    return {k: v for k, v in CPU_COMPUTE_ENV.items() if k not in os.environ}
+
 
 def die_with_parent(parent_env: str = PARENT_PID_ENV) -> None:
     """Called first thing in a launched process: SIGKILL when the launching *thread* exits
