@@ -28,12 +28,13 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
 
 import pytest
+
+from relax.utils.net import free_ports
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HEAD_IP, WORKER_IP = "127.0.0.2", "127.0.0.3"
@@ -53,9 +54,10 @@ def ray_dir():
 
 
 def free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    """A port below the OS's ephemeral range (relax.utils.net.free_ports): `ray start` binds these
+    seconds later, and a port the OS picked could meanwhile go to another process's connection (GCS
+    "Address already in use" failed a suite run)."""
+    return free_ports(1, host)[0]
 
 
 def env_for(tmp, **extra: str) -> dict[str, str]:
@@ -156,7 +158,7 @@ def test_spmd_cluster_runs_the_quickstart_as_a_ray_job_across_two_nodes(tmp_path
     """One cluster, one run, for (a)-(d): the SPMD launcher on both "machines", its head running
     tests/multinode/spmd_job.sh, which submits the quickstart through ray-job.sh (after stopping a
     waiting job with Ctrl-C); the job's placement, metadata, node loss and exit status."""
-    port, dash, marker = free_port(HEAD_IP), free_port(HEAD_IP), ray_dir
+    (port, dash), marker = free_ports(2, HEAD_IP), ray_dir
     exp = tmp_path / "exp"
     common = {"MASTER_ADDR": HEAD_IP, "WORLD_SIZE": "2", "NUM_GPUS": "0", "RAY_PORT": str(port),
               "RAY_DASHBOARD_PORT": str(dash), "NODE_WAIT_TIMEOUT": "180", "EXP_DIR": str(exp),
