@@ -99,7 +99,9 @@ class ClusterConfig:
     engine_threads: int = opt(1, "Torch threads per CPU engine process, and per training rank in fully async mode "
                               "(CPU runs only); in colocate mode the training-backend ranks (actor, reference, "
                               "critic) split every core between them while they run, since the engines wait "
-                              "meanwhile (with --true-on-policy-mode they use this count, as the engines do).")
+                              "meanwhile (with --true-on-policy-mode they use this count, as the engines do). "
+                              "Both wait with OMP_WAIT_POLICY=PASSIVE unless the environment (or "
+                              "--train-env-vars) sets it.")
 
 
 @dataclass(frozen=True)
