@@ -134,10 +134,8 @@ class HFEngine:
             logger.info("decoding through transformers' DynamicCache: %s", self.decoder.static_path_note)
         self.scheduler = Scheduler(self.decoder, max_running_requests=max_running_requests,
                                    batch_wait_s=batch_wait_s)
-        # The receiver keeps its walk of the model's tensors from push to push (`cache_walk`): every place
-        # here that may replace them (release_memory, resume_memory) calls `receiver.forget_walk()`.
         self.receiver = WeightReceiver(self.model, step_lock=self.step_lock, timeout_s=weight_sync_timeout_s,
-                                       device=self.device, cache_walk=True)
+                                       device=self.device, cache_walk=True)  # (forgotten in release/resume_memory)
         self.weight_version = "default"
         self.weight_session_open = False  # SGLang's /begin_weight_update .. /end_weight_update
         self.released_tags: set[str] = set()
