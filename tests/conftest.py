@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pytest
 
-# Before any test imports torch: the tests' own torch (unit tests train in-process, spawned ranks inherit
-# this) runs on two pytest-xdist workers sharing 2 cores, where OpenMP threads spinning at barriers hold
-# the core a descheduled thread needs (relax.utils.proc.CPU_COMPUTE_ENV, which the runs' CPU ranks and
-# engines get anyway).
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+from relax.utils.proc import cpu_compute_env  # (no torch: imported before any test imports it)
+
+# The tests' own torch (unit tests train in-process, spawned ranks inherit this) runs on two pytest-xdist
+# workers sharing 2 cores, where OpenMP threads spinning at barriers hold the core a descheduled thread
+# needs: the environment the runs' CPU ranks and engines get (relax.utils.proc.CPU_COMPUTE_ENV).
+os.environ.update(cpu_compute_env())
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:

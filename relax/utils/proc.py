@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from typing import Mapping
 
 PR_SET_PDEATHSIG = 1
 PARENT_PID_ENV = "RELAX_ENGINE_PARENT_PID"  # the launcher's pid, set in the child's environment
@@ -26,9 +27,11 @@ RUN_ENV = "RELAX_RUN_ID"  # every process of a run has it: the reaper finds them
 CPU_COMPUTE_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
 
 
-def cpu_compute_env() -> dict[str, str]:
-    """`CPU_COMPUTE_ENV`, less what this process's environment sets itself (the user's choice stands)."""
-    return {k: v for k, v in CPU_COMPUTE_ENV.items() if k not in os.environ}
+def cpu_compute_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """`CPU_COMPUTE_ENV`, less what `environ` (default: this process's environment) sets itself: the
+    user's choice stands."""
+    environ = os.environ if environ is None else environ
+    return {k: v for k, v in CPU_COMPUTE_ENV.items() if k not in environ}
 
 
 def die_with_parent(parent_env: str = PARENT_PID_ENV) -> None:

@@ -25,7 +25,7 @@ from typing import Any, Mapping, Sequence
 
 
 from relax.utils.net import bound_socket
-from relax.utils.proc import CPU_COMPUTE_ENV, PARENT_PID_ENV, ChildServer
+from relax.utils.proc import PARENT_PID_ENV, ChildServer, cpu_compute_env
 
 logger = logging.getLogger(__name__)
 
@@ -120,7 +120,7 @@ def launch_hf_engine(model_path: str, *, host: str = "127.0.0.1", port: int | No
     cmd = [sys.executable, "-m", "relax.backends.hf.server", "--model-path", str(model_path),
            "--host", host, "--port", str(port), "--device", device]
     if device == "cpu":
-        child_env = dict(CPU_COMPUTE_ENV) | child_env  # (OpenMP threads that wait sleep, unless set otherwise)
+        child_env |= cpu_compute_env(child_env)  # (OpenMP threads that wait sleep, unless set otherwise)
     if num_threads:
         child_env["OMP_NUM_THREADS"] = str(num_threads)
         cmd += ["--num-threads", str(num_threads)]
