@@ -64,6 +64,7 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_PIPELINE_DEPTH = 4  # buckets in flight at once, where every receiver takes them in order
 FLAT_DEPTH = 3  # flat buckets in flight at once: each holds a copy of its bytes until it lands
+CLOSE_TIMEOUT_S = 30.0  # closing a group: each receiver's answer and this rank's own shutdown
 
 
 @dataclass
@@ -540,9 +541,11 @@ class WeightSender:
         self._connected = False
         if self._group is not None:
             group, self._group = self._group, None
-            local = [] if self._broken else [run_in_daemon_thread(group.destroy)]
+            # (this rank's shutdown has the same bound as the engines' answer: a gloo group's shutdown
+            # with a peer gone mid-close could block a topology change for ever)
+            local = [] if self._broken else [asyncio.wait_for(run_in_daemon_thread(group.destroy), CLOSE_TIMEOUT_S)]
             results = await asyncio.gather(*(r.post("/destroy_weights_update_group",
-                                                    {"group_name": self.group_name}, 30.0)
+                                                    {"group_name": self.group_name}, CLOSE_TIMEOUT_S)
                                              for r in self.group_receivers), *local, return_exceptions=True)
             for receiver, result in zip([*self.group_receivers, "this rank"], results):
                 if isinstance(result, Exception):

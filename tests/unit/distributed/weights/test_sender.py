@@ -246,6 +246,30 @@ def test_close_destroys_the_local_group_while_the_engines_destroy_theirs():
     assert engine.waited and elapsed < 3, elapsed
 
 
+def test_a_local_shutdown_that_never_returns_does_not_stall_close(monkeypatch, caplog):
+    """A gloo group's shutdown can block with a peer gone mid-close; the close is bounded like the
+    engines' answers, logged, and the sender can connect again (a topology change goes on)."""
+    monkeypatch.setattr("relax.distributed.weights.sender.CLOSE_TIMEOUT_S", 0.5)
+    stuck = threading.Event()
+
+    async def go():
+        sender = _sender(FakeEngine())
+        await sender.connect()
+        real_destroy = sender._group.destroy
+        sender._group.destroy = lambda: (stuck.wait(10.0), real_destroy())
+        start = time.monotonic()
+        await sender.close()
+        elapsed = time.monotonic() - start
+        stuck.set()
+        await sender.connect()
+        await sender.close()
+        return elapsed
+
+    elapsed = asyncio.run(go())
+    assert elapsed < 3, elapsed
+    assert "destroy_weights_update_group on this rank failed" in caplog.text
+
+
 def test_receivers_on_the_senders_gpu_get_ipc_payloads_and_the_others_the_broadcast():
     """The split only (CUDA IPC itself needs a GPU: tests/unit/backends/hf/test_hf_gpu.py and the GPU runs):
     the colocated receiver never joins the group and gets one payload per tensor-parallel rank."""
