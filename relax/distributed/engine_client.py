@@ -18,7 +18,8 @@ from typing import Any, Sequence
 
 import httpx
 
-from relax.utils.http_utils import CLIENT_KEEP_ALIVE_S, IDEMPOTENT_PATHS, TRANSPORT_RETRIES, error_message
+from relax.utils.http_utils import IDEMPOTENT_PATHS, TRANSPORT_RETRIES, error_message
+from relax.utils.net import CLIENT_KEEP_ALIVE_S
 
 
 class EngineError(RuntimeError):

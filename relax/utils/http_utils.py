@@ -26,10 +26,6 @@ IDEMPOTENT_PATHS = frozenset({
     "/release_memory_occupation", "/resume_memory_occupation", "/update_weight_version",
 })
 TRANSPORT_RETRIES = 3  # attempts after the first, for an idempotent call whose connection broke
-# Idle pooled connections are dropped by the client before the engine would drop them (it keeps
-# them ENGINE_KEEP_ALIVE_S), so a request never goes out on a connection the server is closing.
-CLIENT_KEEP_ALIVE_S = 15.0
-ENGINE_KEEP_ALIVE_S = 120
 _sessions: dict[int, aiohttp.ClientSession] = {}
 
 

@@ -5,6 +5,12 @@ from __future__ import annotations
 import random
 import socket
 
+# Idle pooled connections are dropped by the client before the engine would drop them (it keeps
+# them ENGINE_KEEP_ALIVE_S), so a request never goes out on a connection the server is closing.
+# (Here, not in http_utils: the engine server needs the constant, not the client and its aiohttp.)
+CLIENT_KEEP_ALIVE_S = 15.0
+ENGINE_KEEP_ALIVE_S = 120
+
 
 def free_port(host: str = "127.0.0.1") -> int:
     """A port the OS says is free on `host` now (IPv6 when the host has a colon). Another process may

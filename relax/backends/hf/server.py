@@ -56,7 +56,7 @@ from relax.config.lora import ALL_LINEAR, LoraSpec, parse_targets
 from relax.distributed.weights.group import run_in_daemon_thread
 from relax.distributed.weights.protocol import parse_specs
 from relax.distributed.weights.receiver import load_format_is_flat
-from relax.utils.http_utils import ENGINE_KEEP_ALIVE_S
+from relax.utils.net import ENGINE_KEEP_ALIVE_S
 
 logger = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 from pydantic import BaseModel, ConfigDict, StrictStr
 
-from relax.distributed.weights.check import named_checksums
+from relax.distributed.weights.checksums import named_checksums
 from relax.distributed.weights.receiver import hf_targets
 
 

@@ -25,15 +25,15 @@ push; the SGLang snapshot holds a host copy of each engine's weights until the f
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import time
 from typing import Any, Sequence
 
 import torch
 
+from relax.distributed.weights.checksums import tensor_checksum
 from relax.distributed.weights.endpoints import CHECKSUMS, RayEndpoint, receiver_features
-from relax.distributed.weights.protocol import BucketRejected, EndpointMissing, dtype_name, parse_dtype
+from relax.distributed.weights.protocol import BucketRejected, EndpointMissing, parse_dtype
 
 logger = logging.getLogger(__name__)
 
@@ -43,22 +43,6 @@ SHOWN = 5  # mismatching tensors named in an error (the count says how many more
 
 class WeightMismatch(RuntimeError):
     """An engine does not hold what the trainer pushed (--check-weight-update-equal)."""
-
-
-def tensor_checksum(tensor: torch.Tensor) -> str:
-    """16 hex digits of the SHA-256 of a tensor's bytes, in memory order (SGLang's hash of a CPU tensor)."""
-    flat = tensor.detach().contiguous().cpu().reshape(-1)
-    return hashlib.sha256(flat.view(torch.uint8).numpy().tobytes()).hexdigest()[:16]
-
-
-def named_checksums(targets: dict[str, torch.Tensor], names: Sequence[str] | None) -> dict[str, Any]:
-    """The hf engine's `checksum` answer: checksum and dtype of each of `names` (default: all of
-    `targets`), and the names it does not have."""
-    wanted = list(targets) if names is None else list(names)
-    held = [n for n in wanted if n in targets]
-    return {"checksums": {n: tensor_checksum(targets[n]) for n in held},
-            "dtypes": {n: dtype_name(targets[n].dtype) for n in held},
-            "missing": [n for n in wanted if n not in targets]}
 
 
 class _Sent:

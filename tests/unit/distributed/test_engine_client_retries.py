@@ -10,7 +10,8 @@ import json
 import pytest
 
 from relax.distributed.engine_client import EngineClient, EngineError
-from relax.utils.http_utils import CLIENT_KEEP_ALIVE_S, ENGINE_KEEP_ALIVE_S, IDEMPOTENT_PATHS
+from relax.utils.http_utils import IDEMPOTENT_PATHS
+from relax.utils.net import CLIENT_KEEP_ALIVE_S, ENGINE_KEEP_ALIVE_S
 
 
 async def _flaky_server(drops: int):

@@ -38,7 +38,7 @@ def _sender(engine: Engine) -> WeightSender:
 
 
 def test_each_push_is_checked_on_the_engines_it_went_to():
-    from relax.distributed.weights.check import tensor_checksum
+    from relax.distributed.weights.checksums import tensor_checksum
 
     w = torch.ones(1)
     good, bad = Engine({"w": tensor_checksum(w)}), Engine({"w": tensor_checksum(w * 2)})
