@@ -59,6 +59,17 @@ def _relax_logging_propagates():
     root.propagate = True
 
 
+@pytest.fixture(scope="session")
+def rank_pool():
+    """Two rank processes for the session's two-rank unit tests (tests/rank_pool.py: they import
+    torch and megatron-core once, not once per test)."""
+    from tests.rank_pool import RankPool
+
+    pool = RankPool(2)
+    yield pool
+    pool.close()
+
+
 @pytest.fixture
 def alert_endpoint():
     """A local HTTP endpoint Apprise posts to (tests/alert_inbox.py); yields the URL and the list of

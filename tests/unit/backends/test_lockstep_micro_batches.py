@@ -15,7 +15,6 @@ import dataclasses
 
 import importlib.util
 import json
-import multiprocessing as mp
 
 import pytest
 import torch
@@ -77,9 +76,9 @@ def run_rank(rank: int, world: int, ports: list[int], cases: list, out: str) -> 
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory):
+def results(tmp_path_factory, rank_pool):
     root = tmp_path_factory.mktemp("lockstep")
-    from tests.unit.backends.megatron.parity_cases import join_ranks, make_models
+    from tests.unit.backends.megatron.parity_cases import make_models
 
     paths = make_models(str(root))
     cases = [("fsdp", paths["dense"], {})]
@@ -87,12 +86,9 @@ def results(tmp_path_factory):
         cases.append(("megatron", paths["moe"], {"ep": 2}))
     reference = [("fsdp", paths["dense"], {}), ("fsdp", paths["moe"], {})][:len(cases)]
     port, port1 = free_ports(len(cases)), free_ports(len(reference))
-    ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=run_rank, args=(r, 2, port, cases, f"{root}/two"), daemon=True) for r in range(2)]
-    for p in procs:
-        p.start()
+    job = rank_pool.submit(run_rank, [(r, 2, port, cases, f"{root}/two") for r in range(2)], "the two-rank group")
     run_rank(0, 1, port1, reference, f"{root}/one")
-    join_ranks(procs, 300, "the two-rank group")
+    rank_pool.wait(job, 300)
     load = lambda name: json.load(open(f"{root}/{name}.json"))  # noqa: E731
     return [c[0] for c in cases], load("one.0"), [load("two.0"), load("two.1")]
 

@@ -125,11 +125,17 @@ def run_on_gpu(rank: int, world_size: int, ports: list[int], cases: list, out: s
     run(rank, world_size, ports, cases, out, bf16=True)
 
 
-def serve_receiver(rank: int, world_size: int, ports: list[int], cases: list, conn) -> None:
+def serve_receiver(rank: int, world_size: int, ports: list[int], cases: list, address: str, authkey: bytes) -> None:
     """A megatron scoring rank (as ActorFwd's) per case (model path, model_parallel kwargs), in turn,
-    answering over `conn`: ("call", path, payload) -> `receive_weights`' reply, ("score",) ->
-    (parallel_info, log-probs of `batch()`), ("next",) -> shut down, start the next case."""
+    answering the test over a connection to `address` (its rank first): ("call", path, payload) ->
+    `receive_weights`' reply, ("score",) -> (parallel_info, log-probs of `batch()`), ("next",) ->
+    shut down, start the next case."""
+    from multiprocessing.connection import Client
+
     from relax.backends.trainer.trainer import Trainer
+
+    conn = Client(address, authkey=authkey)
+    conn.send(rank)
 
     for i, (model_path, parallel) in enumerate(cases):
         spec = TrainerSpec(backend="megatron", model_path=model_path, trainable=False, optim=OptimizerConfig(),

@@ -1,14 +1,13 @@
 """The megatron critic computes what the fsdp critic computes (fp32, gloo, real processes): on a
 tiny Qwen3 critic checkpoint (a token-classification model with its `score` head), the
 per-token values before and after one optimizer step on the value loss, the loss and the
-gradient norm, for megatron on one rank and with CP=2 (two spawned processes) against fsdp."""
+gradient norm, for megatron on one rank and with CP=2 (the two rank processes of
+tests/rank_pool.py) against fsdp."""
 
 from __future__ import annotations
 
 import dataclasses
-
 import json
-import multiprocessing as mp
 import os
 import sys
 
@@ -56,17 +55,15 @@ def run(rank: int, world_size: int, port: int, backend: str, parallel: dict, pat
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def runs(tmp_path_factory, rank_pool):
     root = str(tmp_path_factory.mktemp("critic"))
     path = critic_checkpoint(root)
     port = free_port()
-    ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=run, args=(r, 2, port, "megatron", {"cp": 2}, path, f"{root}/cp2")) for r in range(2)]
-    for p in procs:
-        p.start()
+    job = rank_pool.submit(run, [(r, 2, port, "megatron", {"cp": 2}, path, f"{root}/cp2") for r in range(2)],
+                           "a two-rank megatron critic")
     run(0, 1, free_port(), "fsdp", {}, path, f"{root}/fsdp")
     run(0, 1, free_port(), "megatron", {}, path, f"{root}/megatron")
-    parity_cases.join_ranks(procs, 600, "a two-rank megatron critic")
+    rank_pool.wait(job, 600)
     load = lambda name: json.load(open(f"{root}/{name}.json"))  # noqa: E731
     return {"fsdp": [load("fsdp.0")], "tp1": [load("megatron.0")], "cp2": [load("cp2.0"), load("cp2.1")]}
 

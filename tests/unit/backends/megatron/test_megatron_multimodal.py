@@ -11,7 +11,6 @@ is not built with errors that say so."""
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
 import os
 import sys
 
@@ -20,7 +19,6 @@ import pytest
 pytest.importorskip("megatron.core")
 sys.path.insert(0, os.path.dirname(__file__))
 import vl_cases  # noqa: E402
-from parity_cases import join_ranks  # noqa: E402
 
 from relax.utils.net import free_port, free_ports  # noqa: E402
 
@@ -40,18 +38,16 @@ def two_rank_layouts(kind: str) -> dict[str, dict]:
 # Qwen2.5-VL on megatron (sectioned M-RoPE, q/k/v biases) runs whole in
 # tests/integration/test_multimodal_run.py, whose engine-vs-megatron log-prob check covers it.
 @pytest.fixture(scope="module", params=["qwen3_vl", "qwen3_omni"])
-def runs(request, tmp_path_factory):
+def runs(request, tmp_path_factory, rank_pool):
     root = str(tmp_path_factory.mktemp(request.param))
     model, data = vl_cases.make_data(root, request.param)
-    ctx = mp.get_context("spawn")
     layouts = two_rank_layouts(request.param)
     two = [("megatron", p) for p in layouts.values()]
     port, port1 = free_ports(len(two)), free_ports(2)
-    procs = [ctx.Process(target=vl_cases.run, args=(r, 2, port, two, model, data, f"{root}/two")) for r in range(2)]
-    for p in procs:
-        p.start()
+    job = rank_pool.submit(vl_cases.run, [(r, 2, port, two, model, data, f"{root}/two") for r in range(2)],
+                           "the two-rank megatron group")
     vl_cases.run(0, 1, port1, [("fsdp", {}), ("megatron", {})], model, data, f"{root}/one")
-    join_ranks(procs, 600, "the two-rank megatron group")
+    rank_pool.wait(job, 600)
     load = lambda name: json.load(open(f"{root}/{name}.json"))  # noqa: E731
     one, two0, two1 = load("one.0"), load("two.0"), load("two.1")
     out = {"root": root, "model": model, "data": data, "kind": request.param, "fsdp": one[0], "tp1": [one[1]],

@@ -1,4 +1,4 @@
-"""Routing replay on megatron with expert parallelism over two ranks (float32, gloo, spawned): R3
+"""Routing replay on megatron with expert parallelism over two ranks (float32, gloo, tests/rank_pool.py): R3
 brings the per-token engine/trainer log-prob difference (hf engine in bfloat16, routing_cases.py)
 to a dense model's level (a float32 forward of it) on megatron too, the training forward replays it
 (first PPO ratio exactly 1) while the router learns, and R2 replays a recording forward's routing
@@ -7,7 +7,6 @@ bitwise."""
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
 import sys
 from pathlib import Path
 
@@ -16,25 +15,22 @@ import pytest
 pytest.importorskip("megatron.core")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import parity_cases  # noqa: E402
 import routing_cases  # noqa: E402
 
 from relax.utils.net import free_port  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def ranks(tmp_path_factory):
+def ranks(tmp_path_factory, rank_pool):
     root = str(tmp_path_factory.mktemp("r3-megatron"))
     paths = routing_cases.make_models(root)
     moe = routing_cases.engine_rows(paths["moe"], routed=True)
-    port, ctx = free_port(), mp.get_context("spawn")
-    procs = [ctx.Process(target=routing_cases.megatron_ranks, args=(r, 2, port, paths["moe"], moe, f"{root}/out"))
-             for r in range(2)]
-    for p in procs:
-        p.start()
+    port = free_port()
+    job = rank_pool.submit(routing_cases.megatron_ranks, [(r, 2, port, paths["moe"], moe, f"{root}/out")
+                                                          for r in range(2)], "the megatron EP=2 routing replay ranks")
     dense = routing_cases.engine_rows(paths["dense"], routed=False)  # meanwhile: the dense level
     level = routing_cases.mismatch(routing_cases.float32_log_probs(paths["dense"], dense), dense["logprobs"])
-    parity_cases.join_ranks(procs, 600, "the megatron EP=2 routing replay ranks")
+    rank_pool.wait(job, 600)
     return [json.load(open(f"{root}/out.{r}.json")) for r in range(2)], moe, level
 
 

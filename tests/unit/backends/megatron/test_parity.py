@@ -10,8 +10,9 @@ expert shards over the other's),
 CP=2 (context parallelism: each row split into 4 chunks, 2 per rank; with --allgather-cp into 2
 contiguous ones), TP=2 x PP=2 and DP=2 x PP=2 (MoE) against fsdp on one rank. The one-stage layouts
 pack their micro-batches (--qkv-format thd, the default); `bshd` pads them (and builds its model
-through a --custom-model-provider-path that wraps the default one). Layouts of two or four ranks
-run in spawned processes (`parity_cases.run`), which also report the HF-named weights each pushes."""
+through a --custom-model-provider-path that wraps the default one). Layouts of two ranks run
+in the session's rank processes (tests/rank_pool.py), of four in spawned ones (`parity_cases.run`,
+which also reports the HF-named weights each pushes)."""
 
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ ETP_ZERO = {"etp": 2, "distributed_optimizer": True}
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def runs(tmp_path_factory, rank_pool):
     root = str(tmp_path_factory.mktemp("parity"))
     paths = parity_cases.make_models(root)
     one = [("fsdp", paths["dense"], {}), ("megatron", paths["dense"], {}),
@@ -60,13 +61,17 @@ def runs(tmp_path_factory):
     # Case i of a group uses its ports[i] (parity_cases.run), every port distinct.
     ports = free_ports(len(two) + len(four) + len(one))
     port, port4, port1 = ports[:len(two)], ports[len(two):len(two) + len(four)], ports[len(two) + len(four):]
-    ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=parity_cases.run, args=(r, 2, port, two, f"{root}/two")) for r in range(2)]
-    procs += [ctx.Process(target=parity_cases.run, args=(r, 4, port4, four, f"{root}/four")) for r in range(4)]
+    job = rank_pool.submit(parity_cases.run, [(r, 2, port, two, f"{root}/two") for r in range(2)],
+                           "the two-rank megatron group")
+    ctx = mp.get_context("spawn")  # (four ranks: processes of their own)
+    procs = [ctx.Process(target=parity_cases.run, args=(r, 4, port4, four, f"{root}/four")) for r in range(4)]
     for p in procs:
         p.start()
     parity_cases.run(0, 1, port1, one, f"{root}/one")
-    parity_cases.join_ranks(procs, 600, "the two- and four-rank megatron groups")
+    try:
+        rank_pool.wait(job, 600)
+    finally:
+        parity_cases.join_ranks(procs, 600, "the four-rank megatron group")
     load = lambda name: json.load(open(f"{root}/{name}.json"))  # noqa: E731
     single = load("one.0")
     return {"root": root, "paths": paths, "fsdp": {"dense": single[0], "moe": single[2]},

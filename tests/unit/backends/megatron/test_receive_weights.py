@@ -14,6 +14,7 @@ import dataclasses
 import asyncio
 import os
 import shutil
+import socket
 import sys
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -135,22 +136,26 @@ def test_megatron_rank_takes_a_push_and_matches_fsdp_on_the_pushed_weights(model
         worker.shutdown()
 
 
-def test_sharded_megatron_ranks_keep_their_shards_of_a_push(models):
+def test_sharded_megatron_ranks_keep_their_shards_of_a_push(models, rank_pool, tmp_path):
     """Two ranks, TP=2 (dense: vocabulary, q/k/v groups and gate/up split), PP=2 (dense: the tied
     embedding's copy on the last stage) and EP=2 (MoE: two experts each), receiving in one
     broadcast group, then scoring: fsdp's log-probs on the pushed weights."""
-    import multiprocessing as mp
+    from multiprocessing.connection import Listener
 
     cases = [("dense", {"tp": 2}), ("dense", {"pp": 2}), ("moe", {"ep": 2})]
-    ctx = mp.get_context("spawn")
-    pipes = [ctx.Pipe() for _ in range(2)]
     port = free_ports(len(cases))
-    procs = [ctx.Process(target=parity_cases.serve_receiver, args=(r, 2, port, [(models[m]["start"], p) for m, p in
-                                                                              cases], pipes[r][1]))
-             for r in range(2)]
-    for p in procs:
-        p.start()
-    conns = [a for a, _ in pipes]
+    previous = socket.getdefaulttimeout()
+    socket.setdefaulttimeout(120)  # the listening socket's: a rank that never connects fails the test
+    try:
+        listener = Listener(str(tmp_path / "ranks.sock"), authkey=b"receive-weights")
+    finally:
+        socket.setdefaulttimeout(previous)
+    job = rank_pool.submit(parity_cases.serve_receiver, [
+        (r, 2, port, [(models[m]["start"], p) for m, p in cases], listener.address, b"receive-weights")
+        for r in range(2)], "the sharded receiving ranks")
+    accepted = [listener.accept() for _ in range(2)]
+    listener.close()
+    conns = sorted(accepted, key=lambda c: c.recv())  # each rank says which it is
 
     def call(conn, msg):
         conn.send(msg)
@@ -179,7 +184,5 @@ def test_sharded_megatron_ranks_keep_their_shards_of_a_push(models):
     finally:
         loop.close()
         for c in conns:
-            c.close()  # a rank still waiting for a message (a failed case) exits
-        for p in procs:
-            p.join(timeout=60)
-    assert [p.exitcode for p in procs] == [0, 0]
+            c.close()  # a rank still waiting for a message (a failed case) stops with EOFError
+        rank_pool.wait(job, 60)

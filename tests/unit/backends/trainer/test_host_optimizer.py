@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import copy
 import json
-import multiprocessing as mp
 import os
 import sys
 
@@ -122,8 +121,8 @@ def test_a_checkpoint_round_trip_continues_exactly_and_takes_the_loaded_weights(
         assert torch.equal(a, b.detach())
 
 
-def test_under_zero1_each_rank_offloads_its_shard_and_the_next_forward_waits_for_the_broadcast(tmp_path):
-    """Two gloo ranks (spawned, `zero_cases.py`), ZeRO-1 under --optimizer-cpu-offload and
+def test_under_zero1_each_rank_offloads_its_shard_and_the_next_forward_waits_for_the_broadcast(tmp_path, rank_pool):
+    """Two gloo ranks (tests/rank_pool.py, `zero_cases.py`), ZeRO-1 under --optimizer-cpu-offload and
     --overlap-param-gather: disjoint host shards; each step returns with the weight broadcasts in
     flight and the next forward waits for them; the weights are the plain optimizer's on both
     ranks; under --bf16 the main weights' casts happen at the forward too."""
@@ -131,12 +130,7 @@ def test_under_zero1_each_rank_offloads_its_shard_and_the_next_forward_waits_for
     import zero_cases
 
     out, port = str(tmp_path / "zero.json"), free_port()
-    procs = [mp.get_context("spawn").Process(target=zero_cases.run, args=(r, 2, port, out)) for r in range(2)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(120)
-        assert p.exitcode == 0, "a ZeRO-1 rank failed (its traceback is above)"
+    rank_pool.run(zero_cases.run, [(r, 2, port, out) for r in range(2)], 120, "ZeRO-1 ranks")
     result = json.load(open(out))
     ranks = [r["offloaded"] for r in result["ranks"]]
     assert sorted(ranks[0]["mine"] + ranks[1]["mine"]) == list(range(8)) and ranks[0]["mine"] and ranks[1]["mine"]
