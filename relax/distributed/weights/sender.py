@@ -549,5 +549,6 @@ class WeightSender:
                                              for r in self.group_receivers), *local, return_exceptions=True)
             for receiver, result in zip([*self.group_receivers, "this rank"], results):
                 if isinstance(result, Exception):
-                    logger.warning("destroy_weights_update_group on %s failed: %s", receiver, result)
+                    logger.warning("destroy_weights_update_group on %s failed: %s: %s", receiver,
+                                   type(result).__name__, result)
         await asyncio.gather(*(r.close() for r in self.receivers if isinstance(r, HTTPEndpoint)))

@@ -267,7 +267,7 @@ def test_a_local_shutdown_that_never_returns_does_not_stall_close(monkeypatch, c
 
     elapsed = asyncio.run(go())
     assert elapsed < 3, elapsed
-    assert "destroy_weights_update_group on this rank failed" in caplog.text
+    assert "destroy_weights_update_group on this rank failed: TimeoutError" in caplog.text
 
 
 def test_receivers_on_the_senders_gpu_get_ipc_payloads_and_the_others_the_broadcast():
