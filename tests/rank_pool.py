@@ -13,6 +13,7 @@ next job starts new ones.
 
 `pool.submit(fn, [args_rank0, args_rank1])` returns at once (the caller may run its single-rank
 reference in-process meanwhile); `pool.wait(job, timeout)` raises with every rank's traceback.
+A job whose caller failed before `wait` is stopped by the next `submit` (new processes).
 """
 
 from __future__ import annotations
@@ -87,9 +88,10 @@ class RankPool:
     def submit(self, fn: Callable[..., Any], args: Sequence[tuple], what: str = "") -> Job:
         """Run `fn(*args[r])` on rank process r, for every rank at once."""
         assert len(args) == self.size, f"{len(args)} ranks' arguments for a pool of {self.size}"
-        assert not self._busy, "the rank pool runs one job at a time: wait() for the last one first"
-        if not self._procs or not all(p.is_alive() for p in self._procs):
+        if self._busy or not self._procs or not all(p.is_alive() for p in self._procs):
+            # (busy: the last job's caller failed before wait(), and its ranks may still run it)
             self.close(kill=True)
+            self._busy = False
             self._start()
         for conn, rank_args in zip(self._conns, args):
             conn.send((list(sys.path), pickle.dumps((fn, tuple(rank_args)))))
@@ -129,6 +131,7 @@ class RankPool:
     def close(self, kill: bool = False) -> None:
         """Stop the rank processes: asked to, or killed (`kill`: after a failure, a rank may be
         waiting in a collective for its failed peer)."""
+        kill = kill or self._busy
         for conn, proc in zip(self._conns, self._procs):
             if not kill:
                 try:
