@@ -2,7 +2,7 @@
 torch.distributed ranks (gloo) of the training backends.
 
 Why: such a test used to spawn its own two processes, and each spent ~5 s of CPU importing torch,
-transformers and megatron-core before its first collective; a suite run spawned 14 of them on a
+transformers and megatron-core before its first collective; a suite run spawned 16 of them on a
 2-core machine. The pool's processes import once and run one job after another. A job is
 `fn(*args)` on each rank at once, `fn` a module-level function (pickled by name, as
 `multiprocessing` spawn targets are; the caller's sys.path goes with it); it builds and tears down
