@@ -46,7 +46,8 @@ def reference_args(root, exp_dir, num_rollout: int = 4, *, reference: bool = Tru
             "--input-key", "prompt", "--label-key", "label", "--apply-chat-template",
             "--custom-rm-path", "tests.integration.digit_reward.reward_func", "--rollout-shuffle",
             "--rollout-batch-size", "4", "--n-samples-per-prompt", "4", "--rollout-max-response-len", "6",
-            "--lr", "1e-2", "--progress-bar", "false", "--num-rollout", str(num_rollout), "--exp-dir", str(exp_dir)]
+            "--lr", "1e-2", "--progress-bar", "false", "--num-rollout", str(num_rollout), "--exp-dir", str(exp_dir),
+            "--reward-num-workers", "1"]  # (16 samples a step: one reward process, not the default two)
     if not reference:
         return args + ["--resource", '{"actor": [1, 1], "rollout": [1, 1]}']
     # The KL is logged with weight 0 in the loss, so resuming (whose reference restarts from
