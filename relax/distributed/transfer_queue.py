@@ -6,10 +6,11 @@ columns to the same rows (`ref_log_probs`, `advantages`, ...); the Actor reads w
 and clears the partition after training, which is also the back-pressure. Variable-length
 columns travel as jagged nested tensors and come back as lists of 1-D tensors.
 
-The `transfer_queue` package is imported on first use (`_package`), without the torch.compile
-marks its dependency tensordict sets when imported: those import torch._dynamo, about 1.1 s of
-CPU in every role replica that touches the data plane (most of a run's start on a small machine),
-for compilation nothing here does.
+The `transfer_queue` package is imported on first use (`_package`). Every process on the data
+plane imports torch._dynamo with it (~2 s of CPU on a small machine), and no import order avoids
+that: tensordict's torch.compile marks import it, and so does every jagged nested tensor built
+(`torch.nested` marks its sequence lengths dynamic), in this module and in TransferQueue's own
+reads. An earlier import without tensordict's marks only moved it to the first row (measured).
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import sys
 import time
 from typing import Any, Awaitable, Callable, Sequence
 
@@ -54,19 +54,7 @@ ROUTING_COLUMN = "rollout_routed_experts"  # rows' routing records (R3 only), ui
 
 
 def _package() -> Any:
-    """The `transfer_queue` package (module doc). tensordict marks functions for torch.compile at
-    import (`torch.compiler.allow_in_graph`, `assume_constant_result`), each importing torch._dynamo;
-    for that import they leave the functions as they are (compiled later, they would graph-break).
-    A process that has torch._dynamo already (a trainer rank, an engine) imports it as it is."""
-    if "transfer_queue" not in sys.modules and "torch._dynamo" not in sys.modules:
-        import torch.compiler
-
-        marks = torch.compiler.allow_in_graph, torch.compiler.assume_constant_result
-        torch.compiler.allow_in_graph = torch.compiler.assume_constant_result = lambda fn: fn
-        try:
-            import transfer_queue
-        finally:
-            torch.compiler.allow_in_graph, torch.compiler.assume_constant_result = marks
+    """The `transfer_queue` package, imported on first use (module doc)."""
     import transfer_queue
 
     return transfer_queue
