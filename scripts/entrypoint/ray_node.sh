@@ -13,6 +13,7 @@
 export RAY_AUTH_MODE="${RAY_AUTH_MODE:-token}"
 export RAY_USAGE_STATS_ENABLED="${RAY_USAGE_STATS_ENABLED:-0}"
 RELAX_NODE_PID=""
+RELAX_NODE_ARGS=()
 
 relax_free_port() {  # a free TCP port on address $1
   python3 -c 'import socket, sys; s = socket.socket(); s.bind((sys.argv[1], 0)); print(s.getsockname()[1])' "$1"
@@ -20,14 +21,30 @@ relax_free_port() {  # a free TCP port on address $1
 
 relax_start_node() {  # relax_start_node LOG [ray start flags...]: the node in its own session, in the background
   local log="$1"; shift
+  RELAX_NODE_ARGS=("$@")
   mkdir -p "$(dirname -- "${log}")"
   setsid ray start --block --disable-usage-stats "$@" >"${log}" 2>&1 &
   RELAX_NODE_PID=$!
 }
 
+# Ray gives a starting node's raylet a fixed 30 s to register with the GCS, and the raylet registers
+# only once its Python agents have started: on a loaded machine `ray start` can miss that and exit
+# with "timed out during startup". relax_wait_started then stops what it left and starts it again,
+# up to RELAX_NODE_START_ATTEMPTS times in all.
+RELAX_NODE_START_ATTEMPTS="${RELAX_NODE_START_ATTEMPTS:-3}"
+
 relax_wait_started() {  # relax_wait_started LOG SECONDS: until the node says it runs (or fails)
-  local log="$1" deadline=$((SECONDS + $2))
+  local log="$1" deadline=$((SECONDS + $2)) attempt=1
   until grep -q "Ray runtime started" "${log}" 2>/dev/null; do
+    if ! kill -0 "${RELAX_NODE_PID}" 2>/dev/null && [ "${attempt}" -lt "${RELAX_NODE_START_ATTEMPTS}" ] \
+        && grep -q "timed out during startup" "${log}" 2>/dev/null; then
+      echo "ray start: the node did not register in time (attempt ${attempt}); starting it again" >&2
+      relax_stop_node
+      cp -- "${log}" "${log}.attempt${attempt}"
+      attempt=$((attempt + 1))
+      relax_start_node "${log}" "${RELAX_NODE_ARGS[@]}"
+      continue
+    fi
     if ! kill -0 "${RELAX_NODE_PID}" 2>/dev/null || [ "${SECONDS}" -ge "${deadline}" ]; then
       echo "ray start did not come up within $2 s; its output (${log}):" >&2
       tail -n 30 "${log}" >&2

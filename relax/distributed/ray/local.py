@@ -17,6 +17,7 @@ relax.core.reaper).
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -27,6 +28,13 @@ LOCAL_ONLY_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 # wait Ray's default 60 s for it: after a SIGKILL of the driver, Ray's agents report the raylet's
 # death to the dead GCS and would linger that long.
 GCS_RECONNECT_ENV, GCS_RECONNECT_S = "RAY_gcs_rpc_server_reconnect_timeout_s", "5"
+# Ray gives a starting node's raylet a fixed 30 s to register with the GCS (ray/_private/node.py, not
+# configurable in 2.60), and the raylet registers only once its Python agents have started: on a
+# loaded small machine that can take longer, and `ray.init` then fails with this message.
+STARTUP_TIMEOUT_MESSAGE = "timed out during startup"
+START_ATTEMPTS = 3
+
+logger = logging.getLogger(__name__)
 
 
 def start_local_ray(num_cpus: int, **init_kwargs: Any) -> None:
@@ -36,7 +44,10 @@ def start_local_ray(num_cpus: int, **init_kwargs: Any) -> None:
     connects, for tasks, but a run's processes are actors and most carry their own environment
     (a role's replica, a training rank), which an idle worker of the job's environment cannot host:
     on a small machine those workers only took CPU from the roles starting beside them (measured:
-    2 of 8 never used over the test session, ~10 s of CPU each). Workers start as actors need them."""
+    2 of 8 never used over the test session, ~10 s of CPU each). Workers start as actors need them.
+
+    A node that misses Ray's registration deadline (STARTUP_TIMEOUT_MESSAGE) is stopped and started
+    again, up to START_ATTEMPTS times; any other failure is raised as it is."""
     os.environ[LOCAL_ONLY_ENV] = "0"  # before Ray starts its processes: they read it at import
     os.environ.setdefault(GCS_RECONNECT_ENV, GCS_RECONNECT_S)
     import ray
@@ -44,8 +55,38 @@ def start_local_ray(num_cpus: int, **init_kwargs: Any) -> None:
 
     ray_constants.ENABLE_RAY_CLUSTER = False  # this process may have imported Ray already
     system_config = {"prestart_worker_first_driver": False, **init_kwargs.pop("_system_config", {})}
-    ray.init(num_cpus=num_cpus, include_dashboard=False, _node_ip_address="127.0.0.1", _system_config=system_config,
-             **init_kwargs)
+    for attempt in range(1, START_ATTEMPTS + 1):
+        before = _child_pids()
+        try:
+            ray.init(num_cpus=num_cpus, include_dashboard=False, _node_ip_address="127.0.0.1",
+                     _system_config=system_config, **init_kwargs)
+            return
+        except Exception as e:  # Ray raises a bare Exception for it
+            if STARTUP_TIMEOUT_MESSAGE not in str(e) or attempt == START_ATTEMPTS:
+                raise
+            logger.warning("Ray's node did not register in time (attempt %d of %d, a loaded machine); its "
+                           "processes are stopped and it starts again", attempt, START_ATTEMPTS)
+            _kill_children_since(before)
+
+
+def _child_pids() -> set[int]:
+    import psutil
+
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+def _kill_children_since(before: set[int]) -> None:
+    """SIGKILL the processes a failed `ray.init` left (GCS, raylet, its agents, the reaper): every
+    descendant of this process that was not there before it."""
+    import psutil
+
+    left = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
+    for proc in left:
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(left, timeout=10)
 
 
 @contextmanager

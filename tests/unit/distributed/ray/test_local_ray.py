@@ -30,3 +30,60 @@ def test_a_local_ray_starts_no_idle_workers_ahead(monkeypatch):
 def test_a_callers_system_config_is_kept_beside_it(monkeypatch):
     kw = _init_kwargs(monkeypatch, _system_config={"object_timeout_milliseconds": 5})
     assert kw["_system_config"] == {"prestart_worker_first_driver": False, "object_timeout_milliseconds": 5}
+
+
+def _failing_init(monkeypatch, failures: list[Exception]) -> list[dict]:
+    """ray.init raising each of `failures` in turn, then succeeding; each try starts a child process
+    (as Ray's GCS would) that a retry must stop."""
+    import subprocess
+    import sys
+
+    from ray._private import ray_constants
+
+    calls: list[dict] = []
+    children: list[subprocess.Popen] = []
+
+    def init(**kw):
+        calls.append(kw)
+        children.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]))
+        if failures:
+            raise failures.pop(0)
+
+    monkeypatch.setattr(ray, "init", init)
+    monkeypatch.setenv(local.LOCAL_ONLY_ENV, "1")
+    monkeypatch.setenv(local.GCS_RECONNECT_ENV, local.GCS_RECONNECT_S)
+    monkeypatch.setattr(ray_constants, "ENABLE_RAY_CLUSTER", ray_constants.ENABLE_RAY_CLUSTER)
+    monkeypatch.setattr(local, "_test_children", children, raising=False)
+    return calls
+
+
+def test_a_node_that_misses_the_registration_deadline_is_stopped_and_started_again(monkeypatch):
+    timeout = Exception("The current node timed out during startup. This could happen because ...")
+    calls = _failing_init(monkeypatch, [timeout, timeout])
+    local.start_local_ray(2, _system_config={"a": 1})
+    assert len(calls) == 3
+    assert all(c["_system_config"] == {"prestart_worker_first_driver": False, "a": 1} for c in calls)
+    started = local._test_children
+    assert all(p.poll() is not None for p in started[:2])  # the failed tries' processes are gone
+    assert started[2].poll() is None  # the started node's stay
+    started[2].kill()
+    started[2].wait()
+
+
+def test_other_failures_and_the_last_timeout_are_raised(monkeypatch):
+    import pytest
+
+    calls = _failing_init(monkeypatch, [RuntimeError("port taken")])
+    with pytest.raises(RuntimeError, match="port taken"):
+        local.start_local_ray(2)
+    assert len(calls) == 1
+    local._test_children[0].kill()
+
+    timeouts = [Exception("timed out during startup")] * local.START_ATTEMPTS
+    calls = _failing_init(monkeypatch, timeouts)
+    with pytest.raises(Exception, match="timed out during startup"):
+        local.start_local_ray(2)
+    assert len(calls) == local.START_ATTEMPTS
+    for proc in local._test_children:
+        proc.kill()
+        proc.wait()
