@@ -31,6 +31,7 @@ from relax.core.registry import component_path
 from relax.distributed.ray.local import (bind_serve_grpc, keep_sigterm_handler, ray_temp_dir, session_dir,
                                         start_local_ray)
 from relax.distributed.ray.names import named_actor_running
+from relax.distributed.ray.serve_apps import AppState, app_states
 from relax.utils.logging import TOKEN_FILE_ENV, new_run_token, remove_token_file, write_token_file
 from relax.utils.metrics import METRICS_APP_ENV
 from relax.utils.plugins import import_object
@@ -251,20 +252,21 @@ class Runtime:
         import ray
 
         address = self.cfg.cluster.ray_address or os.environ.get("RAY_ADDRESS")
-        runtime_env = {"env_vars": self.env}
         if ray.is_initialized():  # e.g. a test session's shared cluster: use it, leave it running
             logger.info("using the Ray instance already initialised in this process")
         elif address:
             with keep_sigterm_handler():  # Ray's own exits the driver mid-run, leaving the run's apps behind
-                ray.init(address=address, runtime_env=runtime_env, log_to_driver=True)
+                ray.init(address=address, runtime_env={"env_vars": self.env}, log_to_driver=True)
             logger.info("joined Ray cluster at %s", address)
         else:
             # A SIGKILLed driver leaves nothing behind: the reaper kills what is left of the run.
             self._reaper = reaper.start(self.run_id, RUN_ENV, ray_temp_dir())
             num_cpus = self.cfg.cluster.ray_num_cpus or max(8, os.cpu_count() or 1)
             self.started_ray = True  # (before it starts: a start cut short is shut down too)
+            # The run's variables are in this process's environment (_enter), which Ray's processes
+            # inherit: no job runtime_env (start_local_ray's doc says what it costs).
             with keep_sigterm_handler():
-                start_local_ray(num_cpus, runtime_env=runtime_env, log_to_driver=True)  # listens on loopback only
+                start_local_ray(num_cpus, log_to_driver=True)  # listens on loopback only
             reaper.watch_session(self._reaper, session_dir())
             logger.info("started a local Ray instance with %d logical CPUs", num_cpus)
 
@@ -371,21 +373,18 @@ class Runtime:
     def wait_running(self, timeout_s: float = 600.0) -> None:
         """Block until every app deployed so far is running; a replica that failed to start
         raises with Serve's message (the role's constructor error)."""
-        from ray import serve
-
         self.started_tq = self._tq.result()  # the data system is whole before any role sets up
         deadline, backoff = time.monotonic() + timeout_s, Backoff(first_s=0.05, max_s=0.5)
         while True:
-            apps = serve.status().applications
+            apps = app_states()
             pending = []
             for name in self.apps:
-                status = apps.get(name)
-                state = str(getattr(status, "status", "NOT_STARTED"))
-                if state.endswith(("DEPLOY_FAILED", "UNHEALTHY")):
+                state = apps.get(name, AppState("NOT_STARTED"))
+                if state.failed:
                     self.failed_apps.add(name)
-                    details = "\n".join(d.message for d in status.deployments.values() if d.message)
-                    raise RuntimeError(f"Serve app {name} failed to start: {details or status.message}")
-                if not state.endswith("RUNNING"):
+                    details = "\n".join(state.messages)
+                    raise RuntimeError(f"Serve app {name} failed to start: {details}")
+                if not state.running:
                     pending.append(name)
             if not pending:
                 return
@@ -410,7 +409,8 @@ class Runtime:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             try:
-                left = [a for a in self.apps if a in serve.status().applications]
+                live = app_states()
+                left = [a for a in self.apps if a in live]
             except Exception as err:  # noqa: BLE001 - the controller may already be gone
                 logger.warning("reading Serve status during teardown failed: %s", err)
                 return
@@ -440,7 +440,7 @@ class Runtime:
                     tq.clear_run()
         except Exception as err:  # noqa: BLE001 - teardown continues
             logger.warning("closing TransferQueue failed: %s", err)
-        if self.started_serve and not self.started_ray and not serve.status().applications:
+        if self.started_serve and not self.started_ray and not app_states():
             serve.shutdown()  # this run brought Serve up on a shared cluster: take it down again
         if self.started_ray:
             ray.shutdown()

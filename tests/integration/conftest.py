@@ -21,7 +21,9 @@ def ray_cluster():
     from relax.distributed.ray.local import start_local_ray
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    start_local_ray(8, log_to_driver=False, runtime_env={"env_vars": {"PYTHONPATH": os.getcwd()}})
+    # The repository on every Ray process's path (the tests' plugins), inherited: no job runtime_env.
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (os.getcwd(), os.environ.get("PYTHONPATH")) if p)
+    start_local_ray(8, log_to_driver=False)
     # No log monitor: with log_to_driver off nobody reads what it forwards, and it re-reads the
     # session's hundreds of worker log files ten times a second (~45 s of CPU over the session, measured).
     ray._private.worker._global_node.kill_log_monitor()

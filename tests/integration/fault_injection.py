@@ -111,10 +111,15 @@ def _state(pid: int) -> str:
         return "?"
 
 
+# One client for every poll of the injector (which polls every 5-100 ms): `httpx.get` builds a client,
+# and with it a TLS context, per call (~22 ms of CPU: 11 s over the recovery run, measured).
+_CLIENT = httpx.Client(timeout=1.0, trust_env=False)
+
+
 def load(url: str) -> int:
     """Requests running or queued on the engine (0 when it does not answer)."""
     try:
-        info = httpx.get(url + "/get_server_info", timeout=1.0, trust_env=False).json()
+        info = _CLIENT.get(url + "/get_server_info").json()
     except (httpx.HTTPError, ValueError):
         return 0
     return int(info["internal_states"][0]["load"])
@@ -123,7 +128,7 @@ def load(url: str) -> int:
 def weight_version(url: str) -> str | None:
     """The engine's weight version ("default" before the first push; None when it does not answer)."""
     try:
-        return str(httpx.get(url + "/get_weight_version", timeout=1.0, trust_env=False).json()["weight_version"])
+        return str(_CLIENT.get(url + "/get_weight_version").json()["weight_version"])
     except (httpx.HTTPError, ValueError, KeyError):
         return None
 

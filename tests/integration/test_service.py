@@ -14,6 +14,7 @@ def test_a_role_that_cannot_start_raises_its_error_and_teardown_deletes_every_ap
     from relax.config import parse_config
     from relax.config.plan import RolePlan
     from relax.core.service import Runtime
+    from relax.distributed.ray.serve_apps import app_states
 
     cfg = parse_config(["--hf-checkpoint", str(tiny_setup / "model"), "--prompt-data", str(tiny_setup / "train.jsonl"),
                         "--input-key", "prompt", "--label-key", "label", "--rollout-batch-size", "2",
@@ -26,4 +27,9 @@ def test_a_role_that_cannot_start_raises_its_error_and_teardown_deletes_every_ap
             runtime.wait_running(timeout_s=120)
         apps = list(runtime.apps)
         assert len(apps) == 2 and runtime.failed_apps == {apps[1]}  # the controller skips its shutdown
-    assert not set(apps) & set(serve.status().applications)
+        # The cheap read of the apps' states (relax.distributed.ray.serve_apps) says what serve.status() says.
+        states, public = app_states(), serve.status().applications
+        assert {n: s.status for n, s in states.items()} == {n: a.status.value for n, a in public.items()}
+        failed = states[apps[1]]
+        assert failed.failed and any("ActorFwd writes one log-prob column" in m for m in failed.messages)
+    assert not set(apps) & set(serve.status().applications) and not set(apps) & set(app_states())

@@ -17,6 +17,9 @@ def _init_kwargs(monkeypatch, **kwargs) -> dict:
     monkeypatch.setenv(local.LOCAL_ONLY_ENV, "1")
     monkeypatch.setenv(local.GCS_RECONNECT_ENV, local.GCS_RECONNECT_S)
     monkeypatch.setattr(ray_constants, "ENABLE_RAY_CLUSTER", ray_constants.ENABLE_RAY_CLUSTER)
+    for name in local.LOCAL_RAY_ENV:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("REPORTER_UPDATE_INTERVAL_MS", "7000")  # the caller's
     local.start_local_ray(3, **kwargs)
     return seen
 
@@ -25,6 +28,15 @@ def test_a_local_ray_starts_no_idle_workers_ahead(monkeypatch):
     kw = _init_kwargs(monkeypatch, log_to_driver=False)
     assert kw["_system_config"] == {"prestart_worker_first_driver": False}
     assert kw["num_cpus"] == 3 and kw["_node_ip_address"] == "127.0.0.1" and kw["log_to_driver"] is False
+
+
+def test_rays_background_loops_slow_down_unless_the_environment_says_otherwise(monkeypatch):
+    import os
+
+    _init_kwargs(monkeypatch)
+    assert os.environ["RAY_SERVE_CONTROL_LOOP_INTERVAL_S"] == "0.5"
+    assert os.environ["RAY_SERVE_METRICS_EXPORT_INTERVAL_MS"] == "1000"
+    assert os.environ["REPORTER_UPDATE_INTERVAL_MS"] == "7000"
 
 
 def test_a_callers_system_config_is_kept_beside_it(monkeypatch):
@@ -53,6 +65,8 @@ def _failing_init(monkeypatch, failures: list[Exception]) -> list[dict]:
     monkeypatch.setenv(local.LOCAL_ONLY_ENV, "1")
     monkeypatch.setenv(local.GCS_RECONNECT_ENV, local.GCS_RECONNECT_S)
     monkeypatch.setattr(ray_constants, "ENABLE_RAY_CLUSTER", ray_constants.ENABLE_RAY_CLUSTER)
+    for name in local.LOCAL_RAY_ENV:
+        monkeypatch.setenv(name, "1")
     monkeypatch.setattr(local, "_test_children", children, raising=False)
     return calls
 
