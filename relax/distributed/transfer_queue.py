@@ -60,8 +60,6 @@ def _package() -> Any:
     return transfer_queue
 
 
-
-
 def _namespace() -> str:
     """This process's run: runs sharing one data system (jobs on one cluster) never see each
     other's rows."""

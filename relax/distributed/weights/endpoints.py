@@ -96,10 +96,34 @@ class HTTPEndpoint:
 class RayEndpoint:
     """A training-backend rank behind a Ray actor handle. Its reply says whether the bucket's bytes
     were consumed (`received`): a refusal after receiving is BucketRejected, before it
-    WeightSyncError; a rank that died or raised, or no reply by the deadline, too."""
+    WeightSyncError; a rank that died or raised, or no reply by the deadline, too.
+
+    The handle travels pickled and is unpickled where it is first used (the sender): Ray imports
+    an actor's class to unpickle its handle, and the DCS coordinator, which only stores and
+    returns endpoints, would import the training backend (torch, ~2 s of CPU) for nothing.
+    The rank's owner (the role that created it) keeps it alive, not these copies."""
 
     def __init__(self, handle: Any, name: str) -> None:
-        self.handle, self.name = handle, name
+        self._handle, self._pickled, self.name = handle, None, name
+
+    @property
+    def handle(self) -> Any:
+        if self._handle is None:
+            from ray import cloudpickle
+
+            self._handle = cloudpickle.loads(self._pickled)
+        return self._handle
+
+    def __getstate__(self) -> dict[str, Any]:
+        if self._pickled is None:
+            from ray import cloudpickle
+
+            self._pickled = cloudpickle.dumps(self._handle)
+        pickled = self._pickled
+        return {"name": self.name, "pickled": pickled}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self._handle, self._pickled, self.name = None, state["pickled"], state["name"]
 
     def __repr__(self) -> str:
         return f"RayEndpoint({self.name})"
