@@ -119,8 +119,7 @@ class RayEndpoint:
             from ray import cloudpickle
 
             self._pickled = cloudpickle.dumps(self._handle)
-        pickled = self._pickled
-        return {"name": self.name, "pickled": pickled}
+        return {"name": self.name, "pickled": self._pickled}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self._handle, self._pickled, self.name = None, state["pickled"], state["name"]

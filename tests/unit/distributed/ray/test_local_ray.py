@@ -44,9 +44,9 @@ def test_a_callers_system_config_is_kept_beside_it(monkeypatch):
     assert kw["_system_config"] == {"prestart_worker_first_driver": False, "object_timeout_milliseconds": 5}
 
 
-def _failing_init(monkeypatch, failures: list[Exception]) -> list[dict]:
+def _failing_init(monkeypatch, failures: list[Exception]) -> tuple[list[dict], list]:
     """ray.init raising each of `failures` in turn, then succeeding; each try starts a child process
-    (as Ray's GCS would) that a retry must stop."""
+    (as Ray's GCS would) that a retry must stop. Returns (the calls' kwargs, the children)."""
     import subprocess
     import sys
 
@@ -67,17 +67,15 @@ def _failing_init(monkeypatch, failures: list[Exception]) -> list[dict]:
     monkeypatch.setattr(ray_constants, "ENABLE_RAY_CLUSTER", ray_constants.ENABLE_RAY_CLUSTER)
     for name in local.LOCAL_RAY_ENV:
         monkeypatch.setenv(name, "1")
-    monkeypatch.setattr(local, "_test_children", children, raising=False)
-    return calls
+    return calls, children
 
 
 def test_a_node_that_misses_the_registration_deadline_is_stopped_and_started_again(monkeypatch):
     timeout = Exception("The current node timed out during startup. This could happen because ...")
-    calls = _failing_init(monkeypatch, [timeout, timeout])
+    calls, started = _failing_init(monkeypatch, [timeout, timeout])
     local.start_local_ray(2, _system_config={"a": 1})
     assert len(calls) == 3
     assert all(c["_system_config"] == {"prestart_worker_first_driver": False, "a": 1} for c in calls)
-    started = local._test_children
     assert all(p.poll() is not None for p in started[:2])  # the failed tries' processes are gone
     assert started[2].poll() is None  # the started node's stay
     started[2].kill()
@@ -87,17 +85,17 @@ def test_a_node_that_misses_the_registration_deadline_is_stopped_and_started_aga
 def test_other_failures_and_the_last_timeout_are_raised(monkeypatch):
     import pytest
 
-    calls = _failing_init(monkeypatch, [RuntimeError("port taken")])
+    calls, started = _failing_init(monkeypatch, [RuntimeError("port taken")])
     with pytest.raises(RuntimeError, match="port taken"):
         local.start_local_ray(2)
     assert len(calls) == 1
-    local._test_children[0].kill()
+    started[0].kill()
 
     timeouts = [Exception("timed out during startup")] * local.START_ATTEMPTS
-    calls = _failing_init(monkeypatch, timeouts)
+    calls, started = _failing_init(monkeypatch, timeouts)
     with pytest.raises(Exception, match="timed out during startup"):
         local.start_local_ray(2)
     assert len(calls) == local.START_ATTEMPTS
-    for proc in local._test_children:
+    for proc in started:
         proc.kill()
         proc.wait()
