@@ -1,4 +1,5 @@
 import asyncio
+import threading
 
 import pytest
 
@@ -7,8 +8,12 @@ from relax.utils.poll import Backoff
 
 def test_backoff_doubles_to_the_cap_and_resets(monkeypatch):
     slept = []
+    here = threading.get_ident()
+    real_sleep = asyncio.sleep
 
-    async def fake_sleep(seconds):
+    async def fake_sleep(seconds, *args):
+        if threading.get_ident() != here:  # another test's leftover event loop thread sleeps for real
+            return await real_sleep(seconds, *args)
         slept.append(seconds)
 
     monkeypatch.setattr(asyncio, "sleep", fake_sleep)
