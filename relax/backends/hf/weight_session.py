@@ -6,7 +6,8 @@ finalize; it keeps SGLang's rules (one open at a time) so a client is held to th
 Updates outside a session are accepted (older SGLang).
 
 Armed push (the engine announces `weight_push_armed` in /server_info): `/arm_weight_update` pauses
-generation, opens the session and starts the receiver's loop (`WeightReceiver.arm`), which takes
+generation, opens the session and, once its reply is written, starts the receiver's loop
+(`WeightReceiver.arm`; a loop started before held the GIL the reply needed), which takes
 every bucket of the push from the group with no request per bucket. Its layout is checked before the
 pause (400: one it cannot take; 409: a `layout_id` sent alone that it does not hold, which the sender
 answers by sending the buckets; either way nothing was paused or broadcast). `/end_weight_update`
@@ -24,6 +25,7 @@ from typing import Any, Callable
 
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
+from starlette.background import BackgroundTask
 
 from relax.backends.hf.engine import HFEngine
 from relax.backends.hf.protocol import ArmWeightUpdateRequest, EndWeightUpdateRequest, UpdateWeightVersionRequest
@@ -39,10 +41,14 @@ def _result(success: bool, message: str) -> JSONResponse:
     return JSONResponse({"success": success, "message": message}, status_code=200 if success else 400)
 
 
-async def close_session(engine: HFEngine) -> None:
+async def close_session(engine: HFEngine, *, loaded: bool = False) -> None:
+    """`loaded`: an armed loop took every bucket, its last one waited for all the copies: nothing to wait for."""
     engine.weight_session_open = False
     engine.receiver.held = None  # the sender may free its flat-bucket buffer now
-    await asyncio.to_thread(engine.receiver.close_session)  # (waits for deferred buckets on a GPU)
+    if loaded:
+        engine.receiver.close_session(synchronize=False)
+    else:
+        await asyncio.to_thread(engine.receiver.close_session)  # (waits for deferred buckets on a GPU)
 
 
 async def end_armed(engine: HFEngine, armed: ArmedPush, error_response: Callable[[int, str], Any]) -> Any:
@@ -50,6 +56,7 @@ async def end_armed(engine: HFEngine, armed: ArmedPush, error_response: Callable
     push has replaced (this end came late) leaves the session alone."""
     receiver = engine.receiver
     mark("engine: end received")
+    armed.start()  # (the arm's reply started it, unless that reply never went out)
     try:
         outcome = await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(armed.future)), receiver.timeout_s)
     except asyncio.TimeoutError:
@@ -60,7 +67,7 @@ async def end_armed(engine: HFEngine, armed: ArmedPush, error_response: Callable
                                    "a newer one before its end")
     mark("engine: end sees the loop done")
     receiver.armed = None
-    await close_session(engine)
+    await close_session(engine, loaded=outcome.received)
     mark("engine: session closed")
     if not outcome.received:  # bytes may be left on the wire: nothing may receive on this group again
         if receiver.groups.get(armed.plan.group_name) is armed.group:  # (not one since made under its name)
@@ -68,6 +75,10 @@ async def end_armed(engine: HFEngine, armed: ArmedPush, error_response: Callable
         return error_response(500, f"{outcome.message} (weight update group {armed.plan.group_name!r} is now out "
                                    "of step: destroy it and init a new one)")
     return _result(outcome.success, outcome.message)
+
+
+async def _start(armed: ArmedPush) -> None:
+    armed.start()  # (a coroutine: Starlette runs a plain function's background task in its thread pool)
 
 
 def add_weight_session_routes(app: FastAPI, engine: HFEngine, error_response: Callable[[int, str], Any]) -> None:
@@ -100,13 +111,16 @@ def add_weight_session_routes(app: FastAPI, engine: HFEngine, error_response: Ca
             receiver.armed = None
             await close_session(engine)
         try:
-            armed = receiver.arm(plan)
+            armed = receiver.arm(plan, start=False)
         except ValueError as exc:  # refused before anything was broadcast: the pause was this request's
             engine.scheduler.resume()
             return error_response(400, f"arm_weight_update: {exc}")
         engine.weight_session_open = True
         mark("engine: armed (replying)")
-        return _result(True, f"armed for {len(armed.plan.buckets)} buckets on group {armed.plan.group_name!r}")
+        # The loop starts once the reply is written (the sender broadcasts nothing before it reads it).
+        reply = _result(True, f"armed for {len(armed.plan.buckets)} buckets on group {armed.plan.group_name!r}")
+        reply.background = BackgroundTask(_start, armed)
+        return reply
 
     @app.post("/end_weight_update")
     async def end_weight_update(req: EndWeightUpdateRequest | None = None):

@@ -316,11 +316,20 @@ class ArmedPush:
     order, into `receiver`; `future` holds its `ArmedOutcome`. It ends when every bucket's bytes are
     in, or at the first receive or load that raised (the rest of the push is then not taken)."""
 
-    def __init__(self, receiver: ArmedReceiver, plan: ArmedPlan, group: Any) -> None:
+    def __init__(self, receiver: ArmedReceiver, plan: ArmedPlan, group: Any, *, start: bool = True) -> None:
         self.receiver, self.plan, self.group = receiver, plan, group
         self.future: concurrent.futures.Future[ArmedOutcome] = concurrent.futures.Future()
         self._thread = threading.Thread(target=self._run, name=f"weight-sync-armed-{plan.group_name}", daemon=True)
-        self._thread.start()
+        self._started = threading.Lock()
+        if start:
+            self.start()
+
+    def start(self) -> None:
+        """Start the loop (once; later calls do nothing). The hf engine starts it after the arm's reply
+        is written: the loop's first bucket holds the GIL for a millisecond or two, which delayed that
+        reply, and with it the sender's first broadcast, by as much (2x H200 trace)."""
+        if self._started.acquire(blocking=False):
+            self._thread.start()
 
     def done(self) -> bool:
         return self.future.done()

@@ -138,9 +138,22 @@ def flat_layout(sizes: Sequence[int], align: int = FLAT_ALIGN) -> tuple[list[int
     return offsets, end
 
 
-def flat_views(flat: torch.Tensor, specs: Sequence[TensorSpec]) -> list[torch.Tensor]:
-    """The tensors of a flat bucket (uint8 `flat`), as views into it, by the specs' layout."""
+def _unpadded(sizes: Sequence[int]) -> bool:
+    """A flat layout with no padding: every tensor but the last ends on the alignment."""
+    return all(size % FLAT_ALIGN == 0 for size in sizes[:-1])
+
+
+def flat_views(flat: torch.Tensor, specs: Sequence[TensorSpec],
+               like: Sequence[torch.Tensor] | None = None) -> list[torch.Tensor]:
+    """The tensors of a flat bucket (uint8 `flat`), as views into it, by the specs' layout. `like`
+    (tensors of the specs' shapes, e.g. the parameters they load into): a bucket of one dtype with no
+    padding is cut by one C++ call (`unflatten_dense_tensors`) instead of two views a tensor in Python,
+    which an engine's receive loop runs while its HTTP thread waits for the GIL."""
     sizes = [spec_bytes(s) for s in specs]
+    dtype = specs[0].dtype if specs else None
+    if like is not None and _unpadded(sizes) and all(s.dtype == dtype for s in specs) and \
+            all(tuple(t.shape) == s.shape for t, s in zip(like, specs)):
+        return list(torch._C._nn.unflatten_dense_tensors(flat.view(dtype), list(like)))
     offsets, _ = flat_layout(sizes)
     return [flat[o:o + n].view(s.dtype).view(s.shape) for o, n, s in zip(offsets, sizes, specs)]
 
@@ -149,10 +162,17 @@ def pack_flat(tensors: Sequence[torch.Tensor], device: Any) -> torch.Tensor:
     """A flat bucket: `tensors` copied (and moved to `device`) into one uint8 buffer laid out by
     `flat_layout`; `flat_views` reads it back."""
     sizes = [tensor_bytes(t) for t in tensors]
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    back_to_back = _unpadded(sizes) and all(t.device == device for t in tensors)
+    if back_to_back and len(tensors) > 1 and len({t.dtype for t in tensors}) == 1:
+        # one copy kernel from one C++ call: no reshape and view a tensor in Python, which the sender's
+        # pack thread would run holding the GIL its event loop needs (for one tensor it returns a view)
+        return torch._C._nn.flatten_dense_tensors(list(tensors)).view(torch.uint8)
     offsets, total = flat_layout(sizes)
     flat = torch.empty(total, dtype=torch.uint8, device=device)
-    if all(size % FLAT_ALIGN == 0 for size in sizes[:-1]) and all(t.device == flat.device for t in tensors):
-        # back to back with no padding (weight matrices, most vectors): one copy kernel, not one per tensor
+    if back_to_back:  # (weight matrices, most vectors): one copy kernel, not one per tensor
         torch.cat([t.reshape(-1).view(torch.uint8) for t in tensors], out=flat)
         return flat
     for tensor, offset, size in zip(tensors, offsets, sizes):

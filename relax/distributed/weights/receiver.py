@@ -217,10 +217,12 @@ class WeightReceiver:
         `cache_walk`, once for every push until `forget_walk`."""
         self._session_walk = self._walked()
 
-    def close_session(self) -> None:
-        """`/end_weight_update`: wait for buckets still loading (`deferred`), forget the walk."""
+    def close_session(self, *, synchronize: bool = True) -> None:
+        """`/end_weight_update`: wait for buckets still loading (`deferred`; `synchronize=False`: the
+        caller knows none is, e.g. an armed loop that took every bucket), forget the walk."""
         self._session_walk = None
-        self.synchronize()
+        if synchronize:
+            self.synchronize()
 
     def synchronize(self) -> None:
         if self.device.type == "cuda":
@@ -274,18 +276,19 @@ class WeightReceiver:
         `LayoutUnknown` for an id alone that it does not hold."""
         return parse_plan(payload, self.layouts)
 
-    def arm(self, payload: dict[str, Any] | ArmedPlan) -> ArmedPush:
+    def arm(self, payload: dict[str, Any] | ArmedPlan, *, start: bool = True) -> ArmedPush:
         """`/arm_weight_update` (armed.py): check the push's layout (`plan`, unless given) and group and start
-        the loop that begins the push, opens the session and takes its buckets (`armed`). ValueError for a
-        layout or group it cannot take, or while an earlier armed push still receives on a live group (one
-        left on a group since destroyed is abandoned: its receive can only fail)."""
+        the loop that begins the push, opens the session and takes its buckets (`armed`; `start=False`:
+        the caller starts it, `ArmedPush.start`). ValueError for a layout or group it cannot take, or while
+        an earlier armed push still receives on a live group (one left on a group since destroyed is
+        abandoned: its receive can only fail)."""
         plan = payload if isinstance(payload, ArmedPlan) else self.plan(payload)
         group = self.group(plan.group_name)
         earlier = self.armed
         if earlier is not None and not earlier.done() and self.groups.get(earlier.plan.group_name) is earlier.group:
             raise ValueError(f"an armed weight update is still receiving on group {earlier.plan.group_name!r}; "
                              "end it (/end_weight_update) or destroy the group first")
-        self.armed = ArmedPush(self, plan, group)  # (its loop begins the push and opens the session)
+        self.armed = ArmedPush(self, plan, group, start=start)  # (its loop begins the push, opens the session)
         return self.armed
 
     # ---- the ways a bucket arrives -------------------------------------------------------
@@ -352,26 +355,47 @@ class WeightReceiver:
     def receive_flat(self, specs: list[TensorSpec], group: WeightGroup, *, wait: bool = True) -> list[torch.Tensor]:
         """Receive a flat bucket (one broadcast of its bytes) and return its tensors as views;
         `wait=False` only queues the receive on a GPU (later work on the stream is ordered after it)."""
-        flat = torch.empty(flat_layout([spec_bytes(s) for s in specs])[1], dtype=torch.uint8, device=group.device)
-        group.broadcast(flat, src=0)
+        flat = self._post_flat(specs, group)
         if wait:
             group.synchronize()
         return flat_views(flat, specs)
 
+    @staticmethod
+    def _post_flat(specs: list[TensorSpec], group: WeightGroup) -> torch.Tensor:
+        """A flat bucket's buffer with its broadcast posted (queued on a GPU, received on gloo)."""
+        flat = torch.empty(flat_layout([spec_bytes(s) for s in specs])[1], dtype=torch.uint8, device=group.device)
+        group.broadcast(flat, src=0)
+        return flat
+
+    def _load_flat(self, specs: list[TensorSpec], group: WeightGroup, deferred: bool) -> tuple[bool, str] | None:
+        """A flat bucket: its receive posted before anything else (the sender's broadcast of it may be
+        waiting; on a GPU the checks, views and copies below then run while the bytes travel), then
+        checked and loaded from views into it. (False, why) for a bucket refused (its bytes taken)."""
+        flat = self._post_flat(specs, group)
+        problems = self.problems(specs)
+        if problems:
+            group.synchronize()  # the bytes are taken, nothing is loaded
+            return False, f"rejected the bucket of {len(specs)} tensors, nothing loaded: " + "; ".join(problems)
+        targets = self._bucket_targets() if type(self).load is WeightReceiver.load else None
+        self.load(specs, flat_views(flat, specs, like=[targets[s.name] for s in specs] if targets else None))
+        if not deferred:
+            self.synchronize()  # this bucket's copies, and every deferred bucket's before it
+        return None
+
     def _receive_and_load(self, specs: list[TensorSpec], group: WeightGroup, flat: bool,
                           deferred: bool) -> tuple[bool, str]:
-        problems = self.problems(specs)
-        receive = self.receive_flat if flat else self.receive
-        if problems:
-            receive(specs, group)  # the sender is blocked in the broadcast: take the bytes, load nothing
-            return False, f"rejected the bucket of {len(specs)} tensors, nothing loaded: " + "; ".join(problems)
         if flat:
-            tensors = self.receive_flat(specs, group, wait=not deferred)
-            self.load(specs, tensors)
-            if not deferred:
-                self.synchronize()  # this bucket's copies, and every deferred bucket's before it
-        elif type(self).load is not WeightReceiver.load:
-            tensors = receive(specs, group)
+            refused = self._load_flat(specs, group, deferred)
+            if refused is not None:
+                return refused
+            nbytes = sum(spec_bytes(s) for s in specs)
+            return True, f"loaded {len(specs)} tensors ({nbytes} bytes)"
+        problems = self.problems(specs)
+        if problems:
+            self.receive(specs, group)  # the sender is blocked in the broadcast: take the bytes, load nothing
+            return False, f"rejected the bucket of {len(specs)} tensors, nothing loaded: " + "; ".join(problems)
+        if type(self).load is not WeightReceiver.load:
+            tensors = self.receive(specs, group)
             self.load(specs, tensors)
         else:
             direct, targets = self._in_place(specs, group), self._bucket_targets()
