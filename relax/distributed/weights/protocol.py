@@ -138,7 +138,7 @@ def flat_layout(sizes: Sequence[int], align: int = FLAT_ALIGN) -> tuple[list[int
     return offsets, end
 
 
-def _unpadded(sizes: Sequence[int]) -> bool:
+def unpadded(sizes: Sequence[int]) -> bool:
     """A flat layout with no padding: every tensor but the last ends on the alignment."""
     return all(size % FLAT_ALIGN == 0 for size in sizes[:-1])
 
@@ -151,7 +151,7 @@ def flat_views(flat: torch.Tensor, specs: Sequence[TensorSpec],
     which an engine's receive loop runs while its HTTP thread waits for the GIL."""
     sizes = [spec_bytes(s) for s in specs]
     dtype = specs[0].dtype if specs else None
-    if like is not None and _unpadded(sizes) and all(s.dtype == dtype for s in specs) and \
+    if like is not None and unpadded(sizes) and all(s.dtype == dtype for s in specs) and \
             all(tuple(t.shape) == s.shape for t, s in zip(like, specs)):
         return list(torch._C._nn.unflatten_dense_tensors(flat.view(dtype), list(like)))
     offsets, _ = flat_layout(sizes)
@@ -165,7 +165,7 @@ def pack_flat(tensors: Sequence[torch.Tensor], device: Any) -> torch.Tensor:
     device = torch.device(device)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
-    back_to_back = _unpadded(sizes) and all(t.device == device for t in tensors)
+    back_to_back = unpadded(sizes) and all(t.device == device for t in tensors)
     if back_to_back and len(tensors) > 1 and len({t.dtype for t in tensors}) == 1:
         # one copy kernel from one C++ call: no reshape and view a tensor in Python, which the sender's
         # pack thread would run holding the GIL its event loop needs (for one tensor it returns a view)

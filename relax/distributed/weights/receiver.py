@@ -31,6 +31,8 @@ from __future__ import annotations
 import contextlib
 import math
 import threading
+from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
 import torch
@@ -38,7 +40,27 @@ import torch
 from relax.distributed.weights.armed import ArmedPlan, ArmedPush, Layouts, parse_plan
 from relax.distributed.weights.group import WeightGroup, create_weight_group
 from relax.distributed.weights.ipc import decode_tensor_payload, deserialize
-from relax.distributed.weights.protocol import FLAT_BYTES, TensorSpec, flat_layout, flat_views, parse_specs, spec_bytes
+from relax.distributed.weights.protocol import (
+    FLAT_BYTES, TensorSpec, flat_layout, flat_views, parse_specs, spec_bytes, unpadded,
+)
+
+FLAT_PLANS_KEPT = 256  # flat buckets whose `FlatBucketPlan` a receiver keeps (a push of a 4B model at 64 MiB: 120)
+
+
+@dataclass(frozen=True)
+class FlatBucketPlan:
+    """What loading a flat bucket takes besides its bytes, worked out once for its specs (an armed push's
+    buckets are the same parsed lists every push, `armed.Layouts`) and the model walk they were checked
+    against: a receive loop then spends a few torch calls a bucket, not a few hundred lines of Python
+    holding the GIL its engine's HTTP thread needs (2x H200 trace: 1-2 ms a bucket)."""
+
+    specs: list[TensorSpec]
+    walk: dict[str, torch.Tensor]
+    nbytes: int  # the flat buffer's length
+    problems: list[str]  # why the bucket is refused (its bytes are taken, nothing loaded)
+    targets: list[torch.Tensor] | None  # per spec, the model tensor it loads into (None: a subclass's `load`)
+    cut: bool  # one dtype, no padding: its views in one `unflatten_dense_tensors` call
+    one_copy: bool  # and one `_foreach_copy_` into distinct targets of one dtype and device
 
 
 def expert_views(targets: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -147,6 +169,7 @@ class WeightReceiver:
         self.quarantined: dict[str, WeightGroup] = {}
         self.armed: ArmedPush | None = None  # the receive loop of an armed push (`arm`), until its end is answered
         self.layouts = Layouts()  # the armed pushes' layouts by `layout_id` (armed.py), parsed once each
+        self._flat_plans: OrderedDict[int, FlatBucketPlan] = OrderedDict()  # by id(specs): `_flat_plan`
 
     def init_group(self, *, master_address: str, master_port: int, rank_offset: int, world_size: int,
                    group_name: str, backend: str) -> str:
@@ -197,6 +220,7 @@ class WeightReceiver:
         """The model's tensors may have been replaced (moved, reallocated): the next bucket or session
         walks the model anew. Its owner calls this (the hf engine: memory released or resumed)."""
         self._kept_walk = self._session_walk = None
+        self._flat_plans.clear()  # (they hold the old tensors)
 
     def _bucket_targets(self) -> dict[str, torch.Tensor]:
         """`_targets()`, walked once per bucket (`_one_walk`): a module walk costs ~1 ms on a
@@ -355,29 +379,51 @@ class WeightReceiver:
     def receive_flat(self, specs: list[TensorSpec], group: WeightGroup, *, wait: bool = True) -> list[torch.Tensor]:
         """Receive a flat bucket (one broadcast of its bytes) and return its tensors as views;
         `wait=False` only queues the receive on a GPU (later work on the stream is ordered after it)."""
-        flat = self._post_flat(specs, group)
+        flat = torch.empty(flat_layout([spec_bytes(s) for s in specs])[1], dtype=torch.uint8, device=group.device)
+        group.broadcast(flat, src=0)
         if wait:
             group.synchronize()
         return flat_views(flat, specs)
 
-    @staticmethod
-    def _post_flat(specs: list[TensorSpec], group: WeightGroup) -> torch.Tensor:
-        """A flat bucket's buffer with its broadcast posted (queued on a GPU, received on gloo)."""
-        flat = torch.empty(flat_layout([spec_bytes(s) for s in specs])[1], dtype=torch.uint8, device=group.device)
-        group.broadcast(flat, src=0)
-        return flat
+    def _flat_plan(self, specs: list[TensorSpec]) -> FlatBucketPlan:
+        """`specs`' FlatBucketPlan against the model walk in hand: the kept one where `cache_walk` holds
+        the walk it was made for (`forget_walk` drops them all), else made now."""
+        walk, kept = self._bucket_targets(), self._flat_plans.get(id(specs))
+        if kept is not None and kept.specs is specs and kept.walk is walk:
+            self._flat_plans.move_to_end(id(specs))
+            return kept
+        sizes, problems = [spec_bytes(s) for s in specs], self.problems(specs)
+        targets = [walk[s.name] for s in specs] if type(self).load is WeightReceiver.load and not problems else None
+        cut = targets is not None and unpadded(sizes) and len({s.dtype for s in specs}) == 1
+        one_copy = cut and len(targets) > 1 and len({t.data_ptr() for t in targets}) == len(targets) and \
+            len({(t.device, t.dtype) for t in targets}) == 1
+        plan = FlatBucketPlan(specs, walk, flat_layout(sizes)[1], problems, targets, cut, one_copy)
+        if self.cache_walk:  # (else every bucket walks the model anew: a plan would never be found again)
+            self._flat_plans[id(specs)] = plan
+            while len(self._flat_plans) > FLAT_PLANS_KEPT:
+                self._flat_plans.popitem(last=False)
+        return plan
 
     def _load_flat(self, specs: list[TensorSpec], group: WeightGroup, deferred: bool) -> tuple[bool, str] | None:
-        """A flat bucket: its receive posted before anything else (the sender's broadcast of it may be
-        waiting; on a GPU the checks, views and copies below then run while the bytes travel), then
-        checked and loaded from views into it. (False, why) for a bucket refused (its bytes taken)."""
-        flat = self._post_flat(specs, group)
-        problems = self.problems(specs)
-        if problems:
+        """A flat bucket, by its `FlatBucketPlan`: received into one buffer and loaded from views into it
+        (on a GPU the views and copies are queued behind the receive). (False, why) for a bucket refused
+        (its bytes taken)."""
+        plan = self._flat_plan(specs)
+        flat = torch.empty(plan.nbytes, dtype=torch.uint8, device=group.device)
+        group.broadcast(flat, src=0)
+        if plan.problems:
             group.synchronize()  # the bytes are taken, nothing is loaded
-            return False, f"rejected the bucket of {len(specs)} tensors, nothing loaded: " + "; ".join(problems)
-        targets = self._bucket_targets() if type(self).load is WeightReceiver.load else None
-        self.load(specs, flat_views(flat, specs, like=[targets[s.name] for s in specs] if targets else None))
+            return False, f"rejected the bucket of {len(specs)} tensors, nothing loaded: " + "; ".join(plan.problems)
+        if plan.targets is None:
+            self.load(specs, flat_views(flat, specs))
+        else:
+            views = (torch._C._nn.unflatten_dense_tensors(flat.view(specs[0].dtype), plan.targets) if plan.cut
+                     else flat_views(flat, specs))
+            with self.step_lock, torch.no_grad():
+                if plan.one_copy:
+                    torch._foreach_copy_(plan.targets, list(views))
+                else:
+                    copy_all(plan.targets, views)
         if not deferred:
             self.synchronize()  # this bucket's copies, and every deferred bucket's before it
         return None

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
-from relax.distributed.weights.receiver import WeightReceiver, hf_targets
+from relax.distributed.weights.receiver import FlatBucketPlan, WeightReceiver, hf_targets
 
 
 def test_per_expert_names_load_into_fused_moe_weights(tmp_path):
@@ -81,6 +83,65 @@ def test_a_session_walks_the_model_once_and_waits_only_for_its_last_flat_bucket(
     assert Counting.walks == 1 and Counting.waits == 2
     for name, tensor in model.state_dict().items():
         assert torch.equal(tensor, new[name]), name
+
+
+def test_a_flat_buckets_plan_is_made_once_per_walk_and_loads_every_push_exactly(monkeypatch):
+    """With `cache_walk` (the hf engine), the same specs list (an armed layout's bucket, pushed every step)
+    reuses its FlatBucketPlan: checked once, cut by `unflatten_dense_tensors`, copied by one
+    `_foreach_copy_`; every push loads its own values; `forget_walk` (the model moved) makes a new plan;
+    a bucket naming a tensor the model lacks is refused from its plan each time, its bytes taken."""
+    import threading
+
+    from relax.distributed.store import listen
+    from relax.distributed.weights import receiver as receiver_module
+    from relax.distributed.weights.group import create_weight_group
+    from relax.distributed.weights.protocol import FLAT_ALIGN, TensorSpec, pack_flat
+
+    model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Linear(16, 16))  # 1 KiB matrices: no padding
+    assert 16 * 16 * 4 % FLAT_ALIGN == 0
+    names = ["0.weight", "1.weight", "1.bias"]
+    specs = [TensorSpec(n, torch.float32, tuple(model.state_dict()[n].shape)) for n in names]
+    bad = [TensorSpec("2.weight", torch.float32, (16, 16))]
+    listener = listen("127.0.0.1")
+    port, groups = listener.getsockname()[1], {}
+
+    def join(rank):
+        groups[rank] = create_weight_group(master_address="127.0.0.1", master_port=port, rank=rank, world_size=2,
+                                           group_name="g", timeout_s=20, listener=listener if rank == 0 else None)
+
+    joins = [threading.Thread(target=join, args=(r,)) for r in (0, 1)]
+    [t.start() for t in joins]
+    [t.join() for t in joins]
+    receiver = WeightReceiver(model, cache_walk=True)
+    receiver.groups["g"] = groups[1]
+    made, checked = [], []
+    monkeypatch.setattr(receiver_module, "FlatBucketPlan", lambda *a: made.append(a) or FlatBucketPlan(*a))
+    real_problems = receiver.problems
+    monkeypatch.setattr(receiver, "problems", lambda s: checked.append(len(s)) or real_problems(s))
+
+    def push(bucket_specs, values):
+        sender = threading.Thread(target=groups[0].broadcast, args=(pack_flat(values, "cpu"),))
+        sender.start()
+        result = receiver.receive_and_load(bucket_specs, "g", flat=True)
+        sender.join()
+        return result
+
+    for step in range(3):
+        values = [torch.full(s.shape, float(step)) for s in specs]
+        ok, message = push(specs, values)
+        assert ok, message
+        assert all(torch.equal(model.state_dict()[n], v) for n, v in zip(names, values))
+    assert len(made) == 1 and checked == [3]
+    plan = receiver._flat_plan(specs)
+    assert plan.cut and plan.one_copy and plan.nbytes == sum(4 * math.prod(s.shape) for s in specs)
+    receiver.forget_walk()
+    assert push(specs, [torch.ones(s.shape) for s in specs])[0] and len(made) == 2
+    for _ in range(2):
+        ok, message = push(bad, [torch.ones(16, 16)])
+        assert not ok and "'2.weight' is not a parameter of the model" in message
+    assert len(made) == 3 and checked == [3, 3, 1]
+    assert push(specs, [torch.zeros(s.shape) for s in specs])[0]  # the group is still in step
+    assert all(float(model.state_dict()[n].abs().sum()) == 0 for n in names)
 
 
 def _mixed_model() -> torch.nn.Module:
