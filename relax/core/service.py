@@ -396,7 +396,10 @@ class Runtime:
 
     def _delete_apps(self, timeout_s: float = 60.0) -> None:
         """Delete every app of this run at once (the roles shut down before), then wait until
-        they are gone: one after another costs ~3 s per app."""
+        they are gone: one after another costs ~3 s per app. Apps of roles whose node left the
+        cluster are not waited for: Serve restarted their replicas pinned to that node, where they
+        never start and cannot stop, and force-kills them only after graceful_shutdown_timeout_s
+        (30 s a global restart waited for nothing)."""
         from ray import serve
 
         if not self.apps:
@@ -406,11 +409,12 @@ class Runtime:
                 serve.delete(app, _blocking=False)
             except Exception as err:  # noqa: BLE001 - teardown continues whatever one app does
                 logger.warning("deleting Serve app %s failed: %s", app, err)
+        waited = self._apps_on_live_nodes()
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             try:
                 live = app_states()
-                left = [a for a in self.apps if a in live]
+                left = [a for a in waited if a in live]
             except Exception as err:  # noqa: BLE001 - the controller may already be gone
                 logger.warning("reading Serve status during teardown failed: %s", err)
                 return
@@ -418,6 +422,18 @@ class Runtime:
                 return
             time.sleep(0.1)
         logger.warning("Serve apps still deleting after %.0fs: %s", timeout_s, left)
+
+    def _apps_on_live_nodes(self) -> list[str]:
+        """This run's apps but those of roles on a node that left the cluster (`lost_roles`)."""
+        try:
+            lost = self.lost_roles()
+        except Exception as err:  # noqa: BLE001 - the cluster may be going: wait for every app
+            logger.warning("reading the cluster's nodes during teardown failed: %s", err)
+            return list(self.apps)
+        if lost:
+            logger.info("not waiting for the Serve apps of %s: their node left the cluster (Serve stops their "
+                        "replicas by itself)", ", ".join(sorted(lost)))
+        return [a for a in self.apps if a not in {self.app_name(role) for role in lost}]
 
     def __exit__(self, *exc: Any) -> None:
         import ray
