@@ -166,6 +166,7 @@ class ChildServer:
     name = "engine"
     poll_s, health_timeout_s, trust_env = 0.1, 2.0, True
     not_ready_hint = ""  # appended to the not-ready error, e.g. which flag raises the timeout
+    temp_log = False  # `log_path` was made in the temp dir for it: removed once it stops cleanly (`terminate`)
 
     def __init__(self, process: subprocess.Popen, url: str, log_path: str):
         self.process, self.url, self.log_path = process, url, log_path
@@ -201,14 +202,23 @@ class ChildServer:
     def terminate(self, timeout: float = 10.0) -> int | None:
         """SIGTERM, then SIGKILL after `timeout` seconds; returns the exit code. A killed process is
         waited for up to KILL_WAIT_S whatever `timeout` is: tearing down a large process (a hung
-        engine's ~0.5 GB) can take over a second on a loaded machine."""
+        engine's ~0.5 GB) can take over a second on a loaded machine. A `temp_log` goes with a server
+        that stopped cleanly (exit 0, or SIGTERM's code after a graceful shutdown, as uvicorn exits);
+        one that failed or had to be killed keeps it (its errors name it)."""
+        clean = {0}
         if self.alive():
             self.process.terminate()
+            clean.add(-signal.SIGTERM)
             try:
                 self.process.wait(timeout)
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait(max(timeout, KILL_WAIT_S))
+        if self.temp_log and self.process.returncode in clean:
+            try:
+                os.remove(self.log_path)
+            except OSError:
+                pass
         return self.process.returncode
 
     def __enter__(self) -> "ChildServer":

@@ -112,7 +112,8 @@ def launch_hf_engine(model_path: str, *, host: str = "127.0.0.1", port: int | No
     port = port or listener.getsockname()[1]
     if num_threads is None and device == "cpu":
         num_threads = 1
-    if log_path is None:
+    temp_log = log_path is None  # (a run's engines log into its directory; a bare launch into the temp dir)
+    if temp_log:
         fd, log_path = tempfile.mkstemp(prefix=f"hf-engine-{port}-", suffix=".log")
         os.close(fd)
     child_env = dict(os.environ if env is None else env)
@@ -141,4 +142,6 @@ def launch_hf_engine(model_path: str, *, host: str = "127.0.0.1", port: int | No
         if listener is not None:
             listener.close()  # the server holds its own copy
     url_host = f"[{host}]" if ":" in host else host
-    return EngineProcess(process, f"http://{url_host}:{port}", log_path, api_key)
+    engine = EngineProcess(process, f"http://{url_host}:{port}", log_path, api_key)
+    engine.temp_log = temp_log
+    return engine

@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 
-from relax.utils.proc import describe_process, process_state
+from relax.utils.proc import ChildServer, describe_process, process_state
 
 
 def _child(code: str = "import time; time.sleep(60)") -> subprocess.Popen:
@@ -45,3 +45,29 @@ def test_states_of_a_real_child(tmp_path):
     exited.wait()
     assert process_state(exited) == "exited with code 3"
     assert "<cannot read" in describe_process("hf", exited, "u", str(tmp_path / "missing.log"))
+
+
+def test_a_servers_temp_log_goes_with_a_clean_exit_and_stays_after_a_failure(tmp_path):
+    """`temp_log` (a launch given no log path): removed by `terminate` once the server exited 0, kept
+    when it failed (its errors name the file)."""
+    outcomes = {}
+    for name, code in (("clean", 0), ("failed", 3)):
+        log = tmp_path / f"{name}.log"
+        log.write_text("engine output\n")
+        process = subprocess.Popen([sys.executable, "-c", f"raise SystemExit({code})"])
+        server = ChildServer(process, "http://x", str(log))
+        server.temp_log = True
+        server.process.wait(timeout=30)
+        outcomes[name] = (server.terminate(), log.exists())
+    stopped = tmp_path / "stopped.log"  # a server stopped by SIGTERM (uvicorn exits with its code)
+    stopped.write_text("engine output\n")
+    server = ChildServer(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]), "http://x",
+                         str(stopped))
+    server.temp_log = True
+    outcomes["stopped"] = (server.terminate(), stopped.exists())
+    kept = tmp_path / "kept.log"
+    kept.write_text("a run's engine log\n")
+    server = ChildServer(subprocess.Popen([sys.executable, "-c", "pass"]), "http://x", str(kept))  # not temp_log
+    server.terminate()
+    assert outcomes == {"clean": (0, False), "failed": (3, True), "stopped": (-signal.SIGTERM, False)}
+    assert kept.exists()

@@ -5,6 +5,7 @@ by the sender's HTTP transport; the engine then generates as the pushed model do
 from __future__ import annotations
 
 import asyncio
+import os
 
 import httpx
 import pytest
@@ -54,6 +55,8 @@ def engines(tiny_model_dir):
     finally:
         for p in processes:
             p.terminate()
+    # (a launch without a log path logs to the temp dir, and a clean stop takes that file along)
+    assert all(p.temp_log and not os.path.exists(p.log_path) for p in processes)
 
 
 @pytest.fixture(scope="module")
