@@ -143,19 +143,18 @@ def unpadded(sizes: Sequence[int]) -> bool:
     return all(size % FLAT_ALIGN == 0 for size in sizes[:-1])
 
 
-def flat_views(flat: torch.Tensor, specs: Sequence[TensorSpec],
-               like: Sequence[torch.Tensor] | None = None) -> list[torch.Tensor]:
-    """The tensors of a flat bucket (uint8 `flat`), as views into it, by the specs' layout. `like`
-    (tensors of the specs' shapes, e.g. the parameters they load into): a bucket of one dtype with no
-    padding is cut by one C++ call (`unflatten_dense_tensors`) instead of two views a tensor in Python,
-    which an engine's receive loop runs while its HTTP thread waits for the GIL."""
+def flat_views(flat: torch.Tensor, specs: Sequence[TensorSpec]) -> list[torch.Tensor]:
+    """The tensors of a flat bucket (uint8 `flat`), as views into it, by the specs' layout."""
     sizes = [spec_bytes(s) for s in specs]
-    dtype = specs[0].dtype if specs else None
-    if like is not None and unpadded(sizes) and all(s.dtype == dtype for s in specs) and \
-            all(tuple(t.shape) == s.shape for t, s in zip(like, specs)):
-        return list(torch._C._nn.unflatten_dense_tensors(flat.view(dtype), list(like)))
     offsets, _ = flat_layout(sizes)
     return [flat[o:o + n].view(s.dtype).view(s.shape) for o, n, s in zip(offsets, sizes, specs)]
+
+
+def cut_flat(flat: torch.Tensor, dtype: torch.dtype, like: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """`flat_views` of a bucket of one `dtype` with no padding (`unpadded`), given tensors of its shapes in
+    order (`like`, e.g. the parameters it loads into): one C++ call (`unflatten_dense_tensors`) instead of
+    two views a tensor in Python, which an engine's receive loop runs while its HTTP thread waits for the GIL."""
+    return list(torch._C._nn.unflatten_dense_tensors(flat.view(dtype), list(like)))
 
 
 def pack_flat(tensors: Sequence[torch.Tensor], device: Any) -> torch.Tensor:

@@ -41,7 +41,7 @@ from relax.distributed.weights.armed import ArmedPlan, ArmedPush, Layouts, parse
 from relax.distributed.weights.group import WeightGroup, create_weight_group
 from relax.distributed.weights.ipc import decode_tensor_payload, deserialize
 from relax.distributed.weights.protocol import (
-    FLAT_BYTES, TensorSpec, flat_layout, flat_views, parse_specs, spec_bytes, unpadded,
+    FLAT_BYTES, TensorSpec, cut_flat, flat_layout, flat_views, parse_specs, spec_bytes, unpadded,
 )
 
 FLAT_PLANS_KEPT = 256  # flat buckets whose `FlatBucketPlan` a receiver keeps (a push of a 4B model at 64 MiB: 120)
@@ -59,7 +59,7 @@ class FlatBucketPlan:
     nbytes: int  # the flat buffer's length
     problems: list[str]  # why the bucket is refused (its bytes are taken, nothing loaded)
     targets: list[torch.Tensor] | None  # per spec, the model tensor it loads into (None: a subclass's `load`)
-    cut: bool  # one dtype, no padding: its views in one `unflatten_dense_tensors` call
+    cut: bool  # one dtype, no padding: its views in one call (`protocol.cut_flat`)
     one_copy: bool  # and one `_foreach_copy_` into distinct targets of one dtype and device
 
 
@@ -417,8 +417,7 @@ class WeightReceiver:
         if plan.targets is None:
             self.load(specs, flat_views(flat, specs))
         else:
-            views = (torch._C._nn.unflatten_dense_tensors(flat.view(specs[0].dtype), plan.targets) if plan.cut
-                     else flat_views(flat, specs))
+            views = cut_flat(flat, specs[0].dtype, plan.targets) if plan.cut else flat_views(flat, specs)
             with self.step_lock, torch.no_grad():
                 if plan.one_copy:
                     torch._foreach_copy_(plan.targets, list(views))

@@ -42,18 +42,18 @@ def test_a_flat_bucket_reads_back_whether_packed_in_one_copy_or_tensor_by_tensor
 
 def test_a_bucket_of_one_dtype_packs_and_cuts_in_one_call_each_into_copies_and_views():
     """The common bucket (one dtype, no padding) is packed by `flatten_dense_tensors` and cut by
-    `unflatten_dense_tensors` given tensors of its shapes: the same bytes as the padded layout's
-    reader, a copy of the sources (a later write to them leaves the bucket alone), views of the buffer."""
-    from relax.distributed.weights.protocol import TensorSpec, flat_views, pack_flat
+    `cut_flat` (`unflatten_dense_tensors`) given tensors of its shapes: the bytes the padded layout's
+    reader reads, a copy of the sources (a later write to them leaves the bucket alone), views of the buffer."""
+    from relax.distributed.weights.protocol import TensorSpec, cut_flat, flat_views, pack_flat, unpadded
 
     tensors = [torch.randn(16, 32).to(torch.bfloat16), torch.randn(256).to(torch.bfloat16),
                torch.randn(3, 5).to(torch.bfloat16)]  # (sizes multiples of FLAT_ALIGN; the last may end anywhere)
+    assert unpadded([t.numel() * 2 for t in tensors]) and not unpadded([30, 2])
     flat = pack_flat(tensors, "cpu")
     assert flat.dtype == torch.uint8 and flat.numel() == sum(t.numel() * 2 for t in tensors)
     specs = [TensorSpec(f"t{i}", t.dtype, tuple(t.shape)) for i, t in enumerate(tensors)]
-    like = [torch.empty_like(t) for t in tensors]
-    fast, slow = flat_views(flat, specs, like=like), flat_views(flat, specs)
-    assert all(torch.equal(a, b) and torch.equal(a, t) for a, b, t in zip(fast, slow, tensors))
+    fast, slow = cut_flat(flat, torch.bfloat16, [torch.empty_like(t) for t in tensors]), flat_views(flat, specs)
+    assert all(torch.equal(a, b) and torch.equal(a, t) and a.shape == t.shape for a, b, t in zip(fast, slow, tensors))
     assert all(v.untyped_storage().data_ptr() == flat.untyped_storage().data_ptr() for v in fast)
     before = flat.clone()
     tensors[0].add_(1)
@@ -62,5 +62,3 @@ def test_a_bucket_of_one_dtype_packs_and_cuts_in_one_call_each_into_copies_and_v
     packed = pack_flat(one, "cpu")
     one[0].add_(1)
     assert not torch.equal(flat_views(packed, [TensorSpec("w", torch.bfloat16, (8, 8))])[0], one[0])  # a copy too
-    wrong = [torch.empty(32, 16), *like[1:]]  # a shape the bucket does not have: the layout decides
-    assert all(torch.equal(a, t) for a, t in zip(flat_views(flat, specs, like=wrong), slow))
