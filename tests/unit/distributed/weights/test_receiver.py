@@ -35,14 +35,32 @@ def test_per_expert_names_load_into_fused_moe_weights(tmp_path):
     assert not ok and "model.layers.0.mlp.experts.1.up_proj.weight" in message
 
 
+def _gloo_pair() -> dict:
+    """A weight group "g" of two gloo ranks in this process: {0: the sender's side, 1: the receiver's}."""
+    import threading
+
+    from relax.distributed.store import listen
+    from relax.distributed.weights.group import create_weight_group
+
+    listener = listen("127.0.0.1")
+    port, groups = listener.getsockname()[1], {}
+
+    def join(rank):
+        groups[rank] = create_weight_group(master_address="127.0.0.1", master_port=port, rank=rank, world_size=2,
+                                           group_name="g", timeout_s=20, listener=listener if rank == 0 else None)
+
+    joins = [threading.Thread(target=join, args=(r,)) for r in (0, 1)]
+    [t.start() for t in joins]
+    [t.join() for t in joins]
+    return groups
+
+
 def test_a_session_walks_the_model_once_and_waits_only_for_its_last_flat_bucket():
     """Within a weight-update session the model's tensors are walked once, not per bucket; flat
     buckets before the last are only queued (`deferred`: no wait per bucket on a GPU), the last
     one and the session's end wait for everything queued. On this CPU the waits are counted."""
     import threading
 
-    from relax.distributed.store import listen
-    from relax.distributed.weights.group import create_weight_group
     from relax.distributed.weights.protocol import TensorSpec, pack_flat
 
     class Counting(WeightReceiver):
@@ -58,16 +76,7 @@ def test_a_session_walks_the_model_once_and_waits_only_for_its_last_flat_bucket(
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
     new = {name: torch.randn_like(p) for name, p in model.state_dict().items()}
     buckets = [["0.weight", "0.bias"], ["1.weight"], ["1.bias"]]
-    listener = listen("127.0.0.1")
-    port, groups = listener.getsockname()[1], {}
-
-    def join(rank):
-        groups[rank] = create_weight_group(master_address="127.0.0.1", master_port=port, rank=rank, world_size=2,
-                                           group_name="g", timeout_s=20, listener=listener if rank == 0 else None)
-
-    joins = [threading.Thread(target=join, args=(r,)) for r in (0, 1)]
-    [t.start() for t in joins]
-    [t.join() for t in joins]
+    groups = _gloo_pair()
     receiver = Counting(model)
     receiver.groups["g"] = groups[1]
     receiver.open_session()
@@ -92,9 +101,7 @@ def test_a_flat_buckets_plan_is_made_once_per_walk_and_loads_every_push_exactly(
     a bucket naming a tensor the model lacks is refused from its plan each time, its bytes taken."""
     import threading
 
-    from relax.distributed.store import listen
     from relax.distributed.weights import receiver as receiver_module
-    from relax.distributed.weights.group import create_weight_group
     from relax.distributed.weights.protocol import FLAT_ALIGN, TensorSpec, pack_flat
 
     model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Linear(16, 16))  # 1 KiB matrices: no padding
@@ -102,16 +109,7 @@ def test_a_flat_buckets_plan_is_made_once_per_walk_and_loads_every_push_exactly(
     names = ["0.weight", "1.weight", "1.bias"]
     specs = [TensorSpec(n, torch.float32, tuple(model.state_dict()[n].shape)) for n in names]
     bad = [TensorSpec("2.weight", torch.float32, (16, 16))]
-    listener = listen("127.0.0.1")
-    port, groups = listener.getsockname()[1], {}
-
-    def join(rank):
-        groups[rank] = create_weight_group(master_address="127.0.0.1", master_port=port, rank=rank, world_size=2,
-                                           group_name="g", timeout_s=20, listener=listener if rank == 0 else None)
-
-    joins = [threading.Thread(target=join, args=(r,)) for r in (0, 1)]
-    [t.start() for t in joins]
-    [t.join() for t in joins]
+    groups = _gloo_pair()
     receiver = WeightReceiver(model, cache_walk=True)
     receiver.groups["g"] = groups[1]
     made, checked = [], []
