@@ -133,7 +133,7 @@ class HFEngine:
         if self.decoder.static_path_note is not None:
             logger.info("decoding through transformers' DynamicCache: %s", self.decoder.static_path_note)
         self.scheduler = Scheduler(self.decoder, max_running_requests=max_running_requests,
-                                   batch_wait_s=batch_wait_s)
+                                   batch_wait_s=batch_wait_s, version=lambda: self.weight_version)
         self.receiver = WeightReceiver(self.model, step_lock=self.step_lock, timeout_s=weight_sync_timeout_s,
                                        device=self.device, cache_walk=True)  # (forgotten in release/resume_memory)
         self.weight_version = "default"

@@ -52,6 +52,9 @@ class RowResult:
     # --enable-return-routed-experts: the top-k expert ids of every position the row ran through the
     # model, [prompt + output - 1, layers, top_k] (routing.py); None when nothing ran
     routed_experts: Any = None
+    # The weights' version the row ended on, stamped as it ends (`Scheduler`), before a push that
+    # aborted it can take a new one while its reply waits for the event loop; None: not stamped
+    weight_version: str | None = None
 
 
 @dataclass

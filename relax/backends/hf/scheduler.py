@@ -56,10 +56,12 @@ class Scheduler:
     """Batches concurrent requests onto a `BatchDecoder` running in one worker thread."""
 
     def __init__(self, decoder: BatchDecoder, *, max_running_requests: int = 256, batch_wait_s: float = 0.02,
-                 quiet_s: float = 0.002):
+                 quiet_s: float = 0.002, version: Callable[[], str] | None = None):
+        """`version`: the weights' version now (the engine's); each result is stamped with it as its row
+        ends (`RowResult.weight_version`)."""
         if max_running_requests < 1:
             raise ValueError(f"max_running_requests must be >= 1, got {max_running_requests}")
-        self.decoder = decoder
+        self.decoder, self.version = decoder, version
         self.max_running_requests = max_running_requests
         self.batch_wait_s, self.quiet_s = batch_wait_s, quiet_s
         self.paused_mode: str | None = None
@@ -114,7 +116,7 @@ class Scheduler:
             running = [p for p in self._running if abort_all or p.rid == rid]
         for pending in queued:
             if not pending.future.done():
-                pending.future.set_result(_aborted_result(message))
+                pending.future.set_result(self._stamped(_aborted_result(message)))
         found = len(queued)
         for pending in running:
             if not pending.future.done():
@@ -131,6 +133,11 @@ class Scheduler:
         if mode == "abort":
             self.abort(abort_all=True, message="aborted by pause_generation")
             await self._idle.wait()
+
+    def _stamped(self, result: RowResult) -> RowResult:
+        if self.version is not None:
+            result.weight_version = self.version()
+        return result
 
     def resume(self) -> None:
         self.paused_mode = None
@@ -197,6 +204,7 @@ class Scheduler:
     def _decode_batch(self, admitted: list[_Pending]) -> None:
         """Runs in the decode thread; `admitted` grows as queued requests join the batch."""
         def on_finish(i: int, result: RowResult) -> None:
+            self._stamped(result)  # (here: a push that aborted the row may take its version before the reply)
             with self._lock:
                 if admitted[i] in self._running:
                     self._running.remove(admitted[i])

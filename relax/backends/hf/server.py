@@ -134,8 +134,8 @@ def add_generate_routes(app: FastAPI, engine: HFEngine, launch: dict[str, Any] |
             return error_response(500, str(exc))
         latency = time.perf_counter() - start
         tokenizer = engine.tokenizer if req.return_text_in_logprobs else None
-        outputs = [build_output(item, result, weight_version=engine.weight_version, e2e_latency=latency,
-                                tokenizer=tokenizer) for item, result in zip(items, results)]
+        outputs = [build_output(item, result, weight_version=result.weight_version or engine.weight_version,
+                                e2e_latency=latency, tokenizer=tokenizer) for item, result in zip(items, results)]
         return outputs if batched else outputs[0]
 
     @app.get("/health")

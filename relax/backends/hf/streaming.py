@@ -79,7 +79,7 @@ async def generate_events(engine: Any, items: list[GenerateItem], prepared: tupl
                 state.add(token, value)
                 chunk = _progress_chunk(engine, item, state, incremental, tokenizer)
             else:
-                chunk = build_output(item, value, weight_version=engine.weight_version,
+                chunk = build_output(item, value, weight_version=value.weight_version or engine.weight_version,
                                      e2e_latency=time.perf_counter() - start, tokenizer=tokenizer)
                 if incremental:
                     chunk["text"] = state.delta(chunk["text"])

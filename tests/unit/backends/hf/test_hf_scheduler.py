@@ -76,6 +76,35 @@ def test_abort_of_a_queued_request_resolves_it_and_pause_holds_the_rest():
     assert done.output_ids == [1] and batches == [1]
 
 
+def test_a_result_carries_the_weight_version_its_row_ended_on():
+    """The version is stamped as the row ends (and as a queued request is aborted), not when its reply is
+    built: a push that aborted it may take a new version before the event loop gets to the reply (a
+    partial rollout's first segment was then labelled with the next version)."""
+    now = {"version": "1"}
+
+    class PushAfterTheRow(RecordingDecoder):
+        def run(self, rows, **kw):
+            super().run(rows, **kw)
+            now["version"] = "2"  # the push lands between the row's end and its reply
+
+    async def go():
+        scheduler = Scheduler(PushAfterTheRow(), batch_wait_s=0.01, version=lambda: now["version"])
+        scheduler.start()
+        ended = await scheduler.generate("a", _row())
+        await scheduler.pause("abort")
+        queued = asyncio.create_task(scheduler.generate("b", _row()))
+        await asyncio.sleep(0.02)
+        now["version"] = "3"
+        scheduler.abort("b")
+        now["version"] = "4"
+        aborted = await queued
+        await scheduler.stop()
+        return ended, aborted
+    ended, aborted = asyncio.run(go())
+    assert (ended.weight_version, now["version"]) == ("1", "4")
+    assert aborted.weight_version == "3" and aborted.finish_reason["type"] == "abort"
+
+
 # ---- continuous batching with the real decoder -----------------------------------------------
 
 def _greedy(prompt, n) -> DecodeRow:
