@@ -433,7 +433,8 @@ class Runtime:
         if lost:
             logger.info("not waiting for the Serve apps of %s: their node left the cluster (Serve stops their "
                         "replicas by itself)", ", ".join(sorted(lost)))
-        return [a for a in self.apps if a not in {self.app_name(role) for role in lost}]
+        left_behind = {self.app_name(role) for role in lost}
+        return [a for a in self.apps if a not in left_behind]
 
     def __exit__(self, *exc: Any) -> None:
         import ray

@@ -77,6 +77,37 @@ async def end_armed(engine: HFEngine, armed: ArmedPush, error_response: Callable
     return _result(outcome.success, outcome.message)
 
 
+async def arm(engine: HFEngine, req: ArmWeightUpdateRequest, error_response: Callable[[int, str], Any]) -> Any:
+    """`/arm_weight_update`: check the layout (before the pause: a request that cannot work aborts nothing),
+    pause, arm the receiver's loop and answer; the loop starts once the reply is written (the sender
+    broadcasts nothing before it reads it)."""
+    receiver = engine.receiver
+    mark("engine: arm received")
+    try:
+        receiver.group(req.group_name)
+        plan = receiver.plan(req.model_dump())
+    except LayoutUnknown as exc:  # the sender arms again with the buckets
+        return error_response(409, f"arm_weight_update: {exc}")
+    except ValueError as exc:
+        return error_response(400, f"arm_weight_update: {exc}")
+    await engine.scheduler.pause(req.pause_mode)
+    mark("engine: paused")
+    if engine.weight_session_open and (receiver.armed is None or receiver.armed.done()):
+        logger.warning("a weight-update session was left open (a push that did not finish); closing it")
+        receiver.armed = None
+        await close_session(engine)
+    try:
+        armed = receiver.arm(plan, start=False)
+    except ValueError as exc:  # refused before anything was broadcast: the pause was this request's
+        engine.scheduler.resume()
+        return error_response(400, f"arm_weight_update: {exc}")
+    engine.weight_session_open = True
+    mark("engine: armed (replying)")
+    reply = _result(True, f"armed for {len(armed.plan.buckets)} buckets on group {armed.plan.group_name!r}")
+    reply.background = BackgroundTask(_start, armed)
+    return reply
+
+
 async def _start(armed: ArmedPush) -> None:
     armed.start()  # (a coroutine: Starlette runs a plain function's background task in its thread pool)
 
@@ -96,31 +127,7 @@ def add_weight_session_routes(app: FastAPI, engine: HFEngine, error_response: Ca
 
     @app.post("/arm_weight_update")
     async def arm_weight_update(req: ArmWeightUpdateRequest):
-        mark("engine: arm received")
-        try:  # (before the pause: a request that cannot work aborts nothing)
-            receiver.group(req.group_name)
-            plan = receiver.plan(req.model_dump())
-        except LayoutUnknown as exc:  # the sender arms again with the buckets
-            return error_response(409, f"arm_weight_update: {exc}")
-        except ValueError as exc:
-            return error_response(400, f"arm_weight_update: {exc}")
-        await engine.scheduler.pause(req.pause_mode)
-        mark("engine: paused")
-        if engine.weight_session_open and (receiver.armed is None or receiver.armed.done()):
-            logger.warning("a weight-update session was left open (a push that did not finish); closing it")
-            receiver.armed = None
-            await close_session(engine)
-        try:
-            armed = receiver.arm(plan, start=False)
-        except ValueError as exc:  # refused before anything was broadcast: the pause was this request's
-            engine.scheduler.resume()
-            return error_response(400, f"arm_weight_update: {exc}")
-        engine.weight_session_open = True
-        mark("engine: armed (replying)")
-        # The loop starts once the reply is written (the sender broadcasts nothing before it reads it).
-        reply = _result(True, f"armed for {len(armed.plan.buckets)} buckets on group {armed.plan.group_name!r}")
-        reply.background = BackgroundTask(_start, armed)
-        return reply
+        return await arm(engine, req, error_response)
 
     @app.post("/end_weight_update")
     async def end_weight_update(req: EndWeightUpdateRequest | None = None):
