@@ -18,6 +18,8 @@ For each model shape (`--shapes`: Qwen3-0.6B- and 4B-shaped, random weights):
               armed      - and no request per bucket (`weight_push_armed`, armed.py): the whole
                            layout in `/arm_weight_update`, the buckets back to back, one
                            `/end_weight_update` with the resume: two requests a push;
+              ahead      - and the buckets broadcast before the arm is answered (`weight_push_ahead`:
+                           from the second push of a layout on, a refusing engine drains them);
             one warm-up push per size, then `--repeats` timed pushes (median); a straight-line fit
             per protocol over the bucket counts gives the per-push (fixed) and per-bucket costs;
   raw     - a second process on the engine's device joins a group with this one and receives
@@ -31,7 +33,7 @@ its parameters); raw is a device-to-device copy of the same tensors, then of one
 and the last line reads `copy_gbps` in place of `nccl_gbps`.
 
     python3 bench/weight_sync.py [--shapes 0.6b 4b] [--buckets-mib 64 256 512 1024 2048] [--repeats 3]
-                                 [--protocols sglang per-tensor flat armed] [--out bench/results/weight_sync.json]
+                                 [--protocols sglang per-tensor flat armed ahead] [--out bench/results/weight_sync.json]
     python3 bench/weight_sync.py --same-gpu              # one GPU: the colocated push
     python3 bench/weight_sync.py --cpu --shapes tiny     # CPU variant (gloo), the code path CI runs
 
@@ -185,7 +187,8 @@ def raw_copy(named, repeats: int) -> dict:
 # WeightSender(extensions=...): the extensions of the protocol each one uses (endpoints.EXTENSIONS' names)
 PROTOCOLS = {"sglang": (), "per-tensor": ("weight_buckets_in_order",),
              "flat": ("weight_buckets_in_order", "weight_buckets_flat"),
-             "armed": ("weight_buckets_in_order", "weight_buckets_flat", "weight_push_armed")}
+             "armed": ("weight_buckets_in_order", "weight_buckets_flat", "weight_push_armed"),
+             "ahead": ("weight_buckets_in_order", "weight_buckets_flat", "weight_push_armed", "weight_push_ahead")}
 
 
 async def push_sweep(url: str, named, buckets_mib: list[int], repeats: int, backend: str, device,
@@ -221,7 +224,7 @@ async def push_timeline(url: str, named, mib: int, backend: str, device, protoco
     """One push (after a warm-up) with every control call, broadcast and pack timed, in ms from
     the push's start, and the engine's own phase marks from `trace_path` (points); and the median
     round trip of a no-op control call (`/continue_generation`)."""
-    from relax.distributed.weights import sender as sender_module
+    from relax.distributed.weights import chain as chain_module, sender as sender_module
     from relax.distributed.weights import trace
     from relax.distributed.weights.endpoints import HTTPEndpoint
 
@@ -247,10 +250,9 @@ async def push_timeline(url: str, named, mib: int, backend: str, device, protoco
     endpoint = TimedEndpoint(url)
     sender = sender_module.WeightSender([endpoint], backend=backend, bucket_bytes=mib << 20, timeout_s=600,
                                         device=device, extensions=PROTOCOLS[protocol])
-    pack = sender_module.pack_flat
-    sender_module.pack_flat = timed("pack (sender)", pack)
-    sender._broadcast = timed("broadcast (sender thread)", sender._broadcast)
-    sender._queue_flat = timed("pack + broadcast (sender thread)", sender._queue_flat)
+    pack = chain_module.pack_flat
+    chain_module.pack_flat = timed("pack (sender)", pack)
+    sender._chain._queue_flat = timed("pack + broadcast (sender thread)", sender._chain._queue_flat)
     try:
         await sender.connect()
         await sender.push(named, version=10_000)
@@ -264,7 +266,7 @@ async def push_timeline(url: str, named, mib: int, backend: str, device, protoco
         await sender.push(named, version=10_001)
         total = time.perf_counter() - start
     finally:
-        sender_module.pack_flat = pack
+        chain_module.pack_flat = pack
         await sender.close()
     if trace_path:  # the engine's own phases (relax.distributed.weights.trace), on the same clock
         spans += [(name, t, t) for name, t in trace.read(trace_path, start) if t <= start + total + 0.05]

@@ -112,6 +112,10 @@ class ArmWeightUpdateRequest(BaseModel):
     weight_version: StrictStr | None = None
     flush_cache: StrictBool = True
     pause_mode: Literal["abort", "retract", "in_place"] = "abort"
+    # Sent ahead of the buckets (`weight_push_ahead`: the sender broadcasts without waiting for the reply):
+    # a refusal (409, or 400 `success: false`) drains the buckets, `bytes` long each (their flat lengths).
+    ahead: StrictBool = False
+    bytes: list[StrictInt] | None = Field(default=None, min_length=1, max_length=1_000_000)
 
 
 class EndWeightUpdateRequest(BaseModel):

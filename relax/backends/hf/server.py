@@ -193,6 +193,7 @@ def server_info(engine: HFEngine, launch: dict[str, Any], mark: list) -> dict[st
             "weight_buckets_in_order": True,  # Relax's extension: pipelined pushes (`bucket_index`)
             "weight_buckets_flat": True,  # and one broadcast per bucket (`load_format: flat_bytes`)
             "weight_push_armed": True,  # and a whole push armed in one request (/arm_weight_update; weight_session.py)
+            "weight_push_ahead": True,  # and its buckets broadcast before the arm is answered (drained if refused)
             "weights_checker_by_name": True,  # and /weights_checker checksums by HF name (weights_checker.py)
             **engine.memory_info()}
 

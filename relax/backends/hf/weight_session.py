@@ -29,7 +29,7 @@ from starlette.background import BackgroundTask
 
 from relax.backends.hf.engine import HFEngine
 from relax.backends.hf.protocol import ArmWeightUpdateRequest, EndWeightUpdateRequest, UpdateWeightVersionRequest
-from relax.distributed.weights.armed import ArmedPush
+from relax.distributed.weights.armed import ArmedPush, ahead_problem, check_sizes
 from relax.distributed.weights.errors import LayoutUnknown
 from relax.distributed.weights.trace import mark
 
@@ -80,16 +80,33 @@ async def end_armed(engine: HFEngine, armed: ArmedPush, error_response: Callable
 async def arm(engine: HFEngine, req: ArmWeightUpdateRequest, error_response: Callable[[int, str], Any]) -> Any:
     """`/arm_weight_update`: check the layout (before the pause: a request that cannot work aborts nothing),
     pause, arm the receiver's loop and answer; the loop starts once the reply is written (the sender
-    broadcasts nothing before it reads it)."""
+    broadcasts nothing before it reads it), or at once for an arm sent `ahead` of the buckets, whose
+    refusal drains them (`_refuse`)."""
     receiver = engine.receiver
     mark("engine: arm received")
+    drain = receiver.draining
+    if drain is not None and not drain.done():  # the bytes of a push refused just before are still coming
+        try:
+            await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(drain.future)), receiver.timeout_s)
+        except asyncio.TimeoutError:
+            return error_response(500, f"arm_weight_update: draining a refused push from group {drain.group_name!r} "
+                                       f"did not end within {receiver.timeout_s:.0f}s")
+    payload = req.model_dump()
     try:
         receiver.group(req.group_name)
-        plan = receiver.plan(req.model_dump())
-    except LayoutUnknown as exc:  # the sender arms again with the buckets
-        return error_response(409, f"arm_weight_update: {exc}")
-    except ValueError as exc:
+        problem = ahead_problem(payload)
+        if problem is not None:
+            raise ValueError(problem)
+    except ValueError as exc:  # nothing to drain by, or no group to drain from: the sender rebuilds the group
         return error_response(400, f"arm_weight_update: {exc}")
+    try:
+        plan = receiver.plan(payload)
+        if req.ahead:
+            check_sizes(plan, req.bytes)
+    except LayoutUnknown as exc:  # the sender arms again with the buckets
+        return _refuse(engine, req, 409, f"arm_weight_update: {exc}", error_response)
+    except ValueError as exc:
+        return _refuse(engine, req, 400, f"arm_weight_update: {exc}", error_response)
     await engine.scheduler.pause(req.pause_mode)
     mark("engine: paused")
     if engine.weight_session_open and (receiver.armed is None or receiver.armed.done()):
@@ -97,7 +114,7 @@ async def arm(engine: HFEngine, req: ArmWeightUpdateRequest, error_response: Cal
         receiver.armed = None
         await close_session(engine)
     try:
-        armed = receiver.arm(plan, start=False)
+        armed = receiver.arm(plan, start=req.ahead)
     except ValueError as exc:  # refused before anything was broadcast: the pause was this request's
         engine.scheduler.resume()
         return error_response(400, f"arm_weight_update: {exc}")
@@ -106,6 +123,22 @@ async def arm(engine: HFEngine, req: ArmWeightUpdateRequest, error_response: Cal
     reply = _result(True, f"armed for {len(armed.plan.buckets)} buckets on group {armed.plan.group_name!r}")
     reply.background = BackgroundTask(_start, armed)
     return reply
+
+
+def _refuse(engine: HFEngine, req: ArmWeightUpdateRequest, status: int, message: str,
+            error_response: Callable[[int, str], Any]) -> Any:
+    """An arm refused before the pause: `status` 409 (a layout id the engine does not hold) or 400. One sent
+    `ahead` of its buckets first has them drained (`WeightReceiver.drain`) and answers 409 or a `success:
+    false` 400, which tell the sender its broadcasts are taken; a drain that cannot start answers 500."""
+    if not req.ahead:
+        return error_response(status, message)
+    try:
+        engine.receiver.drain(req.group_name, req.bytes, message)
+    except ValueError as exc:
+        return error_response(500, f"{message}; its buckets cannot be drained: {exc}")
+    if status == 409:
+        return error_response(409, f"{message} (this push's buckets are drained)")
+    return _result(False, f"{message} (this push's buckets are drained, nothing loaded)")
 
 
 async def _start(armed: ArmedPush) -> None:

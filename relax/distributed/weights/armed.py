@@ -195,12 +195,26 @@ class ArmLayouts:
     def accepted(self, receiver: Any) -> set[str]:
         return self._accepted.setdefault(id(receiver), set())
 
-    async def arm(self, receiver: Any, payload: dict[str, Any], remaining: Callable[[], float]) -> Any:
+    def held_by_all(self, receivers: Sequence[Any], layout_id: str) -> bool:
+        """Every one of `receivers` accepted `layout_id` before (it may be armed ahead of its answer)."""
+        return all(layout_id in self.accepted(r) for r in receivers)
+
+    async def arm(self, receiver: Any, payload: dict[str, Any], remaining: Callable[[], float], *,
+                  ahead: bool = False) -> Any:
         """`/arm_weight_update` on `receiver` with `payload` (an `arm_payload` with its buckets), by its
         layout_id alone where the receiver accepted that before. A receiver that no longer holds it
         (LayoutUnknown, HTTP 409: restarted, or the layout pushed out of its `Layouts`; it paused and
-        armed nothing) is sent the buckets once more. `remaining`: seconds left to the push's deadline."""
+        armed nothing) is sent the buckets once more. `remaining`: seconds left to the push's deadline.
+        `ahead` (the receiver holds the layout, `held_by_all`): the sender broadcasts without waiting for
+        this answer, so the arm says so with every bucket's flat length (`ahead_payload`), and a
+        LayoutUnknown is raised, not answered with the buckets: the receiver drains this push."""
         accepted, layout_id = self.accepted(receiver), payload["layout_id"]
+        if ahead:
+            try:
+                return await receiver.post(ARM_PATH, ahead_payload(payload), remaining())
+            except LayoutUnknown:
+                accepted.discard(layout_id)
+                raise
         if layout_id in accepted:
             try:
                 return await receiver.post(ARM_PATH, {k: v for k, v in payload.items() if k != "buckets"},
@@ -212,6 +226,13 @@ class ArmLayouts:
         reply = await receiver.post(ARM_PATH, payload, remaining())
         accepted.add(layout_id)
         return reply
+
+
+def ahead_payload(payload: dict[str, Any]) -> dict[str, Any]:
+    """An `arm_payload` as an arm ahead of the broadcasts sends it: by `layout_id` alone, with `ahead` and
+    each bucket's flat length in `bytes` (what a refusing receiver drains)."""
+    body = {k: v for k, v in payload.items() if k != "buckets"}
+    return {**body, "ahead": True, "bytes": [b["bytes"] for b in payload["buckets"]]}
 
 
 def _as_sync_error(exc: BaseException) -> WeightSyncError:
@@ -289,6 +310,26 @@ def _plan_buckets(payload: dict[str, Any], layouts: Layouts | None) -> list[list
         if layouts is not None:
             layouts.put(layout_id, plan)
     return plan
+
+
+def ahead_problem(payload: dict[str, Any]) -> str | None:
+    """Why an arm sent `ahead` of its buckets cannot be drained if refused (no `bytes`, not flat), or None."""
+    if not payload.get("ahead"):
+        return None
+    if payload.get("load_format") != FLAT_BYTES:
+        return f"ahead: true needs load_format {FLAT_BYTES!r} (a refused push is drained bucket by bucket)"
+    sizes = payload.get("bytes")
+    if not sizes or any(not isinstance(n, int) or n < 0 for n in sizes):
+        return "ahead: true needs bytes, each bucket's flat length (what a refused push is drained by)"
+    return None
+
+
+def check_sizes(plan: ArmedPlan, sizes: Sequence[int]) -> None:
+    """ValueError unless `sizes` (an arm ahead's `bytes`) are the flat lengths of `plan`'s buckets."""
+    expected = [flat_layout([spec_bytes(s) for s in specs])[1] for specs in plan.buckets]
+    if list(sizes) != expected:
+        raise ValueError(f"bytes {list(sizes)[:8]} do not match the layout's buckets {expected[:8]} "
+                         "(protocol.flat_layout): sender and receiver disagree on the layout")
 
 
 def parse_buckets(buckets: list[dict[str, Any]]) -> list[list[TensorSpec]]:
@@ -377,3 +418,34 @@ class ArmedPush:
             self.receiver.receive_flat(specs, self.group)
         else:
             self.receiver.receive(specs, self.group)
+
+
+class ArmedDrain:
+    """Receiver side of a refused arm that came ahead of its buckets (`ahead`): a daemon thread takes each
+    bucket's bytes (`sizes`, the flat lengths the arm stated) off `group` and drops them, so the sender's
+    broadcasts end and the group stays in step. `future` holds the message of how it ended."""
+
+    def __init__(self, group: Any, sizes: Sequence[int], group_name: str, why: str,
+                 on_failure: Callable[[], None] = lambda: None) -> None:
+        """`on_failure`: called when a receive fails (the group is out of step: its owner quarantines it)."""
+        self.group, self.sizes, self.group_name, self.why = group, list(sizes), group_name, why
+        self._on_failure = on_failure
+        self.future: concurrent.futures.Future[str] = concurrent.futures.Future()
+        threading.Thread(target=self._run, name=f"weight-sync-drain-{group_name}", daemon=True).start()
+
+    def done(self) -> bool:
+        return self.future.done()
+
+    def _run(self) -> None:
+        try:
+            scratch = torch.empty(max(self.sizes, default=0), dtype=torch.uint8, device=self.group.device)
+            for size in self.sizes:  # (one buffer: the receives are ordered on the group)
+                self.group.broadcast(scratch[:size], src=0)
+            self.group.synchronize()
+            message = f"drained {len(self.sizes)} buckets of a refused push ({self.why})"
+        except BaseException as exc:  # noqa: BLE001 - logged: the sender's broadcast fails on its own
+            message = f"draining a refused push failed: {type(exc).__name__}: {exc}"
+            logger.warning("group %s: %s", self.group_name, message)
+            self._on_failure()
+        self.future.set_result(message)
+

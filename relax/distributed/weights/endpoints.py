@@ -30,8 +30,9 @@ class Endpoint(Protocol):
 IN_ORDER = "weight_buckets_in_order"  # several buckets posted at once (`bucket_index`), loaded in order
 FLAT = "weight_buckets_flat"  # a bucket broadcast as one flat buffer (`load_format: flat_bytes`)
 ARMED = "weight_push_armed"  # a whole push armed in one request, no request per bucket (armed.py)
+AHEAD = "weight_push_ahead"  # and its buckets broadcast before the arm is answered: a refusal drains them
 FEATURES = (IN_ORDER, FLAT)  # what a training rank takes (it does not arm: armed.py says why)
-EXTENSIONS = (IN_ORDER, FLAT, ARMED)  # every extension of the push a sender may use
+EXTENSIONS = (IN_ORDER, FLAT, ARMED, AHEAD)  # every extension of the push a sender may use
 # An engine that answers /weights_checker per HF name (the hf engine; --check-weight-update-equal, check.py)
 CHECKSUMS = "weights_checker_by_name"
 

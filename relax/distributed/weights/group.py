@@ -68,6 +68,15 @@ class WeightGroup:
         if pg is not None and hasattr(pg, "shutdown"):
             pg.shutdown()
 
+    def abort(self) -> None:
+        """Drop a broken group now. On NCCL its communicators are aborted, which ends a broadcast that no
+        receiver will take (its kernel would wait on the GPU, and NCCL's watchdog end the process at the
+        group's timeout); gloo's abort does not end a pending broadcast, so a gloo group is just dropped
+        (its daemon thread fails at the timeout)."""
+        pg, self._pg, self._store = self._pg, None, None
+        if pg is not None and self.backend == "nccl":
+            pg.abort()
+
 
 def create_weight_group(*, master_address: str, master_port: int, rank: int, world_size: int,
                         group_name: str, backend: str = "gloo", timeout_s: float = 300.0,

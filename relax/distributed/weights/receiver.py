@@ -37,7 +37,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
-from relax.distributed.weights.armed import ArmedPlan, ArmedPush, Layouts, parse_plan
+from relax.distributed.weights.armed import ArmedDrain, ArmedPlan, ArmedPush, Layouts, parse_plan
 from relax.distributed.weights.group import WeightGroup, create_weight_group
 from relax.distributed.weights.ipc import decode_tensor_payload, deserialize
 from relax.distributed.weights.protocol import (
@@ -168,6 +168,7 @@ class WeightReceiver:
         # the process on a size mismatch). Kept referenced, never used, until destroyed.
         self.quarantined: dict[str, WeightGroup] = {}
         self.armed: ArmedPush | None = None  # the receive loop of an armed push (`arm`), until its end is answered
+        self.draining: ArmedDrain | None = None  # the bytes of a push refused after its sender went ahead (`drain`)
         self.layouts = Layouts()  # the armed pushes' layouts by `layout_id` (armed.py), parsed once each
         self._flat_plans: OrderedDict[int, FlatBucketPlan] = OrderedDict()  # by id(specs): `_flat_plan`
 
@@ -308,12 +309,31 @@ class WeightReceiver:
         abandoned: its receive can only fail)."""
         plan = payload if isinstance(payload, ArmedPlan) else self.plan(payload)
         group = self.group(plan.group_name)
-        earlier = self.armed
+        earlier, drain = self.armed, self.draining
         if earlier is not None and not earlier.done() and self.groups.get(earlier.plan.group_name) is earlier.group:
             raise ValueError(f"an armed weight update is still receiving on group {earlier.plan.group_name!r}; "
                              "end it (/end_weight_update) or destroy the group first")
+        if drain is not None and not drain.done() and self.groups.get(drain.group_name) is drain.group:
+            raise ValueError(f"a refused weight update is still being drained from group {drain.group_name!r}")
         self.armed = ArmedPush(self, plan, group, start=start)  # (its loop begins the push, opens the session)
         return self.armed
+
+    def drain(self, group_name: str, sizes: list[int], why: str) -> ArmedDrain:
+        """Take the bytes of a push whose arm was refused after its sender went ahead (`armed.ArmedDrain`:
+        `sizes`, each bucket's flat length) and load nothing; a receive that fails quarantines the group.
+        ValueError for a group it cannot receive on (the sender then rebuilds the group)."""
+        group = self.group(group_name)
+        for busy in (self.armed, self.draining):
+            if busy is not None and not busy.done() and busy.group is group:
+                raise ValueError(f"an earlier weight update is still receiving on group {group_name!r}: the "
+                                 "refused push's bytes cannot be told from its")
+
+        def failed() -> None:
+            if self.groups.get(group_name) is group:
+                self.quarantine(group_name)
+
+        self.draining = ArmedDrain(group, sizes, group_name, why, on_failure=failed)
+        return self.draining
 
     # ---- the ways a bucket arrives -------------------------------------------------------
     def update(self, payload: dict[str, Any]) -> tuple[bool, str]:

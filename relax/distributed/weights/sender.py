@@ -37,7 +37,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import threading
 import time
 import uuid
 from collections import deque
@@ -48,16 +47,18 @@ import torch
 
 from relax.distributed.store import listen
 from relax.distributed.weights.armed import END_PATH, ArmLayouts, arm_payload, await_ends, watched
+from relax.distributed.weights.chain import BroadcastChain
 from relax.distributed.weights.endpoints import (
-    ARMED, EXTENSIONS, FLAT, IN_ORDER, Endpoint, HTTPEndpoint, receiver_features,
+    AHEAD, ARMED, EXTENSIONS, FLAT, IN_ORDER, Endpoint, HTTPEndpoint, receiver_features,
 )
 from relax.distributed.weights.group import (
     WeightGroup, create_weight_group, group_master_address, run_in_daemon_thread,
 )
 from relax.distributed.weights.ipc import encode_bucket, serialize, tensor_payload
 from relax.distributed.weights.protocol import (
-    DEFAULT_BUCKET_BYTES, FLAT_BYTES, BucketRejected, EndpointMissing, SyncStats, WeightSyncError, dtype_name,
-    iter_buckets, pack_flat, tensor_bytes, with_last,
+    DEFAULT_BUCKET_BYTES, FLAT_BYTES, BucketRejected, EndpointMissing, LayoutUnknown, SyncStats, WeightSyncError,
+    dtype_name,
+    iter_buckets, tensor_bytes, with_last,
 )
 
 logger = logging.getLogger(__name__)
@@ -122,11 +123,9 @@ class WeightSender:
         self.depth = 1  # buckets in flight at once: `pipeline_depth` where every receiver takes them in order
         self.flat = False  # each bucket one broadcast of its bytes: where every group receiver takes them
         self.together = False  # pause with session open, end with resume: where every receiver is Relax's
-        self._chain = threading.Event()  # the last broadcast's end (they run in order, one thread each)
-        self._gate: threading.Event | None = None  # set once the arms are answered: bucket 0 then goes (`_open`)
+        self.ahead = False  # buckets broadcast before the arms are answered: where every receiver takes that
+        self._chain = BroadcastChain(lambda: self._broken)  # the broadcasts, in bucket order (chain.py)
         self._layouts = ArmLayouts()  # each push layout's arm payload, built once, and who holds which
-        self._streams: tuple[Any, Any] | None = None  # a GPU push's pack and wait streams (_queue_flat)
-        self._chain.set()
         self._connected = False
         self._broken = False
         self._lock = asyncio.Lock()
@@ -169,8 +168,7 @@ class WeightSender:
         if self._group is not None or self._connected:
             raise WeightSyncError("connect() called twice; call close() first")
         self._connected = True
-        self._chain = threading.Event()  # a new group: no broadcast of an earlier one to wait for
-        self._chain.set()
+        self._chain.reset()  # a new group: no broadcast of an earlier one to wait for
         announced = await asyncio.gather(*(receiver_features(r) for r in self.receivers)) if self.extensions \
             else [frozenset()] * len(self.receivers)
         features = [f & self.extensions for f in announced]
@@ -179,6 +177,8 @@ class WeightSender:
             FLAT in f for f, n in zip(features, self._ipc) if not n)
         self.armed = [r for r, f, n in zip(self.receivers, features, self._ipc) if not n and ARMED in f]
         self.plain = [r for r in self.receivers if r not in self.armed]
+        self.ahead = bool(self.armed) and not self.plain and self.flat and all(
+            AHEAD in f for r, f in zip(self.receivers, features) if r in self.armed)
         self.posted = [r for r in self.group_receivers if r not in self.armed]
         self.depth = 1 if self.ipc_receivers or not self.together else (
             min(self.pipeline_depth, FLAT_DEPTH) if self.flat else self.pipeline_depth)
@@ -262,6 +262,9 @@ class WeightSender:
         once; returns (bytes, buckets, the plain receivers with a session). The version rides on the
         last bucket. The plain sessions are left open where the caller ends them with the resume
         (`together`); the armed receivers' ends are awaited here."""
+        if self.ahead and isinstance(buckets, list) and buckets and self._layouts.held_by_all(
+                self.armed, self._layouts.layout(buckets).layout_id):
+            return await self._push_ahead(buckets, version, deadline, pause)
         total_bytes = num_buckets = 0
         flights: deque[_Flight] = deque()
         ahead = self._ahead(buckets, str(version), deadline)  # (bucket 0, packed while the arms travel)
@@ -273,8 +276,7 @@ class WeightSender:
             raise
         finally:
             if ahead is not None:  # its broadcast goes now, unless the arm failed (`_broken`)
-                gate, self._gate = self._gate, None
-                gate.set()
+                self._chain.open_gate()
         try:
             await pause
             for index, (bucket, is_last) in enumerate(with_last(iter(buckets))):
@@ -290,28 +292,81 @@ class WeightSender:
                 total_bytes += await self._land(flights, deadline, ends)
             await await_ends(self.armed, ends, deadline, self.timeout_s)
         except BaseException as exc:
-            for flight in flights:  # a failure broke the group (or was settled): nothing more lands
-                for task in flight.tasks:
-                    task.cancel()
-            if ends and not (isinstance(exc, BucketRejected) and all(end.done() for end in ends)):
-                self._broken = True  # armed loops wait for buckets that will not come, or stopped mid-bucket
-            for end in ends:
-                end.cancel()
+            self._abandon(flights, ends, exc)
             await self._end_sessions(sessions, deadline, raising=False)
             raise
         if not self.together:
             await self._end_sessions(sessions, deadline, raising=True)
         return total_bytes, num_buckets, sessions
 
+    def _abandon(self, flights: deque[_Flight], ends: Sequence[asyncio.Future], exc: BaseException) -> None:
+        """After a failed push: nothing more lands; the group is broken unless every armed loop answered a refusal."""
+        for flight in flights:  # a failure broke the group (or was settled)
+            for task in flight.tasks:
+                task.cancel()
+        if ends and not (isinstance(exc, BucketRejected) and all(end.done() for end in ends)):
+            self._broken = True  # armed loops wait for buckets that will not come, or stopped mid-bucket
+        for end in ends:
+            end.cancel()
+
+    async def _push_ahead(self, buckets: list[list[tuple[str, torch.Tensor]]], version: int, deadline: float,
+                          pause: asyncio.Future) -> tuple[int, int, list[Endpoint]]:
+        """Every receiver armed and holding this push's layout (`weight_push_ahead`): the buckets go out at once,
+        their arms (`armed.ahead_payload`) travelling meanwhile, so the first byte waits for no round trip. A
+        receiver that refuses drains every bucket: refused for its layout id (restarted), the push is made again
+        the armed way, with the layout; refused otherwise, the refusal is raised (the group stays in step)."""
+        flights: deque[_Flight] = deque()
+        watch: list[asyncio.Future] = []  # the arms, then the accepted receivers' end calls
+        watch.append(asyncio.ensure_future(self._arm_ahead(buckets, str(version), deadline, watch)))
+        total_bytes = 0
+        try:
+            for index, (bucket, is_last) in enumerate(with_last(iter(buckets))):
+                if len(flights) >= self.depth:
+                    total_bytes += await self._land(flights, deadline, watch)
+                flights.append(self._launch(bucket, index, str(version) if is_last else None, deadline))
+            while flights:
+                total_bytes += await self._land(flights, deadline, watch)
+            refused = await watch[0]
+            await await_ends([r for r in self.armed if r not in refused], watch[1:], deadline, self.timeout_s)
+        except BaseException as exc:
+            self._abandon(flights, watch, exc)
+            raise
+        if any(isinstance(e, LayoutUnknown) for e in refused.values()):  # (drained): once more, with the layout
+            logger.info("%s did not hold the push's layout (its buckets were drained): pushing again with it",
+                        ", ".join(str(r) for r, e in refused.items() if isinstance(e, LayoutUnknown)))
+            return await self._push_in_sessions(buckets, version, deadline, pause)
+        if refused:
+            raise next(iter(refused.values()))
+        return total_bytes, len(buckets), []
+
+    async def _arm_ahead(self, buckets: list[list[tuple[str, torch.Tensor]]], version: str, deadline: float,
+                         ends: list[asyncio.Future]) -> dict[Endpoint, WeightSyncError]:
+        """Arm every receiver ahead of the buckets and post the end call of each that accepted (appended to
+        `ends`); returns the refusals, whose receivers drain the push. Raises anything worse: a receiver that
+        takes nothing leaves the broadcasts waiting, and the group is rebuilt."""
+        payload = arm_payload(self._layouts.layout(buckets), group_name=self.group_name, flat=True,
+                              weight_version=version, pause_mode=self.pause_mode)
+        remaining = functools.partial(self._remaining, deadline)
+        results = await asyncio.gather(*(self._layouts.arm(r, payload, remaining, ahead=True) for r in self.armed),
+                                       return_exceptions=True)
+        drains = (LayoutUnknown, BucketRejected)  # refusals whose receiver drains the push
+        refused = {r: e for r, e in zip(self.armed, results) if isinstance(e, drains)}
+        worse = [e for e in results if isinstance(e, BaseException) and not isinstance(e, drains)]
+        if worse:
+            raise worse[0] if isinstance(worse[0], WeightSyncError) else WeightSyncError(
+                f"arm_weight_update failed: {worse[0]!r}")
+        ends.extend(asyncio.ensure_future(r.post(END_PATH, {"continue_generation": True}, self._remaining(deadline)))
+                    for r in self.armed if r not in refused)
+        return refused
+
     def _ahead(self, buckets: Iterable[list[tuple[str, torch.Tensor]]], version: str,
                deadline: float) -> _Flight | None:
         """Where every receiver is armed (none needs a request per bucket), bucket 0 is launched before the
-        arms are answered: it is packed meanwhile, and its broadcast waits for `self._gate` (`_open` sets it;
+        arms are answered: it is packed meanwhile, and its broadcast waits for the chain's gate (`_open` sets it;
         after a failed arm the group is `_broken` and the broadcast is skipped). None otherwise."""
         if not self.armed or self.plain or not isinstance(buckets, list) or not buckets:
             return None
-        self._gate = gate = threading.Event()
-        self._chain = gate
+        self._chain.gate()
         return self._launch(buckets[0], 0, version if len(buckets) == 1 else None, deadline)
 
     async def _open(self, buckets: Iterable[list[tuple[str, torch.Tensor]]], version: str,
@@ -404,7 +459,7 @@ class WeightSender:
     def _group_tasks(self, named: list[tuple[str, torch.Tensor]], index: int, weight_version: str | None,
                      remaining: float, last: bool) -> list[asyncio.Future]:
         """`/update_weights_from_distributed` to every receiver in the group, and the broadcast
-        (after the previous bucket's: `_chained`): one per tensor, or one of the bucket's bytes
+        (after the previous bucket's: `chain.BroadcastChain`): one per tensor, or one of the bucket's bytes
         packed into a flat buffer (`flat`)."""
         tensors = [t for _, t in named]
         payload = {"names": [n for n, _ in named], "dtypes": [dtype_name(t.dtype) for t in tensors],
@@ -417,31 +472,7 @@ class WeightSender:
             payload["load_format"] = FLAT_BYTES
         tasks = [asyncio.ensure_future(r.post("/update_weights_from_distributed", payload, remaining))
                  for r in self.posted]  # (armed receivers take the broadcast with no request)
-        return tasks + [self._chained(tensors, pack=self.flat)]
-
-    def _chained(self, tensors: list[torch.Tensor], *, pack: bool) -> asyncio.Future:
-        """Broadcast `tensors` in a daemon thread once the previous bucket's broadcast has ended, so
-        broadcasts keep the buckets' order however many are in flight. `pack`: as one flat buffer,
-        packed (cast and copied once) in that thread while the previous bucket is on the wire and
-        the event loop sends the requests."""
-        previous, done = self._chain, threading.Event()
-        self._chain = done
-        device = self._group.device
-        gated = previous is self._gate  # bucket 0 launched ahead of the arm replies (`_ahead`)
-        if pack and device.type == "cuda":
-            return run_in_daemon_thread(self._queue_flat, tensors, device, previous, done, gated)
-
-        def broadcast() -> None:
-            try:
-                buffers = [pack_flat(tensors, device)] if pack else tensors
-                previous.wait()
-                if gated and self._broken:  # the arm failed: nothing may go on the wire
-                    return
-                self._broadcast(buffers)
-            finally:
-                done.set()
-
-        return run_in_daemon_thread(broadcast)
+        return tasks + [self._chain.add(self._group, tensors, pack=self.flat)]
 
     def _launch(self, bucket: list[tuple[str, torch.Tensor]], index: int, weight_version: str | None,
                 deadline: float) -> _Flight:
@@ -489,43 +520,6 @@ class WeightSender:
             raise worse[0] if worse else WeightSyncError(
                 f"update_weights_from_distributed did not finish within the {self.timeout_s:.0f}s deadline")
 
-    def _queue_flat(self, tensors: list[torch.Tensor], device: torch.device, previous: threading.Event,
-                    queued: threading.Event, gated: bool = False) -> None:
-        """A flat bucket on a GPU: once the previous bucket's broadcast is queued, pack this one on
-        the push's own stream and queue its broadcast behind the pack, with no wait on the host in
-        between, so bucket i + 1 is packed while bucket i is on the wire (packing in several threads
-        at once fought over the GIL: 7-18 ms a bucket). Returns once this bucket's bytes are sent.
-        `gated` (bucket 0 of an armed push, `_ahead`): packed first, while the arm requests travel, and
-        its broadcast queued once `previous` (the gate) is set, unless the arm failed."""
-        try:
-            if not gated:
-                previous.wait()
-            with torch.cuda.device(device):
-                if self._streams is None:
-                    self._streams = torch.cuda.Stream(device), torch.cuda.Stream(device)
-                pack_stream, wait_stream = self._streams
-                pack_stream.wait_stream(torch.cuda.default_stream(device))  # the tensors are made there
-                with torch.cuda.stream(pack_stream):
-                    flat = pack_flat(tensors, device)
-                if gated:
-                    previous.wait()  # (the GIL is released meanwhile)
-                    if self._broken:  # the arm failed: nothing may go on the wire
-                        return
-                with torch.cuda.stream(pack_stream):
-                    work = self._group.broadcast_queued(flat, src=0)
-                sent = torch.cuda.Event()
-                with torch.cuda.stream(wait_stream):
-                    work.wait()  # (the wait stream waits for the broadcast, not the pack stream)
-                    sent.record(wait_stream)
-        finally:
-            queued.set()
-        sent.synchronize()  # (the GIL is released meanwhile) then `flat` may go
-
-    def _broadcast(self, tensors: list[torch.Tensor]) -> None:
-        for tensor in tensors:
-            self._group.broadcast(tensor, src=0)
-        self._group.synchronize()
-
     async def _resume_engines(self, receivers: list[Endpoint]) -> None:
         """Best effort: a failed resume is logged, not raised over the push's own error."""
         results = await asyncio.gather(*(r.post("/continue_generation", {}, 30.0) for r in receivers),
@@ -543,7 +537,8 @@ class WeightSender:
             group, self._group = self._group, None
             # (this rank's shutdown has the same bound as the engines' answer: a gloo group's shutdown
             # with a peer gone mid-close could block a topology change for ever)
-            local = [] if self._broken else [asyncio.wait_for(run_in_daemon_thread(group.destroy), CLOSE_TIMEOUT_S)]
+            drop = group.abort if self._broken else group.destroy  # (a broken NCCL group may hold a broadcast)
+            local = [asyncio.wait_for(run_in_daemon_thread(drop), CLOSE_TIMEOUT_S)]
             results = await asyncio.gather(*(r.post("/destroy_weights_update_group",
                                                     {"group_name": self.group_name}, CLOSE_TIMEOUT_S)
                                              for r in self.group_receivers), *local, return_exceptions=True)

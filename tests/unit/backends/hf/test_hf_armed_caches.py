@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import httpx
 import pytest
@@ -16,6 +17,7 @@ from relax.backends.hf.engine import HFEngine
 from relax.backends.hf.server import create_app
 from relax.distributed.weights.armed import ARM_PATH, END_PATH, arm_payload
 from relax.distributed.weights.endpoints import HTTPEndpoint
+from relax.distributed.weights.protocol import WeightSyncError
 from relax.distributed.weights.sender import WeightSender
 
 URL = "http://127.0.0.1:9"  # (the ASGI transport never dials it; loopback keeps the group on loopback)
@@ -112,9 +114,10 @@ def test_a_push_after_release_and_resume_writes_the_models_tensors_and_two_pushe
 
 def test_an_unchanged_layout_goes_by_id_and_a_forgotten_one_is_sent_again(engine, tiny_model_dir,
                                                                           other_tiny_model_dir):
-    """Push 2 (same layout) arms with the layout_id and no buckets; before push 3 the engine forgets its
-    layouts (as a restarted one): its arm by id is refused with 409 having paused nothing, the sender
-    arms it with the buckets, then broadcasts, and the push lands."""
+    """Push 2 (same layout) arms with the layout_id and no buckets, ahead of its buckets (with their flat
+    lengths); before push 3 the engine forgets its layouts (as a restarted one): its arm by id, ahead, is
+    refused with 409 having paused nothing, the engine drains the buckets already on their way, and the
+    sender arms it with the buckets (no longer ahead), broadcasts them again, and the push lands."""
     states = [_state(tiny_model_dir), _state(other_tiny_model_dir), _state(tiny_model_dir)]
     paused = []
 
@@ -129,9 +132,15 @@ def test_an_unchanged_layout_goes_by_id_and_a_forgotten_one_is_sent_again(engine
     assert [p for p, _ in first] == [ARM_PATH, END_PATH] and first[0][1]["buckets"]
     assert [p for p, _ in second] == [ARM_PATH, END_PATH] and "buckets" not in second[0][1]
     assert second[0][1]["layout_id"] == first[0][1]["layout_id"]
-    assert len(json.dumps(second[0][1])) < len(json.dumps(first[0][1])) // 10
+    assert "ahead" not in first[0][1] and second[0][1]["ahead"] is True
+    assert second[0][1]["bytes"] == [b["bytes"] for b in first[0][1]["buckets"]]
+    assert len(json.dumps(second[0][1])) < len(json.dumps(first[0][1])) // 5
     assert [p for p, _ in third] == [ARM_PATH, ARM_PATH, END_PATH]
-    assert "buckets" not in third[0][1] and third[1][1]["buckets"] == first[0][1]["buckets"]
+    assert "buckets" not in third[0][1] and third[0][1]["ahead"] is True
+    assert third[1][1]["buckets"] == first[0][1]["buckets"] and "ahead" not in third[1][1]
+    drained = engine.receiver.draining.future.result()
+    assert drained.startswith(f"drained {len(first[0][1]['buckets'])} buckets of a refused push") and \
+        "does not hold it" in drained
     assert paused == ["abort"]  # the refused arm paused nothing
     assert _holds(engine, states[2]) and engine.weight_version == "3" and stats.num_buckets > 1
 
@@ -156,3 +165,69 @@ def test_an_arm_whose_layout_id_disagrees_with_its_buckets_or_is_unknown_is_refu
     assert engine.scheduler.paused_mode is None and not engine.weight_session_open and engine.receiver.armed is None
     assert engine.receiver.layouts.get(other["layout_id"]) is None and engine.receiver.layouts.get(
         payload["layout_id"]) is None
+
+
+def test_a_refused_arm_ahead_drains_the_bytes_it_stated_and_the_group_stays_in_step(engine, tiny_model_dir):
+    """An arm ahead whose `bytes` disagree with the layout it names is refused (400, `success: false`) and the
+    engine drains what the arm stated, while rank 0 broadcasts exactly that; a push after it lands."""
+    state = _state(tiny_model_dir)
+
+    async def go():
+        wire = Recorded(create_app(engine))
+        sender = WeightSender([HTTPEndpoint(URL, transport=wire)], backend="gloo", bucket_bytes=8 << 10, timeout_s=60)
+        await sender.connect()
+        try:
+            await sender.push(state, version=1)
+            arm = {k: v for k, v in next(b for p, b in wire.requests if p == ARM_PATH).items() if k != "buckets"}
+            sizes = [16, 4096]  # (not the layout's)
+            group = sender._group
+            sent = asyncio.to_thread(lambda: [group.broadcast(torch.ones(n, dtype=torch.uint8)) for n in sizes])
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(engine)), base_url=URL) as c:
+                reply = await c.post(ARM_PATH, json={**arm, "ahead": True, "bytes": sizes})
+            await sent
+            drained = await asyncio.wrap_future(engine.receiver.draining.future)
+            stats = await sender.push(state, version=2)
+        finally:
+            await sender.close()
+        return reply, drained, stats
+
+    reply, drained, stats = asyncio.run(go())
+    assert reply.status_code == 400 and reply.json()["success"] is False
+    assert "do not match the layout's buckets" in reply.json()["message"] and "drained" in reply.json()["message"]
+    assert drained.startswith("drained 2 buckets of a refused push")
+    assert stats.version == 2 and engine.weight_version == "2" and _holds(engine, state)
+    assert not engine.weight_session_open and engine.scheduler.paused_mode is None
+
+
+def test_an_arm_ahead_that_cannot_drain_fails_the_push_and_a_new_group_takes_the_next(engine, tiny_model_dir,
+                                                                                     other_tiny_model_dir):
+    """The engine's group is out of step (quarantined) when an arm ahead comes: it cannot drain there and
+    answers 400 without `success`; the push fails at once naming it, the group is marked broken, and after
+    close and connect (a new group) the next push lands."""
+    first, second = _state(tiny_model_dir), _state(other_tiny_model_dir)
+
+    async def go():
+        wire = Recorded(create_app(engine))
+        sender = WeightSender([HTTPEndpoint(URL, transport=wire)], backend="gloo", bucket_bytes=8 << 10, timeout_s=5)
+        await sender.connect()
+        try:
+            await sender.push(first, version=1)
+            engine.receiver.quarantine(sender.group_name)
+            start, wire.requests[:] = time.monotonic(), []
+            with pytest.raises(WeightSyncError) as info:
+                await sender.push(second, version=2)
+            seconds, broken = time.monotonic() - start, sender._broken
+            # (no end call: it was not armed; the failed push resumes generation)
+            assert [(p, (b or {}).get("ahead")) for p, b in wire.requests] == [(ARM_PATH, True),
+                                                                                ("/continue_generation", None)]
+            await sender.close()
+            await sender.connect()
+            stats = await sender.push(second, version=3)
+        finally:
+            await sender.close()
+        return str(info.value), seconds, broken, stats
+
+    message, seconds, broken, stats = asyncio.run(go())
+    assert "is out of step" in message
+    assert broken and seconds < 4  # (not the broadcast's timeout)
+    assert stats.version == 3 and engine.weight_version == "3" and _holds(engine, second)

@@ -120,3 +120,85 @@ def test_cuda_ipc_push_on_the_same_gpu_changes_generations_and_refuses_other_pic
     assert stats.num_buckets > 1 and reply["meta_info"]["weight_version"] == "4"
     assert reply["output_ids"] == _reference(other_tiny_model_dir, engine_device, GREEDY["input_ids"], 8)
     assert refused is not None and "names posix.system" in refused
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL push needs two GPUs (one per rank)")
+def test_an_nccl_push_ahead_refused_for_a_forgotten_layout_is_drained_and_pushed_again(
+        engine, tiny_model_dir, other_tiny_model_dir, engine_device):
+    """Pushes ahead of the arms' answers over NCCL: the engine is made to forget the first layout (four newer
+    ones push it out of the layouts it keeps), so that layout's next push, sent ahead by its id, is refused
+    (409): the engine drains its buckets on the GPU and the sender pushes again with the layout."""
+    from transformers import AutoModelForCausalLM
+
+    from relax.distributed.weights.armed import LAYOUTS_KEPT
+
+    states = [AutoModelForCausalLM.from_pretrained(d).to("cuda:0").state_dict()
+              for d in (tiny_model_dir, other_tiny_model_dir)]
+
+    async def go():
+        torch.cuda.set_device(0)
+        sender = WeightSender([engine.url], backend="nccl", bucket_bytes=16 * 1024, timeout_s=120)
+        await sender.connect()
+        try:
+            assert sender.ahead
+            version = 10
+            for bucket_kib in [16, *(8 * 2 ** i for i in range(1, LAYOUTS_KEPT + 1))]:
+                sender.bucket_bytes = bucket_kib << 10
+                version += 1
+                await sender.push(states[0].items(), version=version)
+            sender.bucket_bytes = 16 << 10  # the first layout: ahead by id, which the engine no longer holds
+            stats = await sender.push(states[1].items(), version=version + 1)
+        finally:
+            await sender.close()
+        async with EngineClient(engine.url) as client:
+            return stats, await client.generate(GREEDY)
+
+    stats, reply = asyncio.run(go())
+    assert stats.num_buckets > 1 and reply["meta_info"]["weight_version"] == str(stats.version)
+    assert reply["output_ids"] == _reference(other_tiny_model_dir, engine_device, GREEDY["input_ids"], 8)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL push needs two GPUs (one per rank)")
+def test_a_push_ahead_to_a_dead_engine_fails_and_close_aborts_the_broadcast_left_on_the_gpu(
+        tiny_model_dir, engine_device):
+    """An engine gone between two pushes: the second push's buckets are queued on NCCL before its arm fails
+    (no receiver will take them). The push fails naming the engine, and close() aborts the group, so the
+    queued broadcast ends and the sender's GPU is usable (NCCL's watchdog would otherwise end this process
+    at the group's timeout)."""
+    import threading
+    import time
+
+    from transformers import AutoModelForCausalLM
+
+    from relax.distributed.weights.protocol import WeightSyncError
+
+    state = AutoModelForCausalLM.from_pretrained(tiny_model_dir).to("cuda:0").state_dict()
+    process = launch_hf_engine(str(tiny_model_dir), device=engine_device, extra_args=["--dtype", "float32"])
+    ready = process.wait_ready(timeout=180)
+
+    async def go():
+        torch.cuda.set_device(0)
+        sender = WeightSender([ready.url], backend="nccl", bucket_bytes=16 * 1024, timeout_s=60)
+        await sender.connect()
+        await sender.push(state.items(), version=1)
+        await sender.push(state.items(), version=2)  # (ahead)
+        process.terminate()
+        start = time.monotonic()
+        try:
+            with pytest.raises(WeightSyncError) as info:
+                await sender.push(state.items(), version=3)
+            failed = time.monotonic() - start
+        finally:
+            start = time.monotonic()
+            await sender.close()
+            closed = time.monotonic() - start
+        return str(info.value), failed, closed
+
+    try:
+        message, failed, closed = asyncio.run(go())
+    finally:
+        process.terminate()
+    done = threading.Event()
+    threading.Thread(target=lambda: (torch.cuda.synchronize(0), done.set()), daemon=True).start()
+    assert ready.url in message and failed < 20 and closed < 20
+    assert done.wait(20), "the sender's GPU still has a broadcast queued that never ends"

@@ -13,6 +13,7 @@ from relax.distributed.weights.armed import (
     ARM_PATH, END_PATH, LAYOUTS_KEPT, ArmLayout, Layouts, arm_payload, layout_digest, parse_plan, spec_rows,
 )
 from relax.distributed.weights.endpoints import ARMED, FLAT, IN_ORDER
+from relax.distributed.weights.group import WeightGroup
 from relax.distributed.weights.protocol import BucketRejected, LayoutUnknown, WeightSyncError
 from relax.distributed.weights.receiver import WeightReceiver
 from relax.distributed.weights.sender import WeightSender
@@ -52,6 +53,18 @@ class ArmedEndpoint:
         elif path == "/destroy_weights_update_group":
             receiver.destroy_group(payload["group_name"])
         return {"success": True, "message": "ok"}
+
+
+def on_send(monkeypatch, record) -> None:
+    """Call `record()` as rank 0 of any weight group in this process broadcasts (the receivers here share it)."""
+    broadcast = WeightGroup.broadcast
+
+    def recorded(self, tensor, src=0):
+        if self.rank == src:
+            record()
+        return broadcast(self, tensor, src)
+
+    monkeypatch.setattr(WeightGroup, "broadcast", recorded)
 
 
 def _model() -> torch.nn.Module:
@@ -175,7 +188,7 @@ def test_a_mixed_fleet_takes_one_push_armed_and_per_bucket():
     assert armed.receiver.version == plain.receiver.version == "2"
 
 
-def test_bucket_0_is_packed_while_the_arm_travels_and_never_sent_when_the_arm_is_refused():
+def test_bucket_0_is_packed_while_the_arm_travels_and_never_sent_when_the_arm_is_refused(monkeypatch):
     """Every receiver armed: bucket 0 is launched before the arm is answered (`WeightSender._ahead`), its
     broadcast held until then. A refused arm (here the receiver lost its group) fails the push, breaks the
     group, and nothing went on the wire: the receiver is not left mid-broadcast."""
@@ -193,8 +206,7 @@ def test_bucket_0_is_packed_while_the_arm_travels_and_never_sent_when_the_arm_is
     async def go():
         sender = WeightSender([endpoint], backend="gloo", timeout_s=30, bucket_bytes=40)
         await sender.connect()
-        broadcast = sender._broadcast
-        sender._broadcast = lambda tensors: (sent.append(len(tensors)), broadcast(tensors))
+        on_send(monkeypatch, lambda: sent.append(1))
         try:
             with pytest.raises(WeightSyncError, match="no weight update group"):
                 await sender.push(state.items(), version=1)
@@ -264,7 +276,7 @@ def test_a_push_of_an_unchanged_layout_arms_by_id_alone():
     assert all(torch.equal(model.state_dict()[n], t) for n, t in second.items()) and endpoint.receiver.version == "3"
 
 
-def test_a_receiver_that_forgot_the_layout_is_sent_it_once_more_before_anything_is_broadcast():
+def test_a_receiver_that_forgot_the_layout_is_sent_it_once_more_before_anything_is_broadcast(monkeypatch):
     """A receiver that no longer holds the layout (a restarted engine) refuses the arm by id
     (LayoutUnknown, 409 over HTTP) having armed nothing; the sender arms it again with the buckets and
     only then broadcasts: the push succeeds and no bucket went out before the arm was accepted."""
@@ -276,8 +288,8 @@ def test_a_receiver_that_forgot_the_layout_is_sent_it_once_more_before_anything_
     async def go():
         sender = WeightSender([endpoint], backend="gloo", timeout_s=30, bucket_bytes=40)
         await sender.connect()
-        broadcast, post = sender._broadcast, endpoint.post
-        sender._broadcast = lambda tensors: (events.append("broadcast"), broadcast(tensors))
+        post = endpoint.post
+        on_send(monkeypatch, lambda: events.append("broadcast"))
 
         async def recorded(path, payload, timeout_s):
             events.append((path, "buckets" in payload))
@@ -299,7 +311,7 @@ def test_a_receiver_that_forgot_the_layout_is_sent_it_once_more_before_anything_
     assert all(torch.equal(model.state_dict()[n], t) for n, t in second.items()) and endpoint.receiver.version == "2"
 
 
-def test_a_layout_id_that_does_not_match_the_buckets_is_refused_and_nothing_is_broadcast():
+def test_a_layout_id_that_does_not_match_the_buckets_is_refused_and_nothing_is_broadcast(monkeypatch):
     model = _model()
     endpoint = ArmedEndpoint(WeightReceiver(model, timeout_s=20))
     before = {n: t.clone() for n, t in model.state_dict().items()}
@@ -308,8 +320,8 @@ def test_a_layout_id_that_does_not_match_the_buckets_is_refused_and_nothing_is_b
     async def go():
         sender = WeightSender([endpoint], backend="gloo", timeout_s=30, bucket_bytes=40)
         await sender.connect()
-        broadcast, layout = sender._broadcast, sender._layouts.layout
-        sender._broadcast = lambda tensors: (sent.append(len(tensors)), broadcast(tensors))
+        layout = sender._layouts.layout
+        on_send(monkeypatch, lambda: sent.append(1))
         sender._layouts.layout = lambda buckets: ArmLayout("0" * 64, layout(buckets).buckets)
         try:
             with pytest.raises(WeightSyncError, match="does not match the buckets sent with it"):
