@@ -15,6 +15,10 @@ then waits for that loop (the sender posts it while it broadcasts: its reply is 
 the session, resumes generation when asked (`continue_generation`) and answers the loop's outcome:
 200, 400 `success: false` (a bucket refused after its bytes were received; the group is in step) or
 500 (a receive or load failed; the group is quarantined, the sender rebuilds it). Two requests a push.
+An arm sent `ahead` of its buckets (`weight_push_ahead`: its sender broadcasts without waiting for the
+reply) starts the loop at once, and a refusal drains the buckets (`WeightReceiver.drain`) before it
+answers 409 or 400 `success: false`; an arm that finds the bytes of a refused push still draining waits
+for them first.
 """
 
 from __future__ import annotations

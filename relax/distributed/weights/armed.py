@@ -19,8 +19,16 @@ and session, one `/update_weights_from_distributed` per bucket, end and resume: 
    receiver with the id and no `buckets` from then on (`ArmLayouts`; a trainer pushes the same layout
    every step, and 310 tensors' lists cost ~1.4 ms to build and ~2 ms to receive and validate). A
    receiver that does not hold the id (restarted, or it kept newer ones) answers 409 (`LayoutUnknown`)
-   having paused nothing, and is armed once more with the buckets. Every refusal comes before a byte
-   is broadcast: the sender holds bucket 0 until every arm is accepted (`sender._ahead`).
+   having paused nothing, and is armed once more with the buckets. The first push of a layout holds
+   bucket 0 until every arm is accepted (`sender._ahead`), so those refusals come before a byte is
+   broadcast.
+   Ahead (`weight_push_ahead`): where every receiver holds the layout, the arm goes by id with `ahead:
+   true` and `bytes` (each bucket's flat length), and the buckets are broadcast at once, not after its
+   reply (one HTTP round trip off the push's critical path; docs/gpu.md has the figures). A receiver
+   that refuses such an arm still takes the bytes (`ArmedDrain`: it receives `bytes` and drops them) and
+   says so: 409 (the sender pushes again, the layout sent) or a 400 `success: false` (raised; the group
+   is in step). Any other answer means it takes nothing: the sender breaks the group (on NCCL, aborting
+   it at close ends the broadcasts it left queued).
 2. The sender broadcasts the buckets back to back, and posts at once
 3. `/end_weight_update` {continue_generation: true}: answered when the loop is done: the session
    is closed, generation resumed, and the reply is the loop's. `success: false` (HTTP 400): a bucket

@@ -35,7 +35,9 @@ Protocol (the one SGLang serves and slime drives; `sender.WeightSender` drives i
    request per bucket and `/end_weight_update` {continue_generation: true}, posted as soon as the arm
    is answered, replies once the loop is done (400 `success: false`: a bucket refused, all bytes
    taken; 500: a receive or load failed, the group is rebuilt) and resumes generation. Receivers of
-   one push may mix: armed or not, the broadcasts are the same.
+   one push may mix: armed or not, the broadcasts are the same. Receivers that take
+   `weight_push_ahead` and hold the layout are armed `ahead` of the buckets, which go out at once
+   (a refusal drains them: armed.py).
 3. `close()`: `/destroy_weights_update_group` and the local group is dropped.
 
 Failure handling: an engine that rejects a bucket after receiving it answers `success: false`

@@ -26,7 +26,9 @@ bucket at all: `/arm_weight_update` tells them every bucket of the push (with th
 session's opening; a layout the receiver was sent before by its id alone), their
 `/end_weight_update` (with the resume) is posted as soon as they are armed and answers once their
 receive loop has taken the last bucket, and meanwhile the buckets are broadcast back to back. Two
-requests a push; the end call is the waiter, so a loop that stopped fails the push at once. A fleet
+requests a push; the end call is the waiter, so a loop that stopped fails the push at once. From a
+layout's second push on, where every receiver takes `weight_push_ahead`, the buckets leave before the
+arms are answered (`_push_ahead`; a refusing receiver drains them, armed.py). A fleet
 may mix them with the others: the broadcasts are the same, only the other receivers get their
 requests per bucket (a failure before every bucket went out then breaks the group, since the armed
 loops wait for buckets that will not come).
@@ -316,8 +318,15 @@ class WeightSender:
         receiver that refuses drains every bucket: refused for its layout id (restarted), the push is made again
         the armed way, with the layout; refused otherwise, the refusal is raised (the group stays in step)."""
         flights: deque[_Flight] = deque()
+        payload = arm_payload(self._layouts.layout(buckets), group_name=self.group_name, flat=True,
+                              weight_version=str(version), pause_mode=self.pause_mode)
+        remaining = functools.partial(self._remaining, deadline)
+        arms = [asyncio.ensure_future(self._layouts.arm(r, payload, remaining, ahead=True)) for r in self.armed]
+        # One turn of the loop: each arm's first step writes its request on a pooled connection before the
+        # buckets' threads take the GIL to pack (launched first, they held the arms back by 2 ms on 2x H200).
+        await asyncio.sleep(0)
         watch: list[asyncio.Future] = []  # the arms, then the accepted receivers' end calls
-        watch.append(asyncio.ensure_future(self._arm_ahead(buckets, str(version), deadline, watch)))
+        watch.append(asyncio.ensure_future(self._arm_ahead(arms, deadline, watch)))
         total_bytes = 0
         try:
             for index, (bucket, is_last) in enumerate(with_last(iter(buckets))):
@@ -339,16 +348,12 @@ class WeightSender:
             raise next(iter(refused.values()))
         return total_bytes, len(buckets), []
 
-    async def _arm_ahead(self, buckets: list[list[tuple[str, torch.Tensor]]], version: str, deadline: float,
+    async def _arm_ahead(self, arms: list[asyncio.Future], deadline: float,
                          ends: list[asyncio.Future]) -> dict[Endpoint, WeightSyncError]:
-        """Arm every receiver ahead of the buckets and post the end call of each that accepted (appended to
-        `ends`); returns the refusals, whose receivers drain the push. Raises anything worse: a receiver that
-        takes nothing leaves the broadcasts waiting, and the group is rebuilt."""
-        payload = arm_payload(self._layouts.layout(buckets), group_name=self.group_name, flat=True,
-                              weight_version=version, pause_mode=self.pause_mode)
-        remaining = functools.partial(self._remaining, deadline)
-        results = await asyncio.gather(*(self._layouts.arm(r, payload, remaining, ahead=True) for r in self.armed),
-                                       return_exceptions=True)
+        """The arms sent ahead of the buckets (`arms`, one per armed receiver) answered: post the end call of each
+        that accepted (appended to `ends`); returns the refusals, whose receivers drain the push. Raises
+        anything worse: a receiver that takes nothing leaves the broadcasts waiting, and the group is rebuilt."""
+        results = await asyncio.gather(*arms, return_exceptions=True)
         drains = (LayoutUnknown, BucketRejected)  # refusals whose receiver drains the push
         refused = {r: e for r, e in zip(self.armed, results) if isinstance(e, drains)}
         worse = [e for e in results if isinstance(e, BaseException) and not isinstance(e, drains)]
