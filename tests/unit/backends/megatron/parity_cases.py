@@ -62,6 +62,8 @@ def run(rank: int, world_size: int, ports: list[int], cases: list, out: str, bf1
         # adam_eps 1e-6: Adam's first step moves a weight by lr * g / (|g| + eps), which for a gradient
         # element near eps amplifies float32 rounding (a tensor-parallel partial sum, ~1e-9) by lr / eps;
         # at the default 1e-8 one such element of the odd-vocabulary model differed by 1.6e-4 at TP=2.
+        parallel = dict(parallel)
+        compiled = parallel.pop("compiled", False)  # each decoder layer compiled (dynamo's "eager" backend)
         flags = {k: v for k, v in parallel.items() if k in OPTIMIZER_FLAGS}
         optim = OptimizerConfig(lr=1e-2, clip_grad=1.0, bf16=bf16, adam_eps=1e-6, **flags)
         spec = TrainerSpec(model_path=model_path, optim=optim,
@@ -69,6 +71,13 @@ def run(rank: int, world_size: int, ports: list[int], cases: list, out: str, bf1
                            model_parallel=ModelParallelSpec(**{k: v for k, v in parallel.items() if k not in flags}))
         worker = Trainer(rank, world_size, "127.0.0.1", ports[i], dataclasses.replace(spec, backend=backend))
         info = worker.parallel_info()
+        if compiled:
+            from torch._dynamo.utils import counters
+
+            from relax.backends.megatron import compile_shim
+
+            counters.clear()
+            compile_shim.compile_layers(worker.runner.model.decoder.layers, backend="eager")
         b = batch()
         _, shards, tokens = step_plan(b.loss_masks_RT, len(b), info["dp_size"])
         mine = b.rows(shards[info["dp_rank"]])
@@ -83,7 +92,8 @@ def run(rank: int, world_size: int, ports: list[int], cases: list, out: str, bf1
         worker.shutdown()
         results.append({"info": info, "rows": shards[info["dp_rank"]], "before": before, "after": after,
                         "metrics": {k: v for k, v in metrics.items() if isinstance(v, float)},
-                        "hf": hf if rank == 0 else {}, "acted": acted})
+                        "hf": hf if rank == 0 else {}, "acted": acted,
+                        "graph_breaks": sum(counters["graph_break"].values()) if compiled else None})
     with open(f"{out}.{rank}.json", "w") as f:
         json.dump(results, f)
 

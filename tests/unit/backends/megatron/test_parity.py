@@ -1,18 +1,17 @@
 """The megatron backend computes what the fsdp backend computes (fp32, gloo, real processes).
 
-On a tiny Qwen3 (tied embeddings) and a tiny Qwen3-MoE (untied, 4 experts, top-2): per-token
-log-probs before and after one optimizer step, the gradient norm and the loss, for megatron with
-TP=1, TP=2, TP=2 with sequence parallelism (and --recompute-loss-function), DP=2 (also with the
-distributed optimizer under the optimizer offload and overlap flags, `OVERLAPPED`), PP=2,
-EP=2, ETP=2 (each expert split over two data-parallel ranks that gather each other's tokens; with
---use-distributed-optimizer, which then keeps the state unsharded: ZeRO-1 would broadcast one rank's
-expert shards over the other's),
-CP=2 (context parallelism: each row split into 4 chunks, 2 per rank; with --allgather-cp into 2
-contiguous ones), TP=2 x PP=2 and DP=2 x PP=2 (MoE) against fsdp on one rank. The one-stage layouts
-pack their micro-batches (--qkv-format thd, the default); `bshd` pads them (and builds its model
-through a --custom-model-provider-path that wraps the default one). Layouts of two ranks run
-in the session's rank processes (tests/rank_pool.py), of four in spawned ones (`parity_cases.run`,
-which also reports the HF-named weights each pushes)."""
+On a tiny Qwen3 (tied embeddings) and a tiny Qwen3-MoE (untied, 4 experts, top-2): per-token log-probs before
+and after one optimizer step, the gradient norm and the loss, for megatron with TP=1, TP=2, TP=2 with sequence
+parallelism (and --recompute-loss-function), DP=2 (also with the distributed optimizer under the optimizer
+offload and overlap flags, `OVERLAPPED`), PP=2, EP=2, ETP=2 (each expert split over two data-parallel ranks
+that gather each other's tokens; with --use-distributed-optimizer, which then keeps the state unsharded:
+ZeRO-1 would broadcast one rank's expert shards over the other's), CP=2 (context parallelism: each row split
+into 4 chunks, 2 per rank; with --allgather-cp into 2 contiguous ones), TP=2 with each decoder layer compiled
+(dynamo, no kernel compiler), TP=2 x PP=2 and DP=2 x PP=2 (MoE) against fsdp on one rank. The one-stage
+layouts pack their micro-batches (--qkv-format thd, the default); `bshd` pads them (and builds its model
+through a --custom-model-provider-path that wraps the default one). Layouts of two ranks run in the session's
+rank processes (tests/rank_pool.py), of four in spawned ones (`parity_cases.run`, which also reports the
+HF-named weights each pushes)."""
 
 from __future__ import annotations
 
@@ -54,7 +53,8 @@ def runs(tmp_path_factory, rank_pool):
            ("megatron", paths["moe"], {"tp": 2, "sequence_parallel": True}),
            ("megatron", paths["dense"], {"distributed_optimizer": True, **OVERLAPPED}),
            ("megatron", paths["dense"], {"cp": 2}), ("megatron", paths["moe"], ETP_ZERO),
-           ("megatron", paths["dense"], {"cp": 2, "allgather_cp": True})]
+           ("megatron", paths["dense"], {"cp": 2, "allgather_cp": True}),
+           ("megatron", paths["dense"], {"tp": 2, "compiled": True})]
     # Four ranks: pipeline stages beside tensor or data-parallel ranks (stage leaders send the weights).
     four = [("megatron", paths["dense"], {"tp": 2, "pp": 2}),
             ("megatron", paths["moe"], {"pp": 2, "overlap_grad_reduce": True})]
@@ -85,6 +85,7 @@ def runs(tmp_path_factory, rank_pool):
             "cp2": {"dense": [load("two.0")[8], load("two.1")[8]]},
             "etp2": {"moe": [load("two.0")[9], load("two.1")[9]]},
             "cp2ag": {"dense": [load("two.0")[10], load("two.1")[10]]},
+            "tp2compiled": {"dense": [load("two.0")[11], load("two.1")[11]]},
             "tp2pp2": {"dense": [load(f"four.{r}")[0] for r in range(4)]},
             "dp2pp2": {"moe": [load(f"four.{r}")[1] for r in range(4)]}}
 
@@ -93,7 +94,7 @@ def runs(tmp_path_factory, rank_pool):
                                           ("tp2sp", "dense"), ("dp2zero", "dense"), ("cp2", "dense"),
                                           ("tp1_moe", "moe"), ("tp2pp2", "dense"), ("dp2pp2", "moe"),
                                           ("ep2", "moe"), ("pp2", "moe"), ("tp2sp", "moe"), ("bshd", "dense"),
-                                          ("etp2", "moe"), ("cp2ag", "dense")])
+                                          ("etp2", "moe"), ("cp2ag", "dense"), ("tp2compiled", "dense")])
 def test_megatron_matches_fsdp(runs, layout, model):
     ref, ranks = runs["fsdp"][model], runs[layout][model]
     for res in ranks:
@@ -108,6 +109,12 @@ def test_megatron_matches_fsdp(runs, layout, model):
     assert len(answering) == dp  # one rank answers per data-parallel shard
     loss = sum(r["metrics"]["pg_loss"] for r in answering) / dp  # each shard's share of the global mean
     assert loss == pytest.approx(ref["metrics"]["pg_loss"], abs=ATOL_NORM)
+
+
+def test_compiled_tensor_parallel_layers_are_one_graph_each(runs):
+    """--use-torch-compile at TP=2: no graph break in the decoder layers (compile_shim: the input
+    gradient's all-reduce traced, not async), and the same log-probs and gradients (test above)."""
+    assert [r["graph_breaks"] for r in runs["tp2compiled"]["dense"]] == [0, 0]
 
 
 def test_the_optimizer_flags_acted_in_their_cases(runs):
