@@ -167,7 +167,8 @@ def train_rank(rank: int, world: int, port: int, job: dict, out: str) -> None:
 
     counters.clear()  # graph breaks of this run's compiled layers only
     cuda = job["cuda"]
-    parallel = ModelParallelSpec(tp=job["tp"]) if job["backend"] == "megatron" else ModelParallelSpec()
+    parallel = ModelParallelSpec(tp=job["tp"], sequence_parallel=job.get("sequence_parallel", False)) \
+        if job["backend"] == "megatron" else ModelParallelSpec()
     spec = TrainerSpec(model_path=job["model"], optim=OptimizerConfig(lr=1e-6, bf16=cuda),
                        batch=BatchConfig(micro_batch_size=job["rows"], log_probs_chunk_size=job["chunk"]),
                        loss=PolicyLossConfig(), compile_layers=job["compile"], threads=0 if cuda else 1,

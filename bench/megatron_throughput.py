@@ -12,7 +12,7 @@ FLOPs / time / (t x the GPU's dense bf16 peak). Prints a table; the last line is
 
     python3 bench/megatron_throughput.py [--shape 0.6b|4b] [--layers 28] [--tp 1 2 4]
         [--backends megatron fsdp] [--train-batch 16] [--train-len 1024] [--chunk 2048]
-        [--compile | --compiled-only] [--profile]
+        [--compile | --compiled-only] [--profile] [--sequence-parallel]
         [--out bench/results/megatron_throughput.json]
     python3 bench/megatron_throughput.py --cpu --shape tiny --tp 1 2   # CPU variant (gloo), as CI runs it
 
@@ -53,6 +53,8 @@ def main() -> None:
     parser.add_argument("--chunk", type=int, default=2048, help="--log-probs-chunk-size of both")
     parser.add_argument("--backends", nargs="+", default=["megatron", "fsdp"], choices=["megatron", "fsdp"],
                         help="the training backends to time (default: both)")
+    parser.add_argument("--sequence-parallel", action="store_true",
+                        help="megatron with --sequence-parallel where --tp > 1")
     parser.add_argument("--compile", action="store_true", help="also time both with --use-torch-compile")
     parser.add_argument("--compiled-only", action="store_true",
                         help="time only the --use-torch-compile steps (the faster ones on GPUs; half the runs)")
@@ -91,10 +93,12 @@ def main() -> None:
         AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(model_dir)
         for t in args.tp:
             for backend, comp in runs:
-                name = f"{backend}{' compiled' if comp else ''} tp={t}"
+                sp = " sp" if backend == "megatron" and args.sequence_parallel and t > 1 else ""
+                name = f"{backend}{' compiled' if comp else ''} tp={t}{sp}"
                 job = {"backend": backend, "tp": t, "model": model_dir, "config": config, "rows": args.train_batch,
                        "length": args.train_len, "prompt_len": args.prompt_len, "steps": args.train_steps,
                        "chunk": args.chunk, "compile": comp, "profile": args.profile, "cuda": not args.cpu,
+                       "sequence_parallel": args.sequence_parallel and t > 1,
                        "visible": visible}
                 try:
                     row = time_train_step(job, t, os.path.join(tmp, name.replace(" ", "_")))

@@ -23,7 +23,9 @@ compiled layer (a 2x H200 profile at TP=2: 14 breaks, its elementwise work unfus
 sets such a layer's `allreduce_dgrad` off, which makes megatron take its other path for the same
 sum: the input goes through `copy_to_tensor_model_parallel_region`, whose backward all-reduces it
 synchronously, which dynamo traces as a functional collective; inductor then schedules that
-collective itself. The gradients are the same sum."""
+collective itself. The gradients are the same sum. With sequence parallelism the linear's own
+all-gather and reduce-scatter of its backward are async too: there the input is gathered beforehand
+by `gather_from_sequence_parallel_region` (traced) and the linear runs as a plain one."""
 
 from __future__ import annotations
 
@@ -74,12 +76,30 @@ def compile_layers(layers: Iterable[torch.nn.Module], backend: str = "inductor")
 
 
 def traceable_tensor_parallel(layer: torch.nn.Module) -> int:
-    """Turn off `allreduce_dgrad` on `layer`'s column-parallel linears (module doc); returns how many."""
+    """Make `layer`'s column-parallel linears traceable (module doc); returns how many were changed.
+    Without sequence parallelism: `allreduce_dgrad` off (the input then goes through
+    `copy_to_tensor_model_parallel_region`). With it, whose backward reduce-scatters (and re-gathers the
+    input) with `async_op=True`: the linear runs as a plain one (`sequence_parallel` off, its input's
+    gradient not reduced) on an input gathered by `gather_from_sequence_parallel_region`, whose forward
+    all-gathers and backward reduce-scatters synchronously (traced; the same sums)."""
     from megatron.core.tensor_parallel.layers import ColumnParallelLinear
 
     changed = 0
     for module in layer.modules():
-        if isinstance(module, ColumnParallelLinear) and module.allreduce_dgrad:
+        if not isinstance(module, ColumnParallelLinear) or module.explicit_expert_comm:
+            continue
+        if module.allreduce_dgrad:
             module.allreduce_dgrad = False  # (its forward then copies its input to the region: same sum)
             changed += 1
+        elif module.sequence_parallel and not module.disable_grad_reduce:
+            module.sequence_parallel, module.disable_grad_reduce = False, True
+            module.forward = functools.partial(_gathered_forward, module.forward, module.tp_group)
+            changed += 1
     return changed
+
+
+def _gathered_forward(forward, group, input_: torch.Tensor, *args, **kwargs):
+    from megatron.core.tensor_parallel.mappings import gather_from_sequence_parallel_region
+
+    return forward(gather_from_sequence_parallel_region(input_, tensor_parallel_output_grad=True, group=group),
+                   *args, **kwargs)

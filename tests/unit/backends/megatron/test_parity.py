@@ -3,15 +3,15 @@
 On a tiny Qwen3 (tied embeddings) and a tiny Qwen3-MoE (untied, 4 experts, top-2): per-token log-probs before
 and after one optimizer step, the gradient norm and the loss, for megatron with TP=1, TP=2, TP=2 with sequence
 parallelism (and --recompute-loss-function), DP=2 (also with the distributed optimizer under the optimizer
-offload and overlap flags, `OVERLAPPED`), PP=2, EP=2, ETP=2 (each expert split over two data-parallel ranks
-that gather each other's tokens; with --use-distributed-optimizer, which then keeps the state unsharded:
-ZeRO-1 would broadcast one rank's expert shards over the other's), CP=2 (context parallelism: each row split
-into 4 chunks, 2 per rank; with --allgather-cp into 2 contiguous ones), TP=2 with each decoder layer compiled
-(dynamo, no kernel compiler), TP=2 x PP=2 and DP=2 x PP=2 (MoE) against fsdp on one rank. The one-stage
-layouts pack their micro-batches (--qkv-format thd, the default); `bshd` pads them (and builds its model
-through a --custom-model-provider-path that wraps the default one). Layouts of two ranks run in the session's
-rank processes (tests/rank_pool.py), of four in spawned ones (`parity_cases.run`, which also reports the
-HF-named weights each pushes)."""
+offload and overlap flags, `OVERLAPPED`), PP=2, EP=2, ETP=2 (each expert split over two data-parallel ranks that
+gather each other's tokens; with --use-distributed-optimizer, which then keeps the state unsharded: ZeRO-1 would
+broadcast one rank's expert shards over the other's), CP=2 (context parallelism: each row split into 4 chunks, 2
+per rank; with --allgather-cp into 2 contiguous ones), TP=2 (and with sequence parallelism) with each decoder
+layer compiled (dynamo, no kernel compiler), TP=2 x PP=2 and DP=2 x PP=2 (MoE) against fsdp on one rank. The
+one-stage layouts pack their micro-batches (--qkv-format thd, the default); `bshd` pads them (and builds its
+model through a --custom-model-provider-path that wraps the default one). Layouts of two ranks run in the
+session's rank processes (tests/rank_pool.py), of four in spawned ones (`parity_cases.run`, which also reports
+the HF-named weights each pushes)."""
 
 from __future__ import annotations
 
@@ -58,20 +58,25 @@ def runs(tmp_path_factory, rank_pool):
     # Four ranks: pipeline stages beside tensor or data-parallel ranks (stage leaders send the weights).
     four = [("megatron", paths["dense"], {"tp": 2, "pp": 2}),
             ("megatron", paths["moe"], {"pp": 2, "overlap_grad_reduce": True})]
+    # TP=2 with sequence parallelism, compiled, as the first case of its processes: traced after other cases
+    # in the same process (their groups destroyed, new ones made) its all-gathers broke the graph 32 times.
+    compiled_sp = [("megatron", paths["dense"], {"tp": 2, "sequence_parallel": True, "compiled": True})]
     # Case i of a group uses its ports[i] (parity_cases.run), every port distinct.
-    ports = free_ports(len(two) + len(four) + len(one))
-    port, port4, port1 = ports[:len(two)], ports[len(two):len(two) + len(four)], ports[len(two) + len(four):]
+    ports = free_ports(len(two) + len(four) + len(one) + 1)
+    port, port4, port1 = ports[:len(two)], ports[len(two):len(two) + len(four)], ports[len(two) + len(four):-1]
     job = rank_pool.submit(parity_cases.run, [(r, 2, port, two, f"{root}/two") for r in range(2)],
                            "the two-rank megatron group")
-    ctx = mp.get_context("spawn")  # (four ranks: processes of their own)
+    ctx = mp.get_context("spawn")  # (four ranks, and the compiled pair: processes of their own)
     procs = [ctx.Process(target=parity_cases.run, args=(r, 4, port4, four, f"{root}/four")) for r in range(4)]
+    procs += [ctx.Process(target=parity_cases.run, args=(r, 2, ports[-1:], compiled_sp, f"{root}/sp"))
+              for r in range(2)]
     for p in procs:
         p.start()
     parity_cases.run(0, 1, port1, one, f"{root}/one")
     try:
         rank_pool.wait(job, 600)
     finally:
-        parity_cases.join_ranks(procs, 600, "the four-rank megatron group")
+        parity_cases.join_ranks(procs, 600, "the four-rank megatron group and the compiled TP=2 + SP pair")
     load = lambda name: json.load(open(f"{root}/{name}.json"))  # noqa: E731
     single = load("one.0")
     return {"root": root, "paths": paths, "fsdp": {"dense": single[0], "moe": single[2]},
@@ -87,14 +92,16 @@ def runs(tmp_path_factory, rank_pool):
             "cp2ag": {"dense": [load("two.0")[10], load("two.1")[10]]},
             "tp2compiled": {"dense": [load("two.0")[11], load("two.1")[11]]},
             "tp2pp2": {"dense": [load(f"four.{r}")[0] for r in range(4)]},
-            "dp2pp2": {"moe": [load(f"four.{r}")[1] for r in range(4)]}}
+            "dp2pp2": {"moe": [load(f"four.{r}")[1] for r in range(4)]},
+            "tp2spcompiled": {"dense": [load(f"sp.{r}")[0] for r in range(2)]}}
 
 
 @pytest.mark.parametrize("layout,model", [("tp1", "dense"), ("tp2", "dense"), ("dp2", "dense"), ("pp2", "dense"),
                                           ("tp2sp", "dense"), ("dp2zero", "dense"), ("cp2", "dense"),
                                           ("tp1_moe", "moe"), ("tp2pp2", "dense"), ("dp2pp2", "moe"),
                                           ("ep2", "moe"), ("pp2", "moe"), ("tp2sp", "moe"), ("bshd", "dense"),
-                                          ("etp2", "moe"), ("cp2ag", "dense"), ("tp2compiled", "dense")])
+                                          ("etp2", "moe"), ("cp2ag", "dense"), ("tp2compiled", "dense"),
+                                          ("tp2spcompiled", "dense")])
 def test_megatron_matches_fsdp(runs, layout, model):
     ref, ranks = runs["fsdp"][model], runs[layout][model]
     for res in ranks:
@@ -115,6 +122,7 @@ def test_compiled_tensor_parallel_layers_are_one_graph_each(runs):
     """--use-torch-compile at TP=2: no graph break in the decoder layers (compile_shim: the input
     gradient's all-reduce traced, not async), and the same log-probs and gradients (test above)."""
     assert [r["graph_breaks"] for r in runs["tp2compiled"]["dense"]] == [0, 0]
+    assert [r["graph_breaks"] for r in runs["tp2spcompiled"]["dense"]] == [0, 0]  # and with sequence parallelism
 
 
 def test_the_optimizer_flags_acted_in_their_cases(runs):
