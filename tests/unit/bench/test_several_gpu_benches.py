@@ -30,26 +30,28 @@ def test_weight_sync_bench_runs_on_cpu(tmp_path):
     assert re.fullmatch(r"weight_sync_gbps=[\d.]+ nccl_gbps=[\d.]+ ratio=[\d.]+", last), last
     result = json.loads(out.read_text())["results"][0]
     # Each bucket size in plain SGLang (one bucket at a time, per tensor) and with Relax's extensions,
-    # which the hf engine takes: pipelined, then flat buckets (FLAT_DEPTH in flight), then armed.
+    # which the hf engine takes: pipelined, then flat buckets (FLAT_DEPTH in flight), then armed, then ahead.
     assert [(p["protocol"], p["bucket_mib"], p["depth"], p["flat"], p["armed"]) for p in result["pushes"]] == [
         ("sglang", 1, 1, False, False), ("sglang", 4, 1, False, False),
         ("per-tensor", 1, DEFAULT_PIPELINE_DEPTH, False, False),
         ("per-tensor", 4, DEFAULT_PIPELINE_DEPTH, False, False),
         ("flat", 1, FLAT_DEPTH, True, False), ("flat", 4, FLAT_DEPTH, True, False),
-        ("armed", 1, FLAT_DEPTH, True, True), ("armed", 4, FLAT_DEPTH, True, True)]
+        ("armed", 1, FLAT_DEPTH, True, True), ("armed", 4, FLAT_DEPTH, True, True),
+        ("ahead", 1, FLAT_DEPTH, True, True), ("ahead", 4, FLAT_DEPTH, True, True)]
     # The tiny model's ~3.3 MB in 1 MiB buckets take several buckets, in 4 MiB one.
     assert result["pushes"][0]["buckets"] > 1 and result["pushes"][1]["buckets"] == 1
     assert all(p["bytes"] == result["bytes"] for p in result["pushes"])
     assert result["weight_sync_gbps"] > 0 and result["nccl_gbps"] > 0
-    protocols = {"sglang", "per-tensor", "flat", "armed"}
+    protocols = {"sglang", "per-tensor", "flat", "armed", "ahead"}
     assert set(result["fixed_cost_fit"]) == protocols and "per_bucket_s" in result["fixed_cost_fit"]["armed"]
     assert set(result["default_bucket_ratios"]) == protocols and result["ratio_bucket_mib"] == 4  # (nearest 512)
     # The timelines (one push per protocol): every control call, and the flat pushes' packs.
     timelines = {t["protocol"]: [name for name, _, _ in t["spans"]] for t in result["timelines"]}
     assert timelines["sglang"][:2] == ["/pause_generation", "/begin_weight_update"]
     assert "pack (sender)" in timelines["flat"] and "pack (sender)" not in timelines["sglang"]
-    control = [n for n in timelines["armed"] if n.startswith("/") and n != "/destroy_weights_update_group"]
-    assert control == ["/arm_weight_update", "/end_weight_update"]  # (the group's destroy is the sender's close)
+    for protocol in ("armed", "ahead"):  # (the group's destroy is the sender's close)
+        control = [n for n in timelines[protocol] if n.startswith("/") and n != "/destroy_weights_update_group"]
+        assert control == ["/arm_weight_update", "/end_weight_update"], protocol
 
 
 def test_long_tail_lengths_are_fixed_by_seed_and_index_and_capped():

@@ -146,7 +146,7 @@ def test_an_engine_that_stops_answering_is_named_with_its_state_and_log(spec):
         return str(err.value), routed
 
     message, routed = asyncio.run(main())
-    assert "no reply" in message and "ConnectError" in message and "(after 4 attempts)" in message
+    assert "no reply" in message and "ClientConnectorError" in message and "(after 4 attempts)" in message
     assert "rollout fake engine at" in message and "exited with code 7" in message and "CUDA error: boom" in message
     assert routed is not None and routed.status == 502
     assert "unreachable" in routed.body and "exited with code 7" in routed.body and "CUDA error: boom" in routed.body
