@@ -21,7 +21,11 @@ HERE = Path(__file__).resolve().parent
 # (SIGINT ignored, as in CI steps and job scripts); or by such a script in a session of its own
 # (`setsid`, as job schedulers and daemons start one).
 _BACKGROUND = ["bash", str(HERE / "launch_in_background.sh")]
-LAUNCHERS = {"direct": [], "background": _BACKGROUND, "setsid": ["setsid", *_BACKGROUND]}
+# "direct" resets SIGINT to its default first: a test session itself started in the background of a
+# non-interactive shell (`nohup pytest ... &`) has SIGINT ignored, which its children would inherit.
+_SIGINT_DEFAULT = [sys.executable, "-c", "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+                   "os.execvp(sys.argv[1], sys.argv[1:])"]
+LAUNCHERS = {"direct": _SIGINT_DEFAULT, "background": _BACKGROUND, "setsid": ["setsid", *_BACKGROUND]}
 DRIVER = "relax/entrypoints/train.py"
 
 
