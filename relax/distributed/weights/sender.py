@@ -59,8 +59,7 @@ from relax.distributed.weights.group import (
 from relax.distributed.weights.ipc import encode_bucket, serialize, tensor_payload
 from relax.distributed.weights.protocol import (
     DEFAULT_BUCKET_BYTES, FLAT_BYTES, BucketRejected, EndpointMissing, LayoutUnknown, SyncStats, WeightSyncError,
-    dtype_name,
-    iter_buckets, tensor_bytes, with_last,
+    dtype_name, iter_buckets, tensor_bytes, with_last,
 )
 
 logger = logging.getLogger(__name__)
