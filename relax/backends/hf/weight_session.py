@@ -106,7 +106,7 @@ async def arm(engine: HFEngine, req: ArmWeightUpdateRequest, error_response: Cal
     try:
         plan = receiver.plan(payload)
         if req.ahead:
-            check_sizes(plan, req.bytes)
+            check_sizes(plan, req.bytes, receiver.layouts)
     except LayoutUnknown as exc:  # the sender arms again with the buckets
         return _refuse(engine, req, 409, f"arm_weight_update: {exc}", error_response)
     except ValueError as exc:

@@ -83,6 +83,7 @@ def traceable_tensor_parallel(layer: torch.nn.Module) -> int:
     gradient not reduced) on an input gathered by `gather_from_sequence_parallel_region`, whose forward
     all-gathers and backward reduce-scatters synchronously (traced; the same sums)."""
     from megatron.core.tensor_parallel.layers import ColumnParallelLinear
+    from megatron.core.tensor_parallel.mappings import gather_from_sequence_parallel_region
 
     changed = 0
     for module in layer.modules():
@@ -93,13 +94,12 @@ def traceable_tensor_parallel(layer: torch.nn.Module) -> int:
             changed += 1
         elif module.sequence_parallel and not module.disable_grad_reduce:
             module.sequence_parallel, module.disable_grad_reduce = False, True
-            module.forward = functools.partial(_gathered_forward, module.forward, module.tp_group)
+            gather = functools.partial(gather_from_sequence_parallel_region, tensor_parallel_output_grad=True,
+                                       group=module.tp_group)
+            module.forward = functools.partial(_gathered_forward, module.forward, gather)
             changed += 1
     return changed
 
 
-def _gathered_forward(forward, group, input_: torch.Tensor, *args, **kwargs):
-    from megatron.core.tensor_parallel.mappings import gather_from_sequence_parallel_region
-
-    return forward(gather_from_sequence_parallel_region(input_, tensor_parallel_output_grad=True, group=group),
-                   *args, **kwargs)
+def _gathered_forward(forward, gather, input_: torch.Tensor, *args, **kwargs):
+    return forward(gather(input_), *args, **kwargs)

