@@ -159,6 +159,7 @@ def train_rank(rank: int, world: int, port: int, job: dict, out: str) -> None:
     import torch
     from torch._dynamo.utils import counters
 
+    set_inductor_config(job.get("inductor", {}))
     from relax.algorithms.policy_loss import PolicyLossConfig
     from relax.backends.base import ModelParallelSpec, TrainerSpec
     from relax.backends.trainer.trainer import Trainer
@@ -203,6 +204,34 @@ def train_rank(rank: int, world: int, port: int, job: dict, out: str) -> None:
 
 KERNEL_KINDS = (("communication", ("nccl",)), ("attention", ("flash", "attn", "sdpa")),
                 ("matmul", ("gemm", "cutlass", "cublas", "sm90_xmma", "nvjet", "matmul")))
+
+
+def inductor_settings(pairs: list[str]) -> dict:
+    """`--inductor KEY=VALUE ...` (VALUE as JSON) -> {key: value}."""
+    settings = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise SystemExit(f"--inductor {pair}: expected KEY=VALUE, e.g. reorder_for_compute_comm_overlap=true")
+        try:
+            settings[key] = json.loads(value)
+        except json.JSONDecodeError:
+            raise SystemExit(f"--inductor {pair}: VALUE is JSON (true, 3, \"text\", [...])") from None
+    return settings
+
+
+def set_inductor_config(settings: dict) -> None:
+    """Set `torch._inductor.config` entries (dotted keys reach its sub-configs) in this rank process."""
+    import torch._inductor.config as config
+
+    for key, value in settings.items():
+        *parents, name = key.split(".")
+        target = config
+        for parent in parents:
+            target = getattr(target, parent, None)
+        if target is None or not hasattr(target, name):
+            raise SystemExit(f"--inductor {key}: this torch's inductor has no such setting")
+        setattr(target, name, value)
 
 
 def kernel_kind(name: str) -> str:

@@ -12,7 +12,7 @@ FLOPs / time / (t x the GPU's dense bf16 peak). Prints a table; the last line is
 
     python3 bench/megatron_throughput.py [--shape 0.6b|4b] [--layers 28] [--tp 1 2 4]
         [--backends megatron fsdp] [--train-batch 16] [--train-len 1024] [--chunk 2048]
-        [--compile | --compiled-only] [--profile] [--sequence-parallel]
+        [--compile | --compiled-only] [--profile] [--sequence-parallel] [--inductor KEY=VALUE ...]
         [--out bench/results/megatron_throughput.json]
     python3 bench/megatron_throughput.py --cpu --shape tiny --tp 1 2   # CPU variant (gloo), as CI runs it
 
@@ -21,6 +21,8 @@ times only those. `--profile`
 runs one more step of every run with rank 0 under torch.profiler: it prints the top GPU kernels, and the JSON row
 gets the GPU milliseconds per kernel kind (matmul, attention, communication, other: `gpu_ms`); every compiled
 row has its graph breaks' reasons (`graph_break_reasons`).
+`--inductor KEY=VALUE` sets a `torch._inductor.config` entry (VALUE as JSON) in every rank before its
+layers compile, e.g. `reorder_for_compute_comm_overlap=true` (docs/gpu.md: what those tried at TP=2 gave).
 A Qwen3-4B-shaped model's 36 layers need about 72 GB for weights, gradients and Adam state in one
 rank: on one 80 GB GPU use `--layers 12` (the per-layer work, and so MFU, is the model's).
 """
@@ -37,7 +39,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # run as `python3 bench/<name>.py`: the repo root imports
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 
-from gpu_throughput import flops_per_token, peak_flops, time_train_step  # noqa: E402
+from gpu_throughput import flops_per_token, inductor_settings, peak_flops, time_train_step  # noqa: E402
 from weight_sync import model_config  # noqa: E402
 
 
@@ -59,9 +61,12 @@ def main() -> None:
     parser.add_argument("--compiled-only", action="store_true",
                         help="time only the --use-torch-compile steps (the faster ones on GPUs; half the runs)")
     parser.add_argument("--profile", action="store_true", help="profile one more step of each run (rank 0)")
+    parser.add_argument("--inductor", nargs="+", default=[], metavar="KEY=VALUE",
+                        help="torch._inductor.config entries for the compiled runs (VALUE as JSON)")
     parser.add_argument("--cpu", action="store_true", help="ranks on the CPU over gloo (no MFU): the code path")
     parser.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "megatron_throughput.json"))
     args = parser.parse_args()
+    inductor = inductor_settings(args.inductor)
 
     import torch
     from transformers import AutoModelForCausalLM
@@ -98,7 +103,7 @@ def main() -> None:
                 job = {"backend": backend, "tp": t, "model": model_dir, "config": config, "rows": args.train_batch,
                        "length": args.train_len, "prompt_len": args.prompt_len, "steps": args.train_steps,
                        "chunk": args.chunk, "compile": comp, "profile": args.profile, "cuda": not args.cpu,
-                       "sequence_parallel": args.sequence_parallel and t > 1,
+                       "sequence_parallel": args.sequence_parallel and t > 1, "inductor": inductor,
                        "visible": visible}
                 try:
                     row = time_train_step(job, t, os.path.join(tmp, name.replace(" ", "_")))

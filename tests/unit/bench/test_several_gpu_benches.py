@@ -89,3 +89,29 @@ def test_the_profile_summary_sorts_gpu_kernels_by_kind():
     assert kernel_kind("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64") == "matmul"
     assert kernel_kind("nvjet_tst_192x192_64x3_1x2_h_bz_coopB_TNN") == "matmul"
     assert kernel_kind("triton_per_fused__to_copy_add_mean_mul_pow_rsqrt_0") == "other"
+
+
+def test_inductor_settings_reach_inductors_config_and_bad_ones_are_named():
+    """bench/megatron_throughput.py --inductor KEY=VALUE: JSON values, dotted keys into sub-configs,
+    an unknown key or a pair without `=` refused with the flag named."""
+    import torch._inductor.config as config
+
+    from bench.gpu_throughput import inductor_settings, set_inductor_config
+
+    settings = inductor_settings(["reorder_for_compute_comm_overlap=true",
+                                  "aten_distributed_optimizations.enable_overlap_scheduling=true"])
+    assert settings == {"reorder_for_compute_comm_overlap": True,
+                        "aten_distributed_optimizations.enable_overlap_scheduling": True}
+    sub = config.aten_distributed_optimizations
+    before = config.reorder_for_compute_comm_overlap, sub.enable_overlap_scheduling
+    try:
+        set_inductor_config(settings)
+        assert (config.reorder_for_compute_comm_overlap, sub.enable_overlap_scheduling) == (True, True)
+    finally:
+        config.reorder_for_compute_comm_overlap, sub.enable_overlap_scheduling = before
+    with pytest.raises(SystemExit, match="--inductor no_such_setting: .*no such setting"):
+        set_inductor_config({"no_such_setting": 1})
+    with pytest.raises(SystemExit, match="--inductor reorder: expected KEY=VALUE"):
+        inductor_settings(["reorder"])
+    with pytest.raises(SystemExit, match="VALUE is JSON"):
+        inductor_settings(["reorder_for_compute_comm_overlap=yes"])
