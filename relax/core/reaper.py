@@ -47,14 +47,16 @@ def watch_session(reaper: subprocess.Popen, session_dir: str) -> None:
     reaper.stdin.flush()
 
 
-def release(reaper: subprocess.Popen) -> None:
-    """The run ended cleanly: the reaper exits without touching anything."""
+def release(reaper: subprocess.Popen, timeout: float = 5.0) -> None:
+    """The run ended cleanly: the reaper exits without touching anything (one that has not within
+    `timeout` seconds is killed, so that a driver's exit never waits on it)."""
     try:
         reaper.stdin.write(b"done\n")
         reaper.stdin.close()
-        reaper.wait(timeout=5)
+        reaper.wait(timeout=timeout)
     except (OSError, subprocess.TimeoutExpired):
         reaper.kill()
+        reaper.wait()
 
 
 def run_processes(run_env: str, run_id: str, session_dirs: list[str]) -> set[int]:

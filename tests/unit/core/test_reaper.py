@@ -40,9 +40,17 @@ def test_a_clean_end_kills_nothing():
     worker = child(run_id)
     r = reaper.start(run_id, RUN_ENV)
     try:
-        reaper.release(r)
+        # (A run releases its reaper long after starting it; this one may still be starting, on a
+        # loaded machine for seconds: the test gives it time, what it checks is that it exits clean.)
+        reaper.release(r, timeout=60)
         assert r.returncode == 0
         time.sleep(0.2)
         assert worker.poll() is None
     finally:
         worker.kill()
+
+
+def test_a_reaper_that_does_not_exit_on_release_is_killed_and_waited_for():
+    stuck = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], stdin=subprocess.PIPE)
+    reaper.release(stuck, timeout=0.5)
+    assert stuck.returncode == -9  # gone, not left a zombie for the driver's exit
