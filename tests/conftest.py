@@ -55,7 +55,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
     rank = {name: i for i, name in enumerate(GROUP_ORDER)}
-    items.sort(key=lambda item: rank.get(item.get_closest_marker("xdist_group").args[0], len(rank)))
+    items.sort(key=lambda item: rank.get(_group_name(item.get_closest_marker("xdist_group")), len(rank)))
+
+
+def _group_name(marker: pytest.Mark) -> str:
+    """A group marker's name, given as `xdist_group("x")` or `xdist_group(name="x")`."""
+    return marker.kwargs.get("name") or marker.args[0]
 
 
 def _group(item: pytest.Item) -> str | None:
