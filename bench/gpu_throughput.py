@@ -257,7 +257,27 @@ def profiled_step(step, report: bool) -> dict[str, float] | None:
         own = getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0)
         if own and e.device_type.name == "CUDA":
             kinds[kernel_kind(e.key)] = kinds.get(kernel_kind(e.key), 0.0) + own / 1e3
+    kernels = [(e.time_range.start, e.time_range.end, kernel_kind(e.name) == "communication")
+               for e in prof.events() if e.device_type.name == "CUDA" and e.time_range.end > e.time_range.start]
+    kinds["communication_overlapped"] = comm_overlapped_us(kernels) / 1e3
     return {k: round(v, 2) for k, v in sorted(kinds.items())}
+
+
+def comm_overlapped_us(kernels: list[tuple[float, float, bool]]) -> float:
+    """Of the communication kernels' time, how much ran while some other kernel ran: `kernels` are
+    (start, end, is_communication) in microseconds. 0 means every collective was on the critical path."""
+    compute = sorted((s, e) for s, e, comm in kernels if not comm)
+    merged: list[list[float]] = []
+    for s, e in compute:
+        if merged and s <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], e)
+        else:
+            merged.append([s, e])
+    total = 0.0
+    for s, e, comm in kernels:
+        if comm:
+            total += sum(max(0.0, min(e, me) - max(s, ms)) for ms, me in merged)
+    return total
 
 
 def time_train_step(job: dict, world: int, out: str) -> dict:

@@ -19,7 +19,8 @@ FLOPs / time / (t x the GPU's dense bf16 peak). Prints a table; the last line is
 `--compile` also times both with --use-torch-compile (each decoder layer compiled); `--compiled-only`
 times only those. `--profile`
 runs one more step of every run with rank 0 under torch.profiler: it prints the top GPU kernels, and the JSON row
-gets the GPU milliseconds per kernel kind (matmul, attention, communication, other: `gpu_ms`); every compiled
+gets the GPU milliseconds per kernel kind (matmul, attention, communication, other: `gpu_ms`, with
+`communication_overlapped`: the collectives' time beside another kernel); every compiled
 row has its graph breaks' reasons (`graph_break_reasons`).
 `--inductor KEY=VALUE` sets a `torch._inductor.config` entry (VALUE as JSON) in every rank before its
 layers compile, e.g. `reorder_for_compute_comm_overlap=true` (docs/gpu.md: what those tried at TP=2 gave).

@@ -16,7 +16,6 @@ its rows' encoder tensors and M-RoPE positions (`vision.py`).
 
 from __future__ import annotations
 
-import dataclasses
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -27,7 +26,6 @@ from relax.backends.batching import pad_inputs, response_positions
 from relax.backends.megatron.attention import cp_causal_mask
 from relax.backends.megatron.head import MegatronResponseHead, MegatronValueHead
 from relax.backends.megatron.packing import PackedRoPE, pack
-from relax.backends.megatron.split_layers import split_rows
 from relax.utils.multimodal.tensors import collate, from_bytes
 
 if TYPE_CHECKING:
@@ -103,9 +101,6 @@ def _packed(r: MegatronRank, tokens: list[list[int]], index_BT: torch.Tensor, ma
     lengths = [len(t) for t in tokens]
     real, total = sum(lengths), common_tokens(r, sum(lengths))
     packed = pack(lengths, total, r.device)
-    if r.split_layers:  # --tp-comm-split: the rows (and the padding segment) in two halves
-        seqlens = lengths + ([total - real] if total > real else [])
-        packed = dataclasses.replace(packed, halves=split_rows(seqlens, r.device))
     ids_N = torch.tensor([i for t in tokens for i in t] + [r.pad_id] * (total - real), device=r.device)
     last_B1 = torch.tensor(lengths, device=r.device)[:, None] - 2  # a row's last position that predicts a token
     index_BT = torch.minimum(index_BT.to(r.device), last_B1).clamp(min=0)  # padded slots: the mask zeroes them

@@ -44,8 +44,6 @@ class PackedRows:
     starts_S: torch.Tensor
     segments: int
     longest: int
-    # --tp-comm-split: each half's token count and rows, the decoder's layers run them in turn (split_layers.py)
-    halves: tuple[tuple[int, "PackedRows"], ...] | None = None
 
 
 def pack(lengths: list[int], total: int, device: torch.device) -> PackedRows:

@@ -12,7 +12,6 @@ bfloat16 model. `packed`: its micro-batches pack their rows (--qkv-format thd, `
 
 from __future__ import annotations
 
-import os
 import random
 from typing import Any, Iterator
 
@@ -20,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from relax.backends.base import TrainerSpec
-from relax.backends.megatron import compile_shim, cpu_shim, split_layers
+from relax.backends.megatron import compile_shim, cpu_shim
 from relax.backends.megatron.attention import cp_positions, install_cp_rope
 from relax.backends.megatron.convert import Layout, expert_range, hf_to_megatron, shard_state, stage_layers
 from relax.backends.megatron.model import (
@@ -50,11 +49,6 @@ class MegatronRank:
         mp = spec.model_parallel
         self.packed = mp.qkv_format == "thd" and mp.pp == 1 and mp.cp == 1 and self.vision is None and \
             self.routing is None
-        # --tp-comm-split: packed rows run the layers as two interleaved halves (split_layers.py)
-        self.split_layers = self.packed and not mp.sequence_parallel and \
-            os.environ.get("RELAX_TP_COMM_SPLIT") == "1"
-        if self.split_layers:
-            split_layers.install(self.model.decoder)
 
     # ---- setup -------------------------------------------------------------------------
     def _setup_parallel(self) -> None:

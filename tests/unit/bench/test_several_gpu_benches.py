@@ -91,6 +91,17 @@ def test_the_profile_summary_sorts_gpu_kernels_by_kind():
     assert kernel_kind("triton_per_fused__to_copy_add_mean_mul_pow_rsqrt_0") == "other"
 
 
+def test_overlapped_communication_counts_only_time_beside_other_kernels():
+    """--profile's `communication_overlapped`: a collective's time while any other kernel ran,
+    overlapping compute kernels counted once; a collective alone counts nothing."""
+    from bench.gpu_throughput import comm_overlapped_us
+
+    kernels = [(0, 10, False), (8, 12, False), (5, 15, True), (20, 30, True), (22, 24, True)]
+    assert comm_overlapped_us(kernels) == 7.0  # 5..12 beside the two compute kernels (merged: 0..12)
+    assert comm_overlapped_us([(0, 5, True), (5, 9, False)]) == 0.0
+    assert comm_overlapped_us([]) == 0.0
+
+
 def test_inductor_settings_reach_inductors_config_and_bad_ones_are_named():
     """bench/megatron_throughput.py --inductor KEY=VALUE: JSON values, dotted keys into sub-configs,
     an unknown key or a pair without `=` refused with the flag named."""
