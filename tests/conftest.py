@@ -16,6 +16,10 @@ from relax.utils.proc import cpu_compute_env  # (no torch: imported before any t
 # workers sharing 2 cores, where OpenMP threads spinning at barriers hold the core a descheduled thread
 # needs: the environment the runs' CPU ranks and engines get (relax.utils.proc.CPU_COMPUTE_ENV).
 os.environ.update(cpu_compute_env())
+# The processes tests start themselves (spawned ranks, engines, reward workers) stand for a run's role
+# processes, which configs/env.yaml gives RELAX_STARTUP_GC=1 (relax/utils/startup_gc.py); this worker,
+# which imported relax above, is left as it is.
+os.environ.setdefault("RELAX_STARTUP_GC", "1")
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:

@@ -36,6 +36,7 @@ from relax.utils.logging import TOKEN_FILE_ENV, new_run_token, remove_token_file
 from relax.utils.metrics import METRICS_APP_ENV
 from relax.utils.plugins import import_object
 from relax.utils.poll import Backoff
+from relax.utils import startup_gc
 from relax.utils.proc import RUN_ENV
 from relax.utils.timeline import Timeline, timed_methods
 
@@ -84,6 +85,7 @@ def replica_class(cls: type, role: str | None = None, timeline_dir: str | None =
         self._relax_timeline = Timeline(timeline_dir, role or cls.__name__)
         self._relax_replica = uuid.uuid4().hex  # a replica Serve restarts answers heartbeats with a new one
         cls.__init__(self, *args, **kwargs)
+        startup_gc.started()  # the replica's imports are done (relax/utils/startup_gc.py)
 
     def relax_heartbeat(self: Any) -> dict[str, Any]:
         """The HealthManager's heartbeat (relax.core.health): which replica answers, in which process."""

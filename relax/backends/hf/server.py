@@ -56,6 +56,7 @@ from relax.config.lora import ALL_LINEAR, LoraSpec, parse_targets
 from relax.distributed.weights.group import run_in_daemon_thread
 from relax.distributed.weights.protocol import parse_specs
 from relax.distributed.weights.receiver import load_format_is_flat
+from relax.utils import startup_gc
 from relax.utils.net import ENGINE_KEEP_ALIVE_S
 
 logger = logging.getLogger(__name__)
@@ -449,6 +450,7 @@ def main(argv: list[str] | None = None) -> None:
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level.lower(),
                             timeout_keep_alive=ENGINE_KEEP_ALIVE_S)
     holder["server"] = uvicorn.Server(config)
+    startup_gc.started()  # the engine's imports and model are loaded (relax/utils/startup_gc.py)
     sockets = None if args.listen_fd is None else [socket.socket(fileno=args.listen_fd)]
     holder["server"].run(sockets=sockets)
 

@@ -65,7 +65,7 @@ from relax.distributed.store import pin_gloo_interface, tcp_store
 from relax.distributed.weights.protocol import parse_dtype
 from relax.types import TrainBatch
 from relax.utils.peft_files import adapter_config
-from relax.utils import memory_check
+from relax.utils import memory_check, startup_gc
 from relax.utils.plugins import import_object
 
 logger = logging.getLogger(__name__)
@@ -134,6 +134,7 @@ class Trainer:
         self.routes = RouteBook(spec)  # routing replay (MoE): what each forward of a row replays
         self._writer: ThreadPoolExecutor | None = None  # --async-save: the background checkpoint write
         self._writing: futures.Future | None = None
+        startup_gc.started()  # the rank's imports and model are built (relax/utils/startup_gc.py)
 
     @property
     def layout(self) -> RankLayout:

@@ -22,6 +22,7 @@ import signal
 import sys
 from typing import Any, Callable, Protocol
 
+from relax.utils import startup_gc
 from relax.utils.plugins import import_object
 
 logger = logging.getLogger(__name__)
@@ -49,6 +50,7 @@ def preload(paths: list[str]) -> None:
             importlib.import_module(path)
         except ModuleNotFoundError:
             import_object(path, flag="reward worker preload")
+    startup_gc.started()  # the worker's start-up ends with its imports (relax/utils/startup_gc.py)
 
 
 def run_task(task: tuple) -> Any:
