@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import compileall
+import gc
 import json
 import logging
 import os
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from relax.utils import startup_gc
 from relax.utils.proc import cpu_compute_env  # (no torch: imported before any test imports it)
 
 # The tests' own torch (unit tests train in-process, spawned ranks inherit this) runs on two pytest-xdist
@@ -17,9 +19,14 @@ from relax.utils.proc import cpu_compute_env  # (no torch: imported before any t
 # needs: the environment the runs' CPU ranks and engines get (relax.utils.proc.CPU_COMPUTE_ENV).
 os.environ.update(cpu_compute_env())
 # The processes tests start themselves (spawned ranks, engines, reward workers) stand for a run's role
-# processes, which configs/env.yaml gives RELAX_STARTUP_GC=1 (relax/utils/startup_gc.py); this worker,
-# which imported relax above, is left as it is.
+# processes, which configs/env.yaml gives RELAX_STARTUP_GC=1 (relax/utils/startup_gc.py).
 os.environ.setdefault("RELAX_STARTUP_GC", "1")
+# This process's own full collections each scan everything the tests have imported (torch, transformers, Ray,
+# megatron-core: millions of objects, ~0.2 s a scan) and came every few seconds of unit tests: ~10% of their
+# CPU. Held back for the whole session; an xdist worker, which inherits the variable and so imported relax
+# deferring, ends that deferral first, so that no in-process training rank or replica undoes this.
+startup_gc.started()
+gc.set_threshold(*gc.get_threshold()[:2], max(gc.get_threshold()[2], startup_gc.DEFERRED_OLDEST))
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:

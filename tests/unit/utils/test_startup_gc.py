@@ -30,8 +30,9 @@ def test_a_run_hands_the_variable_to_its_processes():
 def test_importing_relax_defers_full_collections_until_started():
     code = ("import gc; b = gc.get_threshold(); import relax; from relax.utils import startup_gc as s; "
             "a = gc.get_threshold(); d = s.deferred(); s.started(); print(b, a, d, gc.get_threshold(), s.deferred())")
-    young, middle, oldest = gc.get_threshold() if not startup_gc.deferred() else (700, 10, 10)
-    python = f"({young}, {middle}, {oldest})"  # the interpreter's own (a fresh one's are this one's)
+    code_default = "import gc; print(gc.get_threshold())"
+    python = _python(code_default, {})  # a fresh interpreter's own thresholds
+    young, middle, _ = python.strip("()").split(", ")
     assert _python(code, {startup_gc.ENV: "1"}) == \
         f"{python} ({young}, {middle}, {startup_gc.DEFERRED_OLDEST}) True {python} False"
     assert _python(code, {startup_gc.ENV: "0"}) == f"{python} {python} False {python} False"  # 0 or unset: untouched
@@ -65,12 +66,14 @@ def test_a_training_rank_ends_the_deferral_once_built(tmp_path, monkeypatch):
     Qwen3ForCausalLM(Qwen3Config(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                                  num_attention_heads=2, num_key_value_heads=2, head_dim=8)).save_pretrained(tmp_path)
     monkeypatch.setenv(startup_gc.ENV, "1")
-    was = gc.get_threshold()
+    was = gc.get_threshold()  # (tests/conftest.py raised this worker's oldest threshold: CPython's for the test)
+    gc.set_threshold(700, 10, 10)
     try:
         assert startup_gc.defer() and gc.get_threshold()[2] == startup_gc.DEFERRED_OLDEST
         worker = Trainer(0, 1, "127.0.0.1", free_port(), TrainerSpec(model_path=str(tmp_path), trainable=False,
                                                                      threads=1))
         worker.shutdown()
-        assert not startup_gc.deferred() and gc.get_threshold() == was
+        assert not startup_gc.deferred() and gc.get_threshold() == (700, 10, 10)
     finally:
         startup_gc.started()
+        gc.set_threshold(*was)
