@@ -150,8 +150,9 @@ def train_batch(config, rows: int, length: int, prompt_len: int):
 def train_rank(rank: int, world: int, port: int, job: dict, out: str) -> None:
     """One training rank: build `job["backend"]`'s worker, time `job["steps"]` steps after a
     warm-up, write {seconds, peak_gib, graph_breaks} to `out.<rank>.json`."""
-    if job["cuda"] and world > 1:  # one GPU per rank, as Ray gives each trainer rank (before CUDA starts)
-        os.environ["CUDA_VISIBLE_DEVICES"] = job["visible"][rank]
+    async_tp = job.get("async_tp", False)
+    if job["cuda"] and world > 1 and not async_tp:  # one GPU per rank, as Ray gives each trainer rank
+        os.environ["CUDA_VISIBLE_DEVICES"] = job["visible"][rank]  # (before CUDA starts)
     from relax.core.service import env_file_vars
 
     for key, value in env_file_vars().items():  # what a run's rank gets (configs/env.yaml), before CUDA starts:
@@ -160,6 +161,9 @@ def train_rank(rank: int, world: int, port: int, job: dict, out: str) -> None:
     from torch._dynamo.utils import counters
 
     set_inductor_config(job.get("inductor", {}))
+    if async_tp:  # every rank sees every GPU (symmetric memory maps its peers' buffers): device = rank
+        torch.cuda.set_device(rank)
+        set_inductor_config({"_micro_pipeline_tp": True})
     from relax.algorithms.policy_loss import PolicyLossConfig
     from relax.backends.base import ModelParallelSpec, TrainerSpec
     from relax.backends.trainer.trainer import Trainer
@@ -175,6 +179,8 @@ def train_rank(rank: int, world: int, port: int, job: dict, out: str) -> None:
                        loss=PolicyLossConfig(), compile_layers=job["compile"], threads=0 if cuda else 1,
                        dist_backend="nccl" if cuda else "gloo", model_parallel=parallel)
     worker = Trainer(rank, world, "127.0.0.1", port, dataclasses.replace(spec, backend=job["backend"]))
+    if async_tp:
+        enable_tp_symmetric_memory()
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     try:
         batch = train_batch(job["config"], job["rows"], job["length"], job["prompt_len"])
@@ -204,6 +210,15 @@ def train_rank(rank: int, world: int, port: int, job: dict, out: str) -> None:
 
 KERNEL_KINDS = (("communication", ("nccl",)), ("attention", ("flash", "attn", "sdpa")),
                 ("matmul", ("gemm", "cutlass", "cublas", "sm90_xmma", "nvjet", "matmul")))
+
+
+def enable_tp_symmetric_memory() -> None:
+    """Symmetric memory on megatron's tensor-parallel group, which inductor's async tensor parallelism
+    (`_micro_pipeline_tp`: an all-gather or reduce-scatter split into pieces beside its matmul) needs."""
+    from megatron.core import parallel_state
+    from torch.distributed._symmetric_memory import enable_symm_mem_for_group
+
+    enable_symm_mem_for_group(parallel_state.get_tensor_model_parallel_group().group_name)
 
 
 def inductor_settings(pairs: list[str]) -> dict:

@@ -12,7 +12,7 @@ FLOPs / time / (t x the GPU's dense bf16 peak). Prints a table; the last line is
 
     python3 bench/megatron_throughput.py [--shape 0.6b|4b] [--layers 28] [--tp 1 2 4]
         [--backends megatron fsdp] [--train-batch 16] [--train-len 1024] [--chunk 2048]
-        [--compile | --compiled-only] [--profile] [--sequence-parallel] [--inductor KEY=VALUE ...]
+        [--compile | --compiled-only] [--profile] [--sequence-parallel [--async-tp]] [--inductor KEY=VALUE ...]
         [--out bench/results/megatron_throughput.json]
     python3 bench/megatron_throughput.py --cpu --shape tiny --tp 1 2   # CPU variant (gloo), as CI runs it
 
@@ -24,6 +24,8 @@ gets the GPU milliseconds per kernel kind (matmul, attention, communication, oth
 row has its graph breaks' reasons (`graph_break_reasons`).
 `--inductor KEY=VALUE` sets a `torch._inductor.config` entry (VALUE as JSON) in every rank before its
 layers compile, e.g. `reorder_for_compute_comm_overlap=true` (docs/gpu.md: what those tried at TP=2 gave).
+`--async-tp` runs megatron with torch's async tensor parallelism: every rank sees every GPU (the one set
+current is its own), symmetric memory on the TP group, inductor's `_micro_pipeline_tp` on.
 A Qwen3-4B-shaped model's 36 layers need about 72 GB for weights, gradients and Adam state in one
 rank: on one 80 GB GPU use `--layers 12` (the per-layer work, and so MFU, is the model's).
 """
@@ -58,6 +60,9 @@ def main() -> None:
                         help="the training backends to time (default: both)")
     parser.add_argument("--sequence-parallel", action="store_true",
                         help="megatron with --sequence-parallel where --tp > 1")
+    parser.add_argument("--async-tp", action="store_true",
+                        help="megatron with torch's async tensor parallelism (needs --sequence-parallel and "
+                             "compiled layers): ranks see every GPU, symmetric memory on the TP group")
     parser.add_argument("--compile", action="store_true", help="also time both with --use-torch-compile")
     parser.add_argument("--compiled-only", action="store_true",
                         help="time only the --use-torch-compile steps (the faster ones on GPUs; half the runs)")
@@ -68,6 +73,9 @@ def main() -> None:
     parser.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "megatron_throughput.json"))
     args = parser.parse_args()
     inductor = inductor_settings(args.inductor)
+    if args.async_tp and not (args.sequence_parallel and args.compiled_only):
+        parser.error("--async-tp needs --sequence-parallel and --compiled-only (it overlaps the compiled "
+                     "layers' sequence-parallel all-gathers and reduce-scatters with their matmuls)")
 
     import torch
     from transformers import AutoModelForCausalLM
@@ -100,12 +108,13 @@ def main() -> None:
         for t in args.tp:
             for backend, comp in runs:
                 sp = " sp" if backend == "megatron" and args.sequence_parallel and t > 1 else ""
+                sp += " async-tp" if sp and args.async_tp else ""
                 name = f"{backend}{' compiled' if comp else ''} tp={t}{sp}"
                 job = {"backend": backend, "tp": t, "model": model_dir, "config": config, "rows": args.train_batch,
                        "length": args.train_len, "prompt_len": args.prompt_len, "steps": args.train_steps,
                        "chunk": args.chunk, "compile": comp, "profile": args.profile, "cuda": not args.cpu,
                        "sequence_parallel": args.sequence_parallel and t > 1, "inductor": inductor,
-                       "visible": visible}
+                       "visible": visible, "async_tp": args.async_tp and backend == "megatron" and t > 1}
                 try:
                     row = time_train_step(job, t, os.path.join(tmp, name.replace(" ", "_")))
                 except (RuntimeError, torch.OutOfMemoryError) as exc:

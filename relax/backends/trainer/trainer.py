@@ -101,7 +101,10 @@ class Trainer:
 
     def __init__(self, rank: int, world_size: int, master_addr: str, master_port: int, spec: TrainerSpec) -> None:
         self.rank, self.world_size, self.spec = rank, world_size, spec
-        self.device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+        # The rank's GPU: the one it sees (Ray gives each rank one), or the one set current for it
+        # where a rank sees several (bench/megatron_throughput.py --async-tp).
+        self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() \
+            else torch.device("cpu")
         if self.device.type == "cpu":
             torch.set_num_threads(spec.threads or max(1, (os.cpu_count() or 1) // world_size))
         # first: --record-memory-history records the model's build too (profiling.py)

@@ -126,3 +126,19 @@ def test_inductor_settings_reach_inductors_config_and_bad_ones_are_named():
         inductor_settings(["reorder"])
     with pytest.raises(SystemExit, match="VALUE is JSON"):
         inductor_settings(["reorder_for_compute_comm_overlap=yes"])
+
+
+def test_async_tp_needs_sequence_parallel_compiled_layers_and_sets_inductors_micro_pipeline(monkeypatch):
+    """bench/megatron_throughput.py --async-tp (docs/gpu.md): refused, flags named, without the
+    sequence-parallel collectives and compiled layers it overlaps; its inductor setting exists in this torch."""
+    import torch._inductor.config as config
+
+    from bench.gpu_throughput import set_inductor_config
+
+    for extra in ([], ["--sequence-parallel"], ["--compiled-only"]):
+        proc = subprocess.run([sys.executable, "bench/megatron_throughput.py", "--async-tp", *extra], cwd=ROOT,
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2 and "--async-tp needs --sequence-parallel and --compiled-only" in proc.stderr
+    monkeypatch.setattr(config, "_micro_pipeline_tp", False)
+    set_inductor_config({"_micro_pipeline_tp": True})
+    assert config._micro_pipeline_tp is True
