@@ -221,9 +221,9 @@ def main() -> None:
         print(f"  {row['cpu_s']:7.1f} CPU-s  {int(row['processes']):3d} process(es)  {kind}")
     result = {"machine": f"{os.cpu_count()} CPUs (CPU only)", "runs": runs, "fixed_cpu_s": fixed,
               "per_step_cpu_s": per_step, "idle_cpu_s_per_min": idle_per_min, "last_run_by_kind": kinds}
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=1)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1))
     print(f"fixed_cpu_s={fixed:.1f} per_step_cpu_s={per_step:.1f}")
 
 
