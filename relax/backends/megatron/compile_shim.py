@@ -25,7 +25,16 @@ sum: the input goes through `copy_to_tensor_model_parallel_region`, whose backwa
 synchronously, which dynamo traces as a functional collective; inductor then schedules that
 collective itself. The gradients are the same sum. With sequence parallelism the linear's own
 all-gather and reduce-scatter of its backward are async too: there the input is gathered beforehand
-by `gather_from_sequence_parallel_region` (traced) and the linear runs as a plain one."""
+by `gather_from_sequence_parallel_region` (traced) and the linear runs as a plain one.
+
+The sequence-parallel mappings themselves (that all-gather, and the row-parallel linears' reduce-scatter of
+their output) are megatron autograd Functions whose forward writes into a tensor it allocated. Compiled
+through AOT autograd (inductor, aot_eager) with megatron-core 0.19 and torch 2.11, the reduce-scatter's
+output got no gradient: its backward ran on zeros, and every linear before it trained on nothing (a 2x
+H200 parity run: gradient norm 3.85 against fsdp's 5.07; right in float32 on CPU with 0.16 and torch 2.13).
+While compiling, both go through torch's differentiable functional collectives instead
+(`reduce_scatter_tensor_autograd`, `all_gather_tensor_autograd`): the same sums, traced with their
+gradients (tests/unit/backends/test_megatron_gpu.py, the compiled layouts)."""
 
 from __future__ import annotations
 
@@ -63,7 +72,39 @@ def install() -> None:
 
     layers.get_tensor_model_parallel_group_if_none = traceable_group_if_none
     transformer_layer.make_viewless_tensor = traceable_viewless
+    layers.reduce_scatter_to_sequence_parallel_region = _differentiable_when_compiled(
+        layers.reduce_scatter_to_sequence_parallel_region, _reduce_scatter)
     _INSTALLED = True
+
+
+def _differentiable_when_compiled(region, collective):
+    """`region` (a megatron sequence-parallel mapping) as itself, but while compiling as `collective`:
+    the same sum through torch's differentiable functional collectives (module doc)."""
+
+    @functools.wraps(region)
+    def mapped(input_, *args, group=None, **kwargs):
+        if not torch.compiler.is_compiling() or args or any(kwargs.values()):  # (split sizes, global buffers)
+            return region(input_, *args, group=group, **kwargs)
+        from megatron.core import parallel_state
+
+        group = group if group is not None else parallel_state.get_tensor_model_parallel_group()
+        return input_ if group.size() == 1 else collective(input_.contiguous(), group)
+
+    return mapped
+
+
+def _reduce_scatter(input_: torch.Tensor, group) -> torch.Tensor:
+    """Forward: the sum over `group`, each rank its slice of the first dim; backward: the all-gather."""
+    from torch.distributed._functional_collectives import reduce_scatter_tensor_autograd
+
+    return reduce_scatter_tensor_autograd(input_, "sum", 0, group)
+
+
+def _all_gather(input_: torch.Tensor, group) -> torch.Tensor:
+    """Forward: the first dim gathered over `group`; backward: the sum of the gradient, each rank its slice."""
+    from torch.distributed._functional_collectives import all_gather_tensor_autograd
+
+    return all_gather_tensor_autograd(input_, 0, group)
 
 
 def compile_layers(layers: Iterable[torch.nn.Module], backend: str = "inductor") -> None:
@@ -94,7 +135,7 @@ def traceable_tensor_parallel(layer: torch.nn.Module) -> int:
             changed += 1
         elif module.sequence_parallel and not module.disable_grad_reduce:
             module.sequence_parallel, module.disable_grad_reduce = False, True
-            gather = functools.partial(gather_from_sequence_parallel_region, tensor_parallel_output_grad=True,
+            gather = functools.partial(_differentiable_when_compiled(gather_from_sequence_parallel_region, _all_gather),
                                        group=module.tp_group)
             module.forward = functools.partial(_gathered_forward, module.forward, gather)
             changed += 1

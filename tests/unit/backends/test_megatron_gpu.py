@@ -33,12 +33,22 @@ LAYOUTS = {"tp1": (1, "dense", {}), "tp1_moe": (1, "moe", {}), "bshd": (1, "dens
            "tp2": (2, "dense", {"tp": 2}), "tp2sp": (2, "dense", {"tp": 2, "sequence_parallel": True}),
            "tp2_recompute": (2, "dense", {"tp": 2, "recompute_loss_function": True}),
            "pp2": (2, "dense", {"pp": 2}), "dp2": (2, "dense", {}), "ep2": (2, "moe", {"ep": 2}),
-           "etp2": (2, "moe", {"etp": 2}), "tp2pp2": (4, "dense", {"tp": 2, "pp": 2})}
+           "etp2": (2, "moe", {"etp": 2}), "tp2pp2": (4, "dense", {"tp": 2, "pp": 2}),
+           # --use-torch-compile as on GPUs: each decoder layer through inductor (AOT autograd's graphs)
+           "tp2_compiled": (2, "dense", {"tp": 2, "compiled": "inductor"}),
+           "tp2sp_compiled": (2, "dense", {"tp": 2, "sequence_parallel": True, "compiled": "inductor"})}
 MAX_LOGP, MEAN_LOGP, REL_NORM, ABS_LOSS = 0.05, 0.01, 0.02, 0.02  # bf16: 8 significant bits
 
 
+def group_of(layout: str) -> tuple[int, bool]:
+    """The rank processes a layout runs in: its GPU count, and whether its layers are compiled (the
+    compiled layouts in processes of their own: `-k compiled` runs only them)."""
+    gpus, _, parallel = LAYOUTS[layout]
+    return gpus, bool(parallel.get("compiled"))
+
+
 class Runs:
-    """Results by layout, each GPU-count group run once, when a test of it first asks: `-k tp2pp2`
+    """Results by layout, each group (`group_of`) run once, when a test of it first asks: `-k tp2pp2`
     runs the fsdp reference and the four-GPU group only."""
 
     def __init__(self, root: str):
@@ -54,20 +64,21 @@ class Runs:
         return self.out["fsdp"][model]
 
     def layout(self, name: str) -> list[dict]:
-        gpus = LAYOUTS[name][0]
-        if name not in self.out and gpus not in self.failed:
+        group = group_of(name)
+        if name not in self.out and group not in self.failed:
             try:
-                self._group(gpus)
+                self._group(group)
             except AssertionError as exc:  # the group's other layouts fail with it, without a rerun
-                self.failed[gpus] = str(exc)
-        if gpus in self.failed:
-            pytest.fail(self.failed[gpus])
+                self.failed[group] = str(exc)
+        if group in self.failed:
+            pytest.fail(self.failed[group])
         return self.out[name]
 
-    def _group(self, gpus: int) -> None:
-        names = [n for n, (g, _, _) in LAYOUTS.items() if g == gpus]
+    def _group(self, group: tuple[int, bool]) -> None:
+        gpus = group[0]
+        names = [n for n in LAYOUTS if group_of(n) == group]
         cases = [("megatron", self.paths[LAYOUTS[n][1]], LAYOUTS[n][2]) for n in names]
-        port, prefix = free_ports(len(cases)), f"{self.root}/g{gpus}"
+        port, prefix = free_ports(len(cases)), f"{self.root}/g{gpus}{'c' if group[1] else ''}"
         if gpus == 1:
             parity_cases.run(0, 1, port, cases, prefix, bf16=True)
         else:

@@ -63,7 +63,8 @@ def run(rank: int, world_size: int, ports: list[int], cases: list, out: str, bf1
         # element near eps amplifies float32 rounding (a tensor-parallel partial sum, ~1e-9) by lr / eps;
         # at the default 1e-8 one such element of the odd-vocabulary model differed by 1.6e-4 at TP=2.
         parallel = dict(parallel)
-        compiled = parallel.pop("compiled", False)  # each decoder layer compiled (dynamo's "eager" backend)
+        # each decoder layer compiled: True = dynamo's "eager" backend (CPU), or a backend's name ("inductor")
+        compiled = parallel.pop("compiled", False)
         flags = {k: v for k, v in parallel.items() if k in OPTIMIZER_FLAGS}
         optim = OptimizerConfig(lr=1e-2, clip_grad=1.0, bf16=bf16, adam_eps=1e-6, **flags)
         spec = TrainerSpec(model_path=model_path, optim=optim,
@@ -77,7 +78,8 @@ def run(rank: int, world_size: int, ports: list[int], cases: list, out: str, bf1
             from relax.backends.megatron import compile_shim
 
             counters.clear()
-            compile_shim.compile_layers(worker.runner.model.decoder.layers, backend="eager")
+            compile_shim.compile_layers(worker.runner.model.decoder.layers,
+                                        backend="eager" if compiled is True else compiled)
         b = batch()
         _, shards, tokens = step_plan(b.loss_masks_RT, len(b), info["dp_size"])
         mine = b.rows(shards[info["dp_rank"]])
