@@ -3,7 +3,9 @@ backend computes what the fsdp backend computes on one GPU: per-token log-probs 
 one optimizer step, the loss and the gradient norm, within bf16 tolerance. The layouts that fit
 the machine run: TP=1 on a dense and a MoE model (and padded rows, --qkv-format bshd) with one GPU;
 TP=2 (also with --recompute-loss-function), TP=2 with sequence parallelism, PP=2, DP=2, EP=2 and
-ETP=2 (MoE) with two; TP=2 x PP=2 with four. Each rank is a process
+ETP=2 (MoE) with two, and TP=2 with and without sequence parallelism with each decoder layer compiled through
+inductor (--use-torch-compile: AOT autograd's graphs, which the CPU run's eager-compiled layers never build);
+TP=2 x PP=2 with four. Each rank is a process
 that sees one GPU, as Ray places trainer ranks. The same layouts are checked in float32 on the CPU
 over gloo (megatron/test_parity.py, which hides the GPUs). Skipped without CUDA."""
 
