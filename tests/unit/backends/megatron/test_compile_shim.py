@@ -54,3 +54,33 @@ def test_compiled_layers_are_one_graph_each_and_compute_the_same(tmp_path):
             assert row_got == pytest.approx(row_want, abs=1e-5)
     assert metrics["grad_norm"] == pytest.approx(plain_metrics["grad_norm"], rel=1e-5)
     assert metrics["pg_loss"] == pytest.approx(plain_metrics["pg_loss"], abs=1e-6)
+
+
+def test_sequence_parallel_mappings_take_the_differentiable_collective_only_while_compiling(monkeypatch):
+    """compile_shim's sequence-parallel mappings (module doc): megatron's own region outside a compiled
+    region and whenever it is given split sizes or a global buffer; the functional collective, over the
+    given group, while compiling; the input itself over a group of one rank."""
+    import torch
+
+    from relax.backends.megatron import compile_shim
+
+    class Group:
+        def __init__(self, size: int) -> None:
+            self._size = size
+
+        def size(self) -> int:
+            return self._size
+
+    calls = []
+    region = lambda x, *args, group=None, **kw: calls.append(("region", args, kw)) or x  # noqa: E731
+    collective = lambda x, group: calls.append(("collective", group.size())) or x  # noqa: E731
+    mapped = compile_shim._differentiable_when_compiled(region, collective)
+    x, two = torch.ones(4, 1, 2), Group(2)
+    mapped(x, group=two)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    mapped(x, group=two, input_split_sizes=[3, 1])
+    mapped(x, group=two, use_global_buffer=True)
+    mapped(x, group=two, input_split_sizes=None)
+    assert mapped(x, group=Group(1)) is x
+    assert calls == [("region", (), {}), ("region", (), {"input_split_sizes": [3, 1]}),
+                     ("region", (), {"use_global_buffer": True}), ("collective", 2)]
