@@ -20,7 +20,6 @@ the figures are the whole machine's.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import re
@@ -128,37 +127,16 @@ class ProcessSampler:
         return dict(sorted(kinds.items(), key=lambda kv: -kv[1]["cpu_s"]))
 
 
-def run_args(root: Path, exp_dir: Path, steps: int) -> list[str]:
-    """The integration tests' shared colocate GRPO job (tests/integration/run_helpers.reference_args), with
-    their sync reward plugin (in a worker process)."""
-    return ["--hf-checkpoint", str(root / "model"), "--prompt-data", str(root / "train.jsonl"),
-            "--input-key", "prompt", "--label-key", "label", "--apply-chat-template",
-            "--custom-rm-path", "tests.integration.digit_reward.reward_func", "--rollout-shuffle",
-            "--rollout-batch-size", "4", "--n-samples-per-prompt", "4", "--rollout-max-response-len", "6",
-            "--lr", "1e-2", "--progress-bar", "false", "--num-rollout", str(steps), "--exp-dir", str(exp_dir),
-            "--reward-num-workers", "1", "--use-kl-loss", "--kl-loss-coef", "0", "--kl-loss-type", "low_var_kl",
-            "--ref-update-interval", "2",
-            "--resource", '{"actor": [1, 1], "rollout": [1, 1], "reference": [1, 1]}']
-
-
 def start_session() -> None:
-    """Ray, TransferQueue and Serve as the integration tests' session starts them."""
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    os.environ.setdefault("RELAX_STARTUP_GC", "1")  # what configs/env.yaml gives a run's processes
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
+    """Ray, TransferQueue and Serve as the integration tests' session starts them, in the environment
+    the tests give a run's processes (tests/conftest.py)."""
+    from tests.integration.run_helpers import start_session_cluster
+
     from relax.utils.proc import cpu_compute_env
 
+    os.environ.setdefault("RELAX_STARTUP_GC", "1")  # what configs/env.yaml gives a run's processes
     os.environ.update(cpu_compute_env())
-    import ray
-    from ray import serve
-
-    from relax.distributed import transfer_queue as tq
-    from relax.distributed.ray.local import start_local_ray
-
-    start_local_ray(8, log_to_driver=False)
-    ray._private.worker._global_node.kill_log_monitor()
-    tq.init_data_system()
-    serve.start(proxy_location="Disabled")
+    start_session_cluster(ROOT)
 
 
 def tiny_task(root: Path) -> None:
@@ -177,14 +155,12 @@ def tiny_task(root: Path) -> None:
 
 
 def one_run(root: Path, exp_dir: Path, steps: int) -> dict[str, float]:
-    from relax.config import parse_config
-    from relax.core.controller import _run
-    from relax.core.service import Runtime
+    """The integration tests' shared colocate GRPO job (`reference_args`: a Reference, their sync reward
+    plugin in one worker process) for `steps` steps; its wall time and the machine's CPU-seconds."""
+    from tests.integration.run_helpers import reference_args, run_relax
 
-    cfg = parse_config(run_args(root, exp_dir, steps))
     cpu0, wall0, own0 = machine_cpu_s(), time.monotonic(), time.process_time()
-    with Runtime(cfg) as runtime:
-        asyncio.run(_run(cfg, runtime))
+    run_relax(reference_args(root, exp_dir, num_rollout=steps))
     return {"steps": steps, "wall_s": time.monotonic() - wall0, "cpu_s": machine_cpu_s() - cpu0,
             "driver_cpu_s": time.process_time() - own0}
 

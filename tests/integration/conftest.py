@@ -17,22 +17,11 @@ import pytest
 def ray_cluster():
     import ray
     from ray import serve
+    from run_helpers import start_session_cluster
 
-    from relax.distributed.ray.local import start_local_ray
-
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    # The repository on every Ray process's path (the tests' plugins), inherited: no job runtime_env.
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (os.getcwd(), os.environ.get("PYTHONPATH")) if p)
-    start_local_ray(8, log_to_driver=False)
-    # No log monitor: with log_to_driver off nobody reads what it forwards, and it re-reads the
-    # session's hundreds of worker log files ten times a second (~45 s of CPU over the session, measured).
-    ray._private.worker._global_node.kill_log_monitor()
     from relax.distributed import transfer_queue as tq
 
-    tq.init_data_system()  # one data system for the session: each run attaches, clears it, leaves it
-    # Serve up for the session as well: each run deploys its apps and deletes them, and leaves a
-    # Serve it did not start (one controller start and graceful shutdown fewer per run, ~3 s of CPU).
-    serve.start(proxy_location="Disabled")
+    start_session_cluster(os.getcwd())
     yield
     tq.close_data_system()
     serve.shutdown()
