@@ -199,6 +199,9 @@ def train_rank(rank: int, world: int, port: int, job: dict, out: str) -> None:
                 times.append(time.perf_counter() - t0)
         result = {"seconds": min(times), "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
                   "graph_breaks": sum(counters["graph_break"].values()),  # in compiled layers (want 0)
+                  # graphs compiled: a few for all layers (grad mode, shapes), not one per layer (a recompile
+                  # each, and past dynamo's recompile_limit the remaining layers run uncompiled)
+                  "graphs": counters["stats"]["unique_graphs"],
                   "graph_break_reasons": dict(counters["graph_break"].most_common(5))}
         if job["profile"]:  # one more step (every rank: it is collective), rank 0's under the profiler
             result["gpu_ms"] = profiled_step(lambda: (worker.train(mine, 1, tokens), sync()), rank == 0)

@@ -129,6 +129,7 @@ def main() -> None:
                       f"{row['tokens_per_s'] or float('nan'):>9.0f} tok/s   peak/rank "
                       f"{row['peak_gib'] or float('nan'):.1f} GiB   MFU {row['mfu'] or float('nan'):.3f}  "
                       f"{'graph breaks ' + str(row['graph_breaks']) if comp and 'graph_breaks' in row else ''}"
+                      f"{', graphs ' + str(row['graphs']) if comp and 'graphs' in row else ''}"
                       f"{row.get('error', '')}", flush=True)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:

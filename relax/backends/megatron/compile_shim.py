@@ -1,4 +1,4 @@
-"""Two megatron-core calls made traceable by `torch.compile` (--use-torch-compile).
+"""megatron-core's decoder layers made compilable by `torch.compile` (--use-torch-compile).
 
 A compiled decoder layer runs as one graph only if dynamo can trace every call in it. Two calls
 in megatron-core's layers (0.16 and 0.19) break the graph, and a break splits the layer into
@@ -34,7 +34,16 @@ output got no gradient: its backward ran on zeros, and every linear before it tr
 H200 parity run: gradient norm 3.85 against fsdp's 5.07; right in float32 on CPU with 0.16 and torch 2.13).
 While compiling, both go through torch's differentiable functional collectives instead
 (`reduce_scatter_tensor_autograd`, `all_gather_tensor_autograd`): the same sums, traced with their
-gradients (tests/unit/backends/test_megatron_gpu.py, the compiled layouts)."""
+gradients (tests/unit/backends/test_megatron_gpu.py, the compiled layouts). The gather is done by one
+function on the class (`_gathering_forward`), not one set on each linear: dynamo guards on such a
+function's identity, so each layer compiled again and, past the recompile limit (8), a 12-layer model's
+last four layers ran uncompiled.
+
+A MoE layer's expert block (`MoELayer`: routing, token dispatch, experts) is data-dependent (`.item()`
+token counts, `masked_select`) and compiled through AOT autograd it failed (inductor on GPUs: a mask that is
+not boolean in the dispatcher; aot_eager on CPU: an invalid output node). It runs uncompiled inside the
+compiled layer (`torch.compiler.disable`): the attention, norms and residuals around it stay compiled, with
+one graph break per layer call."""
 
 from __future__ import annotations
 
@@ -44,15 +53,18 @@ from collections.abc import Iterable
 import torch
 
 _INSTALLED = False
+_GATHER = None  # install(): megatron's sequence-parallel all-gather, or `_all_gather` while compiling
 
 
 def install() -> None:
-    global _INSTALLED
+    global _INSTALLED, _GATHER
     if _INSTALLED:
         return
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel import layers
+    from megatron.core.tensor_parallel.mappings import gather_from_sequence_parallel_region
     from megatron.core.transformer import transformer_layer
+    from megatron.core.transformer.moe.moe_layer import MoELayer
 
     group_if_none = layers.get_tensor_model_parallel_group_if_none
 
@@ -74,7 +86,28 @@ def install() -> None:
     transformer_layer.make_viewless_tensor = traceable_viewless
     layers.reduce_scatter_to_sequence_parallel_region = _differentiable_when_compiled(
         layers.reduce_scatter_to_sequence_parallel_region, _reduce_scatter)
+    _GATHER = _differentiable_when_compiled(gather_from_sequence_parallel_region, _all_gather)
+    layers.ColumnParallelLinear.forward = _gathering_forward(layers.ColumnParallelLinear.forward)
+    # The MoE block runs uncompiled inside a compiled layer (one function on the class: see _gathering_forward)
+    MoELayer.forward = torch.compiler.disable(MoELayer.forward)
     _INSTALLED = True
+
+
+def _gathering_forward(forward):
+    """ColumnParallelLinear's forward, which first gathers its input over the linear's tensor-parallel
+    group where `traceable_tensor_parallel` marked the linear (`_relax_gathers_input`). One function on
+    the class for every linear: a function set on each linear would be a different object in each
+    layer, which dynamo guards on, so each layer would compile again, and past its recompile limit (8)
+    the remaining layers would run uncompiled (a 12-layer run at TP=2 with sequence parallelism did)."""
+
+    @functools.wraps(forward)
+    def gathering(self, input_, *args, **kwargs):
+        if getattr(self, "_relax_gathers_input", False):
+            input_ = _GATHER(input_, group=self.tp_group)
+        return forward(self, input_, *args, **kwargs)
+
+    gathering._relax_gathering = True
+    return gathering
 
 
 def _differentiable_when_compiled(region, collective):
@@ -107,6 +140,7 @@ def _all_gather(input_: torch.Tensor, group) -> torch.Tensor:
     return all_gather_tensor_autograd(input_, 0, group)
 
 
+
 def compile_layers(layers: Iterable[torch.nn.Module], backend: str = "inductor") -> None:
     """--use-torch-compile: each decoder layer one compiled graph (dynamic shapes: rows and
     lengths change from batch to batch)."""
@@ -124,8 +158,8 @@ def traceable_tensor_parallel(layer: torch.nn.Module) -> int:
     gradient not reduced) on an input gathered by `gather_from_sequence_parallel_region`, whose forward
     all-gathers and backward reduce-scatters synchronously (traced; the same sums)."""
     from megatron.core.tensor_parallel.layers import ColumnParallelLinear
-    from megatron.core.tensor_parallel.mappings import gather_from_sequence_parallel_region
 
+    install()
     changed = 0
     for module in layer.modules():
         if not isinstance(module, ColumnParallelLinear) or module.explicit_expert_comm:
@@ -134,13 +168,12 @@ def traceable_tensor_parallel(layer: torch.nn.Module) -> int:
             module.allreduce_dgrad = False  # (its forward then copies its input to the region: same sum)
             changed += 1
         elif module.sequence_parallel and not module.disable_grad_reduce:
+            if not getattr(type(module).forward, "_relax_gathering", False):
+                raise TypeError(f"{type(module).__name__} overrides ColumnParallelLinear.forward, so "
+                                "--use-torch-compile cannot gather its sequence-parallel input "
+                                "(relax/backends/megatron/compile_shim.py): drop --sequence-parallel or "
+                                "--use-torch-compile")
             module.sequence_parallel, module.disable_grad_reduce = False, True
-            gather = functools.partial(_differentiable_when_compiled(gather_from_sequence_parallel_region, _all_gather),
-                                       group=module.tp_group)
-            module.forward = functools.partial(_gathered_forward, module.forward, gather)
+            module._relax_gathers_input = True
             changed += 1
     return changed
-
-
-def _gathered_forward(forward, gather, input_: torch.Tensor, *args, **kwargs):
-    return forward(gather(input_), *args, **kwargs)

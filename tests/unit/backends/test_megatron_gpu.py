@@ -3,8 +3,9 @@ backend computes what the fsdp backend computes on one GPU: per-token log-probs 
 one optimizer step, the loss and the gradient norm, within bf16 tolerance. The layouts that fit
 the machine run: TP=1 on a dense and a MoE model (and padded rows, --qkv-format bshd) with one GPU;
 TP=2 (also with --recompute-loss-function), TP=2 with sequence parallelism, PP=2, DP=2, EP=2 and
-ETP=2 (MoE) with two, and TP=2 with and without sequence parallelism with each decoder layer compiled through
-inductor (--use-torch-compile: AOT autograd's graphs, which the CPU run's eager-compiled layers never build);
+ETP=2 (MoE) with two, and TP=2 with and without sequence parallelism, PP=2, EP=2 and ETP=2 with each decoder
+layer compiled through inductor (--use-torch-compile: AOT autograd's graphs, which the CPU run's eager-compiled
+layers never build);
 TP=2 x PP=2 with four. Each rank is a process
 that sees one GPU, as Ray places trainer ranks. The same layouts are checked in float32 on the CPU
 over gloo (megatron/test_parity.py, which hides the GPUs). Skipped without CUDA."""
@@ -38,15 +39,19 @@ LAYOUTS = {"tp1": (1, "dense", {}), "tp1_moe": (1, "moe", {}), "bshd": (1, "dens
            "etp2": (2, "moe", {"etp": 2}), "tp2pp2": (4, "dense", {"tp": 2, "pp": 2}),
            # --use-torch-compile as on GPUs: each decoder layer through inductor (AOT autograd's graphs)
            "tp2_compiled": (2, "dense", {"tp": 2, "compiled": "inductor"}),
-           "tp2sp_compiled": (2, "dense", {"tp": 2, "sequence_parallel": True, "compiled": "inductor"})}
+           "tp2sp_compiled": (2, "dense", {"tp": 2, "sequence_parallel": True, "compiled": "inductor"}),
+           "pp2_compiled": (2, "dense", {"pp": 2, "compiled": "inductor"}),
+           "ep2_compiled": (2, "moe", {"ep": 2, "compiled": "inductor"}),
+           "etp2_compiled": (2, "moe", {"etp": 2, "compiled": "inductor"})}
 MAX_LOGP, MEAN_LOGP, REL_NORM, ABS_LOSS = 0.05, 0.01, 0.02, 0.02  # bf16: 8 significant bits
 
 
-def group_of(layout: str) -> tuple[int, bool]:
-    """The rank processes a layout runs in: its GPU count, and whether its layers are compiled (the
-    compiled layouts in processes of their own: `-k compiled` runs only them)."""
-    gpus, _, parallel = LAYOUTS[layout]
-    return gpus, bool(parallel.get("compiled"))
+def group_of(layout: str) -> tuple[int, str | None]:
+    """The rank processes a layout runs in: its GPU count, and for compiled layers the model (the
+    compiled layouts in processes of their own, a model's apart: `-k compiled` runs only them, and
+    `-k "ep2_compiled or etp2_compiled"` only the MoE ones)."""
+    gpus, model, parallel = LAYOUTS[layout]
+    return gpus, model if parallel.get("compiled") else None
 
 
 class Runs:
@@ -55,7 +60,7 @@ class Runs:
 
     def __init__(self, root: str):
         self.root, self.paths, self.out = root, parity_cases.make_models(root), {}
-        self.failed: dict[int, str] = {}
+        self.failed: dict[tuple, str] = {}
 
     def reference(self, model: str) -> dict:
         if "fsdp" not in self.out:
@@ -76,11 +81,11 @@ class Runs:
             pytest.fail(self.failed[group])
         return self.out[name]
 
-    def _group(self, group: tuple[int, bool]) -> None:
+    def _group(self, group: tuple[int, str | None]) -> None:
         gpus = group[0]
         names = [n for n in LAYOUTS if group_of(n) == group]
         cases = [("megatron", self.paths[LAYOUTS[n][1]], LAYOUTS[n][2]) for n in names]
-        port, prefix = free_ports(len(cases)), f"{self.root}/g{gpus}{'c' if group[1] else ''}"
+        port, prefix = free_ports(len(cases)), f"{self.root}/g{gpus}{group[1] or ''}"
         if gpus == 1:
             parity_cases.run(0, 1, port, cases, prefix, bf16=True)
         else:
@@ -121,4 +126,5 @@ def test_megatron_matches_fsdp_in_bf16_on_gpus(runs, layout):
     loss = sum(r["metrics"]["pg_loss"] for r in answering) / len(answering)
     assert loss == pytest.approx(ref["metrics"]["pg_loss"], abs=ABS_LOSS)
     print(f"{layout}: log-prob |diff| max {max(diffs):.4f} mean {statistics.mean(diffs):.5f}, grad norm "
-          f"{ranks[0]['metrics']['grad_norm']:.4f} (fsdp {ref['metrics']['grad_norm']:.4f})")
+          f"{ranks[0]['metrics']['grad_norm']:.4f} (fsdp {ref['metrics']['grad_norm']:.4f}), graph breaks "
+          f"{[r['graph_breaks'] for r in ranks]}, graphs {[r['graphs'] for r in ranks]}")

@@ -77,6 +77,8 @@ def run(rank: int, world_size: int, ports: list[int], cases: list, out: str, bf1
 
             from relax.backends.megatron import compile_shim
 
+            torch._dynamo.reset()  # this case's layers compile afresh, within dynamo's recompile limit
+            torch._dynamo.config.fail_on_recompile_limit_hit = True  # (past it, layers would run uncompiled)
             counters.clear()
             compile_shim.compile_layers(worker.runner.model.decoder.layers,
                                         backend="eager" if compiled is True else compiled)
@@ -95,7 +97,8 @@ def run(rank: int, world_size: int, ports: list[int], cases: list, out: str, bf1
         results.append({"info": info, "rows": shards[info["dp_rank"]], "before": before, "after": after,
                         "metrics": {k: v for k, v in metrics.items() if isinstance(v, float)},
                         "hf": hf if rank == 0 else {}, "acted": acted,
-                        "graph_breaks": sum(counters["graph_break"].values()) if compiled else None})
+                        "graph_breaks": sum(counters["graph_break"].values()) if compiled else None,
+                        "graphs": counters["stats"]["unique_graphs"] if compiled else None})
     with open(f"{out}.{rank}.json", "w") as f:
         json.dump(results, f)
 

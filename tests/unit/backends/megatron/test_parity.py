@@ -6,8 +6,8 @@ parallelism (and --recompute-loss-function), DP=2 (also with the distributed opt
 offload and overlap flags, `OVERLAPPED`), PP=2, EP=2, ETP=2 (each expert split over two data-parallel ranks that
 gather each other's tokens; with --use-distributed-optimizer, which then keeps the state unsharded: ZeRO-1 would
 broadcast one rank's expert shards over the other's), CP=2 (context parallelism: each row split into 4 chunks, 2
-per rank; with --allgather-cp into 2 contiguous ones), TP=2 (and with sequence parallelism, through AOT autograd)
-with each decoder layer compiled (dynamo, no kernel compiler), TP=2 x PP=2 and DP=2 x PP=2 (MoE) against fsdp on
+per rank; with --allgather-cp into 2 contiguous ones), TP=2 (and with sequence parallelism, and EP=2, through AOT
+autograd) with each decoder layer compiled (dynamo, no kernel compiler), TP=2 x PP=2 and DP=2 x PP=2 (MoE) against fsdp on
 one rank. The one-stage layouts pack their micro-batches (--qkv-format thd, the default); `bshd` pads them (and
 builds its model through a --custom-model-provider-path that wraps the default one). Layouts of two ranks run in the
 session's rank processes (tests/rank_pool.py), of four in spawned ones (`parity_cases.run`, which also reports
@@ -62,15 +62,18 @@ def runs(tmp_path_factory, rank_pool):
     # in the same process (their groups destroyed, new ones made) its all-gathers broke the graph 32 times.
     # Through AOT autograd, as inductor compiles it on GPUs (its sequence-parallel collectives differentiable:
     # relax/backends/megatron/compile_shim.py), without the kernel compiler.
-    compiled_sp = [("megatron", paths["dense"], {"tp": 2, "sequence_parallel": True, "compiled": "aot_eager"})]
+    # Then EP=2 compiled the same way: the MoE block runs uncompiled in the compiled layer (compile_shim).
+    compiled_sp = [("megatron", paths["dense"], {"tp": 2, "sequence_parallel": True, "compiled": "aot_eager"}),
+                   ("megatron", paths["moe"], {"ep": 2, "compiled": "aot_eager"})]
     # Case i of a group uses its ports[i] (parity_cases.run), every port distinct.
-    ports = free_ports(len(two) + len(four) + len(one) + 1)
-    port, port4, port1 = ports[:len(two)], ports[len(two):len(two) + len(four)], ports[len(two) + len(four):-1]
+    ports = free_ports(len(two) + len(four) + len(one) + len(compiled_sp))
+    port, port4 = ports[:len(two)], ports[len(two):len(two) + len(four)]
+    port1, port_sp = ports[len(two) + len(four):-len(compiled_sp)], ports[-len(compiled_sp):]
     job = rank_pool.submit(parity_cases.run, [(r, 2, port, two, f"{root}/two") for r in range(2)],
                            "the two-rank megatron group")
     ctx = mp.get_context("spawn")  # (four ranks, and the compiled pair: processes of their own)
     procs = [ctx.Process(target=parity_cases.run, args=(r, 4, port4, four, f"{root}/four")) for r in range(4)]
-    procs += [ctx.Process(target=parity_cases.run, args=(r, 2, ports[-1:], compiled_sp, f"{root}/sp"))
+    procs += [ctx.Process(target=parity_cases.run, args=(r, 2, port_sp, compiled_sp, f"{root}/sp"))
               for r in range(2)]
     for p in procs:
         p.start()
@@ -78,7 +81,7 @@ def runs(tmp_path_factory, rank_pool):
     try:
         rank_pool.wait(job, 600)
     finally:
-        parity_cases.join_ranks(procs, 600, "the four-rank megatron group and the compiled TP=2 + SP pair")
+        parity_cases.join_ranks(procs, 600, "the four-rank megatron group and the compiled pair")
     load = lambda name: json.load(open(f"{root}/{name}.json"))  # noqa: E731
     single = load("one.0")
     return {"root": root, "paths": paths, "fsdp": {"dense": single[0], "moe": single[2]},
@@ -95,7 +98,8 @@ def runs(tmp_path_factory, rank_pool):
             "tp2compiled": {"dense": [load("two.0")[11], load("two.1")[11]]},
             "tp2pp2": {"dense": [load(f"four.{r}")[0] for r in range(4)]},
             "dp2pp2": {"moe": [load(f"four.{r}")[1] for r in range(4)]},
-            "tp2spcompiled": {"dense": [load(f"sp.{r}")[0] for r in range(2)]}}
+            "tp2spcompiled": {"dense": [load(f"sp.{r}")[0] for r in range(2)]},
+            "ep2compiled": {"moe": [load(f"sp.{r}")[1] for r in range(2)]}}
 
 
 @pytest.mark.parametrize("layout,model", [("tp1", "dense"), ("tp2", "dense"), ("dp2", "dense"), ("pp2", "dense"),
@@ -103,7 +107,7 @@ def runs(tmp_path_factory, rank_pool):
                                           ("tp1_moe", "moe"), ("tp2pp2", "dense"), ("dp2pp2", "moe"),
                                           ("ep2", "moe"), ("pp2", "moe"), ("tp2sp", "moe"), ("bshd", "dense"),
                                           ("etp2", "moe"), ("cp2ag", "dense"), ("tp2compiled", "dense"),
-                                          ("tp2spcompiled", "dense")])
+                                          ("tp2spcompiled", "dense"), ("ep2compiled", "moe")])
 def test_megatron_matches_fsdp(runs, layout, model):
     ref, ranks = runs["fsdp"][model], runs[layout][model]
     for res in ranks:
@@ -125,6 +129,8 @@ def test_compiled_tensor_parallel_layers_are_one_graph_each(runs):
     gradient's all-reduce traced, not async), and the same log-probs and gradients (test above)."""
     assert [r["graph_breaks"] for r in runs["tp2compiled"]["dense"]] == [0, 0]
     assert [r["graph_breaks"] for r in runs["tp2spcompiled"]["dense"]] == [0, 0]  # and with sequence parallelism
+    # one graph for both layers (a function set on each linear would recompile each: compile_shim._gathering_forward)
+    assert runs["tp2spcompiled"]["dense"][0]["graphs"] <= runs["tp2compiled"]["dense"][0]["graphs"]
 
 
 def test_the_optimizer_flags_acted_in_their_cases(runs):
