@@ -7,8 +7,8 @@ offload and overlap flags, `OVERLAPPED`), PP=2, EP=2, ETP=2 (each expert split o
 gather each other's tokens; with --use-distributed-optimizer, which then keeps the state unsharded: ZeRO-1 would
 broadcast one rank's expert shards over the other's), CP=2 (context parallelism: each row split into 4 chunks, 2
 per rank; with --allgather-cp into 2 contiguous ones), TP=2 (and with sequence parallelism, and EP=2, through AOT
-autograd) with each decoder layer compiled (dynamo, no kernel compiler), TP=2 x PP=2 and DP=2 x PP=2 (MoE) against fsdp on
-one rank. The one-stage layouts pack their micro-batches (--qkv-format thd, the default); `bshd` pads them (and
+autograd) with each decoder layer compiled (dynamo, no kernel compiler), TP=2 x PP=2 and DP=2 x PP=2 (MoE) against
+fsdp on one rank. The one-stage layouts pack their micro-batches (--qkv-format thd, the default); `bshd` pads them (and
 builds its model through a --custom-model-provider-path that wraps the default one). Layouts of two ranks run in the
 session's rank processes (tests/rank_pool.py), of four in spawned ones (`parity_cases.run`, which also reports
 the HF-named weights each pushes)."""
