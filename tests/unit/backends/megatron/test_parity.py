@@ -1,17 +1,17 @@
 """The megatron backend computes what the fsdp backend computes (fp32, gloo, real processes).
 
-On a tiny Qwen3 (tied embeddings) and a tiny Qwen3-MoE (untied, 4 experts, top-2): per-token log-probs before
-and after one optimizer step, the gradient norm and the loss, for megatron with TP=1, TP=2, TP=2 with sequence
-parallelism (and --recompute-loss-function), DP=2 (also with the distributed optimizer under the optimizer
-offload and overlap flags, `OVERLAPPED`), PP=2, EP=2, ETP=2 (each expert split over two data-parallel ranks that
-gather each other's tokens; with --use-distributed-optimizer, which then keeps the state unsharded: ZeRO-1 would
-broadcast one rank's expert shards over the other's), CP=2 (context parallelism: each row split into 4 chunks, 2
-per rank; with --allgather-cp into 2 contiguous ones), TP=2 (and with sequence parallelism, and EP=2, through AOT
-autograd) with each decoder layer compiled (dynamo, no kernel compiler), TP=2 x PP=2 and DP=2 x PP=2 (MoE) against
-fsdp on one rank. The one-stage layouts pack their micro-batches (--qkv-format thd, the default); `bshd` pads them (and
+On a tiny Qwen3 (tied embeddings) and a tiny Qwen3-MoE (untied, 4 experts, top-2): per-token log-probs before and
+after one optimizer step, the gradient norm and the loss, for megatron with TP=1, TP=2, TP=2 with sequence
+parallelism (and --recompute-loss-function), DP=2 (also with the distributed optimizer under the optimizer offload
+and overlap flags, `OVERLAPPED`), PP=2, EP=2, ETP=2 (each expert split over two data-parallel ranks that gather each
+other's tokens; with --use-distributed-optimizer, which then keeps the state unsharded: ZeRO-1 would broadcast one
+rank's expert shards over the other's), CP=2 (context parallelism: each row split into 4 chunks, 2 per rank; with
+--allgather-cp into 2 contiguous ones), with each decoder layer compiled (dynamo, no kernel compiler) TP=2, and
+through AOT autograd TP=2 with sequence parallelism, EP=2 and PP=2; TP=2 x PP=2 and DP=2 x PP=2 (MoE), against fsdp
+on one rank. The one-stage layouts pack their micro-batches (--qkv-format thd, the default); `bshd` pads them (and
 builds its model through a --custom-model-provider-path that wraps the default one). Layouts of two ranks run in the
-session's rank processes (tests/rank_pool.py), of four in spawned ones (`parity_cases.run`, which also reports
-the HF-named weights each pushes)."""
+session's rank processes (tests/rank_pool.py), of four in spawned ones (`parity_cases.run`, which also reports the
+HF-named weights each pushes)."""
 
 from __future__ import annotations
 
@@ -62,9 +62,10 @@ def runs(tmp_path_factory, rank_pool):
     # in the same process (their groups destroyed, new ones made) its all-gathers broke the graph 32 times.
     # Through AOT autograd, as inductor compiles it on GPUs (its sequence-parallel collectives differentiable:
     # relax/backends/megatron/compile_shim.py), without the kernel compiler.
-    # Then EP=2 compiled the same way: the MoE block runs uncompiled in the compiled layer (compile_shim).
+    # Then EP=2 compiled the same way (the MoE block runs uncompiled in the compiled layer: compile_shim), and PP=2.
     compiled_sp = [("megatron", paths["dense"], {"tp": 2, "sequence_parallel": True, "compiled": "aot_eager"}),
-                   ("megatron", paths["moe"], {"ep": 2, "compiled": "aot_eager"})]
+                   ("megatron", paths["moe"], {"ep": 2, "compiled": "aot_eager"}),
+                   ("megatron", paths["dense"], {"pp": 2, "compiled": "aot_eager"})]
     # Case i of a group uses its ports[i] (parity_cases.run), every port distinct.
     ports = free_ports(len(two) + len(four) + len(one) + len(compiled_sp))
     port, port4 = ports[:len(two)], ports[len(two):len(two) + len(four)]
@@ -99,7 +100,8 @@ def runs(tmp_path_factory, rank_pool):
             "tp2pp2": {"dense": [load(f"four.{r}")[0] for r in range(4)]},
             "dp2pp2": {"moe": [load(f"four.{r}")[1] for r in range(4)]},
             "tp2spcompiled": {"dense": [load(f"sp.{r}")[0] for r in range(2)]},
-            "ep2compiled": {"moe": [load(f"sp.{r}")[1] for r in range(2)]}}
+            "ep2compiled": {"moe": [load(f"sp.{r}")[1] for r in range(2)]},
+            "pp2compiled": {"dense": [load(f"sp.{r}")[2] for r in range(2)]}}
 
 
 @pytest.mark.parametrize("layout,model", [("tp1", "dense"), ("tp2", "dense"), ("dp2", "dense"), ("pp2", "dense"),
@@ -107,7 +109,8 @@ def runs(tmp_path_factory, rank_pool):
                                           ("tp1_moe", "moe"), ("tp2pp2", "dense"), ("dp2pp2", "moe"),
                                           ("ep2", "moe"), ("pp2", "moe"), ("tp2sp", "moe"), ("bshd", "dense"),
                                           ("etp2", "moe"), ("cp2ag", "dense"), ("tp2compiled", "dense"),
-                                          ("tp2spcompiled", "dense"), ("ep2compiled", "moe")])
+                                          ("tp2spcompiled", "dense"), ("ep2compiled", "moe"),
+                                          ("pp2compiled", "dense")])
 def test_megatron_matches_fsdp(runs, layout, model):
     ref, ranks = runs["fsdp"][model], runs[layout][model]
     for res in ranks:
