@@ -278,8 +278,9 @@ class ParallelConfig:
     recompute_method: Literal["uniform", "block"] | None = opt(
         None, "With --recompute-granularity full: uniform recomputes every layer; block only the first "
         "--recompute-num-layers layers (fsdp).")
-    use_torch_compile: bool = opt(False, "fsdp on GPUs: compile each decoder layer with torch.compile (fuses "
-                                  "the norms, RoPE and activations; the first steps compile). Off on CPU.")
+    use_torch_compile: bool = opt(False, "On GPUs (fsdp and megatron): compile each decoder layer with torch.compile "
+                                  "(fuses the norms, RoPE and activations; the first steps compile; a megatron MoE "
+                                  "layer's expert block stays uncompiled). Off on CPU.")
     recompute_num_layers: int | None = opt(None, "Layers recomputed with --recompute-method block (all layers when "
                                            "unset); with uniform, Megatron's layers per recompute unit (fsdp "
                                            "recomputes per layer).")
