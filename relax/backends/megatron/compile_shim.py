@@ -140,7 +140,6 @@ def _all_gather(input_: torch.Tensor, group) -> torch.Tensor:
     return all_gather_tensor_autograd(input_, 0, group)
 
 
-
 def compile_layers(layers: Iterable[torch.nn.Module], backend: str = "inductor") -> None:
     """--use-torch-compile: each decoder layer one compiled graph (dynamic shapes: rows and
     lengths change from batch to batch)."""
