@@ -59,6 +59,8 @@ import types
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # run as `python3 bench/<name>.py`: the repo root imports
 
+from bench.run_cost import line_fit  # noqa: E402
+
 
 def model_config(shape: str, layers: int | None = None):
     """Qwen3 shapes: 0.6B and 4B as published (vocab 151936), `layers` deep if given; `tiny` for
@@ -282,11 +284,8 @@ def fixed_cost_fit(rows: list[dict]) -> dict:
     into `fixed`)."""
     if len({r["buckets"] for r in rows}) < 2:
         return {}
-    n = len(rows)
-    mx, my = sum(r["buckets"] for r in rows) / n, sum(r["seconds"] for r in rows) / n
-    sxx = sum((r["buckets"] - mx) ** 2 for r in rows)
-    slope = sum((r["buckets"] - mx) * (r["seconds"] - my) for r in rows) / sxx
-    return {"fixed_s": my - slope * mx, "per_bucket_s": slope}
+    fixed, per_bucket = line_fit([(r["buckets"], r["seconds"]) for r in rows])
+    return {"fixed_s": fixed, "per_bucket_s": per_bucket}
 
 
 def bench_shape(shape: str, args: argparse.Namespace) -> dict:
