@@ -35,16 +35,25 @@ def new_run_token() -> str:
     return secrets.token_urlsafe(24)
 
 
-def write_token_file(path: str, token: str) -> None:
-    """Write `token` to `path`, readable by this user only (the directory too)."""
+def write_private_file(path: str, text: str) -> None:
+    """Write `text` to `path`, readable by this user only (the directory too). Atomic: the text goes to
+    a private temporary file that is renamed over `path`, so a reader polling for `path` finds it
+    whole or not at all (an empty file, half written, made a poller's json.loads fail)."""
     directory = os.path.dirname(path)
     os.makedirs(directory, mode=0o700, exist_ok=True)
     os.chmod(directory, 0o700)
-    if os.path.exists(path):
-        os.unlink(path)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    partial = f"{path}.{os.getpid()}.partial"
+    if os.path.exists(partial):
+        os.unlink(partial)
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as f:
-        f.write(token)
+        f.write(text)
+    os.replace(partial, path)
+
+
+def write_token_file(path: str, token: str) -> None:
+    """Write `token` to `path`, readable by this user only (the directory too)."""
+    write_private_file(path, token)
 
 
 def remove_token_file(path: str) -> None:

@@ -41,10 +41,12 @@ def gated_reward(args, sample, **kwargs):
 
 
 def rows(run_dir: Path) -> list[dict]:
+    """The rows of the run's metrics log written so far (a last line still being written is left out)."""
     try:
-        return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+        lines = (run_dir / "metrics.jsonl").read_text().splitlines(keepends=True)
     except FileNotFoundError:
         return []
+    return [json.loads(line) for line in lines if line.endswith("\n") and line.strip()]
 
 
 class ScaleDriver(threading.Thread):

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import os
 
-from relax.utils.logging import new_run_token, write_token_file
+from relax.utils.logging import new_run_token, write_private_file, write_token_file
 
 API_FILE, TOKEN_FILE = "scale_api.json", "scale_token"
 
@@ -26,13 +26,9 @@ def new_token(exp_dir: str) -> str:
 
 
 def publish(exp_dir: str, url: str) -> None:
-    """Record where the API listens (after `new_token`)."""
-    api_path, _ = _paths(exp_dir)
-    if os.path.exists(api_path):
-        os.unlink(api_path)
-    fd = os.open(api_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump({"api": url, "pid": os.getpid()}, f)
+    """Record where the API listens (after `new_token`); the file appears whole (a poller never reads it
+    half written)."""
+    write_private_file(_paths(exp_dir)[0], json.dumps({"api": url, "pid": os.getpid()}))
 
 
 def unpublish(exp_dir: str) -> None:
