@@ -6,7 +6,6 @@ scale-out is submitted while the health manager replaces that engine (it waits f
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import threading
@@ -18,7 +17,7 @@ import httpx
 
 from relax.engine.elastic.discovery import find
 from tests.integration.digit_reward import reward_func
-from tests.integration.fault_injection import engines
+from tests.integration.fault_injection import engines, written_rows
 from tests.integration.fault_injection import wait_until as poll_until
 
 
@@ -41,12 +40,7 @@ def gated_reward(args, sample, **kwargs):
 
 
 def rows(run_dir: Path) -> list[dict]:
-    """The rows of the run's metrics log written so far (a last line still being written is left out)."""
-    try:
-        lines = (run_dir / "metrics.jsonl").read_text().splitlines(keepends=True)
-    except FileNotFoundError:
-        return []
-    return [json.loads(line) for line in lines if line.endswith("\n") and line.strip()]
+    return written_rows(run_dir / "metrics.jsonl")
 
 
 class ScaleDriver(threading.Thread):

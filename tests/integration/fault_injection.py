@@ -166,25 +166,27 @@ def wait_until(condition: Callable[[], object], timeout: float, poll_s: float = 
     return None
 
 
+def written_rows(path: Path) -> list[dict]:
+    """The rows of a JSON-lines file the run is still writing: every complete line (a last line
+    not yet ended by its newline is left out); none before the file exists."""
+    try:
+        lines = path.read_text().splitlines(keepends=True)
+    except FileNotFoundError:
+        return []
+    return [json.loads(line) for line in lines if line.endswith("\n") and line.strip()]
+
+
 def rows(exp_dir: Path) -> dict[int, dict]:
     """The metrics row of each step, by step (its last row, were there several)."""
-    path = exp_dir / "metrics.jsonl"
-    if not path.exists():
-        return {}
     found = {}
-    for line in path.read_text().splitlines():
-        row = json.loads(line)
+    for row in written_rows(exp_dir / "metrics.jsonl"):
         if "time/step" in row:
             found[row["step"]] = row
     return found
 
 
 def events(exp_dir: Path, kind: str | None = None) -> list[dict]:
-    path = exp_dir / "health_events.jsonl"
-    if not path.exists():
-        return []
-    found = [json.loads(line) for line in path.read_text().splitlines()]
-    return [e for e in found if kind is None or e["kind"] == kind]
+    return [e for e in written_rows(exp_dir / "health_events.jsonl") if kind is None or e["kind"] == kind]
 
 
 class Injector(threading.Thread):
