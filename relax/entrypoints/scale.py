@@ -25,7 +25,7 @@ from typing import Any
 
 import httpx
 
-from relax.engine.elastic.discovery import find
+from relax.engine.elastic.discovery import find, unreachable
 
 FINAL = ("succeeded", "partial", "failed", "cancelled")
 
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         url, token = find(args.exp_dir)
-    except FileNotFoundError as exc:
+    except (FileNotFoundError, ValueError) as exc:
         print(f"relax-scale: {exc}", file=sys.stderr)
         return 1
     headers = {"Authorization": f"Bearer {token}"}
@@ -97,6 +97,9 @@ def main(argv: list[str] | None = None) -> int:
             result = call(client, *request(args))
             if args.wait and "operation" in result:
                 result["operation"] = follow(client, result["operation"])
+        except httpx.ConnectError:
+            print(f"relax-scale: {args.command}: {unreachable(args.exp_dir, url)}", file=sys.stderr)
+            return 1
         except (ApiRefused, httpx.HTTPError) as exc:
             print(f"relax-scale: {args.command}: {exc}", file=sys.stderr)
             return 1

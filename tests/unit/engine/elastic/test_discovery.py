@@ -1,15 +1,20 @@
 """Where a run's scaling API is found (`relax.engine.elastic.discovery`): a poller that reads the files
 while the run writes them finds them whole or not at all (CI once read an empty `scale_api.json`,
-created but not yet written, and failed with a JSONDecodeError); both files are private."""
+created but not yet written, and failed with a JSONDecodeError); both files are private; `relax-scale`
+names a record left behind by a run that is gone, and one that is not a run's record."""
 
 from __future__ import annotations
 
+import json
 import os
+import socket
 import stat
+import subprocess
 
 import pytest
 
 from relax.engine.elastic import discovery
+from relax.entrypoints import scale
 from relax.utils import logging as relax_logging
 
 
@@ -56,3 +61,39 @@ def test_find_names_what_to_check_and_unpublish_removes_both(tmp_path):
     discovery.unpublish(str(tmp_path))
     with pytest.raises(FileNotFoundError, match="--scale-api"):
         discovery.find(str(tmp_path))
+
+
+def _stale_record(tmp_path, pid: int, host: str) -> str:
+    """A record left by a run that ended without removing it, pointing at a port nothing listens on."""
+    from relax.utils.net import free_port
+
+    discovery.new_token(str(tmp_path))
+    url = f"http://127.0.0.1:{free_port()}"
+    (tmp_path / ".relax" / discovery.API_FILE).write_text(json.dumps({"api": url, "pid": pid, "host": host}))
+    return url
+
+
+def test_relax_scale_names_a_record_left_by_a_run_that_is_gone(tmp_path, capsys):
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    url = _stale_record(tmp_path, gone.pid, socket.gethostname())
+    assert scale.main(["--exp-dir", str(tmp_path), "--timeout", "5", "status"]) == 1
+    err = capsys.readouterr().err
+    assert f"nothing answers at {url}" in err and f"process {gone.pid}, which is not running" in err, err
+    assert "delete the file" in err
+
+
+def test_relax_scale_does_not_judge_a_process_of_another_node(tmp_path, capsys):
+    _stale_record(tmp_path, os.getpid() + 10**6, "another-node")
+    assert scale.main(["--exp-dir", str(tmp_path), "--timeout", "5", "status"]) == 1
+    err = capsys.readouterr().err
+    assert "not running" not in err and "on another node" in err and "--scale-api-host" in err, err
+
+
+@pytest.mark.parametrize("text", ["", "{", '{"pid": 1}', "[1, 2]"])
+def test_a_record_that_is_not_a_runs_is_named_not_a_traceback(tmp_path, capsys, text):
+    discovery.new_token(str(tmp_path))
+    (tmp_path / ".relax" / discovery.API_FILE).write_text(text)
+    assert scale.main(["--exp-dir", str(tmp_path), "status"]) == 1
+    err = capsys.readouterr().err
+    assert f"{discovery.API_FILE} is not the record a run writes" in err and "Delete it" in err, err
