@@ -52,7 +52,10 @@ def unreachable(exp_dir: str, url: str) -> str:
     """Why nothing answers at the recorded `url`, for an error message: whether the process that
     recorded it still runs (when it ran on this machine: the API binds loopback by default), and the fix."""
     api_path, _ = _paths(exp_dir)
-    _, pid, host = _recorded(exp_dir)
+    try:
+        _, pid, host = _recorded(exp_dir)
+    except (FileNotFoundError, ValueError):
+        return f"nothing answers at {url}, and {api_path} is gone: the run has ended"
     if pid is not None and host == socket.gethostname() and not _running(pid):
         return (f"nothing answers at {url}, recorded in {api_path} by process {pid}, which is not running: the run "
                 "ended without removing the file (killed?). Start a run with this --exp-dir, or delete the file")

@@ -97,3 +97,9 @@ def test_a_record_that_is_not_a_runs_is_named_not_a_traceback(tmp_path, capsys, 
     assert scale.main(["--exp-dir", str(tmp_path), "status"]) == 1
     err = capsys.readouterr().err
     assert f"{discovery.API_FILE} is not the record a run writes" in err and "Delete it" in err, err
+
+
+def test_a_record_removed_meanwhile_means_the_run_has_ended(tmp_path):
+    url = _stale_record(tmp_path, os.getpid(), socket.gethostname())
+    discovery.unpublish(str(tmp_path))  # the run ended between relax-scale's read and its request
+    assert discovery.unreachable(str(tmp_path), url).endswith("is gone: the run has ended")
