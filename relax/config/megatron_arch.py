@@ -13,12 +13,20 @@ from relax.config.fields import opt
 # Why a flag is accepted with no effect (`opt(ignored=...)`): under --train-backend megatron each
 # of these acts or is an error (relax.config.checks.megatron.check_megatron, docs/backends/megatron.md).
 MEGATRON_ONLY = "applies to the megatron training backend (docs/backends/megatron.md); the fsdp backend ignores it"
-# Megatron-only flags the megatron backend does not read yet either (it builds the model from the HF
-# config): noted under both backends, "not built" in docs/configuration.md (relax.config.status).
-MEGATRON_UNREAD = ("swiglu", "group_query_attention", "use_rotary_position_embeddings", "disable_bias_linear",
-                   "accumulate_allreduce_grads_in_fp32", "attention_softmax_in_fp32")
-UNREAD_REASON = ("the megatron backend builds the model from the HF config.json and does not read it yet; "
-                 "accepted with no effect")
+# Megatron-only flags that change nothing under the megatron backend either: what they ask for is always
+# so there, or it is not read. A set value is noted with the reason under both backends ("no effect" in
+# docs/configuration.md, relax.config.status).
+MEGATRON_NO_EFFECT: dict[str, str] = {
+    "swiglu": "the megatron backend always builds SwiGLU MLPs (a checkpoint with another hidden_act is refused)",
+    "use_rotary_position_embeddings": "the megatron backend always builds rotary position embeddings (M-RoPE for a "
+                                      "vision-language model), with config.json's parameters",
+    "disable_bias_linear": "the megatron backend builds its linear layers without biases (q/k/v biases come with "
+                           "the model family; a checkpoint with other biases is refused)",
+    "accumulate_allreduce_grads_in_fp32": "always so: under --bf16 the megatron backend accumulates each micro-batch's "
+                                          "gradients into float32 main gradients and all-reduces those (without "
+                                          "--bf16 everything is float32)",
+    "attention_softmax_in_fp32": "not read: attention is PyTorch SDPA, whose kernels choose the softmax's precision",
+}
 
 
 @dataclass(frozen=True)
@@ -31,7 +39,8 @@ class MegatronArchConfig:
     hidden_size: int | None = opt(None, "Hidden size (megatron).", ignored=MEGATRON_ONLY)
     ffn_hidden_size: int | None = opt(None, "FFN hidden size (megatron).", ignored=MEGATRON_ONLY)
     num_attention_heads: int | None = opt(None, "Attention heads (megatron).", ignored=MEGATRON_ONLY)
-    group_query_attention: bool = opt(False, "GQA (megatron).", ignored=MEGATRON_ONLY)
+    group_query_attention: bool = opt(False, "GQA (megatron; an error with a checkpoint that has as many KV heads as "
+                                      "heads).", ignored=MEGATRON_ONLY)
     num_query_groups: int | None = opt(None, "KV heads (megatron).", ignored=MEGATRON_ONLY)
     kv_channels: int | None = opt(None, "Head dim (megatron).", ignored=MEGATRON_ONLY)
     vocab_size: int | None = opt(None, "Vocab size (megatron).", ignored=MEGATRON_ONLY)

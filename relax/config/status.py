@@ -16,7 +16,7 @@ import dataclasses
 from typing import Literal
 
 from relax.config.checks.megatron import MEGATRON_NOT_BUILT
-from relax.config.megatron_arch import MEGATRON_ONLY, MEGATRON_UNREAD, UNREAD_REASON
+from relax.config.megatron_arch import MEGATRON_NO_EFFECT, MEGATRON_ONLY
 
 Status = Literal["acts", "megatron", "needs", "no effect", "not built"]
 
@@ -46,8 +46,8 @@ def flag_status(f: dataclasses.Field) -> tuple[Status, str]:
     if not meta.get("supported", True):
         return "not built", "an error when set"
     if meta.get("ignored") == MEGATRON_ONLY:
-        if f.name in MEGATRON_UNREAD:
-            return "not built", UNREAD_REASON
+        if f.name in MEGATRON_NO_EFFECT:
+            return "no effect", f"under both backends: {MEGATRON_NO_EFFECT[f.name]}"
         if f.name in MEGATRON_NOT_BUILT:
             return "not built", f"the megatron backend does not build it yet ({MEGATRON_NOT_BUILT[f.name][2]})"
         return "megatron", "acts with --train-backend megatron; noted as ignored under fsdp"

@@ -28,7 +28,7 @@ from typing import Any, Iterable, Iterator
 
 import torch
 
-from relax.config.checks.megatron import conversion_family
+from relax.config.checks.megatron import SWIGLU_ACTIVATIONS, conversion_family
 
 # model_type -> what its layers have beyond a Llama layer. qkv_bias None: none (a Llama config with
 # `attention_bias` also biases the output projection, which is refused).
@@ -83,6 +83,10 @@ class Layout:
                               or not getattr(config, "norm_topk_prob", True)):
             raise ConversionError(f"{model_type}: only configs whose every layer is MoE (decoder_sparse_step 1, no "
                                   "mlp_only_layers) with normalised top-k weights (norm_topk_prob) convert")
+        act = getattr(config, "hidden_act", "silu")
+        if act not in SWIGLU_ACTIVATIONS:
+            raise ConversionError(f"{model_type} with hidden_act={act}: the megatron backend builds SwiGLU "
+                                  "(silu-gated) MLPs only; train this model with --train-backend fsdp")
         heads = config.num_attention_heads
         qkv_bias = family["qkv_bias"]
         if qkv_bias is None and getattr(config, "attention_bias", False):  # biases on q, k, v and o

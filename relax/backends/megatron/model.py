@@ -176,6 +176,7 @@ ARCH_FLAGS: dict[str, Any] = {
     "kv_channels": lambda lay, cfg: lay.head_dim,
     "qk_layernorm": lambda lay, cfg: lay.qk_norm,
     "untie_embeddings_and_output_weights": lambda lay, cfg: not lay.tied,
+    "group_query_attention": lambda lay, cfg: lay.num_kv_heads < lay.num_heads,  # set: grouped K/V heads
     "norm_epsilon": lambda lay, cfg: cfg.rms_norm_eps,
     "rotary_base": lambda lay, cfg: rope_theta(cfg),
     "num_experts": lambda lay, cfg: lay.num_experts or None,
@@ -184,12 +185,16 @@ ARCH_FLAGS: dict[str, Any] = {
 }
 
 
+# Flags that state something when set; unset (False) they state nothing (the HF config decides).
+STATED_WHEN_SET = ("qk_layernorm", "untie_embeddings_and_output_weights", "group_query_attention")
+
+
 def check_arch_flags(flags: dict[str, Any], layout: Layout, hf_config: Any, checkpoint: str) -> None:
     """The model flags given on the command line must describe the checkpoint they train."""
     wrong = []
     for flag, read in ARCH_FLAGS.items():
         given = flags.get(flag)
-        if given is None or given is False and flag in ("qk_layernorm", "untie_embeddings_and_output_weights"):
+        if given is None or given is False and flag in STATED_WHEN_SET:
             continue
         actual = read(layout, hf_config)
         if isinstance(given, float) or isinstance(actual, float):

@@ -12,7 +12,7 @@ import difflib
 
 from relax.config.errors import ConfigError
 from relax.config.fields import field_default, flag_for, flag_name
-from relax.config.megatron_arch import MEGATRON_UNREAD, UNREAD_REASON
+from relax.config.megatron_arch import MEGATRON_NO_EFFECT
 from relax.config.schema import GROUPS, MEGATRON_ONLY, RelaxConfig
 
 
@@ -39,9 +39,9 @@ def ignored_flag_notes(cfg: RelaxConfig) -> list[str]:
         for f in dataclasses.fields(cls):
             reason = f.metadata.get("ignored")
             if reason == MEGATRON_ONLY and cfg.cluster.train_backend == "megatron":
-                if f.name not in MEGATRON_UNREAD:
+                if f.name not in MEGATRON_NO_EFFECT:
                     continue  # check_megatron: each acts or is an error
-                reason = UNREAD_REASON
+                reason = MEGATRON_NO_EFFECT[f.name]
             if reason and getattr(group, f.name) != field_default(f):
                 by_reason.setdefault(reason, []).append(flag_for(f.name))
     return [f"{' '.join(flags)}: accepted and ignored: {reason}" for reason, flags in by_reason.items()]

@@ -67,6 +67,10 @@ ATTENTION_NOT_BUILT = "fused needs Transformer Engine, which this project's pins
     "megatron-core's DotProductAttention, replaced here by SDPA (it keeps the whole score matrix for backward)"
 
 
+# The MLP activations the megatron backend builds (gated: SwiGLU); relax.backends.megatron.convert checks
+# the same when it reads a config.
+SWIGLU_ACTIVATIONS = ("silu", "swish")
+
 # relax.backends.megatron.vision.SUPPORTED (not imported: validation runs without megatron-core)
 MEGATRON_VL = ("qwen2_5_vl", "qwen3_vl", "qwen3_omni_moe_thinker")
 # relax.backends.megatron.convert.FAMILIES' model_types: the families --model-name names (same reason)
@@ -156,6 +160,10 @@ def megatron_unfit(cfg: RelaxConfig) -> list[str]:
     if text_type and cfg.misc.model_name is None and conversion_family(text_type) is None:
         reasons.append(f"model_type {text_type}: the megatron backend converts {', '.join(MEGATRON_FAMILIES)}; set "
                        "--model-name to the family this model's layers follow, or use --train-backend fsdp")
+    act = text_model_config(hf).get("hidden_act", "silu") if hf else "silu"
+    if act not in SWIGLU_ACTIVATIONS:
+        reasons.append(f"hidden_act {act} in {cfg.ckpt.hf_checkpoint}/config.json: the megatron backend builds SwiGLU "
+                       "(silu-gated) MLPs only; use --train-backend fsdp")
     if cfg.data.multimodal_keys:
         p = cfg.parallel
         model_type = hf.get("model_type")

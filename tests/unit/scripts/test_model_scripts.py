@@ -8,6 +8,7 @@ the worker does. A flag that disagrees must fail."""
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import os
 import subprocess
 
@@ -188,3 +189,38 @@ def test_a_disagreeing_expert_count_fails_at_start_up(tmp_path):
     path, _ = write_config(tmp_path, "qwen3-vl-30B-A3B.sh", num_experts=64)
     with pytest.raises(ConfigError, match="--num-experts 128 contradicts"):
         parse_config(base(tmp_path, path) + model_args("qwen3-vl-30B-A3B.sh"))
+
+
+def test_group_query_attention_on_a_multi_head_checkpoint_fails_for_the_megatron_check(tmp_path):
+    """--group-query-attention (every seed script sets it) states grouped K/V heads: a checkpoint with as
+    many KV heads as heads contradicts it; the other always-built flags (--swiglu, ...) change nothing."""
+    pytest.importorskip("megatron.core")
+    from relax.backends.megatron.convert import Layout
+    from relax.backends.megatron.model import check_arch_flags
+
+    path, config = write_config(tmp_path, "qwen3-0.6B.sh", num_key_value_heads=16)  # 16 heads: MHA
+    args = model_args("qwen3-0.6B.sh")
+    at = args.index("--num-query-groups")
+    args = args[:at] + args[at + 2:]  # (it would contradict the 16 KV heads first)
+    cfg = parse_config(base(tmp_path, path) + ["--train-backend", "megatron"] + args)
+    flags = {f.name: getattr(cfg.megatron, f.name) for f in dataclasses.fields(cfg.megatron)}
+    with pytest.raises(ValueError, match="--group-query-attention True but .* says False"):
+        check_arch_flags(flags, Layout.from_hf_config(config), config, str(path))
+    check_arch_flags(flags | {"group_query_attention": False}, Layout.from_hf_config(config), config, str(path))
+
+
+def test_a_checkpoint_without_swiglu_is_refused_by_the_megatron_backend(tmp_path):
+    """The megatron backend builds silu-gated MLPs only: a gelu checkpoint is refused by name (auto picks
+    fsdp for it), never built with silu."""
+    from relax.backends.megatron.convert import ConversionError, Layout
+    from relax.config.checks.megatron import megatron_unfit
+
+    path, config = write_config(tmp_path, "qwen3-0.6B.sh", hidden_act="gelu")
+    with pytest.raises(ConversionError, match="hidden_act=gelu: the megatron backend builds SwiGLU"):
+        Layout.from_hf_config(config)
+    cfg = parse_config(base(tmp_path, path))
+    assert cfg.cluster.train_backend == "fsdp"  # auto
+    assert any("hidden_act gelu" in r and "--train-backend fsdp" in r for r in megatron_unfit(cfg))
+    if importlib.util.find_spec("megatron.core"):
+        with pytest.raises(ConfigError, match="hidden_act gelu"):
+            parse_config(base(tmp_path, path) + ["--train-backend", "megatron"])

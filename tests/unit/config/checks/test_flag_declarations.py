@@ -92,10 +92,14 @@ def test_megatron_only_flags_are_reported_as_ignored_under_fsdp(base):
     assert ignored_flag_notes(parse_config(base)) == []
 
 
-def test_megatron_flags_its_backend_does_not_read_are_noted_under_megatron_too(base):
+def test_megatron_flags_that_change_nothing_there_either_are_noted_under_megatron_too(base):
+    """--swiglu asks for what the megatron backend always builds: noted with that reason, one note per
+    reason; --group-query-attention acts there (checked against the checkpoint), so no note."""
     pytest.importorskip("megatron.core")
-    cfg = parse_config(base + ["--train-backend", "megatron", "--swiglu", "--model-name", "qwen3",
-                               "--tensor-model-parallel-size", "1"])
-    (note,) = ignored_flag_notes(cfg)
-    assert note.startswith("--swiglu: accepted and ignored: the megatron backend builds the model from "
-                           "the HF config.json")  # --model-name acts: it picks the converter family
+    cfg = parse_config(base + ["--train-backend", "megatron", "--swiglu", "--attention-softmax-in-fp32",
+                               "--group-query-attention", "--model-name", "qwen3", "--tensor-model-parallel-size", "1"])
+    notes = ignored_flag_notes(cfg)  # --model-name acts: it picks the converter family
+    assert notes == ["--swiglu: accepted and ignored: the megatron backend always builds SwiGLU MLPs (a checkpoint "
+                     "with another hidden_act is refused)",
+                     "--attention-softmax-in-fp32: accepted and ignored: not read: attention is PyTorch SDPA, whose "
+                     "kernels choose the softmax's precision"], notes
