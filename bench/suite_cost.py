@@ -30,17 +30,12 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # run as `python3 bench/<name>.py`: the repo root (bench/, relax/) imports
+from bench.run_cost import machine_cpu_s  # noqa: E402  (the machine's CPU-seconds since boot, /proc/stat)
+
 GROUP_ENV, OUT_ENV = "SUITE_COST_GROUP", "SUITE_COST_OUT"
 # The groups tests/conftest.py names; every other test module is a group of its own ("units" here).
 NAMED_GROUPS = ("integration", "own_ray", "multinode", "rank_pool")
 GROUPS = (*NAMED_GROUPS, "units")
-
-
-def machine_cpu_s() -> float:
-    """CPU-seconds the whole machine has spent since boot (user, nice, system, irq, softirq)."""
-    with open("/proc/stat") as f:
-        user, nice, system, _idle, _iowait, irq, softirq = map(int, f.readline().split()[1:8])
-    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
 
 
 def suite_group(marker_group: str | None) -> str:
@@ -103,8 +98,10 @@ def run_group(group: str) -> tuple[list[dict], float, float, int]:
         cmd = [sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", "-p", "bench.suite_cost",
                "tests"]
         cpu, wall = machine_cpu_s(), time.monotonic()
-        proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
         wall, cpu = time.monotonic() - wall, machine_cpu_s() - cpu
+        if proc.returncode != 0:  # (what failed, before the figures that include it)
+            print(proc.stdout[-3000:] + proc.stderr[-2000:], file=sys.stderr)
         rows = json.load(open(out)) if os.path.exists(out) else []
     return rows, wall, cpu, proc.returncode
 
