@@ -74,7 +74,7 @@ def plugin_run(ray_cluster, tiny_setup, tmp_path_factory):
     run_relax([
         "--hf-checkpoint", str(root / "model"), "--prompt-data", str(root / "train.jsonl"),
         "--input-key", "prompt", "--label-key", "label", "--apply-chat-template",
-        "--custom-rm-path", "tests.integration.digit_reward.parity_reward",
+        "--custom-rm-path", "tests.integration.digit_reward.parity_reward", "--reward-num-workers", "1",
         "--custom-generate-function-path", "tests.integration.multiturn_generate.generate",
         "--dynamic-sampling-filter-path", "relax.engine.filters.dynamic_sampling_filters.check_reward_nonzero_std",
         "--over-sampling-batch-size", "12", "--rollout-batch-size", "8", "--n-samples-per-prompt", "4",
@@ -96,7 +96,7 @@ def plugin_run(ray_cluster, tiny_setup, tmp_path_factory):
 
 # The colocate Ctrl-C run doubles as the true on-policy run: both need a colocate run of a few steps.
 TRUE_ON_POLICY = ("--true-on-policy-mode", "--rollout-temperature", "0.8", "--lr", "1e-2",
-                  "--custom-rm-path", "tests.integration.digit_reward.reward_func")
+                  "--custom-rm-path", "tests.integration.digit_reward.reward_func", "--reward-num-workers", "1")
 
 
 @pytest.fixture(scope="session")
@@ -144,7 +144,8 @@ def fully_async_interrupted_run(tiny_setup, tmp_path_factory):
     root = tiny_setup
     args = ["--hf-checkpoint", str(root / "model"), "--prompt-data", str(root / "train.jsonl"),
             "--input-key", "prompt", "--label-key", "label", "--apply-chat-template",
-            "--custom-rm-path", "tests.integration.digit_reward.reward_func", "--rollout-shuffle",
+            "--custom-rm-path", "tests.integration.digit_reward.reward_func",
+            "--reward-num-workers", "1", "--rollout-shuffle",
             "--rollout-batch-size", "4", "--n-samples-per-prompt", "4", "--rollout-max-response-len", "6",
             "--lr", "1e-2", "--progress-bar", "false", "--num-rollout", "1000",
             "--use-kl-loss", "--kl-loss-coef", "0.05", "--kl-loss-type", "low_var_kl",

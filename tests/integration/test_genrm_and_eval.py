@@ -110,7 +110,8 @@ eval:
       max_context_len: {limit}
 """)
     run_relax(common_args(root, tmp_path) + [
-        "--custom-rm-path", "tests.integration.eval_helpers.dict_reward", "--reward-key", "score",
+        "--custom-rm-path", "tests.integration.eval_helpers.dict_reward",
+        "--reward-num-workers", "1", "--reward-key", "score",
         "--eval-reward-key", "acc", "--eval-config", str(config), "--custom-config-path", str(custom),
         "--eval-function-path", "tests.integration.eval_helpers.eval_rollout", "--rollout-max-context-len", "128",
         "--num-rollout", "2", "--debug-rollout-only"])

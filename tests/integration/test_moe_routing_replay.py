@@ -29,7 +29,8 @@ def test_r3_keeps_the_first_step_mismatch_at_the_dense_level(ray_cluster, tiny_s
     exp = tmp_path / "run"
     run_relax(["--hf-checkpoint", moe_model, "--prompt-data", str(tiny_setup / "train.jsonl"), "--input-key", "prompt",
                "--label-key", "label", "--apply-chat-template", "--custom-rm-path",
-               "tests.integration.digit_reward.reward_func", "--rollout-batch-size", "4", "--n-samples-per-prompt", "4",
+               "tests.integration.digit_reward.reward_func",
+               "--reward-num-workers", "1", "--rollout-batch-size", "4", "--n-samples-per-prompt", "4",
                "--rollout-max-response-len", "8", "--lr", "1e-2", "--progress-bar", "false", "--num-rollout", "2",
                "--exp-dir", str(exp), "--resource", '{"actor": [1, 1], "rollout": [1, 1]}',
                "--use-rollout-routing-replay", "--sglang-dtype", "bfloat16",

@@ -53,7 +53,7 @@ def test_vl_grpo_run_trains_on_images(ray_cluster, vl_setup, tmp_path):
         "--multimodal-keys", '{"image": "image", "video": "video"}', "--skip-malformed-rows",
         "--video-fps", "2", "--video-fps-min-frames", "2", "--video-min-token-num", "4", "--video-max-token-num", "4",
         "--save-debug-rollout-data", str(exp / "rollout_{rollout_id}.pt"),
-        "--custom-rm-path", "tests.integration.digit_reward.parity_reward",
+        "--custom-rm-path", "tests.integration.digit_reward.parity_reward", "--reward-num-workers", "1",
         "--rollout-batch-size", "4", "--n-samples-per-prompt", "4", "--rollout-max-response-len", "6",
         "--num-rollout", "3", "--lr", "1e-2", "--progress-bar", "false", "--exp-dir", str(exp),
         "--use-kl-loss", "--kl-loss-coef", "0.01", "--kl-loss-type", "low_var_kl",
@@ -99,7 +99,8 @@ def test_vl_grpo_run_on_the_megatron_backend(ray_cluster, vl_setup, tmp_path):
         "--input-key", "prompt", "--label-key", "label", "--apply-chat-template",
         "--multimodal-keys", '{"image": "image", "video": "video"}', "--skip-malformed-rows",
         "--video-fps", "2", "--video-fps-min-frames", "2", "--video-min-token-num", "4", "--video-max-token-num", "4",
-        "--custom-rm-path", "tests.integration.digit_reward.parity_reward", "--train-backend", "megatron",
+        "--custom-rm-path", "tests.integration.digit_reward.parity_reward",
+        "--reward-num-workers", "1", "--train-backend", "megatron",
         "--mm-processor-pool-size", "1",  # prompts encoded in a process beside the rollout's event loop
         "--advantage-estimator", "sapo",  # the estimator's run (test_estimators)
         "--rollout-batch-size", "4", "--n-samples-per-prompt", "4", "--rollout-max-response-len", "6",

@@ -40,7 +40,7 @@ def opd_args(root, models, exp_dir, opd_type: str, mode: str) -> list[str]:
     return [
         "--hf-checkpoint", student, "--prompt-data", str(root / "train.jsonl"),
         "--input-key", "prompt", "--label-key", "label", "--apply-chat-template",
-        "--custom-rm-path", "tests.integration.opd_helpers.zero_reward",
+        "--custom-rm-path", "tests.integration.opd_helpers.zero_reward", "--reward-num-workers", "1",
         "--use-opd", "--opd-type", opd_type, "--opd-teacher-load", str(teacher), "--opd-kl-coef", "1.0",
         "--normalize-advantages", "--rollout-batch-size", "8", "--n-samples-per-prompt", "2",
         "--rollout-max-response-len", "12", "--num-rollout", "5", "--lr", "1e-2", "--rollout-shuffle",

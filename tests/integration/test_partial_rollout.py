@@ -44,7 +44,8 @@ def long_model(tiny_setup, tmp_path_factory):
 def args(root, model, exp_dir) -> list[str]:
     return ["--hf-checkpoint", str(model), "--prompt-data", str(root / "train.jsonl"),
             "--input-key", "prompt", "--label-key", "label", "--apply-chat-template",
-            "--custom-rm-path", "tests.integration.digit_reward.reward_func", "--rollout-shuffle",
+            "--custom-rm-path", "tests.integration.digit_reward.reward_func",
+            "--reward-num-workers", "1", "--rollout-shuffle",
             "--rollout-batch-size", "4", "--n-samples-per-prompt", "4", "--over-sampling-batch-size", "8",
             "--rollout-max-response-len", str(MAX_RESPONSE), "--lr", "1e-2", "--progress-bar", "false",
             "--num-rollout", str(STEPS), "--exp-dir", str(exp_dir),

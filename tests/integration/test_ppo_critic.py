@@ -20,7 +20,8 @@ def ppo_args(root, exp_dir, *extra: str) -> list[str]:
     return [
         "--hf-checkpoint", str(root / "model"), "--prompt-data", str(root / "train.jsonl"),
         "--input-key", "prompt", "--label-key", "label", "--apply-chat-template",
-        "--custom-rm-path", "tests.integration.digit_reward.reward_func", "--advantage-estimator", "ppo",
+        "--custom-rm-path", "tests.integration.digit_reward.reward_func",
+        "--reward-num-workers", "1", "--advantage-estimator", "ppo",
         "--rollout-batch-size", "4", "--n-samples-per-prompt", "2", "--rollout-max-response-len", "6",
         "--lr", "1e-2", "--critic-lr", "1e-2", "--progress-bar", "false",
         "--exp-dir", str(exp_dir), "--resource", '{"actor": [1, 1], "rollout": [1, 1], "critic": [1, 1]}', *extra,

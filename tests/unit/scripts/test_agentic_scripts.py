@@ -26,22 +26,30 @@ GENERATION = {
 
 
 def test_the_agentic_scripts_dry_run(tmp_path):
-    """The three scripts side by side (their preparation is most of the time; the suite's budget)."""
-    runs = {}
-    for script in GENERATION:
-        exp = tmp_path / script
+    """The three scripts; the black-box one reuses the tiny-agent one's model directory, as its header suggests
+    (MODEL_DIR: prepare.py finds them prepared with the same settings and skips), so it starts once that one has exited.
+    (Their preparation is most of the time; the suite's budget.)"""
+    def start(script: str, **extra: str) -> subprocess.Popen:
         env = {k: v for k, v in os.environ.items() if k != "RELAX_ENTRYPOINT_MODE"}  # the script sources local.sh
-        env |= {"EXP_DIR": str(exp), "PREPARE_ARGS": TINY[script]}
-        runs[script] = exp, subprocess.Popen(
-            ["bash", os.path.join(ROOT, "scripts", "training", "agentic", script), "--dry-run"], cwd=ROOT, env=env,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        env |= {"EXP_DIR": str(tmp_path / script), "PREPARE_ARGS": TINY[script], **extra}
+        return subprocess.Popen(["bash", os.path.join(ROOT, "scripts", "training", "agentic", script), "--dry-run"],
+                                cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def finish(script: str, proc: subprocess.Popen) -> str:
+        stdout, stderr = proc.communicate(timeout=300)
+        assert proc.returncode == 0, (script, stdout[-2000:] + stderr[-3000:])
+        assert GENERATION[script] in stdout and "trajectories -> <outputs>/multi_turn/" in stdout, script
+        assert not (tmp_path / script / "run" / "summary.json").exists(), script  # a dry run trains nothing
+        return stdout
+
+    shared, blackbox = "run-tiny-agent-cpu.sh", "run-blackbox-agent-cpu.sh"
+    runs = {script: start(script) for script in GENERATION if script != blackbox}
     try:
-        for script, (exp, proc) in runs.items():
-            stdout, stderr = proc.communicate(timeout=300)
-            assert proc.returncode == 0, (script, stdout[-2000:] + stderr[-3000:])
-            assert GENERATION[script] in stdout and "trajectories -> <outputs>/multi_turn/" in stdout, script
-            assert not (exp / "run" / "summary.json").exists(), script  # a dry run trains nothing
+        for script, proc in runs.items():
+            finish(script, proc)
+        runs[blackbox] = start(blackbox, MODEL_DIR=str(tmp_path / shared))
+        assert "tiny_agent already prepared" in finish(blackbox, runs[blackbox])
     finally:
-        for _, proc in runs.values():
+        for proc in runs.values():
             if proc.poll() is None:
                 proc.kill()
