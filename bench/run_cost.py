@@ -44,6 +44,11 @@ KINDS = (
     (r"ray::(\w+)", "ray worker ({0})"),
     (r"gcs_server|/raylet|dashboard|log_monitor|autoscaler", "ray daemons"),
     (r"default_worker\.py", "ray worker (idle)"),
+    (r"multiprocessing\.spawn", "spawned process (multiprocessing)"),
+    (r"multiprocessing\.forkserver", "multiprocessing forkserver"),
+    (r"exec\(eval\(sys\.stdin", "pytest-xdist worker"),
+    (r"^\S*python[\d.]*\s+(?:-\S+\s+)*-m\s+([\w.]+)", "python -m {0}"),
+    (r"^\S*python[\d.]*\s+(?:-\S+\s+)*\S*?([\w.-]+\.py)\b", "python {0}"),
 )
 
 

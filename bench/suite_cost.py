@@ -12,8 +12,10 @@ than in the suite, where it shares the cores.
     python3 bench/suite_cost.py [--groups integration own_ray multinode rank_pool units] [--top 8]
                                 [--out bench/results/suite_cost_cpu.json]
 
-Prints a table per group (wall, CPU-seconds, its costliest tests) and the total; measure on a quiet
-machine, the figures are the whole machine's. The same file is the pytest plugin each run loads
+Prints a table per group (wall, CPU-seconds, its costliest tests, and the kinds of process its CPU went to:
+the processes the run started, sampled from /proc every 0.5 s and named by bench/run_cost.py's
+`process_kind`, and the pytest process itself) and the total; measure on a quiet machine, the figures
+are the whole machine's. The same file is the pytest plugin each run loads
 (`-p bench.suite_cost`, with SUITE_COST_GROUP and SUITE_COST_OUT set)."""
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # run as `python3 bench/<name>.py`: the repo root (bench/, relax/) imports
-from bench.run_cost import machine_cpu_s  # noqa: E402  (the machine's CPU-seconds since boot, /proc/stat)
+from bench.run_cost import ProcessSampler, machine_cpu_s  # noqa: E402  (/proc/stat; /proc/<pid> by kind)
 
 GROUP_ENV, OUT_ENV = "SUITE_COST_GROUP", "SUITE_COST_OUT"
 # The groups tests/conftest.py names; every other test module is a group of its own ("units" here).
@@ -43,16 +45,31 @@ def suite_group(marker_group: str | None) -> str:
     return marker_group if marker_group in NAMED_GROUPS else "units"
 
 
-def summarize(group: str, rows: list[dict], wall_s: float, cpu_s: float, top: int) -> dict:
-    """One group's figures: its run's wall time and CPU-seconds, and its `top` costliest tests."""
+def summarize(group: str, rows: list[dict], wall_s: float, cpu_s: float, top: int,
+              by_kind: dict[str, dict[str, float]] | None = None) -> dict:
+    """One group's figures: its run's wall time and CPU-seconds, its `top` costliest tests, and the `top`
+    costliest kinds of process (what the rest of the machine's CPU-seconds went to: Ray's daemons
+    started before, other users of the machine)."""
     rows = sorted(rows, key=lambda r: -r["cpu_s"])
+    kinds = sorted((by_kind or {}).items(), key=lambda kv: -kv[1]["cpu_s"])
     return {"group": group, "tests": len(rows), "wall_s": round(wall_s, 1), "cpu_s": round(cpu_s, 1),
-            "cores_busy": round(cpu_s / wall_s, 2) if wall_s else None, "top": rows[:top]}
+            "cores_busy": round(cpu_s / wall_s, 2) if wall_s else None, "top": rows[:top],
+            "by_kind": [{"kind": k, "cpu_s": round(v["cpu_s"], 1), "processes": int(v["processes"])}
+                        for k, v in kinds[:top]]}
 
 
 # ---- the pytest plugin (`-p bench.suite_cost`) ---------------------------------------------------
 
 _rows: list[dict] = []
+_sampler: ProcessSampler | None = None
+# The processes a group's run starts (Ray's, replicas, ranks, engines, spawned ones), sampled this often.
+SAMPLE_S = 0.5
+
+
+def pytest_sessionstart(session) -> None:
+    global _sampler
+    if os.environ.get(OUT_ENV):
+        _sampler = ProcessSampler(SAMPLE_S).start()
 
 
 @pytest.hookimpl(trylast=True)
@@ -82,16 +99,25 @@ def pytest_runtest_protocol(item, nextitem):
 
 
 def pytest_sessionfinish(session) -> None:
+    """Writes {"rows": a row per test, "by_kind": CPU-seconds and count of the processes the run started,
+    by kind (bench/run_cost.py's `process_kind`), and this pytest process's own (the in-process tests)}."""
     out = os.environ.get(OUT_ENV)
-    if out:
-        with open(out, "w") as f:
-            json.dump(_rows, f)
+    if not out:
+        return
+    by_kind: dict[str, dict[str, float]] = {}
+    if _sampler is not None:
+        _sampler.stop()
+        by_kind = _sampler.by_kind()
+    by_kind["pytest (in-process tests)"] = {"cpu_s": time.process_time(), "processes": 1}
+    with open(out, "w") as f:
+        json.dump({"rows": _rows, "by_kind": by_kind}, f)
 
 
 # ---- the bench ----------------------------------------------------------------------------------
 
-def run_group(group: str) -> tuple[list[dict], float, float, int]:
-    """pytest on `group` alone; (per-test rows, wall s, machine CPU-s, pytest's exit code)."""
+def run_group(group: str) -> tuple[dict, float, float, int]:
+    """pytest on `group` alone; (the plugin's rows and processes by kind, wall s, machine CPU-s, pytest's
+    exit code)."""
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "rows.json")
         env = os.environ | {GROUP_ENV: group, OUT_ENV: out}
@@ -102,8 +128,8 @@ def run_group(group: str) -> tuple[list[dict], float, float, int]:
         wall, cpu = time.monotonic() - wall, machine_cpu_s() - cpu
         if proc.returncode != 0:  # (what failed, before the figures that include it)
             print(proc.stdout[-3000:] + proc.stderr[-2000:], file=sys.stderr)
-        rows = json.load(open(out)) if os.path.exists(out) else []
-    return rows, wall, cpu, proc.returncode
+        found = json.load(open(out)) if os.path.exists(out) else {"rows": [], "by_kind": {}}
+    return found, wall, cpu, proc.returncode
 
 
 def main() -> None:
@@ -114,13 +140,15 @@ def main() -> None:
     args = parser.parse_args()
     groups = []
     for group in args.groups:
-        rows, wall, cpu, code = run_group(group)
-        summary = summarize(group, rows, wall, cpu, args.top) | {"pytest_exit_code": code}
+        found, wall, cpu, code = run_group(group)
+        summary = summarize(group, found["rows"], wall, cpu, args.top, found["by_kind"]) | {"pytest_exit_code": code}
         groups.append(summary)
         print(f"{group:<12} {summary['tests']:5d} tests  {wall:7.1f} s  {cpu:7.1f} CPU-s  "
               f"({summary['cores_busy']} cores busy){'' if code == 0 else f'  pytest exit code {code}'}", flush=True)
         for row in summary["top"]:
             print(f"    {row['cpu_s']:7.1f} CPU-s {row['wall_s']:7.1f} s  {row['test']}", flush=True)
+        for row in summary["by_kind"]:
+            print(f"    {row['cpu_s']:7.1f} CPU-s {row['processes']:5d} x  {row['kind']}", flush=True)
     total = sum(g["cpu_s"] for g in groups)
     print(f"total: {total:.1f} CPU-s; on {os.cpu_count()} cores at best {total / (os.cpu_count() or 1):.0f} s of "
           "wall time for these groups")

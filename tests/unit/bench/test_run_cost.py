@@ -24,6 +24,12 @@ def test_the_line_gives_the_fixed_cost_and_the_cost_of_a_step():
     ("ray::IDLE", "ray worker (IDLE)"),
     ("/site-packages/ray/core/src/ray/gcs/gcs_server --log_dir=/tmp", "ray daemons"),
     ("python3 /site-packages/ray/_private/workers/default_worker.py --node-ip-address=127.0.0.1", "ray worker (idle)"),
+    ("/usr/bin/python3 -B -c from multiprocessing.spawn import spawn_main; spawn_main(tracker_fd=35)",
+     "spawned process (multiprocessing)"),
+    ("/usr/bin/python3 -u -c import sys;exec(eval(sys.stdin.readline()))", "pytest-xdist worker"),
+    ("python3 -m examples.tiny_math.prepare --out-dir /x", "python -m examples.tiny_math.prepare"),
+    ("python3 relax/entrypoints/train.py --colocate", "python train.py"),
+    ("bash -c exec python3 x.py", "other: bash"),
     ("", "other: ?"),
 ])
 def test_a_process_is_named_by_the_role_or_daemon_it_runs(cmdline, kind):
