@@ -48,8 +48,8 @@ def suite_group(marker_group: str | None) -> str:
 def summarize(group: str, rows: list[dict], wall_s: float, cpu_s: float, top: int,
               by_kind: dict[str, dict[str, float]] | None = None) -> dict:
     """One group's figures: its run's wall time and CPU-seconds, its `top` costliest tests, and the `top`
-    costliest kinds of process (what the rest of the machine's CPU-seconds went to: Ray's daemons
-    started before, other users of the machine)."""
+    costliest kinds of process it ran (the rest of the machine's CPU-seconds went to processes started
+    before it and to other users of the machine)."""
     rows = sorted(rows, key=lambda r: -r["cpu_s"])
     kinds = sorted((by_kind or {}).items(), key=lambda kv: -kv[1]["cpu_s"])
     return {"group": group, "tests": len(rows), "wall_s": round(wall_s, 1), "cpu_s": round(cpu_s, 1),
@@ -100,7 +100,8 @@ def pytest_runtest_protocol(item, nextitem):
 
 def pytest_sessionfinish(session) -> None:
     """Writes {"rows": a row per test, "by_kind": CPU-seconds and count of the processes the run started,
-    by kind (bench/run_cost.py's `process_kind`), and this pytest process's own (the in-process tests)}."""
+    by kind (bench/run_cost.py's `process_kind`), and this pytest process's own (the in-process tests and
+    the sampler)}."""
     out = os.environ.get(OUT_ENV)
     if not out:
         return
