@@ -46,8 +46,8 @@ def tiny_setup(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def reference_run(ray_cluster, tiny_setup, tmp_path_factory):
-    """One 4-step colocate GRPO run that several tests read: checkpoints every 2 steps (resume),
-    saved rollouts, per-step details and training batches (replay, debug dumps), a reference
+    """One 4-step colocate GRPO run that several tests read: checkpoints every 2 steps and saved
+    rollouts (a resumed run replays them), per-step details and training batches (debug dumps), a reference
     refreshed every 2 steps, and the colocate side of staleness 0 == colocate. Returns its
     directory (the run itself in `run/`)."""
     from run_helpers import reference_args, run_relax

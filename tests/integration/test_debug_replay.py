@@ -1,27 +1,45 @@
-"""Debug modes: a saved rollout replays into training bit for bit (no engines started), the
-per-step details and training batches are dumped. The rollout replayed is the session's reference
-run's. (The rollout-only mode runs with test_genrm_and_eval.py's eval-config run.)"""
+"""Debug modes and a resumed run, on one run: the session's reference run's checkpoints (steps 1
+and 3) with step 3's damaged, as a crash mid-save would leave it, loaded with --load-fallback (the
+run resumes from step 1) and its saved rollouts replayed with --load-debug-rollout-data (no engines
+started): steps 2 and 3 train on exactly the reference run's samples, from exactly its weights and
+optimizer state, so their training numbers equal its bit for bit. The per-step details and training
+batches are dumped. (Resuming with generation, same data position and sampling, is checked by
+test_recovery.py's tier-2 restart; the rollout-only mode runs with test_genrm_and_eval.py's
+eval-config run.)"""
 
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 from run_helpers import reference_args, step_rows
 from run_helpers import run_relax as run
 
+from relax.config import ConfigError, parse_config
+from relax.config.preflight import check_inputs
+
 pytestmark = pytest.mark.integration
 
 
-def test_saved_rollout_replays_into_training_bit_for_bit(reference_run, tiny_setup, tmp_path):
+def test_a_resumed_run_replays_the_saved_rollouts_into_training_bit_for_bit(reference_run, tiny_setup, tmp_path):
+    load = tmp_path / "ckpt"
+    shutil.copytree(reference_run / "ckpt", load)
+    (load / "iter_0000003" / "rng_rank0.pt").unlink()
     data = str(reference_run / "rollouts" / "step_{rollout_id}.pt")
-    run(reference_args(tiny_setup, tmp_path / "replay", num_rollout=2) + ["--load-debug-rollout-data", data])
-    live, replay = step_rows(reference_run / "run")[:2], step_rows(tmp_path / "replay")
-    assert len(replay) == 2
-    assert "compute/generate_seconds" in replay[0] and replay[0]["compute/generate_seconds"] == 0.0  # no engines
-    for a, b in zip(live, replay):
+    # (No Reference: the reference run's KL weighs 0 in its loss, and a replay scores no reference log-probs.)
+    args = reference_args(tiny_setup, tmp_path / "replay") + [
+        "--load", str(load), "--load-debug-rollout-data", data]
+    with pytest.raises(ConfigError, match=r"step 3\) is incomplete, missing: .*iter_0000003/rng_rank0.pt"):
+        check_inputs(parse_config(args))  # refused before Ray starts, naming the missing file
+    run(args + ["--load-fallback"])
+    live = {r["step"]: r for r in step_rows(reference_run / "run")}
+    replay = step_rows(tmp_path / "replay")
+    assert [r["step"] for r in replay] == [2, 3]  # started after the complete checkpoint's step
+    assert all(r["compute/generate_seconds"] == 0.0 for r in replay)  # no engines
+    for row in replay:
         for key in ("rollout/reward_mean", "train/pg_loss", "train/grad_norm", "train/entropy", "train/ppo_kl"):
-            assert a[key] == b[key], (a["step"], key, a[key], b[key])
+            assert row[key] == live[row["step"]][key], (row["step"], key, row[key], live[row["step"]][key])
 
 
 def test_details_and_training_batches_are_dumped_per_step(reference_run):
@@ -32,4 +50,3 @@ def test_details_and_training_batches_are_dumped_per_step(reference_run):
     train = torch.load(reference_run / "train_1.pt", weights_only=False)
     assert train["rollout_id"] == 1 and len(train["advantages"]) == 16 and len(train["old_log_probs"]) == 16
     assert (reference_run / "details" / "train" / "1.pt").exists()
-
