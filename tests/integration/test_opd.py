@@ -29,9 +29,9 @@ MODES = {
     # Staleness 0: the penalty is then computed with the policy being trained, as in colocate. At
     # this test's learning rate (1e-2, to see the KL fall in 5 steps) a penalty one version stale
     # overshoots (measured: the KL falls at step 2, then climbs back above 2); docs/fully-async.md.
-    "fully_async": ["--fully-async", "--max-staleness", "0", "--resource",
-                    '{"actor": [1, 1], "rollout": [1, 1], "teacher": [1, 1], "actor_fwd": [1, 1], '
-                    '"advantages": [1, 0]}'],
+    # The old log-probs are the engine's (no ActorFwd: at staleness 0 they are the trained policy's).
+    "fully_async": ["--fully-async", "--max-staleness", "0", "--use-rollout-logprobs", "--resource",
+                    '{"actor": [1, 1], "rollout": [1, 1], "teacher": [1, 1], "advantages": [1, 0]}'],
 }
 
 
