@@ -27,7 +27,8 @@ def test_a_resumed_run_replays_the_saved_rollouts_into_training_bit_for_bit(refe
     shutil.copytree(reference_run / "ckpt", load)
     (load / "iter_0000003" / "rng_rank0.pt").unlink()
     data = str(reference_run / "rollouts" / "step_{rollout_id}.pt")
-    # (No Reference: the reference run's KL weighs 0 in its loss, and a replay scores no reference log-probs.)
+    # With the reference run's Reference role, though its KL weighs 0 in the loss: without the role the
+    # replayed train/entropy differed from the reference run's at the 8th digit.
     args = reference_args(tiny_setup, tmp_path / "replay") + [
         "--load", str(load), "--load-debug-rollout-data", data]
     with pytest.raises(ConfigError, match=r"step 3\) is incomplete, missing: .*iter_0000003/rng_rank0.pt"):
