@@ -14,8 +14,9 @@ Ray job and passes its status through (after a waiting job is stopped with Ctrl-
 environment in Ray's metadata holds the script's knobs and no secret; (c) once a step is done, every
 role's Serve replica and training ranks run on the node the plan put them on (<exp-dir>/placement.json,
 against the process tree: a process's node is the raylet it descends from), over both nodes; (d) then
-the worker node is killed: the run names the node it lost and, with --use-health-check, restarts from
-its last checkpoint on the head alone and finishes.
+the worker node is killed, with the driver held between two steps (SIGSTOP, so the run is mid-way
+however fast its steps go): the run names the node it lost and, with --use-health-check, restarts
+from its last checkpoint on the head alone and finishes.
 
 They run on their own pytest-xdist worker (group `multinode`, tests/conftest.py), beside the
 integration group.
@@ -23,6 +24,7 @@ integration group.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -38,6 +40,7 @@ from relax.utils.net import free_ports
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HEAD_IP, WORKER_IP = "127.0.0.2", "127.0.0.3"
+STEPS = 3  # one before the worker node dies, the others after the restart on the head
 TINY = "--sft-steps 1 --n-train 64 --n-eval 8 --hidden-size 32 --num-layers 1 --vocab-size 300"
 pytestmark = pytest.mark.integration
 JOB_ENV = ("import json, sys; from ray.job_submission import JobSubmissionClient; "
@@ -101,15 +104,38 @@ def kill_marked(marker: str) -> None:
             pass
 
 
-def wait_for(path, text: str, timeout_s: float, proc: subprocess.Popen | None = None) -> bool:
+def wait_for(path, text: str, timeout_s: float, proc: subprocess.Popen | None = None, poll_s: float = 1.0) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if os.path.exists(path) and text in open(path, errors="replace").read():
             return True
         if proc is not None and proc.poll() is not None:
             return False
-        time.sleep(1)
+        time.sleep(poll_s)
     return False
+
+
+def driver_of(run_dir) -> int:
+    """The pid of the run's driver: the job's `relax/entrypoints/train.py` process for `run_dir`."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            args = open(f"/proc/{pid}/cmdline", "rb").read().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if any(a.endswith("relax/entrypoints/train.py") for a in args) and str(run_dir) in args:
+            return int(pid)
+    raise AssertionError(f"no driver process of the run in {run_dir}")
+
+
+@contextlib.contextmanager
+def held(pid: int):
+    """`pid` stopped (SIGSTOP) inside the block and continued after it: a driver held between two
+    steps cannot start the next, so what the block does happens mid-run however fast the steps go."""
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(pid, signal.SIGCONT)
 
 
 # ---- where each role's processes run ------------------------------------------------------------
@@ -162,7 +188,7 @@ def test_spmd_cluster_runs_the_quickstart_as_a_ray_job_across_two_nodes(tmp_path
     exp = tmp_path / "exp"
     common = {"MASTER_ADDR": HEAD_IP, "WORLD_SIZE": "2", "NUM_GPUS": "0", "RAY_PORT": str(port),
               "RAY_DASHBOARD_PORT": str(dash), "NODE_WAIT_TIMEOUT": "180", "EXP_DIR": str(exp),
-              "NUM_ROLLOUT": "6", "SAVE_INTERVAL": "1", "CTRL_C_LOG": str(tmp_path / "ctrl_c.log"),
+              "NUM_ROLLOUT": str(STEPS), "SAVE_INTERVAL": "1", "CTRL_C_LOG": str(tmp_path / "ctrl_c.log"),
               "WANDB_API_KEY": "not-for-the-job"}
     script = ["bash", "scripts/entrypoint/spmd-multinode.sh", "tests/multinode/spmd_job.sh",
               "--use-health-check", "--max-global-restart", "1", "--rollout-health-check-interval", "2",
@@ -174,12 +200,18 @@ def test_spmd_cluster_runs_the_quickstart_as_a_ray_job_across_two_nodes(tmp_path
                                  RAY_TMPDIR=f"{marker}/h", RAY_START_ARGS=agents[HEAD_IP]), tmp_path / "head.log")
     head_log = tmp_path / "head.log"
     try:
-        assert wait_for(head_log, "step 1/6", 600, head), head_log.read_text()[-6000:]
-        run_id = next(p.name.split("-", 1)[1] for p in (exp / "run" / ".relax").glob("run_token-*"))
-        check_placement(exp, run_id)
-        kill_marked(f"{marker}/w")  # the worker node dies: its raylet and every process on it
+        # The driver writes each step's metrics row itself (a local file, unlike the job's streamed log):
+        # held at once after the first, the run is mid-way (steps take ~0.6 s on an idle machine) while
+        # its placement is read and the worker node dies.
+        assert wait_for(exp / "run" / "metrics.jsonl", '"step"', 600, head, poll_s=0.05), \
+            head_log.read_text()[-6000:]
+        with held(driver_of(exp / "run")):
+            run_id = next(p.name.split("-", 1)[1] for p in (exp / "run" / ".relax").glob("run_token-*"))
+            check_placement(exp, run_id)
+            kill_marked(f"{marker}/w")  # the worker node dies: its raylet and every process on it
+            steps_before = len((exp / "run" / "metrics.jsonl").read_text().splitlines())
+        assert steps_before < STEPS, "the run ended before the worker node was killed"
         out = head_log.read_text()
-        assert "step 6/6" not in out, "the run ended before the worker node was killed: make it longer"
         assert "the waiting job's ray-job.sh exited 130 after Ctrl-C" in out, out[-6000:]  # Ctrl-C stops a job
         assert "STOPPED" in (tmp_path / "ctrl_c.log").read_text(), (tmp_path / "ctrl_c.log").read_text()[-3000:]
         check_job_metadata(out, dash, exp, env_for(tmp_path, RAY_AUTH_MODE="token"))
@@ -190,7 +222,7 @@ def test_spmd_cluster_runs_the_quickstart_as_a_ray_job_across_two_nodes(tmp_path
         events = [json.loads(line) for line in (exp / "run" / "health_events.jsonl").read_text().splitlines()]
         assert any(e.get("kind") == "global_restart" and WORKER_IP in e.get("message", "") for e in events), events
         steps = [json.loads(line)["step"] for line in (exp / "run" / "metrics.jsonl").read_text().splitlines()]
-        assert sorted(set(steps)) == list(range(6)), steps  # the steps before the loss, and the rest after it
+        assert sorted(set(steps)) == list(range(STEPS)), steps  # the steps before the loss, and the rest after it
         assert worker.wait(timeout=120) == 1  # its node died while the head still ran
     finally:
         stop(head)
@@ -204,7 +236,7 @@ def check_job_metadata(out: str, dash: int, exp, env: dict[str, str]) -> None:
     meta = subprocess.run(["python3", "-c", JOB_ENV, f"http://{HEAD_IP}:{dash}", job_id], capture_output=True,
                           text=True, timeout=120, env=env).stdout
     job_env = json.loads(meta.strip().splitlines()[-1])
-    assert job_env["EXP_DIR"] == str(exp) and job_env["NUM_ROLLOUT"] == "6"
+    assert job_env["EXP_DIR"] == str(exp) and job_env["NUM_ROLLOUT"] == str(STEPS)
     assert "WANDB_API_KEY" not in job_env and not any("not-for-the-job" in v for v in job_env.values())
 
 
