@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import compileall
 import gc
 import json
@@ -27,6 +28,21 @@ os.environ.setdefault("RELAX_STARTUP_GC", "1")
 # deferring, ends that deferral first, so that no in-process training rank or replica undoes this.
 startup_gc.started()
 gc.set_threshold(*gc.get_threshold()[:2], max(gc.get_threshold()[2], startup_gc.DEFERRED_OLDEST))
+# And none at exit, as in the processes tests start (relax/utils/startup_gc.py; this one imported relax before
+# setting the variable): finalization's full collection over them took ~3 s at the end of an xdist worker, while
+# the other worker may be done. This runs after pytest's end-of-session collection (pytest_configure below).
+atexit.register(gc.freeze)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """pytest's unraisable-exception check collects garbage five times at the end of a session, each a
+    full collection over all the tests imported (~0.7 s in a worker here): once finds the finalizers that
+    raise, as it does for the cycles tests leave."""
+    try:
+        from _pytest.unraisableexception import gc_collect_iterations_key  # (pytest >= 8.4)
+    except ImportError:
+        return
+    config.stash[gc_collect_iterations_key] = 1
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:

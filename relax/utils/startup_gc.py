@@ -1,4 +1,4 @@
-"""Python's full garbage collections held back while a process Relax starts is starting.
+"""Python's full garbage collections held back while a process Relax starts is starting, and skipped at its exit.
 
 A role replica, a training rank or an hf engine imports torch, transformers and TransferQueue
 before its first call: some 750,000 objects. CPython 3.11 runs a full collection each time the
@@ -17,10 +17,19 @@ returns (`relax.core.service.replica_class`), a training rank when its model is 
 (`relax.engine.rewards.worker.preload`). A process that never calls it keeps collecting its oldest
 generation, only after 1,000 middle-generation collections instead of 10.
 Thresholds someone else set (the variable unset, or `gc.set_threshold` called) are left alone.
+
+The same processes skip the full collection at their exit: interpreter finalization runs one over
+everything still alive, which frees nothing the OS would not (measured: 1.8 of a 2-second exit of a
+process with torch, transformers, Ray and megatron-core imported; 0.2 with it skipped). `defer()`
+registers `gc.freeze` as an exit handler, which moves every object out of the collector's reach
+once the process's other exit handlers have run. The processes Ray kills (replicas, ranks) never
+get there; those that end by returning do: drivers, spawned ranks, data preparation. Finalizers of
+objects left in reference cycles then do not run at exit, which CPython never promised.
 """
 
 from __future__ import annotations
 
+import atexit
 import gc
 import os
 
@@ -28,12 +37,19 @@ ENV = "RELAX_STARTUP_GC"
 DEFERRED_OLDEST = 1000  # middle-generation collections between two full ones while deferred (CPython: 10)
 
 _saved: tuple[int, int, int] | None = None  # the thresholds before defer(), while deferred
+_exit_skipped = False  # gc.freeze registered to run at exit
 
 
 def defer() -> bool:
-    """Hold back full collections until `started()`, where the variable asks for it; True if it did."""
-    global _saved
-    if _saved is not None or os.environ.get(ENV) != "1":
+    """Hold back full collections until `started()` and skip the one at exit, where the variable asks
+    for it; True if it held them back."""
+    global _saved, _exit_skipped
+    if os.environ.get(ENV) != "1":
+        return False
+    if not _exit_skipped:  # (registered at `import relax`: runs after the exit handlers of later imports)
+        atexit.register(gc.freeze)
+        _exit_skipped = True
+    if _saved is not None:
         return False
     young, middle, oldest = gc.get_threshold()
     if oldest >= DEFERRED_OLDEST:

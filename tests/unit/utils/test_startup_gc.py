@@ -1,5 +1,6 @@
 """relax/utils/startup_gc.py: full collections held back from `import relax` to `started()` in the
-processes a run starts (RELAX_STARTUP_GC=1 from configs/env.yaml), and nowhere else."""
+processes a run starts (RELAX_STARTUP_GC=1 from configs/env.yaml), and nowhere else; there the collection at
+exit is skipped."""
 
 from __future__ import annotations
 
@@ -37,6 +38,15 @@ def test_importing_relax_defers_full_collections_until_started():
         f"{python} ({young}, {middle}, {startup_gc.DEFERRED_OLDEST}) True {python} False"
     assert _python(code, {startup_gc.ENV: "0"}) == f"{python} {python} False {python} False"  # 0 or unset: untouched
     assert _python(code, {}) == f"{python} {python} False {python} False"
+
+
+def test_a_process_with_the_variable_skips_the_collection_at_exit():
+    """`gc.freeze` runs after the exit handlers registered after `import relax` (the process's own,
+    Ray's shutdown), and before finalization: its full collection then has nothing to scan."""
+    code = ("import atexit, gc; atexit.register(lambda: print(gc.get_freeze_count() > 0)); import relax; "
+            "atexit.register(lambda: print(gc.get_freeze_count()))")
+    assert _python(code, {startup_gc.ENV: "1"}).split() == ["0", "True"]
+    assert _python(code, {startup_gc.ENV: "0"}).split() == ["0", "False"]
 
 
 def test_thresholds_someone_else_set_are_left_alone():
